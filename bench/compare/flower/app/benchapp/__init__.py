@@ -1,0 +1,1 @@
+"""Flower peer job for atoll's side-by-side benchmark."""

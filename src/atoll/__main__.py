@@ -1,0 +1,3 @@
+from atoll.cli.main import main
+
+main()

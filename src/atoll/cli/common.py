@@ -1,0 +1,96 @@
+"""What every CLI command shares: finding the kit and session, errors, and output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+SESSION_FILE = "session.json"
+
+
+def atoll_home() -> Path:
+    return Path(os.environ.get("ATOLL_HOME", Path.home() / ".atoll"))
+
+
+def saved_session() -> dict[str, Any]:
+    path = atoll_home() / SESSION_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_session(data: dict[str, Any]) -> Path:
+    home = atoll_home()
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = home / SESSION_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh)
+    return path
+
+
+def fail(message: str, code: int = 2) -> None:
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn):
+    """Turn every expected failure into one clear line (or list) and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from atoll.errors import AtollError
+        from atoll.pki.kit import KitError
+        from atoll.spec.errors import SpecError
+
+        try:
+            return fn(*args, **kwargs)
+        except AtollError as exc:
+            fail(str(exc), exc.exit_code)
+        except (SpecError, KitError) as exc:
+            fail(str(exc), 2)
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+
+    return wrapper
+
+
+kit_option = click.option(
+    "--kit", "kit", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="An admin's startup kit (default: $ATOLL_KIT, or the kit of `atoll login`).")
+study_option = click.option(
+    "--study", default=None, help="Run this one command in another study (one-off).")
+format_option = click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="json keeps stdout machine-readable.")
+
+
+def open_session(kit: Path | None, study: str | None = None):
+    from atoll.session import Session
+
+    saved = saved_session()
+    kit = kit or (Path(os.environ["ATOLL_KIT"]) if os.environ.get("ATOLL_KIT") else None)
+    token = None
+    if kit is None and saved.get("kit"):
+        kit = Path(saved["kit"])
+    if kit is None:
+        fail("no admin kit: pass --kit KIT, set ATOLL_KIT, or run `atoll login --kit KIT`")
+    if saved.get("kit") and Path(saved["kit"]).resolve() == kit.resolve():
+        token = saved.get("token")
+    session = Session(kit, token=token)
+    session.study = saved.get("study") if token else None
+    return session
+
+
+def emit(data: Any, fmt: str, text: str | None = None) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(data, indent=2, default=str))
+    elif text is not None:
+        click.echo(text)

@@ -1,0 +1,190 @@
+"""`atoll job submit|list|status|logs|abort|download|init`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from atoll.cli.common import (
+    emit,
+    format_option,
+    handle_errors,
+    kit_option,
+    open_session,
+    study_option,
+)
+
+job_arg = click.argument("job_id")
+
+
+@click.group("job")
+def job_group() -> None:
+    """Jobs of the session's study."""
+
+
+def _ago(ts: float) -> str:
+    seconds = max(0, int(time.time() - ts))
+    if seconds < 120:
+        return f"{seconds}s ago"
+    return f"{seconds // 60}m ago" if seconds < 7200 else f"{seconds // 3600}h ago"
+
+
+def _parts(job: dict[str, Any]) -> str:
+    lines = []
+    for name, part in sorted(job.get("parts", {}).items(), key=lambda p: p[0] != "server"):
+        reason = f"  ({part['reason']})" if part.get("reason") else ""
+        lines.append(f"  {name:<20} {part['state']}{reason}")
+    return "\n".join(lines)
+
+
+def _status_text(job: dict[str, Any]) -> str:
+    reason = f"\nreason: {job['reason']}" if job.get("reason") else ""
+    lines = [f"job {job['job_id']}  {job['name']!r}  study {job['study']}",
+             f"state: {job['state']}{reason}", "participants:", _parts(job)]
+    rounds = [e for e in job.get("progress", []) if "round" in e]
+    if rounds:
+        last = rounds[-1]
+        lines.append(f"progress: round {last.get('round')}"
+                     + (f"/{last['num_rounds']}" if last.get("num_rounds") else "")
+                     + "".join(f"  {k}={v:.4g}" for k, v in (last.get("metrics") or {}).items()
+                               if isinstance(v, int | float)))
+    return "\n".join(lines)
+
+
+@job_group.command("submit")
+@click.argument("job_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@kit_option
+@study_option
+@click.option("--wait", is_flag=True, help="Follow the job until it ends; exit 1 unless COMPLETED.")
+@click.option("--timeout", type=float, default=None, help="With --wait: give up after SECONDS.")
+@format_option
+@handle_errors
+def submit(job_dir: Path, kit: Path | None, study: str | None, wait: bool,
+           timeout: float | None, fmt: str) -> None:
+    """Submit JOB_DIR (a folder with meta.json and its apps) to the session's study."""
+    with open_session(kit) as session:
+        job = session.submit(job_dir, study=study)
+        if fmt == "text":
+            click.echo(f"submitted job {job['job_id']} ({job['name']}) to study {job['study']}")
+        if wait:
+            job = _follow(session, job["job_id"], study, timeout, fmt)
+    emit(job, fmt, _status_text(job) if wait else None)
+    if wait and job["state"] != "FINISHED:COMPLETED":
+        raise SystemExit(1)
+
+
+def _follow(session, job_id: str, study: str | None, timeout: float | None, fmt: str):
+    seen: dict[str, str] = {}
+    shown_events = 0
+
+    def update(job: dict[str, Any]) -> None:
+        nonlocal shown_events
+        if fmt != "text":
+            return
+        for name, part in job.get("parts", {}).items():
+            if seen.get(name) != part["state"]:
+                seen[name] = part["state"]
+                reason = f" ({part['reason']})" if part.get("reason") else ""
+                click.echo(f"  {name:<20} {part['state']}{reason}")
+        events = job.get("progress", [])
+        for event in events[shown_events:] if len(events) >= shown_events else events:
+            if "round" in event and event.get("source") == "server":
+                metrics = "".join(f" {k}={v:.4g}" for k, v in (event.get("metrics") or {}).items()
+                                  if isinstance(v, int | float))
+                click.echo(f"  round {event['round']}:{metrics}")
+        shown_events = len(events)
+
+    return session.wait(job_id, study, timeout, update)
+
+
+@job_group.command("list")
+@kit_option
+@study_option
+@format_option
+@handle_errors
+def list_jobs(kit: Path | None, study: str | None, fmt: str) -> None:
+    """Jobs of the session's study, newest first."""
+    with open_session(kit) as session:
+        jobs = session.list_jobs(study)
+    lines = [f"{'JOB ID':<34}{'NAME':<24}{'STATE':<22}{'SUBMITTER':<28}SUBMITTED"]
+    for job in jobs:
+        lines.append(f"{job['job_id']:<34}{job['name'][:22]:<24}{job['state']:<22}"
+                     f"{job['submitter'][:26]:<28}{_ago(job['created'])}")
+    emit(jobs, fmt, "\n".join(lines) if jobs else "no jobs")
+
+
+@job_group.command("status")
+@job_arg
+@kit_option
+@study_option
+@format_option
+@handle_errors
+def status(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
+    """A job's state, each participant's state and reason, and its progress."""
+    with open_session(kit) as session:
+        job = session.status(job_id, study)
+    emit(job, fmt, _status_text(job))
+
+
+@job_group.command("logs")
+@job_arg
+@kit_option
+@study_option
+@format_option
+@handle_errors
+def logs(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
+    """The job's worker logs (server and sites) and its progress events."""
+    with open_session(kit) as session:
+        answer = session.logs(job_id, study)
+    text = []
+    for name, body in answer["logs"].items():
+        text.append(f"==> {name} <==\n{body.rstrip()}")
+    metrics = [e for e in answer["events"] if e.get("metrics")]
+    if metrics:
+        text.append("==> metrics <==")
+        for event in metrics:
+            values = " ".join(f"{k}={v:.4g}" for k, v in event["metrics"].items()
+                              if isinstance(v, int | float))
+            text.append(f"{event['source']:<16} round {event.get('round', '-')}: {values}")
+    emit(answer, fmt, "\n".join(text) or "no logs yet")
+
+
+@job_group.command("abort")
+@job_arg
+@kit_option
+@study_option
+@format_option
+@handle_errors
+def abort(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
+    """Abort a job: every worker of it is stopped."""
+    with open_session(kit) as session:
+        job = session.abort(job_id, study)
+    emit(job, fmt, f"abort requested for job {job_id}: {job['state']}")
+
+
+@job_group.command("download")
+@job_arg
+@kit_option
+@study_option
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+              show_default=True, help="Folder to write the results into.")
+@handle_errors
+def download(job_id: str, kit: Path | None, study: str | None, out: Path) -> None:
+    """Download a job's results (models, metrics, plots, logs) into OUT/JOB_ID."""
+    with open_session(kit) as session:
+        path = session.download(job_id, out, study)
+    click.echo(f"results of job {job_id} in {path}")
+
+
+def _mount_init() -> None:
+    try:
+        from atoll.cli.job_init import init_command
+    except ImportError:
+        return
+    job_group.add_command(init_command, "init")
+
+
+_mount_init()

@@ -1,0 +1,178 @@
+"""``atoll provision``: create a project's CA and startup kits, or add one participant later.
+
+    atoll provision PROJECT.yaml --out DIR [--force]
+    atoll provision add-site DIR/<project> --name NAME --org ORG
+    atoll provision add-user DIR/<project> --name EMAIL --org ORG --role ROLE
+
+Errors (an invalid project.yaml, an existing folder, a duplicate name) exit with code 2 and
+list every problem. Heavy imports happen inside the commands: ``atoll --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+from atoll.pki.identity import ROLES
+
+if TYPE_CHECKING:
+    from atoll.pki.provision import WrittenKit
+
+_CREATE = "create"
+
+
+class _ProjectFileGroup(click.Group):
+    """A group whose first argument may be the project file instead of a subcommand name."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = [_CREATE, *args]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return ["PROJECT.yaml --out DIR [--force]", "|", "COMMAND [ARGS]..."]
+
+
+def _fail(title: str, problems: list[str]) -> NoReturn:
+    from rich.console import Console
+    from rich.markup import escape
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)  # one problem per line
+    err.print(f"[bold red]error:[/] {escape(title)}")
+    for problem in problems:
+        err.print(f"  - {escape(problem)}")
+    sys.exit(2)
+
+
+def _guarded(action: Any) -> Any:
+    """Run ``action`` and turn atoll's own errors into a list on stderr and exit code 2."""
+    from atoll.pki.ca import CAError
+    from atoll.pki.provision import ProvisionError
+    from atoll.spec.errors import SpecError
+
+    try:
+        return action()
+    except SpecError as exc:
+        count = len(exc.issues)
+        _fail(
+            f"{exc.source}: {count} problem{'s' if count != 1 else ''}",
+            [str(i) for i in exc.issues],
+        )
+    except (ProvisionError, CAError) as exc:
+        _fail(str(exc), [])
+    except OSError as exc:
+        _fail(f"cannot write {exc.filename or ''}: {exc.strerror}", [])
+
+
+def _kit_lines(kits: list[WrittenKit], base: Path, ca: bool = False) -> list[str]:
+    rows = [("ca/", "ca", "the project's CA: keep it private")] if ca else []
+    for kit in kits:
+        folder = f"{kit.path.relative_to(base)}/"
+        about = f"org {kit.org}" + (f", role {kit.role}" if kit.role else "")
+        if folder != f"{kit.name}/":
+            about = f"{kit.name}, {about}"
+        rows.append((folder, kit.kind, about))
+    width = max(len(folder) for folder, _, _ in rows)
+    return [f"  {folder:<{width}}  {kind:<6}  {about}".rstrip() for folder, kind, about in rows]
+
+
+class _CreateCommand(click.Command):
+    """Shows its usage as the group's: ``atoll provision PROJECT.yaml --out DIR``."""
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        prog = ctx.parent.command_path if ctx.parent else ctx.command_path
+        formatter.write_usage(prog, "PROJECT.yaml --out DIR [--force]")
+
+
+@click.group(
+    "provision",
+    cls=_ProjectFileGroup,
+    invoke_without_command=False,
+    help="Create a project's CA and startup kits from PROJECT.yaml, or add one participant "
+    "to a provisioned project.\n\n"
+    "  atoll provision PROJECT.yaml --out DIR\n\n"
+    "writes DIR/<project>/: ca/ (kept by the project admin) and one kit folder per "
+    "participant. See docs/provisioning.md.",
+)
+def provision_group() -> None:
+    pass
+
+
+@provision_group.command(_CREATE, cls=_CreateCommand, hidden=True)
+@click.argument("project_file", metavar="PROJECT.yaml", type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to write DIR/<project>/ into (created if missing).",
+)
+@click.option(
+    "--force", is_flag=True, help="Replace an existing DIR/<project> (new CA: resend every kit)."
+)
+def create_command(project_file: Path, out_dir: Path, force: bool) -> None:
+    """Provision every participant of PROJECT.yaml into DIR/<project>/."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from atoll.pki.project import load_project
+    from atoll.pki.provision import provision
+
+    project = _guarded(lambda: load_project(project_file))
+    result = _guarded(lambda: provision(project, out_dir, force=force))
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"Provisioned [bold]{escape(project.name)}[/] in {escape(str(result.project_dir))}/")
+    for line in _kit_lines(result.kits, result.project_dir, ca=True):
+        out.print(escape(line))
+    listen = project.server.listen
+    out.print(
+        f"\nThe server listens on {escape(f'{listen.host}:{listen.port}')} and is dialled at "
+        f"{escape(f'{project.server.host}:{project.server.port}')} (server/startup/kit.yaml)."
+    )
+    out.print(
+        "Send each kit folder to its participant over a secure channel; ca/ signs new "
+        "participants (`atoll provision add-site|add-user`)."
+    )
+
+
+@provision_group.command("add-site")
+@click.argument("project_dir", metavar="DIR/PROJECT", type=click.Path(path_type=Path))
+@click.option("--name", required=True, help="Site name: lowercase letters, digits and '-'.")
+@click.option("--org", required=True, help="Organization the site belongs to.")
+def add_site_command(project_dir: Path, name: str, org: str) -> None:
+    """Sign a new site with the project's CA and write only its kit."""
+    from atoll.pki.provision import add_site
+
+    kit = _guarded(lambda: add_site(project_dir, name, org))
+    _report_added(
+        kit,
+        "Enrol it in a study with `atoll study add-site`; the server accepts it "
+        "when it connects with this certificate.",
+    )
+
+
+@provision_group.command("add-user")
+@click.argument("project_dir", metavar="DIR/PROJECT", type=click.Path(path_type=Path))
+@click.option("--name", required=True, help="User name: an email address.")
+@click.option("--org", required=True, help="Organization the user belongs to.")
+@click.option("--role", required=True, type=click.Choice(ROLES), help="The user's role.")
+def add_user_command(project_dir: Path, name: str, org: str, role: str) -> None:
+    """Sign a new admin user with the project's CA and write only their kit."""
+    from atoll.pki.provision import add_user
+
+    kit = _guarded(lambda: add_user(project_dir, name, org, role))
+    _report_added(kit, "Add the user to a study with `atoll study add-user`.")
+
+
+def _report_added(kit: WrittenKit, next_step: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"Added {kit.kind} [bold]{escape(kit.name)}[/] ({escape(kit.org)}):")
+    for line in _kit_lines([kit], kit.path.parent):
+        out.print(escape(line))
+    out.print("No other kit was changed. " + next_step)

@@ -1,0 +1,94 @@
+"""Running a parent in the background: start detached, wait until ready, stop by pid file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """One structured line per event: time, level, component, message."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+        format="ts=%(asctime)s level=%(levelname)s component=%(name)s msg=%(message)r",
+    )
+
+
+def pid_file(workspace: Path, role: str) -> Path:
+    return workspace / f"{role}.pid"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_pid(workspace: Path, role: str) -> int | None:
+    try:
+        pid = int(json.loads(pid_file(workspace, role).read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if alive(pid) else None
+
+
+def start_detached(argv: list[str], workspace: Path, role: str, timeout: float = 30.0) -> int:
+    """Start `python -m atoll ARGV --ready-file F` in its own session; wait until it is ready."""
+    workspace.mkdir(parents=True, exist_ok=True)
+    ready = workspace / f"{role}.ready"
+    ready.unlink(missing_ok=True)
+    log_path = workspace / f"{role}.log"
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "atoll", *argv, "--ready-file", str(ready)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready.exists() and ready.stat().st_size:
+            return child.pid
+        if child.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{role} exited with code {child.returncode} while starting:\n{tail}")
+        time.sleep(0.02)
+    child.kill()
+    raise RuntimeError(f"{role} was not ready within {timeout:.0f} s; see {log_path}")
+
+
+def start_many(specs: list[tuple[list[str], Path, str]], timeout: float = 30.0) -> list[int]:
+    """Start several parents at once (each as in start_detached) and wait for all of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
+        futures = [pool.submit(start_detached, argv, ws, role, timeout) for argv, ws, role in specs]
+        return [f.result() for f in futures]
+
+
+def stop(workspace: Path, role: str, timeout: float = 10.0) -> bool:
+    """SIGTERM the parent recorded in the workspace; SIGKILL it if it does not go in time."""
+    pid = read_pid(workspace, role)
+    if pid is None:
+        pid_file(workspace, role).unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive(pid):
+        time.sleep(0.02)
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    pid_file(workspace, role).unlink(missing_ok=True)
+    return True
+
+
+def write_pid(workspace: Path, role: str) -> None:
+    workspace.mkdir(parents=True, exist_ok=True)
+    pid_file(workspace, role).write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))

@@ -1,0 +1,110 @@
+"""The launcher contract: how a parent turns a job's resolved requests into one worker.
+
+Every backend is a small translation with two halves:
+
+- ``render(request)`` is pure: it returns the native object the backend would create (Docker
+  ``containers.run`` kwargs, a Kubernetes Pod manifest, an ``sbatch`` argv and script, a process
+  argv and environment). It never touches the backend and never contains a secret value.
+- ``launch / wait / cancel`` do the I/O through one injected client.
+
+The site parent's supervisor calls ``launch`` once per job, then ``wait`` in a thread of its own;
+``wait`` returns when the worker has ended, whatever the cause. ``cancel`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from atoll.spec.resources import Resources
+
+
+class LaunchError(Exception):
+    """The backend refused to create the worker; the message says what to change and where."""
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    job_id: str  # 32 lowercase hex characters, unique per job
+    job_name: str  # the job's meta.json name (free text, rendered only into labels/comments safely)
+    study: str
+    site: str  # the participant this worker runs for: a site name, or "server"
+    role: Literal["server", "site"]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    identity: JobIdentity
+    resources: Resources
+    # This backend's job-settable block, already merged (default then site) and validated.
+    launcher_spec: Mapping[str, Any]
+    # The study's entry of local/study_runtime.yaml at this site (None: the study maps nothing).
+    study_runtime: Any  # atoll.spec.study_runtime.StudyEntry | None
+    site_config: Any  # atoll.spec.site_config.SiteConfig
+    # The job's run folder on the parent's host: app files are under it, logs go into it.
+    workdir: Path
+    # Where the worker dials its parent (host:port); the worker needs nothing else to find it.
+    parent_address: str
+    # Non-secret environment for the worker (ATOLL_JOB_ID, ATOLL_ROLE, ...), set by the parent.
+    worker_env: Mapping[str, str] = field(default_factory=dict)
+    # Secret credentials for the worker (the one-time job token). Never rendered, never in argv:
+    # each backend passes them by its own secret channel at launch time.
+    credentials: Mapping[str, str] = field(default_factory=dict)
+    # What the worker's Python runs: `-m atoll.worker` in production. Tests of a launcher alone
+    # may pass e.g. ("-c", "...") to run a tiny program under the same rendering rules.
+    worker_args: tuple[str, ...] = ("-m", "atoll.worker")
+
+
+class Outcome(enum.Enum):
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    ABORTED = "ABORTED"
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    outcome: Outcome
+    reason: str  # one sentence a person can act on, e.g. "out of memory (limit 64Gi)"
+    exit_code: int | None = None
+
+
+@dataclass
+class Handle:
+    """What a launcher needs to find its worker again; JSON-serializable fields only."""
+
+    backend: str
+    native_id: str  # pid, container id, pod name, Slurm job id
+    job_id: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# Called by a launcher when the worker moves between backend-visible phases before it reports
+# itself (e.g. Slurm PENDING -> RUNNING). The text is shown as the site's reason.
+ProgressCallback = Callable[[str], None]
+
+
+class Launcher(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def render(self, request: LaunchRequest) -> dict[str, Any]:
+        """Pure: the native object(s) this backend would create, with backend field names."""
+
+    @abstractmethod
+    def launch(self, request: LaunchRequest, on_progress: ProgressCallback | None = None) -> Handle:
+        """Create the worker. Raises LaunchError with a clear message on refusal."""
+
+    @abstractmethod
+    def wait(self, handle: Handle) -> WorkerExit:
+        """Block until the worker has ended; map the backend's final state to an Outcome."""
+
+    @abstractmethod
+    def cancel(self, handle: Handle) -> None:
+        """Stop and remove the worker. Idempotent: a worker already gone counts as cancelled."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release clients and background threads."""

@@ -1,0 +1,121 @@
+"""From a job and a site's own settings to one LaunchRequest (used by the site parent and render).
+
+Everything a launcher needs is resolved here, once: the target's resources, the job's block of
+launcher_spec for this site's backend (checked against the site's limits), the study's entry of
+study_runtime.yaml, and the worker's non-secret environment. Problems are collected and raised
+together as one SpecError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from atoll.launchers.base import JobIdentity, LaunchRequest
+from atoll.spec.errors import Issue, SpecError
+from atoll.spec.launcher_spec import resolve_launcher_spec
+from atoll.spec.meta import JobMeta
+from atoll.spec.quantity import memory_to_bytes
+from atoll.spec.resources import Resources, resolve_resources
+from atoll.spec.site_config import Capacity, SiteConfig
+from atoll.spec.study_runtime import StudyEntry, StudyRuntime
+
+WORKER_ARGS = ("-m", "atoll.worker")
+
+
+def worker_env(identity: JobIdentity, parent_address: str) -> dict[str, str]:
+    """The variables every backend gives the worker (backends add ATOLL_WORKDIR and data)."""
+    return {
+        "ATOLL_JOB_ID": identity.job_id,
+        "ATOLL_ROLE": identity.role,
+        "ATOLL_SITE": identity.site,
+        "ATOLL_STUDY": identity.study,
+        "ATOLL_PARENT": parent_address,
+    }
+
+
+def capacity_issues(resources: Resources, capacity: Capacity) -> list[Issue]:
+    """What a job asks beyond the site's whole capacity: it could never run here."""
+    issues = []
+    if capacity.gpus is not None and resources.num_of_gpus > capacity.gpus:
+        issues.append(Issue("resource_spec.num_of_gpus", (
+            f"asks {resources.num_of_gpus} GPU(s); this site has {capacity.gpus} "
+            "(capacity.gpus in local/site.yaml)")))
+    if capacity.cpus is not None and resources.num_of_cpus > capacity.cpus:
+        issues.append(Issue("resource_spec.num_of_cpus", (
+            f"asks {resources.num_of_cpus} CPU(s); this site has {capacity.cpus}")))
+    if capacity.memory is not None and resources.memory is not None:
+        if memory_to_bytes(resources.memory) > memory_to_bytes(capacity.memory):
+            issues.append(Issue("resource_spec.memory", (
+                f"asks {resources.memory}; this site has {capacity.memory}")))
+    return issues
+
+
+def secret_env_values(entry: StudyEntry | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """Values of ``secret_env`` with ``source: env`` from the parent's environment.
+
+    For the process, docker and slurm launchers the parent passes them in
+    ``LaunchRequest.credentials`` (each backend's secret channel). Raises SpecError naming every
+    missing variable, never a value.
+    """
+    if entry is None:
+        return {}
+    values, issues = {}, []
+    for name, ref in entry.secret_env.items():
+        if ref.source != "env":
+            continue  # a Kubernetes Secret reference: the Pod reads it itself
+        if ref.key in environ:
+            values[name] = environ[ref.key]
+        else:
+            issues.append(Issue(f"secret_env.{name}.key", (
+                f"variable {ref.key} is not set in the site parent's environment; "
+                "export it before starting the site")))
+    if issues:
+        raise SpecError(issues)
+    return values
+
+
+def build_request(
+    *,
+    meta: JobMeta,
+    identity: JobIdentity,
+    site_config: SiteConfig,
+    study_runtime: StudyRuntime | None,
+    workdir: Path,
+    parent_address: str,
+    credentials: Mapping[str, str] | None = None,
+    worker_args: tuple[str, ...] = WORKER_ARGS,
+    check_capacity: bool = True,
+) -> LaunchRequest:
+    """Resolve everything for ``identity.site`` on this site's launcher; SpecError lists all."""
+    target = identity.site
+    issues: list[Issue] = []
+    if meta.app_for(target) is None:
+        issues.append(Issue("deploy_map", f"this job deploys no app to {target!r}"))
+    resources = Resources()
+    try:
+        resources = resolve_resources(meta.resource_spec, target)
+    except SpecError as err:
+        issues += err.issues
+    spec: dict[str, Any] = {}
+    try:
+        spec = resolve_launcher_spec(meta, target, site_config.launcher, site_config)
+    except SpecError as err:
+        issues += err.issues
+    if check_capacity and not issues:
+        issues += capacity_issues(resources, site_config.capacity)
+    if issues:
+        raise SpecError(issues)
+    return LaunchRequest(
+        identity=identity,
+        resources=resources,
+        launcher_spec=spec,
+        study_runtime=study_runtime.entry(identity.study) if study_runtime else None,
+        site_config=site_config,
+        workdir=Path(workdir),
+        parent_address=parent_address,
+        worker_env=worker_env(identity, parent_address),
+        credentials=dict(credentials or {}),
+        worker_args=tuple(worker_args),
+    )

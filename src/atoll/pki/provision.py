@@ -1,0 +1,321 @@
+"""``atoll provision``: a project folder with its CA and one startup kit per participant.
+
+``DIR/<project>/`` after provisioning::
+
+    ca/            rootCA.pem, rootCA.key (0600), state.json: kept by the project admin only
+    server/        startup/{server.crt, server.key, rootCA.pem, kit.yaml, project.json}, local/
+    <site>/        startup/{client.crt, client.key, rootCA.pem, kit.yaml}, local/
+    <user>/        startup/{client.crt, client.key, rootCA.pem, kit.yaml}
+
+Everything is written into a temporary folder next to the target and renamed into place at the
+end, so a failure leaves nothing half-written. ``add_site`` / ``add_user`` sign one more
+participant with the existing CA and write only its kit (and ``ca/state.json``): no other kit
+changes, not even the server's ``project.json``; the server learns of a new site when it
+connects with a certificate of this CA.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from atoll.pki.ca import CertificateAuthority, create_ca, load_ca, save_ca
+from atoll.pki.certs import IssuedCert, Kind, issue_cert
+from atoll.pki.files import PUBLIC, write_atomic
+from atoll.pki.kit import CA_FILE, KIT_FILE, PROJECT_FILE, cert_file_names, render_kit_yaml
+from atoll.pki.project import (
+    Project,
+    ProjectError,
+    check_org,
+    check_role,
+    check_site_name,
+    check_user_name,
+)
+from atoll.pki.templates import site_yaml, study_runtime_yaml
+from atoll.spec.errors import Issue
+
+STATE_FILE = "state.json"
+SERVER_DIR = "server"
+_STATE_VERSION = 1
+
+
+class ProvisionError(Exception):
+    """Provisioning cannot proceed; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class WrittenKit:
+    name: str
+    kind: Kind
+    org: str
+    role: str | None
+    path: Path
+
+
+@dataclass(frozen=True)
+class ProvisionResult:
+    project_dir: Path
+    ca_dir: Path
+    kits: list[WrittenKit]
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What a new kit needs to know about the federation: its project and where the server is."""
+
+    project: str
+    server_host: str
+    server_port: int
+
+
+def _write_kit(
+    dest: Path,
+    ca: CertificateAuthority,
+    target: _Target,
+    *,
+    name: str,
+    org: str,
+    kind: Kind,
+    role: str | None = None,
+    listen: tuple[str, int] | None = None,
+    startup_extra: dict[str, str] | None = None,
+    local: dict[str, str] | None = None,
+) -> IssuedCert:
+    """Sign ``name`` and write its kit into the new folder ``dest``."""
+    hosts = (target.server_host,) if kind == "server" else ()
+    issued = issue_cert(ca, name, org, kind, role, hosts=hosts)
+    startup = dest / "startup"
+    startup.mkdir(mode=0o700, parents=True)
+    cert_name, key_name = cert_file_names(kind)
+    issued.write(startup / cert_name, startup / key_name)
+    write_atomic(startup / CA_FILE, ca.cert_pem(), PUBLIC)
+    kit_yaml = render_kit_yaml(
+        project=target.project,
+        name=name,
+        kind=kind,
+        org=org,
+        role=role,
+        server_host=target.server_host,
+        server_port=target.server_port,
+        listen=listen,
+    )
+    write_atomic(startup / KIT_FILE, kit_yaml, PUBLIC)
+    for file_name, text in (startup_extra or {}).items():
+        write_atomic(startup / file_name, text, PUBLIC)
+    if local:
+        (dest / "local").mkdir()
+        for file_name, text in local.items():
+            write_atomic(dest / "local" / file_name, text, PUBLIC)
+    return issued
+
+
+def _record(
+    issued: IssuedCert, kind: Kind, org: str, role: str | None, folder: str
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "org": org,
+        "role": role,
+        "folder": folder,
+        "serial": issued.serial_hex,
+        "not_before": issued.cert.not_valid_before_utc.isoformat(),
+        "not_after": issued.cert.not_valid_after_utc.isoformat(),
+    }
+
+
+def provision(project: Project, out_dir: Path, *, force: bool = False) -> ProvisionResult:
+    """Write ``out_dir/<project.name>/``; refuse to replace an existing one unless ``force``."""
+    out_dir = Path(out_dir).expanduser().resolve()
+    final = out_dir / project.name
+    if final.exists() and not force:
+        raise ProvisionError(
+            f"{final} already exists; pass --force to replace it (a new CA: every kit of the "
+            "project must then be sent again), or use `atoll provision add-site|add-user`"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{project.name}.tmp-", dir=out_dir))
+    try:
+        kits = _write_project(project, tmp)
+        _swap_into_place(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    kits = [WrittenKit(k.name, k.kind, k.org, k.role, final / k.path.name) for k in kits]
+    return ProvisionResult(project_dir=final, ca_dir=final / "ca", kits=kits)
+
+
+def _write_project(project: Project, root: Path) -> list[WrittenKit]:
+    server = project.server
+    target = _Target(project.name, server.host, server.port)
+    ca = create_ca(project.name)
+    save_ca(ca, root / "ca")
+    participants: dict[str, dict[str, Any]] = {}
+    kits: list[WrittenKit] = []
+    project_json = json.dumps(project.model_dump(mode="json"), indent=2) + "\n"
+    listen = (server.listen.host or "", server.listen.port or server.port)
+    issued = _write_kit(
+        root / SERVER_DIR,
+        ca,
+        target,
+        name=server.name,
+        org=project.name,
+        kind="server",
+        listen=listen,
+        startup_extra={PROJECT_FILE: project_json},
+        local={"site.yaml": site_yaml("server")},
+    )
+    participants[server.name] = _record(issued, "server", project.name, None, SERVER_DIR)
+    kits.append(WrittenKit(server.name, "server", project.name, None, root / SERVER_DIR))
+    for site in project.sites:
+        local = {
+            "site.yaml": site_yaml("site"),
+            "study_runtime.yaml": study_runtime_yaml(project.studies_of(site.name)),
+        }
+        issued = _write_kit(
+            root / site.name, ca, target, name=site.name, org=site.org, kind="site", local=local
+        )
+        participants[site.name] = _record(issued, "site", site.org, None, site.name)
+        kits.append(WrittenKit(site.name, "site", site.org, None, root / site.name))
+    for user in project.users:
+        issued = _write_kit(
+            root / user.name, ca, target, name=user.name, org=user.org, kind="admin", role=user.role
+        )
+        participants[user.name] = _record(issued, "admin", user.org, user.role, user.name)
+        kits.append(WrittenKit(user.name, "admin", user.org, user.role, root / user.name))
+    state = {
+        "format_version": _STATE_VERSION,
+        "project": project.name,
+        "server": {"name": server.name, "host": server.host, "port": server.port},
+        "ca": {
+            "serial": format(ca.cert.serial_number, "x"),
+            "not_after": ca.cert.not_valid_after_utc.isoformat(),
+        },
+        "participants": participants,
+    }
+    _write_state(root / "ca", state)
+    root.chmod(0o700)  # the folder holds every private key of the project
+    return kits
+
+
+def _swap_into_place(tmp: Path, final: Path) -> None:
+    if not final.exists():
+        tmp.rename(final)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+    old.rmdir()
+    final.rename(old)
+    try:
+        tmp.rename(final)
+    except BaseException:
+        old.rename(final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_state(ca_dir: Path, state: dict[str, Any]) -> None:
+    write_atomic(ca_dir / STATE_FILE, json.dumps(state, indent=2, sort_keys=False) + "\n", 0o600)
+
+
+def _read_state(project_dir: Path) -> dict[str, Any]:
+    state_path = project_dir / "ca" / STATE_FILE
+    if not state_path.is_file():
+        raise ProvisionError(
+            f"not a provisioned project folder: {state_path} missing; pass the folder "
+            "`atoll provision PROJECT.yaml --out DIR` wrote (DIR/<project>)"
+        )
+    try:
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ProvisionError(f"cannot read {state_path}: {exc}") from None
+    if not isinstance(state, dict) or state.get("format_version") != _STATE_VERSION:
+        raise ProvisionError(f"{state_path} is not an atoll CA state (format_version 1)")
+    return state
+
+
+@contextmanager
+def _locked(project_dir: Path) -> Iterator[None]:
+    """Two add-site runs at once would both pass the duplicate check; serialize them."""
+    with open(project_dir / "ca" / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _check_new(
+    project_dir: Path, state: dict[str, Any], name: str, checks: list[tuple[str, Any, Any]]
+) -> None:
+    issues: list[Issue] = []
+    for field, check, value in checks:
+        try:
+            check(value)
+        except ValueError as exc:
+            issues.append(Issue(field, str(exc)))
+    taken = {known.lower(): known for known in state["participants"]}
+    if name.lower() in taken:
+        known = taken[name.lower()]
+        kind = state["participants"][known]["kind"]
+        issues.append(Issue("name", f"{name!r} is already provisioned (the {kind} {known!r})"))
+    elif (project_dir / name).exists():
+        issues.append(Issue("name", f"{project_dir / name} already exists; remove it first"))
+    if issues:
+        raise ProjectError(issues, f"cannot add {name!r} to {project_dir}")
+
+
+def add_site(project_dir: Path, name: str, org: str) -> WrittenKit:
+    """Sign a new site with the project's CA and write only its kit."""
+    checks = [("name", check_site_name, name), ("org", check_org, org)]
+    local = {"site.yaml": site_yaml("site"), "study_runtime.yaml": study_runtime_yaml([])}
+    return _add(Path(project_dir), name, org, "site", None, checks, local)
+
+
+def add_user(project_dir: Path, name: str, org: str, role: str) -> WrittenKit:
+    """Sign a new admin user with the project's CA and write only its kit."""
+    checks = [("name", check_user_name, name), ("org", check_org, org), ("role", check_role, role)]
+    return _add(Path(project_dir), name, org, "admin", role, checks, None)
+
+
+def _add(
+    project_dir: Path,
+    name: str,
+    org: str,
+    kind: Kind,
+    role: str | None,
+    checks: list[tuple[str, Any, Any]],
+    local: dict[str, str] | None,
+) -> WrittenKit:
+    project_dir = project_dir.expanduser().resolve()
+    _read_state(project_dir)  # a clear error before taking the lock in a wrong folder
+    with _locked(project_dir):
+        state = _read_state(project_dir)
+        _check_new(project_dir, state, name, checks)
+        ca = load_ca(project_dir / "ca")
+        server = state["server"]
+        target = _Target(state["project"], server["host"], server["port"])
+        dest = project_dir / name
+        tmp = project_dir / f".{name}.tmp-{os.getpid()}"  # unique: we hold the lock
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            issued = _write_kit(
+                tmp, ca, target, name=name, org=org, kind=kind, role=role, local=local
+            )
+            os.rename(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        try:
+            state["participants"][name] = _record(issued, kind, org, role, name)
+            _write_state(project_dir / "ca", state)
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+    return WrittenKit(name, kind, org, role, dest)

@@ -1,0 +1,82 @@
+"""Commented ``local/`` files written into new kits, for the site operator to edit.
+
+They are starting points that already work with the process launcher; every other setting is
+shown commented out, with where it applies.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+_SITE_HEADER = """\
+# local/site.yaml: how this {who} runs atoll's job workers. Owned by its operator and read
+# when the parent starts. The participant's name comes from its certificate, not from here.
+"""
+
+_SITE_BODY = """\
+# launcher: exactly one of process, docker, k8s, slurm (the job never chooses it).
+launcher: process
+
+# Settings of the chosen launcher go in a block named like it, for example:
+# docker: {{network: atoll}}
+# k8s: {{namespace: atoll-jobs}}
+# slurm: {{partition: gpu, account: fl, qos: normal, sandbox: none, pending_timeout: 600}}
+
+# What this {who} offers to atoll's jobs in total; a job waits while it is used up.
+# capacity: {{gpus: 8, cpus: 64, memory: 512Gi}}
+
+# Where the parent listens for its own workers; a Slurm compute node or a pod must reach it.
+# Default: 127.0.0.1 on a free port, right for the process and docker launchers.
+# worker_endpoint: {{host: 127.0.0.1, port: 0}}
+"""
+
+_RUNTIME_HEADER = """\
+# local/study_runtime.yaml: what each study's jobs may use at this site. Owned by the site
+# operator and re-read at every launch; a job of a study not listed here is refused.
+# Datasets are mounted at /data/<study>/<dataset> (the process launcher passes the host paths
+# in ATOLL_DATASETS instead). Secrets are references only: never write a secret value here.
+format_version: 2
+"""
+
+_STUDY_EXAMPLE = """\
+    datasets: {{}}
+    # datasets:
+    #   slides: {{source: /srv/data/{study}/slides, mode: ro}}   # a host path; a PVC on k8s
+    env: {{}}
+    # env: {{LOG_LEVEL: info}}
+    # secret_env:                        # process/docker/slurm: a variable of the parent's env
+    #   DB_PASSWORD: {{source: env, key: {env}_DB_PASSWORD}}
+    #                                    # k8s: {{source: <Secret name>, key: <key in it>}}
+    # container: {{image: registry.example.org/{study}-trainer:1.0}}   # docker, k8s, slurm
+"""
+
+_NO_STUDY = """\
+studies: {}
+# This site is in no study yet. When a project admin enrols it (`atoll study add-site`), map
+# the study here, for example:
+# studies:
+#   pathology:
+#     datasets:
+#       slides: {source: /srv/data/pathology/slides, mode: ro}
+"""
+
+
+def site_yaml(who: str = "site") -> str:
+    """``who`` is "site" or "server" (the server runs its workflow workers the same way)."""
+    return _SITE_HEADER.format(who=who) + "\n" + _SITE_BODY.format(who=who)
+
+
+def _yaml_key(name: str) -> str:
+    # A study named "yes", "null" or "123" must stay a string key.
+    return name if yaml.safe_load(name) == name else f'"{name}"'
+
+
+def study_runtime_yaml(studies: list[str]) -> str:
+    if not studies:
+        return _RUNTIME_HEADER + _NO_STUDY
+    blocks = []
+    for study in studies:
+        env = study.upper().replace("-", "_")
+        env = f"STUDY_{env}" if env[0].isdigit() else env  # keep the example a valid name
+        blocks.append(f"  {_yaml_key(study)}:\n" + _STUDY_EXAMPLE.format(study=study, env=env))
+    return _RUNTIME_HEADER + "studies:\n" + "\n".join(blocks)

@@ -1,0 +1,140 @@
+"""The server parent: one mutual-TLS port for sites and admins, the job store, the scheduler,
+the relay, and the endpoint its own server workers dial.
+
+Exit codes of `atoll server start`: 0 stopped cleanly; 2 bad kit or configuration; 3 the port
+could not be opened.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from atoll.launchers.base import JobIdentity, LaunchRequest
+from atoll.launchers.registry import get_launcher
+from atoll.launchers.request import build_request
+from atoll.pki.kit import Kit
+from atoll.pki.tls import server_credentials
+from atoll.server.admin_service import AdminService
+from atoll.server.federation_service import FederationService
+from atoll.server.jobs import JobManager, ServerWorkerBackend
+from atoll.server.scheduler import Scheduler
+from atoll.server.sessions import SessionSigner
+from atoll.server.site_links import SiteLinks
+from atoll.server.store import JobRecord, JobStore
+from atoll.server.studies import Studies
+from atoll.spec.meta import load_meta
+from atoll.spec.site_config import load_site_config
+from atoll.wire import atoll_pb2_grpc as pb_grpc
+from atoll.wire.grpc_setup import new_server
+from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint
+
+log = logging.getLogger("atoll.server")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_upload_bytes: int = 1 << 30  # a job folder's zip
+    max_job_bytes: int = 2 << 30  # the same, uncompressed
+
+
+class ServerParent:
+    def __init__(self, kit: Kit, limits: Limits | None = None):
+        self.kit = kit
+        self.limits = limits or Limits()
+        self.workspace = kit.workspace
+        (self.workspace / "tmp").mkdir(parents=True, exist_ok=True)
+        self.store = JobStore(self.workspace / "atoll.db")
+        self.studies = Studies(self.store)
+        seeded = self.workspace / ".seeded"
+        if not seeded.exists() and kit.project_json.exists():
+            self.studies.seed(json.loads(kit.project_json.read_text()))
+            seeded.touch()
+        self.signer = SessionSigner(self.workspace / "session.key")
+        self.links = SiteLinks()
+        self.tokens = WorkerTokens()
+        self.site_config = load_site_config(kit.local_dir / "site.yaml")
+        self.launcher = get_launcher(self.site_config.launcher, self.site_config)
+        self.jobs = JobManager(self)
+        self.scheduler = Scheduler(self)
+        self._stopped = threading.Event()
+        self._grpc = None
+        self._workers = None
+        self.port = 0
+        self.worker_address = ""
+
+    def study_ops(self) -> dict:
+        try:
+            from atoll.server.study_ops import study_ops
+        except ImportError:
+            return {}
+        return study_ops(self)
+
+    def launch_request(self, record: JobRecord, target: str, run_dir: Path,
+                       token: str) -> LaunchRequest:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        return build_request(
+            meta=load_meta(record.meta),
+            identity=JobIdentity(record.id, record.name, record.study, target, "server"),
+            site_config=self.site_config, study_runtime=None, workdir=run_dir,
+            parent_address=self.worker_address, credentials={"ATOLL_JOB_TOKEN": token},
+            check_capacity=False)
+
+    def start(self) -> None:
+        self.jobs.recover()
+        self._workers, self.worker_address = start_worker_endpoint(
+            self.tokens, ServerWorkerBackend(self.jobs), "127.0.0.1", 0)
+        server = new_server()
+        pb_grpc.add_FederationServicer_to_server(FederationService(self), server)
+        pb_grpc.add_AdminServicer_to_server(AdminService(self), server)
+        self.port = server.add_secure_port(self.kit.listen_address, server_credentials(self.kit))
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.kit.listen_address}")
+        server.start()
+        self._grpc = server
+        self.scheduler.start()
+        threading.Thread(target=self._watch_links, name="liveness", daemon=True).start()
+        log.info("server %s listening on %s", self.kit.name, self.kit.listen_address)
+
+    def _watch_links(self) -> None:
+        while not self._stopped.wait(2.0):
+            for link in self.links.stale():
+                log.warning("site %s missed its heartbeats; dropping its link", link.name)
+                link.close()
+
+    def stop(self, grace: float = 2.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.scheduler.stop()
+        self.jobs.stop_all()
+        for server in (self._grpc, self._workers):
+            if server is not None:
+                server.stop(grace).wait(grace + 1)
+        self.launcher.close()
+        self.store.close()
+
+    def wait(self) -> None:
+        while not self._stopped.wait(3600):
+            pass
+
+
+def run_forever(kit: Kit, ready_file: Path | None = None) -> int:
+    import signal
+
+    parent = ServerParent(kit)
+    parent.start()
+    if ready_file is not None:
+        ready_file.write_text(json.dumps({"pid": os.getpid(), "port": parent.port,
+                                          "at": time.time()}))
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    parent.stop()
+    return 0

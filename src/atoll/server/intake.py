@@ -1,0 +1,112 @@
+"""Taking in a submitted job folder: a zip streamed by the admin, checked before it is kept.
+
+Refused, with a message naming the entry: paths that escape the folder (absolute, `..`),
+symbolic links, device files, more than MAX_ENTRIES entries, more than the size limit
+uncompressed. Anything refused leaves nothing behind: work happens in a scratch folder that is
+removed on every failure and renamed into place only when the job is accepted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import uuid
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+from atoll.wire.frames import FrameError, write_chunks
+
+MAX_ENTRIES = 10_000
+
+
+class IntakeError(Exception):
+    """The job folder cannot be accepted; the message says why and what to change."""
+
+
+class Incoming:
+    """A scratch folder for one upload; use as a context manager so failures clean up."""
+
+    def __init__(self, root: Path):
+        self.dir = root / f"incoming-{uuid.uuid4().hex}"
+        self.dir.mkdir(parents=True)
+        self.zip_path = self.dir / "job.zip"
+        self.tree = self.dir / "job"
+        self.kept = False
+
+    def __enter__(self) -> Incoming:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.kept:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def receive(self, chunks: Iterable[bytes], max_bytes: int) -> None:
+        try:
+            write_chunks(chunks, self.zip_path, limit=max_bytes)
+        except FrameError as exc:
+            raise IntakeError(f"job upload refused: {exc}") from None
+
+    def extract(self, max_bytes: int) -> Path:
+        try:
+            archive = zipfile.ZipFile(self.zip_path)
+        except zipfile.BadZipFile:
+            raise IntakeError("job upload is not a zip archive") from None
+        with archive:
+            infos = archive.infolist()
+            if len(infos) > MAX_ENTRIES:
+                raise IntakeError(f"job folder has {len(infos)} entries; the limit is {MAX_ENTRIES}")
+            total = 0
+            for info in infos:
+                _check_entry(info)
+                total += info.file_size
+                if total > max_bytes:
+                    raise IntakeError(
+                        f"job folder is larger than {max_bytes} bytes uncompressed; keep data "
+                        "at the sites (study datasets) and ship only code and small files")
+            self.tree.mkdir()
+            for info in infos:
+                target = self.tree / PurePosixPath(info.filename)
+                if info.is_dir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(info) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+        return self.tree
+
+    def keep(self, destination: Path) -> Path:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        self.tree.rename(destination)
+        self.kept = True
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return destination
+
+
+def _check_entry(info: zipfile.ZipInfo) -> None:
+    name = info.filename
+    path = PurePosixPath(name)
+    if name.startswith("/") or "\\" in name or path.is_absolute() or ".." in path.parts:
+        raise IntakeError(f"job folder entry {name!r} points outside the folder")
+    mode = info.external_attr >> 16
+    if stat.S_ISLNK(mode):
+        raise IntakeError(f"job folder entry {name!r} is a symbolic link; copy the file instead")
+    if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise IntakeError(f"job folder entry {name!r} is not a regular file")
+
+
+def zip_folder(folder: Path, out: Path, only: Iterable[str] | None = None) -> Path:
+    """Zip a job folder (or only some top-level names of it), refusing links that leave it."""
+    folder = folder.resolve()
+    names = None if only is None else set(only)
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        for path in sorted(folder.rglob("*")):
+            rel = path.relative_to(folder)
+            if names is not None and rel.parts[0] not in names:
+                continue
+            if path.is_symlink():
+                raise IntakeError(f"{rel} is a symbolic link; job folders hold plain files only")
+            if path.is_dir():
+                continue
+            archive.write(path, rel.as_posix())
+    return out

@@ -1,0 +1,318 @@
+"""The life of a job on the server: intake, dispatch, the server worker, and the end.
+
+A job is SUBMITTED until the scheduler dispatches it, then each participant (the server and
+every site) moves through DISPATCHED -> STARTING -> RUNNING -> FINISHED:<outcome> with a reason.
+The job ends when the server's part and every site's part have ended: COMPLETED when the
+workflow completed (sites it tolerated losing are named in the reason), otherwise FAILED or
+ABORTED with the reason that decided it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
+from atoll.server.intake import Incoming, IntakeError, zip_folder
+from atoll.server.relay import JobRelay, RelayError
+from atoll.server.store import JobRecord
+from atoll.spec.errors import SpecError
+from atoll.spec.meta import load_meta
+from atoll.wire import frames
+from atoll.wire.worker_endpoint import BackendError
+
+log = logging.getLogger("atoll.server.jobs")
+
+END_GRACE_S = 60.0  # how long sites get to wrap up after the workflow completed
+
+
+@dataclass
+class LiveJob:
+    record: JobRecord
+    sites: list[str]
+    relay: JobRelay
+    folder: Path
+    handle: Handle | None = None
+    report: tuple[bool, str] | None = None  # the server worker's own Finish report
+    server_state: str | None = None
+    server_reason: str = ""
+    aborting: str | None = None
+    site_states: dict[str, tuple[str, str]] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+
+class JobManager:
+    def __init__(self, parent):
+        self.parent = parent
+        self.store = parent.store
+        self.jobs_dir: Path = parent.workspace / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.live: dict[str, LiveJob] = {}
+        self._lock = threading.RLock()
+
+    # -- intake -------------------------------------------------------------------------------
+    def submit(self, who, study: str, chunks: Iterator[bytes]) -> JobRecord:
+        limits = self.parent.limits
+        with Incoming(self.parent.workspace / "tmp") as incoming:
+            incoming.receive(chunks, limits.max_upload_bytes)
+            tree = incoming.extract(limits.max_job_bytes)
+            try:
+                meta = load_meta(tree)
+            except SpecError as exc:
+                raise IntakeError(f"meta.json is invalid:\n{exc}") from None
+            study_sites = self.parent.studies.sites(study)
+            targets = meta.expand_targets(study_sites)
+            problems = []
+            if "server" not in targets:
+                problems.append("deploy_map: deploy an app to \"server\": it runs the workflow")
+            for target in targets:
+                if target != "server" and target not in study_sites:
+                    problems.append(f"deploy_map: site {target!r} is not enrolled in study "
+                                    f"{study!r} (enrolled: {', '.join(study_sites) or 'none'})")
+            for app in meta.deploy_map:
+                if not (tree / app).is_dir():
+                    problems.append(f"deploy_map: app folder {app!r} is missing from the job")
+            if problems:
+                raise IntakeError("job refused:\n" + "\n".join(f"- {p}" for p in problems))
+            job_id = uuid.uuid4().hex
+            meta = meta.with_server_fields(study, who.name)
+            incoming.keep(self.jobs_dir / job_id / "job")
+        record_meta = meta.model_dump(mode="json")
+        self.store.add_job(job_id, meta.name, study, who.name, who.org, record_meta, targets)
+        self.parent.scheduler.wake()
+        return self.store.get_job(job_id)
+
+    def app_zip(self, job_id: str, target: str) -> Path:
+        """The zipped app folder (plus meta.json) a participant runs; built once per app."""
+        folder = self.jobs_dir / job_id
+        meta = load_meta(folder / "job")
+        app = meta.app_for(target)
+        out = folder / "apps" / f"{app}.zip"
+        if not out.exists():
+            out.parent.mkdir(exist_ok=True)
+            tmp = out.with_suffix(".part")
+            zip_folder(folder / "job", tmp, only=[app, "meta.json"])
+            tmp.replace(out)
+        return out
+
+    # -- dispatch -----------------------------------------------------------------------------
+    def dispatch(self, record: JobRecord, sites: list[str], skipped: dict[str, str],
+                 resources: dict[str, Any]) -> None:
+        folder = self.jobs_dir / record.id
+        relay = JobRelay(record.id, folder / "relay", sites)
+        live = LiveJob(record, sites, relay, folder, resources=resources)
+        with self._lock:
+            self.live[record.id] = live
+        self.store.set_job_state(record.id, "DISPATCHED")
+        for site, reason in skipped.items():
+            self.store.set_part_state(record.id, site, "FINISHED:FAILED", reason)
+        meta = record.meta
+        for site in sites:
+            self.store.set_part_state(record.id, site, "DISPATCHED")
+            self.parent.links.send(site, "dispatch", {
+                "job_id": record.id, "name": record.name, "study": record.study, "meta": meta})
+        threading.Thread(target=self._run_server_worker, args=(live,),
+                         name=f"server-worker-{record.id[:8]}", daemon=True).start()
+
+    def _run_server_worker(self, live: LiveJob) -> None:
+        run_dir = live.folder / "run" / "server"
+        try:
+            app = load_meta(live.folder / "job").app_for("server")
+            shutil.copytree(live.folder / "job" / app, run_dir / "app", dirs_exist_ok=True)
+            token = self.parent.tokens.issue(live.id)
+            request = self.parent.launch_request(live.record, "server", run_dir, token)
+            self.store.set_part_state(live.id, "server", "STARTING")
+            live.handle = self.parent.launcher.launch(request)
+        except (LaunchError, SpecError, OSError) as exc:
+            self._server_ended(live, WorkerExit(Outcome.FAILED,
+                                                f"server worker could not start: {exc}"))
+            return
+        if live.aborting:  # aborted while starting
+            self.parent.launcher.cancel(live.handle)
+        self._server_ended(live, self.parent.launcher.wait(live.handle))
+
+    def _server_ended(self, live: LiveJob, exit: WorkerExit) -> None:
+        if live.aborting:
+            state, reason = "ABORTED", live.aborting
+        elif exit.outcome is Outcome.COMPLETED and live.report and live.report[0]:
+            state, reason = "COMPLETED", ""
+        else:
+            state = "FAILED"
+            reason = (live.report[1] if live.report and live.report[1] else exit.reason)
+        live.server_state, live.server_reason = state, reason
+        self.store.set_part_state(live.id, "server", f"FINISHED:{state}", reason)
+        live.relay.end()
+        for site in self._unfinished_sites(live):
+            if state == "COMPLETED":
+                self.parent.links.send(site, "end", {"job_id": live.id})
+            else:
+                self.parent.links.send(site, "abort", {"job_id": live.id, "reason": reason})
+        if state == "COMPLETED" and self._unfinished_sites(live):
+            timer = threading.Timer(END_GRACE_S, self._end_stragglers, args=(live,))
+            timer.daemon = True
+            timer.start()
+        self._maybe_finish(live)
+
+    def _end_stragglers(self, live: LiveJob) -> None:
+        for site in self._unfinished_sites(live):
+            self.parent.links.send(site, "abort", {
+                "job_id": live.id, "reason": f"did not finish within {END_GRACE_S:.0f} s of the "
+                                             "workflow's end"})
+
+    # -- reports from sites -------------------------------------------------------------------
+    def site_state(self, site: str, body: dict[str, Any]) -> None:
+        job_id, state = str(body.get("job_id")), str(body.get("state"))
+        reason = str(body.get("reason", ""))
+        live = self.live.get(job_id)
+        if live is None or site not in live.sites or site in live.site_states:
+            return
+        if body.get("log_tail"):
+            logs = live.folder / "logs"
+            logs.mkdir(exist_ok=True)
+            (logs / f"{site}.log").write_text(str(body["log_tail"]))
+        self.store.set_part_state(job_id, site, state, reason)
+        if state == "RUNNING" and live.record.state == "DISPATCHED":
+            live.record.state = "RUNNING"
+            self.store.set_job_state(job_id, "RUNNING")
+        if state.startswith("FINISHED:"):
+            live.site_states[site] = (state, reason)
+            if state != "FINISHED:COMPLETED" or not live.relay.ended:
+                live.relay.drop_site(site, f"{site} dropped out: {reason or state}")
+            self._maybe_finish(live)
+
+    def site_offline(self, site: str) -> None:
+        for live in list(self.live.values()):
+            if site in live.sites and site not in live.site_states:
+                self.site_state(site, {"job_id": live.id, "state": "FINISHED:FAILED",
+                                       "reason": "site parent disconnected"})
+
+    def _unfinished_sites(self, live: LiveJob) -> list[str]:
+        return [s for s in live.sites if s not in live.site_states]
+
+    def _maybe_finish(self, live: LiveJob) -> None:
+        with self._lock:
+            if live.server_state is None or self._unfinished_sites(live):
+                return
+            if self.live.pop(live.id, None) is None:
+                return
+        failed = [f"{s}: {r or st}" for s, (st, r) in live.site_states.items()
+                  if st != "FINISHED:COMPLETED"]
+        reason = live.server_reason
+        if live.server_state == "COMPLETED" and failed:
+            reason = "sites that dropped out: " + "; ".join(failed)
+        self.store.set_job_state(live.id, f"FINISHED:{live.server_state}", reason)
+        self.parent.tokens.revoke(live.id)
+        shutil.rmtree(live.relay.folder, ignore_errors=True)
+        self.parent.scheduler.wake()
+        log.info("job %s finished: %s %s", live.id, live.server_state, reason)
+
+    # -- abort ----------------------------------------------------------------------------------
+    def abort(self, job_id: str, reason: str) -> None:
+        live = self.live.get(job_id)
+        if live is None:
+            record = self.store.get_job(job_id)
+            if record is not None and record.state == "SUBMITTED":
+                for part in record.parts:
+                    self.store.set_part_state(job_id, part, "FINISHED:ABORTED", reason)
+                self.store.set_job_state(job_id, "FINISHED:ABORTED", reason)
+            return
+        if live.aborting:
+            return
+        live.aborting = reason
+        live.relay.end()
+        for site in self._unfinished_sites(live):
+            if not self.parent.links.send(site, "abort", {"job_id": job_id, "reason": reason}):
+                self.site_state(site, {"job_id": job_id, "state": "FINISHED:ABORTED",
+                                       "reason": f"{reason} (site offline)"})
+        if live.handle is not None:
+            self.parent.launcher.cancel(live.handle)
+
+    def recover(self) -> None:
+        """After a restart: jobs that were running lost their server worker with the parent."""
+        for record in self.store.list_jobs(states=["DISPATCHED", "RUNNING"]):
+            reason = "the server restarted while the job ran; resubmit it"
+            for part, info in record.parts.items():
+                if not info["state"].startswith("FINISHED"):
+                    self.store.set_part_state(record.id, part, "FINISHED:FAILED", reason)
+            self.store.set_job_state(record.id, "FINISHED:FAILED", reason)
+
+    def stop_all(self) -> None:
+        for live in list(self.live.values()):
+            if live.handle is not None:
+                self.parent.launcher.cancel(live.handle)
+
+
+class ServerWorkerBackend:
+    """What the server worker (the workflow) can do through the server parent's endpoint."""
+
+    def __init__(self, jobs: JobManager):
+        self.jobs = jobs
+
+    def _live(self, job_id: str) -> LiveJob:
+        live = self.jobs.live.get(job_id)
+        if live is None:
+            raise BackendError(f"job {job_id} is not running")
+        return live
+
+    def on_register(self, job_id: str) -> dict[str, Any]:
+        live = self._live(job_id)
+        self.jobs.store.set_part_state(job_id, "server", "RUNNING")
+        if live.record.state == "DISPATCHED":
+            live.record.state = "RUNNING"
+            self.jobs.store.set_job_state(job_id, "RUNNING")
+        return {"sites": live.sites, "job_args": {}}
+
+    def send_task(self, job_id, head, chunks):
+        try:
+            task_id = self._live(job_id).relay.add_task(
+                list(head.get("targets") or []), str(head.get("topic", "")),
+                dict(head.get("headers") or {}), chunks)
+        except RelayError as exc:
+            raise BackendError(str(exc)) from None
+        return {"task_id": task_id}
+
+    def next_reply(self, job_id, task_id, wait_s):
+        relay = self._live(job_id).relay
+        try:
+            entry = relay.next_reply(task_id, min(max(wait_s, 0.0), 30.0))
+        except RelayError as exc:
+            raise BackendError(str(exc)) from None
+        if entry is None:
+            yield frames.header({"none": True})
+        elif entry.error is not None:
+            yield frames.header({"site": entry.site, "error": entry.error})
+        else:
+            yield frames.header({"site": entry.site, "headers": entry.headers})
+            for chunk in frames.file_chunks(entry.path):
+                yield frames.pb.Frame(data=chunk)
+            entry.path.unlink(missing_ok=True)
+
+    def next_task(self, job_id, wait_s):
+        raise BackendError("the server worker runs the workflow; it takes no tasks")
+
+    def send_reply(self, job_id, head, chunks):
+        raise BackendError("the server worker runs the workflow; it sends no replies")
+
+    def report(self, job_id, body):
+        self._live(job_id)
+        self.jobs.store.add_event(job_id, "server", body)
+
+    def finish(self, job_id, ok, error):
+        self._live(job_id).report = (ok, error)
+
+
+def job_summary(record: JobRecord) -> dict[str, Any]:
+    out = record.summary()
+    out["deploy_map"] = record.meta.get("deploy_map")
+    return json.loads(json.dumps(out))

@@ -1,0 +1,169 @@
+"""The server-side relay of one running job: tasks for sites and their replies.
+
+Payloads are written once to the job's folder and streamed from there; nothing here holds a
+payload in memory. A site that drops out gets an error reply on each task it still owed, so the
+workflow never waits on a site that cannot answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atoll.wire.frames import write_chunks
+
+END = object()  # returned by next_task once the job is over
+
+
+@dataclass
+class TaskEntry:
+    task_id: str
+    topic: str
+    headers: dict[str, Any]
+    path: Path
+    size: int
+    targets: set[str]
+    unpulled: set[str]
+    replied: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ReplyEntry:
+    task_id: str
+    site: str
+    headers: dict[str, Any]
+    path: Path | None
+    error: str | None = None
+
+
+class RelayError(Exception):
+    pass
+
+
+class JobRelay:
+    def __init__(self, job_id: str, folder: Path, sites: Iterable[str],
+                 max_payload: int | None = None):
+        self.job_id = job_id
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.sites = list(sites)
+        self.max_payload = max_payload
+        self._cond = threading.Condition()
+        self._ids = itertools.count(1)
+        self._tasks: dict[str, TaskEntry] = {}
+        self._queues: dict[str, deque[str]] = {s: deque() for s in self.sites}
+        self._replies: dict[str, deque[ReplyEntry]] = {}
+        self._dropped: dict[str, str] = {}
+        self._ended = False
+
+    # -- server worker side ---------------------------------------------------------------
+    def add_task(self, targets: list[str], topic: str, headers: dict[str, Any],
+                 chunks: Iterable[bytes]) -> str:
+        unknown = [t for t in targets if t not in self._queues]
+        if unknown or not targets:
+            raise RelayError(f"task targets must be sites of this job {self.sites}; got {targets}")
+        task_id = f"t{next(self._ids)}"
+        path = self.folder / f"{task_id}.task"
+        size = write_chunks(chunks, path, self.max_payload)
+        entry = TaskEntry(task_id, topic, headers, path, size, set(targets), set(targets))
+        with self._cond:
+            self._tasks[task_id] = entry
+            self._replies[task_id] = deque()
+            for site in targets:
+                if site in self._dropped:
+                    self._owe_error(entry, site, self._dropped[site])
+                else:
+                    self._queues[site].append(task_id)
+            self._cond.notify_all()
+        return task_id
+
+    def next_reply(self, task_id: str, wait_s: float) -> ReplyEntry | None:
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            if task_id not in self._replies:
+                raise RelayError(f"no such task {task_id}")
+            while not self._replies[task_id]:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._ended:
+                    return None
+                self._cond.wait(left)
+            return self._replies[task_id].popleft()
+
+    # -- site side ----------------------------------------------------------------------------
+    def next_task(self, site: str, wait_s: float) -> TaskEntry | object | None:
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            if site not in self._queues:
+                raise RelayError(f"{site} is not a site of job {self.job_id}")
+            while True:
+                if self._ended or site in self._dropped:
+                    return END
+                if self._queues[site]:
+                    return self._tasks[self._queues[site].popleft()]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def pulled(self, site: str, entry: TaskEntry) -> None:
+        with self._cond:
+            entry.unpulled.discard(site)
+            self._collect(entry)
+
+    def add_reply(self, site: str, task_id: str, headers: dict[str, Any],
+                  chunks: Iterable[bytes]) -> None:
+        with self._cond:
+            entry = self._tasks.get(task_id)
+            if entry is None or site not in entry.targets:
+                raise RelayError(f"{site} was not sent task {task_id}")
+            if site in entry.replied:
+                raise RelayError(f"{site} already replied to task {task_id}")
+            entry.replied.add(site)
+        path = self.folder / f"{task_id}.{site}.reply"
+        try:
+            write_chunks(chunks, path, self.max_payload)
+        except BaseException:
+            with self._cond:
+                entry.replied.discard(site)
+            raise
+        with self._cond:
+            self._replies[task_id].append(ReplyEntry(task_id, site, headers, path))
+            self._cond.notify_all()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def drop_site(self, site: str, reason: str) -> None:
+        with self._cond:
+            if site in self._dropped or site not in self._queues:
+                return
+            self._dropped[site] = reason
+            self._queues[site].clear()
+            for entry in self._tasks.values():
+                if site in entry.targets and site not in entry.replied:
+                    self._owe_error(entry, site, reason)
+                    entry.unpulled.discard(site)
+                    self._collect(entry)
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def _owe_error(self, entry: TaskEntry, site: str, reason: str) -> None:
+        entry.replied.add(site)
+        self._replies[entry.task_id].append(ReplyEntry(entry.task_id, site, {}, None, reason))
+
+    def _collect(self, entry: TaskEntry) -> None:
+        # The task payload is only needed until every target has pulled it.
+        if not entry.unpulled:
+            entry.path.unlink(missing_ok=True)

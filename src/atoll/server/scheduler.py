@@ -1,0 +1,111 @@
+"""The scheduler: dispatches each SUBMITTED job, oldest first, once it can run.
+
+A job can run when its mandatory sites are online, at least `min_clients` of its sites are
+online (all of them when unset), and every site it would use has room for what the job asks
+(the capacity each site reported, minus what its running jobs hold). Until then the job stays
+SUBMITTED with a reason that says what it is waiting for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from atoll.spec.errors import SpecError
+from atoll.spec.meta import load_meta
+from atoll.spec.quantity import memory_to_bytes
+from atoll.spec.resources import Resources, resolve_resources
+
+log = logging.getLogger("atoll.server.scheduler")
+
+TICK_S = 1.0
+
+
+def fits(capacity: dict[str, Any], used: list[Resources], asked: Resources) -> str | None:
+    """None if `asked` fits next to `used` in `capacity`; else what is short."""
+    gpus = capacity.get("gpus")
+    if gpus is not None and sum(r.num_of_gpus for r in used) + asked.num_of_gpus > gpus:
+        return f"{asked.num_of_gpus} GPU(s) asked, {gpus - sum(r.num_of_gpus for r in used)} free"
+    cpus = capacity.get("cpus")
+    if cpus is not None and sum(r.num_of_cpus for r in used) + asked.num_of_cpus > cpus:
+        return f"{asked.num_of_cpus} CPU(s) asked, {cpus - sum(r.num_of_cpus for r in used)} free"
+    memory = capacity.get("memory")
+    if memory is not None and asked.memory is not None:
+        total = memory_to_bytes(memory)
+        held = sum(r.memory_bytes or 0 for r in used)
+        if held + (asked.memory_bytes or 0) > total:
+            return f"{asked.memory} memory asked, {(total - held) >> 20}Mi free"
+    return None
+
+
+class Scheduler:
+    def __init__(self, parent):
+        self.parent = parent
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(TICK_S)
+            self._wake.clear()
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - the scheduler must outlive one bad job
+                log.exception("scheduler tick failed")
+
+    def tick(self) -> None:
+        store = self.parent.store
+        for record in sorted(store.list_jobs(states=["SUBMITTED"]), key=lambda r: r.seq):
+            reason = self._try(record)
+            if reason is not None and reason != record.reason:
+                store.set_job_state(record.id, "SUBMITTED", reason)
+
+    def _used(self) -> dict[str, list[Resources]]:
+        used: dict[str, list[Resources]] = {}
+        for live in list(self.parent.jobs.live.values()):
+            for site, res in live.resources.items():
+                if site not in live.site_states:
+                    used.setdefault(site, []).append(res)
+        return used
+
+    def _try(self, record) -> str | None:
+        """Dispatch the job if it can run now; otherwise return what it waits for."""
+        try:
+            meta = load_meta(record.meta)
+        except SpecError as exc:
+            self.parent.jobs.abort(record.id, f"meta.json no longer valid: {exc}")
+            return None
+        study_sites = self.parent.studies.sites(record.study)
+        sites = [t for t in meta.expand_targets(study_sites) if t != "server"]
+        online = self.parent.links.online()
+        missing = [s for s in meta.mandatory_clients if s not in online]
+        if missing:
+            return f"waiting for mandatory site(s) {', '.join(missing)} to come online"
+        ready = [s for s in sites if s in online]
+        needed = meta.min_clients or len(sites)
+        if len(ready) < needed:
+            return (f"waiting for sites: {len(ready)} of {len(sites)} online, "
+                    f"{needed} needed (min_clients)")
+        used = self._used()
+        resources: dict[str, Resources] = {}
+        for site in ready:
+            asked = resolve_resources(meta.resource_spec, site)
+            short = fits(online[site].capacity, used.get(site, []), asked)
+            if short:
+                return f"waiting for resources at {site}: {short}"
+            resources[site] = asked
+        skipped = {s: "not dispatched: the site was offline" for s in sites if s not in online}
+        self.parent.jobs.dispatch(record, ready, skipped, resources)
+        return None

@@ -1,0 +1,85 @@
+"""The server's view of connected site parents: one control stream each, and liveness."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from atoll.wire import atoll_pb2 as pb
+
+HEARTBEAT_S = 5.0
+STALE_S = 20.0  # a site silent this long is treated as gone
+
+
+@dataclass
+class SiteLink:
+    name: str
+    org: str
+    hello: dict[str, Any]
+    connected_at: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.monotonic)
+    outbox: queue.Queue = field(default_factory=queue.Queue)
+    closed: threading.Event = field(default_factory=threading.Event)
+
+    def send(self, kind: str, body: dict[str, Any]) -> None:
+        self.outbox.put(pb.ServerCommand(**{kind: json.dumps(body)}))
+
+    def close(self) -> None:
+        self.closed.set()
+        self.outbox.put(None)
+
+    @property
+    def capacity(self) -> dict[str, Any]:
+        return self.hello.get("capacity") or {}
+
+    @property
+    def running_jobs(self) -> list[str]:
+        return list(self.hello.get("running_jobs") or [])
+
+
+class SiteLinks:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._links: dict[str, SiteLink] = {}
+
+    def attach(self, link: SiteLink) -> SiteLink | None:
+        """Register a new link; returns the one it replaces (a reconnecting site)."""
+        with self._lock:
+            old = self._links.get(link.name)
+            self._links[link.name] = link
+        if old is not None:
+            old.close()
+        return old
+
+    def detach(self, link: SiteLink) -> bool:
+        """Forget a link if it is still the current one for its site."""
+        with self._lock:
+            if self._links.get(link.name) is link:
+                del self._links[link.name]
+                link.close()
+                return True
+        return False
+
+    def get(self, name: str) -> SiteLink | None:
+        with self._lock:
+            return self._links.get(name)
+
+    def online(self) -> dict[str, SiteLink]:
+        with self._lock:
+            return dict(self._links)
+
+    def send(self, site: str, kind: str, body: dict[str, Any]) -> bool:
+        link = self.get(site)
+        if link is None:
+            return False
+        link.send(kind, body)
+        return True
+
+    def stale(self) -> list[SiteLink]:
+        cutoff = time.monotonic() - STALE_S
+        with self._lock:
+            return [link for link in self._links.values() if link.last_seen < cutoff]

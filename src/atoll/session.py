@@ -1,0 +1,152 @@
+"""The Python admin API: the same verbs as the CLI, over one mutual-TLS channel.
+
+    from atoll import Session
+    with Session("kits/admin@org", study="pathology") as s:
+        job = s.submit("jobs/fedavg", wait=True)
+        s.download(job["job_id"], "results/")
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from atoll.errors import AtollError, Refused, from_rpc_error
+from atoll.pki.kit import Kit, load_kit
+from atoll.pki.tls import channel_credentials
+from atoll.wire import atoll_pb2 as pb
+from atoll.wire import atoll_pb2_grpc as pb_grpc
+from atoll.wire import frames
+from atoll.wire.grpc_setup import secure_channel
+
+TERMINAL = ("FINISHED:COMPLETED", "FINISHED:FAILED", "FINISHED:ABORTED")
+
+
+class Session:
+    def __init__(self, kit: str | Path | Kit, study: str | None = None, token: str | None = None,
+                 timeout: float = 30.0):
+        self.kit = kit if isinstance(kit, Kit) else load_kit(kit)
+        if self.kit.kind != "admin":
+            raise Refused(f"{self.kit.kit_dir} is a {self.kit.kind} kit; use an admin's kit")
+        self.timeout = timeout
+        self.channel = secure_channel(self.kit.server_address, channel_credentials(self.kit), None)
+        self.stub = pb_grpc.AdminStub(self.channel)
+        self.token = token
+        self.study = study
+        if study is not None and token is None:
+            self.login(study)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _metadata(self) -> tuple:
+        return (("x-atoll-session", self.token),) if self.token else ()
+
+    def call(self, op: str, study: str | None = None, **body: Any) -> dict[str, Any]:
+        body = {"op": op, **body}
+        if study:
+            body["study"] = study
+        try:
+            answer = self.stub.Call(pb.Json(body=json.dumps(body)), metadata=self._metadata(),
+                                    timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.kit.server_address) from None
+        return json.loads(answer.body)
+
+    # -- verbs ------------------------------------------------------------------------------------
+    def login(self, study: str) -> dict[str, Any]:
+        self.token = None
+        answer = self.call("login", study=study)
+        self.token, self.study = answer["token"], answer["study"]
+        return answer
+
+    def whoami(self) -> dict[str, Any]:
+        return self.call("whoami")
+
+    def list_jobs(self, study: str | None = None) -> list[dict[str, Any]]:
+        return self.call("list_jobs", study=study)["jobs"]
+
+    def status(self, job_id: str, study: str | None = None) -> dict[str, Any]:
+        return self.call("job_status", study=study, job_id=job_id)
+
+    def logs(self, job_id: str, study: str | None = None) -> dict[str, Any]:
+        return self.call("job_logs", study=study, job_id=job_id)
+
+    def abort(self, job_id: str, study: str | None = None) -> dict[str, Any]:
+        return self.call("abort_job", study=study, job_id=job_id)
+
+    def sites(self, study: str | None = None) -> dict[str, Any]:
+        return self.call("list_sites", study=study)
+
+    def submit(self, job_dir: str | Path, study: str | None = None, wait: bool = False,
+               timeout: float | None = None,
+               on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        from atoll.server.intake import IntakeError, zip_folder
+        from atoll.spec.meta import load_meta
+
+        job_dir = Path(job_dir)
+        load_meta(job_dir)  # fail here, with every issue, before uploading anything
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                archive = zip_folder(job_dir, Path(tmp) / "job.zip")
+            except IntakeError as exc:
+                raise Refused(str(exc)) from None
+            head = {"study": study} if study else {}
+            try:
+                answer = self.stub.Submit(
+                    frames.payload_frames(head, frames.file_chunks(archive)),
+                    metadata=self._metadata(), timeout=max(self.timeout, 600))
+            except grpc.RpcError as exc:
+                raise from_rpc_error(exc, self.kit.server_address) from None
+        job = json.loads(answer.body)
+        return self.wait(job["job_id"], study, timeout, on_update) if wait else job
+
+    def wait(self, job_id: str, study: str | None = None, timeout: float | None = None,
+             on_update: Callable[[dict[str, Any]], None] | None = None,
+             poll_s: float = 0.2) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status(job_id, study)
+            if on_update is not None:
+                on_update(status)
+            if status["state"] in TERMINAL:
+                return status
+            if deadline is not None and time.monotonic() > deadline:
+                raise AtollError(f"job {job_id} still {status['state']} after {timeout} s")
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, 1.0)
+
+    def download(self, job_id: str, destination: str | Path, study: str | None = None) -> Path:
+        destination = Path(destination)
+        destination.mkdir(parents=True, exist_ok=True)
+        body = {"job_id": job_id, **({"study": study} if study else {})}
+        try:
+            stream = self.stub.Download(pb.Json(body=json.dumps(body)), metadata=self._metadata(),
+                                        timeout=max(self.timeout, 600))
+            _, chunks = frames.split(iter(stream))
+            archive = destination / f"{job_id}.zip"
+            frames.write_chunks(chunks, archive)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.kit.server_address) from None
+        out = destination / job_id
+        with zipfile.ZipFile(archive) as zf:
+            for info in zf.infolist():  # our own archive, still checked: no entry leaves `out`
+                target = (out / info.filename).resolve()
+                if not target.is_relative_to(out.resolve()):
+                    raise AtollError(f"download contains an unsafe path {info.filename!r}")
+            zf.extractall(out)
+        archive.unlink()
+        return out

@@ -1,0 +1,101 @@
+"""The site parent's link to the server: it dials out (no inbound port at the site), sends
+hello and heartbeats, receives commands, and reconnects with backoff when the link breaks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from atoll.wire import atoll_pb2 as pb
+
+log = logging.getLogger("atoll.site.connection")
+
+BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+HEARTBEAT_S = 5.0
+KEEP_FINAL = 200  # final job states re-sent after a reconnect, in case one was lost
+
+
+class ServerLink:
+    def __init__(self, stub, hello: Callable[[], dict[str, Any]],
+                 on_command: Callable[[str, dict[str, Any]], None]):
+        self.stub = stub
+        self.hello = hello
+        self.on_command = on_command
+        self.connected = threading.Event()
+        self._outbox: queue.Queue = queue.Queue()
+        self._final: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._generation = 0
+        self._stop = threading.Event()
+        self._call = None
+
+    def send_state(self, job_id: str, state: str, reason: str = "", **extra: Any) -> None:
+        body = {"job_id": job_id, "state": state, "reason": reason, **extra}
+        if state.startswith("FINISHED:"):
+            self._final[job_id] = body
+            while len(self._final) > KEEP_FINAL:
+                self._final.popitem(last=False)
+        self._outbox.put(body)
+
+    def run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            self._generation += 1
+            try:
+                self._call = self.stub.Connect(self._events(self._generation))
+                for command in self._call:
+                    if not self.connected.is_set():
+                        self.connected.set()
+                        attempt = 0
+                        log.info("connected to the server")
+                    kind = command.WhichOneof("kind")
+                    if kind != "welcome":
+                        self.on_command(kind, json.loads(getattr(command, kind)))
+            except grpc.RpcError as exc:
+                if not self._stop.is_set():
+                    log.warning("server link broken: %s", _describe(exc))
+            self.connected.clear()
+            if self._stop.wait(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]):
+                break
+            attempt += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._outbox.put(None)
+        if self._call is not None:
+            self._call.cancel()
+
+    def _events(self, generation: int) -> Iterator[pb.SiteEvent]:
+        yield pb.SiteEvent(hello=json.dumps(self.hello()))
+        for body in list(self._final.values()):
+            yield pb.SiteEvent(job_state=json.dumps(body))
+        while not self._stop.is_set() and generation == self._generation:
+            try:
+                body = self._outbox.get(timeout=HEARTBEAT_S)
+            except queue.Empty:
+                yield pb.SiteEvent(heartbeat=json.dumps(
+                    {"running_jobs": self.hello().get("running_jobs", [])}))
+                continue
+            if body is None:
+                return
+            yield pb.SiteEvent(job_state=json.dumps(body))
+
+
+def _describe(exc: grpc.RpcError) -> str:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"server unreachable ({details}); retrying"
+    return f"{code.name if code else 'error'}: {details}"
+
+
+def wait_connected(link: ServerLink, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    return link.connected.wait(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,181 @@
+"""The site's supervisor of job workers: check each job again, launch, watch, report, cancel.
+
+The site trusts nothing the server sends: it re-validates the job's meta, requires that its own
+study_runtime.yaml maps the job's study, and admits the job against its own capacity before a
+worker is created through the site's launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
+from atoll.server.intake import Incoming, IntakeError
+from atoll.server.scheduler import fits
+from atoll.spec.errors import SpecError
+from atoll.spec.meta import load_meta
+from atoll.spec.resources import Resources, resolve_resources
+from atoll.wire import frames
+
+log = logging.getLogger("atoll.site.supervisor")
+
+END_GRACE_S = 30.0  # after the workflow ends, how long a worker may take to wrap up
+LOG_TAIL = 64 * 1024
+
+
+@dataclass
+class SiteJob:
+    job_id: str
+    study: str
+    workdir: Path
+    resources: Resources
+    handle: Handle | None = None
+    ended: threading.Event = field(default_factory=threading.Event)
+    aborting: str | None = None
+    report: tuple[bool, str] | None = None
+
+
+class Refused(Exception):
+    pass
+
+
+class Supervisor:
+    def __init__(self, parent):
+        self.parent = parent
+        self.jobs: dict[str, SiteJob] = {}
+        self._lock = threading.Lock()
+
+    def running_jobs(self) -> list[str]:
+        with self._lock:
+            return list(self.jobs)
+
+    def dispatch(self, body: dict[str, Any]) -> None:
+        threading.Thread(target=self._run, args=(body,), daemon=True,
+                         name=f"job-{str(body.get('job_id'))[:8]}").start()
+
+    def _report(self, job_id: str, state: str, reason: str = "", **extra: Any) -> None:
+        self.parent.link.send_state(job_id, state, reason, **extra)
+
+    def _admit(self, job_id: str, study: str, meta) -> SiteJob:
+        site = self.parent.name
+        entry = self.parent.study_entry(study)
+        if entry is None:
+            raise Refused(f"site {site} does not map study {study!r} in its local/"
+                          "study_runtime.yaml; the site operator must add it")
+        resources = resolve_resources(meta.resource_spec, site)
+        with self._lock:
+            if job_id in self.jobs:
+                raise Refused(f"job {job_id} is already running at {site}")
+            used = [j.resources for j in self.jobs.values()]
+            short = fits(self.parent.capacity(), used, resources)
+            if short:
+                raise Refused(f"site {site} has no room for the job: {short}")
+            job = SiteJob(job_id, study, self.parent.workspace / "jobs" / job_id, resources)
+            self.jobs[job_id] = job
+        return job
+
+    def _run(self, body: dict[str, Any]) -> None:
+        job_id, study, site = str(body["job_id"]), str(body["study"]), self.parent.name
+        job = None
+        try:
+            meta = load_meta(body["meta"])
+            job = self._admit(job_id, study, meta)
+            self._fetch(job)
+            token = self.parent.tokens.issue(job_id)
+            request = self.parent.launch_request(body, meta, job.workdir, token)
+            self._report(job_id, "STARTING", f"launching through {self.parent.launcher.name}")
+            job.handle = self.parent.launcher.launch(
+                request, on_progress=lambda text: self._report(job_id, "STARTING", text))
+        except (Refused, SpecError, LaunchError, IntakeError, OSError, zipfile.BadZipFile) as exc:
+            reason = str(exc) if isinstance(exc, Refused) else f"{site} refused the job: {exc}"
+            self._report(job_id, "FINISHED:FAILED", reason)
+            self._forget(job_id, job)
+            return
+        except Exception as exc:  # noqa: BLE001 - report rather than die silently
+            log.exception("job %s failed to start", job_id)
+            self._report(job_id, "FINISHED:FAILED", f"{site} could not start the job: {exc}")
+            self._forget(job_id, job)
+            return
+        if job.aborting:
+            self.parent.launcher.cancel(job.handle)
+        self._finish(job, self.parent.launcher.wait(job.handle))
+
+    def _fetch(self, job: SiteJob) -> None:
+        stream = self.parent.stub.FetchJob(frames.pb.JobRef(job_id=job.job_id))
+        _, chunks = frames.split(iter(stream))
+        with Incoming(self.parent.workspace / "tmp") as incoming:
+            incoming.receive(chunks, 1 << 31)
+            tree = incoming.extract(1 << 32)
+            meta = load_meta(tree)
+            app = meta.app_for(self.parent.name)
+            if app is None or not (tree / app).is_dir():
+                raise Refused(f"the job deploys no app to {self.parent.name}")
+            shutil.rmtree(job.workdir, ignore_errors=True)
+            job.workdir.mkdir(parents=True)
+            (tree / app).rename(job.workdir / "app")
+        (job.workdir / "logs").mkdir(exist_ok=True)
+
+    def _finish(self, job: SiteJob, exit: WorkerExit) -> None:
+        if job.aborting:
+            state, reason = "ABORTED", job.aborting
+        elif exit.outcome is Outcome.COMPLETED and (job.report is None or job.report[0]):
+            state, reason = "COMPLETED", ""
+        else:
+            state = "FAILED"
+            reason = job.report[1] if job.report and job.report[1] else exit.reason
+        self._report(job.job_id, f"FINISHED:{state}", reason, log_tail=self._tail(job))
+        self._forget(job.job_id, job)
+
+    def _forget(self, job_id: str, job: SiteJob | None) -> None:
+        self.parent.tokens.revoke(job_id)
+        with self._lock:
+            if job is not None and self.jobs.get(job_id) is job:
+                del self.jobs[job_id]
+
+    @staticmethod
+    def _tail(job: SiteJob) -> str:
+        path = job.workdir / "logs" / "worker.log"
+        if not path.exists():
+            return ""
+        with open(path, "rb") as fh:
+            fh.seek(max(0, path.stat().st_size - LOG_TAIL))
+            return fh.read().decode("utf-8", "replace")
+
+    # -- commands from the server ---------------------------------------------------------------
+    def abort(self, job_id: str, reason: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        job.aborting = job.aborting or reason
+        job.ended.set()
+        if job.handle is not None:
+            threading.Thread(target=self.parent.launcher.cancel, args=(job.handle,),
+                             daemon=True).start()
+
+    def end(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        job.ended.set()
+
+        def overdue() -> None:
+            if self.jobs.get(job_id) is job and job.handle is not None:
+                job.report = (False, f"did not exit within {END_GRACE_S:.0f} s of the "
+                                     "workflow's end")
+                self.parent.launcher.cancel(job.handle)
+
+        timer = threading.Timer(END_GRACE_S, overdue)
+        timer.daemon = True
+        timer.start()
+
+    def stop_all(self) -> None:
+        for job in list(self.jobs.values()):
+            job.aborting = job.aborting or "the site parent stopped"
+            if job.handle is not None:
+                self.parent.launcher.cancel(job.handle)

@@ -1,0 +1,76 @@
+"""What a site worker can do through its site parent: every call is relayed to the server.
+
+Payloads pass through frame by frame; the parent never holds a whole task or reply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from atoll.wire import atoll_pb2 as pb
+from atoll.wire import frames
+from atoll.wire.worker_endpoint import BackendError
+
+
+class SiteWorkerBackend:
+    def __init__(self, parent):
+        self.parent = parent
+
+    def _job(self, job_id: str):
+        job = self.parent.supervisor.jobs.get(job_id)
+        if job is None:
+            raise BackendError(f"job {job_id} is not running at this site")
+        return job
+
+    def on_register(self, job_id: str) -> dict[str, Any]:
+        self._job(job_id)
+        self.parent.link.send_state(job_id, "RUNNING", "worker connected")
+        return {"site": self.parent.name}
+
+    def next_task(self, job_id: str, wait_s: float) -> Iterator[pb.Frame]:
+        job = self._job(job_id)
+        if job.ended.is_set():
+            yield frames.header({"end": True})
+            return
+        try:
+            yield from self.parent.stub.PullTask(
+                pb.PullRequest(job_id=job_id, wait_s=min(max(wait_s, 0.0), 30.0)),
+                timeout=max(wait_s, 0.0) + 600)
+        except grpc.RpcError as exc:
+            raise BackendError(f"the server did not deliver the task: {exc.details()}") from None
+
+    def send_reply(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict:
+        self._job(job_id)
+        upstream = {"job_id": job_id, "task_id": head.get("task_id"),
+                    "headers": head.get("headers") or {}}
+
+        def relay() -> Iterator[pb.Frame]:
+            yield frames.header(upstream)
+            for chunk in chunks:
+                yield pb.Frame(data=chunk)
+
+        try:
+            answer = self.parent.stub.PushReply(relay())
+        except grpc.RpcError as exc:
+            raise BackendError(f"the server refused the reply: {exc.details()}") from None
+        return json.loads(answer.body or "{}")
+
+    def send_task(self, job_id, head, chunks):
+        raise BackendError("a site worker cannot send tasks; the server worker runs the workflow")
+
+    def next_reply(self, job_id, task_id, wait_s):
+        raise BackendError("a site worker receives tasks, not replies")
+
+    def report(self, job_id: str, body: dict[str, Any]) -> None:
+        self._job(job_id)
+        try:
+            self.parent.stub.Report(pb.Json(body=json.dumps({"job_id": job_id, "event": body})))
+        except grpc.RpcError as exc:
+            raise BackendError(f"the server did not take the report: {exc.details()}") from None
+
+    def finish(self, job_id: str, ok: bool, error: str) -> None:
+        self._job(job_id).report = (ok, error)

@@ -1,0 +1,195 @@
+"""Validation errors of the contract layer: every problem of a document, each with its path.
+
+``SpecError`` is the one exception the spec loaders raise. It carries every ``Issue`` found in a
+document (a file's errors are reported together, never one at a time), each naming the path of
+the offending value (``studies.pathology.datasets.slides.mode``) and what to change.
+
+Pydantic's own errors are translated at one boundary, ``issues_from_validation_error``: readable
+paths, plain sentences, no pydantic URLs. Validators that find several problems at once raise
+``IssuesError`` (a ``ValueError``, so pydantic collects it with its sibling errors); the
+translation expands it back into one Issue per problem under the validator's location.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, RootModel, ValidationError
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One problem: where (a dotted path into the document) and what to change."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class SpecError(Exception):
+    """A document is invalid; ``issues`` lists every problem found, ``source`` names the file."""
+
+    def __init__(self, issues: Iterable[Issue], source: str | None = None) -> None:
+        self.issues: list[Issue] = list(issues)
+        self.source = source
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        lines = [str(issue) for issue in self.issues]
+        if self.source:
+            count = len(self.issues)
+            head = f"{self.source}: {count} problem{'s' if count != 1 else ''}"
+            return "\n".join([head, *("  " + line for line in lines)])
+        return "\n".join(lines)
+
+
+class IssuesError(ValueError):
+    """Raised inside a pydantic validator to report several problems under its location."""
+
+    def __init__(self, issues: Sequence[Issue]) -> None:
+        self.issues = list(issues)
+        super().__init__("; ".join(str(i) for i in self.issues))
+
+
+def join_path(*parts: str | int) -> str:
+    """``join_path("deploy_map", "app", 0)`` -> ``deploy_map.app[0]``; empty parts are skipped."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part:
+            out = f"{out}.{part}" if out else part
+    return out
+
+
+def prefixed(prefix: str, issues: Iterable[Issue]) -> list[Issue]:
+    return [Issue(join_path(prefix, i.path), i.message) for i in issues]
+
+
+def describe(value: Any) -> str:
+    """A short, safe rendering of a user value for messages (never long, never multi-line)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def kind_of(value: Any) -> str:
+    """The kind of a value, never the value itself (it may be a secret put in the wrong place)."""
+    if value is None or isinstance(value, bool | dict | list | tuple):
+        return describe(value)
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, int | float):
+        return "a number"
+    return type(value).__name__
+
+
+def issues_from_validation_error(
+    error: ValidationError, model: type[BaseModel] | None = None, prefix: str = ""
+) -> list[Issue]:
+    """Translate pydantic's errors into Issues; ``model`` lets unknown-key errors list the
+    allowed keys."""
+    issues: list[Issue] = []
+    for err in error.errors(include_url=False):
+        loc = [p for p in err["loc"] if not _is_internal_loc(p)]
+        ctx = err.get("ctx") or {}
+        inner = ctx.get("error")
+        if isinstance(inner, IssuesError):
+            base = join_path(prefix, *loc)
+            issues.extend(Issue(join_path(base, i.path), i.message) for i in inner.issues)
+            continue
+        issues.append(Issue(join_path(prefix, *loc), _message(err, loc, model)))
+    return issues
+
+
+def _is_internal_loc(part: str | int) -> bool:
+    # Union members and validator wrappers appear in pydantic locations, e.g. "function-after[...]".
+    return isinstance(part, str) and ("[" in part or part in {"str", "int", "dict", "list"})
+
+
+def _message(err: Any, loc: list[str | int], model: type[BaseModel] | None) -> str:
+    kind = err["type"]
+    value = err.get("input")
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(model, loc[:-1]) if model is not None else None
+        hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
+        return f"unknown key{hint}"
+    if kind == "missing":
+        return "required key is missing; add it"
+    if kind == "value_error":
+        return str(err["msg"]).removeprefix("Value error, ")
+    if kind in {"int_type", "int_parsing", "int_from_float"}:
+        return f"must be an integer, not {describe(value)}"
+    if kind in {"string_type", "string_unicode"}:
+        return f"must be a string, not {describe(value)}"
+    if kind in {"bool_type", "bool_parsing"}:
+        return f"must be true or false, not {describe(value)}"
+    if kind in {"dict_type", "model_type", "model_attributes_type"}:
+        return f"must be a mapping, not {kind_of(value)}"
+    if kind in {"list_type", "tuple_type"}:
+        return f"must be a list, not {kind_of(value)}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected', '')}, not {describe(value)}"
+    if kind == "greater_than_equal":
+        return f"must be at least {ctx.get('ge')}, not {describe(value)}"
+    if kind == "greater_than":
+        return f"must be greater than {ctx.get('gt')}, not {describe(value)}"
+    if kind == "less_than_equal":
+        return f"must be at most {ctx.get('le')}, not {describe(value)}"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters"
+    if kind == "string_pattern_mismatch":
+        return f"{describe(value)} does not match the pattern {ctx.get('pattern')}"
+    return str(err["msg"]).replace("Input should be", "must be")
+
+
+def _allowed_keys(model: type[BaseModel] | None, loc: list[str | int]) -> list[str] | None:
+    """Walk ``model``'s annotations along ``loc`` to the mapping that rejected a key."""
+    current: Any = model
+    for part in loc:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, RootModel):
+            current = _unwrap(current.model_fields["root"].annotation)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return None
+            current = field.annotation
+        elif typing.get_origin(current) in (dict, list):
+            current = typing.get_args(current)[-1]
+        else:
+            return None
+    current = _unwrap(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return [f.alias or name for name, f in current.model_fields.items()]
+    return None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Optional[...] and Annotated[...] to the model or container type."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+            annotation = models[0] if models else args[0]
+        else:
+            return annotation

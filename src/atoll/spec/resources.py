@@ -1,0 +1,128 @@
+"""Portable resource requests (meta.json ``resource_spec``) resolved for one target.
+
+``{"@default": {...}, "<site>" | "server": {...}}``: ``@default`` applies to every target, the
+server included; a named target overrides only what differs (a shallow merge: an inherited field
+can be overridden, never removed, and ``null`` is rejected). ``@default`` accepts only the three
+portable keys; a named target may carry other keys, passed through to the site's capacity
+accounting (``Resources.extra``). A site literally named ``default`` is an ordinary site.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
+from atoll.spec.model import SpecModel, validate_into
+from atoll.spec.names import SERVER, is_site_name
+from atoll.spec.quantity import check_memory
+
+DEFAULT_KEY = "@default"
+RESOURCE_KEYS = ("num_of_gpus", "num_of_cpus", "memory")
+DEFAULT_CPUS = 1
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one target (a site or ``server``) asked for, after ``@default`` is merged in."""
+
+    num_of_gpus: int = 0
+    num_of_cpus: int = 1
+    memory: str | None = None  # as written: "64Gi"; None when the job did not ask
+    # Other per-site keys pass through to the site's capacity accounting.
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def memory_bytes(self) -> int | None:
+        from atoll.spec.quantity import memory_to_bytes
+
+        return None if self.memory is None else memory_to_bytes(self.memory)
+
+
+_NULL_HINT = "null is not allowed; remove the key to inherit the value from @default"
+
+
+class DefaultResources(SpecModel):
+    """``resource_spec["@default"]``: only the three portable keys."""
+
+    num_of_gpus: int | None = Field(
+        None, ge=0, description="GPUs for the worker (an integer >= 0; true/false are not numbers)"
+    )
+    num_of_cpus: int | None = Field(
+        None, ge=1, description="Schedulable CPU units for the worker (an integer >= 1)"
+    )
+    memory: str | None = Field(
+        None, description="Memory limit: a positive integer with Mi, Gi or Ti, e.g. 64Gi"
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError(_NULL_HINT)
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str | None) -> str | None:
+        return None if value is None else check_memory(value)
+
+
+class TargetResources(DefaultResources):
+    """``resource_spec[<site>|"server"]``: the portable keys plus pass-through capacity keys."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _no_null_extra(self) -> TargetResources:
+        nulls = [k for k, v in (self.model_extra or {}).items() if v is None]
+        if nulls:
+            raise IssuesError([Issue(k, _NULL_HINT.replace(" from @default", "")) for k in nulls])
+        return self
+
+
+def validate_resource_spec(spec: Any, path: str = "resource_spec") -> list[Issue]:
+    """Every problem of a ``resource_spec`` document (empty when valid); never raises."""
+    if not isinstance(spec, dict):
+        return [Issue(path, f"must be a mapping of target name to resources, not {describe(spec)}")]
+    issues: list[Issue] = []
+    for key, block in spec.items():
+        where = join_path(path, str(key))
+        if key == DEFAULT_KEY:
+            issues += validate_into(DefaultResources, block, where)[1]
+        elif not isinstance(key, str) or key.startswith("@"):
+            issues.append(Issue(where, "unknown special key; the only one is @default"))
+        elif key != SERVER and not is_site_name(key):
+            issues.append(Issue(where, f"{key!r} is not a site name (or 'server')"))
+        else:
+            issues += validate_into(TargetResources, block, where)[1]
+    return issues
+
+
+def requested_resources(spec: Mapping[str, Any] | None, target: str) -> dict[str, Any]:
+    """The keys the job gave for ``target`` (``@default`` merged under the target's own block).
+
+    Only what was written: conflict checks need to know whether a value was given at all.
+    """
+    spec = spec or {}
+    merged: dict[str, Any] = dict(spec.get(DEFAULT_KEY) or {})
+    merged.update(spec.get(target) or {})
+    return merged
+
+
+def resolve_resources(spec: Mapping[str, Any] | None, target: str) -> Resources:
+    """Resources for one target; raises SpecError listing every problem of the spec."""
+    issues = validate_resource_spec({} if spec is None else spec)
+    if issues:
+        raise SpecError(issues)
+    merged = requested_resources(spec, target)
+    extra = {k: v for k, v in merged.items() if k not in RESOURCE_KEYS}
+    return Resources(
+        num_of_gpus=merged.get("num_of_gpus", 0),
+        num_of_cpus=merged.get("num_of_cpus", DEFAULT_CPUS),
+        memory=merged.get("memory"),
+        extra=extra,
+    )

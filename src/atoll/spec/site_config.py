@@ -1,0 +1,295 @@
+"""A site's own settings, ``local/site.yaml``: its one launcher, its capacity, its worker port.
+
+The site's name is not here: it comes from the site's certificate. Relative paths in this file
+are relative to the site kit folder (the parent of ``local/``); ``SiteConfig.resolve_path`` does
+that. A block for a launcher other than the chosen one is an error: it would be silently unused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from atoll.spec.docker_kwargs import docker_kwargs_issues
+from atoll.spec.errors import Issue, IssuesError, SpecError, describe
+from atoll.spec.model import NoNullModel, check_fields, validate_into
+from atoll.spec.names import is_subdomain
+from atoll.spec.quantity import check_memory
+
+SITE_FILE = "site.yaml"
+LauncherName = Literal["process", "docker", "k8s", "slurm"]
+DEFAULT_PENDING_TIMEOUT = 600
+
+
+class ProcessSettings(NoNullModel):
+    """``process:`` the worker is a child process of the site parent."""
+
+    python: str | None = Field(
+        None, min_length=1, description="Python for workers; default: the parent's own Python"
+    )
+    workdir: str = Field(
+        "workspace", min_length=1, description="Folder for job run folders (relative: to the kit)"
+    )
+    gpu_ids: list[str] = Field(
+        default_factory=list, description="GPU ids handed out through CUDA_VISIBLE_DEVICES"
+    )
+    cpu_ids: list[int] = Field(
+        default_factory=list, description="CPUs workers are pinned to; default: the parent's"
+    )
+
+    @field_validator("gpu_ids", mode="before")
+    @classmethod
+    def _ids_as_text(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
+
+    @field_validator("gpu_ids")
+    @classmethod
+    def _unique_ids(cls, value: list[str]) -> list[str]:
+        issues = [
+            Issue(f"[{i}]", f"GPU id {v!r} is listed twice")
+            for i, v in enumerate(value)
+            if v in value[:i]
+        ]
+        issues += [
+            Issue(f"[{i}]", "must not be empty or contain ','")
+            for i, v in enumerate(value)
+            if not v or "," in v
+        ]
+        if issues:
+            raise IssuesError(issues)
+        return value
+
+
+class DockerSettings(NoNullModel):
+    """``docker:`` the worker is a container of a Docker (or Podman) Engine."""
+
+    base_url: str | None = Field(
+        None, description="Engine URL, e.g. unix:///var/run/docker.sock; default: DOCKER_HOST"
+    )
+    network: str | None = Field(None, min_length=1, description="Network for worker containers")
+    default_image: str | None = Field(
+        None, min_length=1, description="Image when the study runtime names none"
+    )
+    run_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra containers.run keyword arguments for every job"
+    )
+    allow_job_images: list[str] = Field(
+        default_factory=list,
+        description="Images a job may choose in launcher_spec (shell patterns, e.g. "
+        "registry.example.org/fl/*); empty: jobs may not choose their image",
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels on every worker container"
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_not_atoll(cls, value: dict[str, str]) -> dict[str, str]:
+        owned = ("atoll.job_id", "atoll.job_name", "atoll.site", "atoll.study", "atoll.role")
+        issues = [
+            Issue(key, f"set by the docker launcher ({', '.join(owned)}); pick another name")
+            for key in value
+            if key in owned
+        ]
+        if issues:
+            raise IssuesError(issues)
+        return value
+
+    @field_validator("run_kwargs")
+    @classmethod
+    def _run_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        issues = docker_kwargs_issues(value)
+        if issues:
+            raise IssuesError(issues)
+        return value
+
+
+class K8sSettings(NoNullModel):
+    """``k8s:`` the worker is a Pod."""
+
+    kubeconfig: str | None = Field(None, min_length=1, description="Path of a kubeconfig file")
+    in_cluster: bool = Field(False, description="Use the Pod's service account (parent in-cluster)")
+    context: str | None = Field(None, min_length=1, description="kubeconfig context to use")
+    namespace: str = Field("default", description="Namespace of worker Pods and Secrets")
+    service_account: str | None = Field(None, description="Service account of worker Pods")
+    image_pull_secrets: list[str] = Field(
+        default_factory=list, description="Secret names for pulling worker images"
+    )
+    default_image: str | None = Field(
+        None, min_length=1, description="Image when the study runtime names none"
+    )
+    pending_timeout: int = Field(
+        DEFAULT_PENDING_TIMEOUT,
+        ge=1,
+        description="Seconds a Pod may stay Pending; jobs may lower it",
+    )
+
+    @field_validator("namespace", "service_account")
+    @classmethod
+    def _dns_name(cls, value: str) -> str:
+        if not is_subdomain(value):
+            raise ValueError(f"{value!r} is not a Kubernetes name (lowercase RFC 1123)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> K8sSettings:
+        if self.in_cluster and self.kubeconfig:
+            raise ValueError("choose one: kubeconfig or in_cluster: true")
+        return self
+
+
+class SlurmSettings(NoNullModel):
+    """``slurm:`` the worker is a Slurm batch job."""
+
+    sbatch: str = Field("sbatch", min_length=1, description="sbatch executable")
+    squeue: str = Field("squeue", min_length=1, description="squeue executable")
+    sacct: str = Field("sacct", min_length=1, description="sacct executable")
+    scancel: str = Field("scancel", min_length=1, description="scancel executable")
+    scontrol: str = Field("scontrol", min_length=1, description="scontrol executable")
+    workspace: str | None = Field(
+        None, min_length=1, description="Shared folder the compute nodes see; default: workdir"
+    )
+    partition: str | None = Field(None, min_length=1, description="--partition")
+    account: str | None = Field(None, min_length=1, description="--account")
+    qos: str | None = Field(None, min_length=1, description="--qos")
+    time: str | None = Field(None, min_length=1, description="Default --time, e.g. 4:00:00")
+    constraint: str | None = Field(None, min_length=1, description="--constraint")
+    reservation: str | None = Field(None, min_length=1, description="--reservation")
+    sandbox: Literal["none", "apptainer", "pyxis"] = Field(
+        "none", description="How the worker runs on the node: bare, Apptainer, or Pyxis"
+    )
+    container_image: str | None = Field(
+        None, min_length=1, description="Image for apptainer/pyxis when the study names none"
+    )
+    python_path: str = Field(
+        "python3", min_length=1, description="Python on the compute nodes (or in the image)"
+    )
+    pending_timeout: int = Field(
+        DEFAULT_PENDING_TIMEOUT,
+        ge=1,
+        description="Seconds a job may stay PENDING; jobs may lower it",
+    )
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        from atoll.spec.launcher_spec import slurm_time_to_seconds
+
+        slurm_time_to_seconds(value)
+        return value
+
+
+class Capacity(NoNullModel):
+    """What this site admits at once, summed over its running jobs."""
+
+    gpus: int | None = Field(None, ge=0, description="GPUs; default: no limit")
+    cpus: int | None = Field(None, ge=1, description="CPUs; default: no limit")
+    memory: str | None = Field(None, description="Memory, e.g. 512Gi; default: no limit")
+
+    _mem = check_fields(check_memory, "memory")
+
+
+class WorkerEndpoint(NoNullModel):
+    """Where the site parent listens for its own workers."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="Address workers dial")
+    port: int = Field(0, ge=0, le=65535, description="0: any free port")
+
+
+_SETTINGS = {
+    "process": ProcessSettings,
+    "docker": DockerSettings,
+    "k8s": K8sSettings,
+    "slurm": SlurmSettings,
+}
+
+
+class SiteConfig(NoNullModel):
+    """The validated ``local/site.yaml``."""
+
+    launcher: LauncherName = Field(description="The site's one launcher")
+    process: ProcessSettings | None = Field(None, description="Settings of the process launcher")
+    docker: DockerSettings | None = Field(None, description="Settings of the docker launcher")
+    k8s: K8sSettings | None = Field(None, description="Settings of the k8s launcher")
+    slurm: SlurmSettings | None = Field(None, description="Settings of the slurm launcher")
+    capacity: Capacity = Field(default_factory=Capacity, description="Admission limits")
+    worker_endpoint: WorkerEndpoint = Field(
+        default_factory=WorkerEndpoint, description="Where workers reach this parent"
+    )
+    _kit_dir: Path | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _only_chosen_block(self) -> SiteConfig:
+        issues = [
+            Issue(
+                name,
+                f"settings for the {name} launcher, but this site's launcher is "
+                f"{self.launcher}: remove this block or set launcher: {name}",
+            )
+            for name in _SETTINGS
+            if name != self.launcher and getattr(self, name) is not None
+        ]
+        if issues:
+            raise IssuesError(issues)
+        return self
+
+    @property
+    def settings(self) -> Any:
+        """The chosen launcher's block (its defaults when the file has none)."""
+        return getattr(self, self.launcher) or _SETTINGS[self.launcher]()
+
+    @property
+    def kit_dir(self) -> Path | None:
+        return self._kit_dir
+
+    def resolve_path(self, value: str | Path) -> Path:
+        """A path from this file: absolute as is, relative to the site kit folder otherwise."""
+        path = Path(value).expanduser()
+        if path.is_absolute() or self._kit_dir is None:
+            return path
+        return self._kit_dir / path
+
+
+def parse_site_config(
+    data: Any, source: str = SITE_FILE, kit_dir: Path | None = None
+) -> SiteConfig:
+    """Validate already-parsed YAML; raises SpecError with every problem."""
+    if not isinstance(data, dict):
+        raise SpecError(
+            [Issue("", f"must be a mapping with launcher: ..., not {describe(data)}")],
+            source=source,
+        )
+    config, issues = validate_into(SiteConfig, data)
+    if config is None:
+        raise SpecError(issues, source=source)
+    config._kit_dir = kit_dir
+    return config
+
+
+def load_site_config(path: str | Path) -> SiteConfig:
+    """Read ``site.yaml`` (a file, a ``local/`` folder, or a site kit folder)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SITE_FILE if (path / SITE_FILE).exists() else path / "local" / SITE_FILE
+    data = read_yaml(path)
+    return parse_site_config(data, str(path), kit_dir=path.resolve().parent.parent)
+
+
+def read_yaml(path: Path) -> Any:
+    """One YAML document; a read or syntax problem becomes a SpecError naming the file."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError([Issue("", "file not found")], source=str(path)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError([Issue("", f"cannot read: {err}")], source=str(path)) from None
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise SpecError([Issue("", f"not valid YAML{at}: {problem}")], source=str(path)) from None

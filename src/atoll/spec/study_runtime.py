@@ -1,0 +1,378 @@
+"""What each study's jobs may use at this site: ``local/study_runtime.yaml`` (format_version 2).
+
+Owned by the site operator and re-read at every launch. Strict: unknown keys, a field of another
+launcher than the site's, launcher-owned environment names, empty env values, a name in both
+``env`` and ``secret_env``, launcher-owned Docker kwargs and template paths leaving ``local/`` are
+errors naming the YAML path; every error of the file is reported at once.
+
+Secrets are references only: a Kubernetes Secret name and key (k8s launcher), or ``source: env``
+and the name of a variable in the site parent's own environment (the other launchers). A dataset
+``source`` is a PVC name on k8s and an absolute host path elsewhere; a dataset is mounted at
+``/data/<study>/<dataset>`` in containers (the process launcher passes host paths instead).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from atoll.spec.docker_kwargs import docker_kwargs_issues
+from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
+from atoll.spec.model import NoNullModel, validate_into
+from atoll.spec.names import check_label, is_env_name, is_label, is_subdomain
+from atoll.spec.site_config import read_yaml
+
+RUNTIME_FILE = "study_runtime.yaml"
+FORMAT_VERSION = 2
+DATA_ROOT = "/data"
+RESERVED_ENV = frozenset(
+    {"PYTHONPATH", "PYTHONHOME", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
+)
+RESERVED_ENV_PREFIX = "ATOLL_"
+# Which launchers read each launcher-specific field; a field of another launcher is an error.
+_FIELD_LAUNCHERS = {
+    "container": ("docker", "k8s", "slurm"),
+    "secret_mounts": ("docker", "k8s", "slurm"),
+    "docker_kwargs": ("docker",),
+    "pod_template": ("k8s",),
+    "slurm": ("slurm",),
+}
+_SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+
+def dataset_mount_path(study: str, dataset: str) -> str:
+    """Where a dataset appears inside a worker container: ``/data/<study>/<dataset>``."""
+    return f"{DATA_ROOT}/{study}/{dataset}"
+
+
+def data_root(study: str) -> str:
+    return f"{DATA_ROOT}/{study}"
+
+
+def _launcher(info: ValidationInfo) -> str | None:
+    return (info.context or {}).get("launcher")
+
+
+def _host_path_problem(value: str) -> str | None:
+    if not value.startswith("/"):
+        return "must be an absolute host path, e.g. /srv/data/slides"
+    if ".." in PurePosixPath(value).parts:
+        return "must not contain '..'; write the path it leads to"
+    return None
+
+
+class ContainerSpec(NoNullModel):
+    """The study's worker image."""
+
+    image: str = Field(min_length=1, description="Image reference, e.g. registry/trainer:1.0")
+
+
+class Dataset(NoNullModel):
+    """One dataset, mounted at /data/<study>/<name>."""
+
+    source: str = Field(min_length=1, description="k8s: a PVC name; others: an absolute host path")
+    mode: Literal["ro", "rw"] = Field(description="ro (read-only) or rw; required")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str, info: ValidationInfo) -> str:
+        if _launcher(info) == "k8s":
+            if not is_subdomain(value):
+                raise ValueError(f"{value!r} is not a PVC name (lowercase RFC 1123)")
+        elif (problem := _host_path_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
+
+
+class SecretRef(NoNullModel):
+    """A reference to a secret value, never the value."""
+
+    source: str = Field(min_length=1, description="k8s: a Secret name; others: the word env")
+    key: str = Field(min_length=1, description="k8s: the Secret's key; others: a variable name")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str, info: ValidationInfo) -> str:
+        launcher = _launcher(info)
+        if launcher == "k8s" and not is_subdomain(value):
+            raise ValueError(f"{value!r} is not a Kubernetes Secret name (lowercase RFC 1123)")
+        if launcher not in (None, "k8s") and value != "env":
+            raise ValueError(
+                f"with the {launcher} launcher a secret comes from the site parent's "
+                "environment: write source: env and key: <VARIABLE NAME>"
+            )
+        return value
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str, info: ValidationInfo) -> str:
+        ok = (
+            _SECRET_KEY_RE.fullmatch(value)
+            if _launcher(info) == "k8s"
+            else re.fullmatch(r"^[A-Za-z_][A-Za-z0-9_]*$", value)
+        )
+        if not ok:
+            raise ValueError(f"{value!r} is not a valid key name")
+        return value
+
+
+class SecretMount(NoNullModel):
+    """Secret files mounted read-only into the worker (always read-only)."""
+
+    source: str = Field(min_length=1, description="k8s: a Secret name; others: a host path")
+    mount_path: str = Field(min_length=1, description="Absolute path inside the worker")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str, info: ValidationInfo) -> str:
+        if _launcher(info) == "k8s":
+            if not is_subdomain(value):
+                raise ValueError(f"{value!r} is not a Kubernetes Secret name (lowercase RFC 1123)")
+        elif (problem := _host_path_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("mount_path")
+    @classmethod
+    def _mount_path(cls, value: str) -> str:
+        problem = _host_path_problem(value)
+        if problem or value.rstrip("/") == "":
+            raise ValueError(
+                "must be an absolute path inside the worker, e.g. /run/secrets/db, "
+                "without '..' and not /"
+            )
+        return value
+
+
+class SlurmStudySettings(NoNullModel):
+    """Per-study overrides of the site's Slurm settings."""
+
+    sandbox: Literal["none", "apptainer", "pyxis"] | None = Field(
+        None, description="Bare, Apptainer or Pyxis; default: the site's slurm.sandbox"
+    )
+    python_path: str | None = Field(None, min_length=1, description="Python on the nodes/image")
+    partition: str | None = Field(None, min_length=1, description="--partition for this study")
+    account: str | None = Field(None, min_length=1, description="--account for this study")
+    qos: str | None = Field(None, min_length=1, description="--qos for this study")
+
+
+class StudyEntry(NoNullModel):
+    """What one study's jobs get at this site."""
+
+    container: ContainerSpec | None = Field(None, description="The study's worker image")
+    datasets: dict[str, Dataset] = Field(default_factory=dict, description="name -> dataset")
+    env: dict[str, str] = Field(default_factory=dict, description="Plain environment variables")
+    secret_env: dict[str, SecretRef] = Field(
+        default_factory=dict, description="Environment variables from secret references"
+    )
+    secret_mounts: dict[str, SecretMount] = Field(
+        default_factory=dict, description="name -> secret files mounted read-only"
+    )
+    docker_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra Docker containers.run arguments (docker only)"
+    )
+    pod_template: dict[str, Any] | None = Field(
+        None, description="A Pod manifest (inline, or a file under local/) to start from (k8s)"
+    )
+    slurm: SlurmStudySettings | None = Field(None, description="Slurm overrides (slurm only)")
+
+    @field_validator(*_FIELD_LAUNCHERS, mode="before")
+    @classmethod
+    def _launcher_field(cls, value: Any, info: ValidationInfo) -> Any:
+        launcher = _launcher(info)
+        owners = _FIELD_LAUNCHERS[info.field_name]
+        if launcher is not None and launcher not in owners:
+            raise ValueError(
+                f"{info.field_name} is read by the {' / '.join(owners)} launcher(s), but this "
+                f"site's launcher is {launcher}: remove it"
+            )
+        if info.field_name == "pod_template" and isinstance(value, str):
+            return _load_pod_template(value, (info.context or {}).get("local_dir"))
+        return value
+
+    @field_validator("datasets", "secret_mounts")
+    @classmethod
+    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        issues = [Issue(name, _name_problem(name)) for name in value if not is_label(name)]
+        if issues:
+            raise IssuesError(issues)
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        issues = [Issue(str(name), p) for name, v in value.items() if (p := _env_problem(name, v))]
+        if issues:
+            raise IssuesError(issues)
+        return value
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        issues = [Issue(name, p) for name in value if (p := _env_name_problem(name))]
+        if issues:
+            raise IssuesError(issues)
+        return value
+
+    @field_validator("docker_kwargs")
+    @classmethod
+    def _docker_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        issues = docker_kwargs_issues(value)
+        if issues:
+            raise IssuesError(issues)
+        return value
+
+    @field_validator("pod_template")
+    @classmethod
+    def _pod(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("kind") != "Pod":
+            raise ValueError(
+                f"must be a Pod manifest with kind: Pod, not kind: {describe(value.get('kind'))}"
+            )
+        if value.get("apiVersion", "v1") != "v1":
+            raise ValueError("a Pod's apiVersion is v1")
+        return value
+
+
+def _name_problem(name: str) -> str:
+    try:
+        check_label(name)
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
+def _env_name_problem(name: Any) -> str | None:
+    if not is_env_name(name):
+        return (
+            f"{describe(name)} is not an environment variable name; use uppercase letters, "
+            "digits and '_', not starting with a digit"
+        )
+    if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
+        return f"{name} is set by the launcher (atoll owns {', '.join(sorted(RESERVED_ENV))} and ATOLL_*); remove it"
+    return None
+
+
+def _env_problem(name: Any, value: Any) -> str | None:
+    if (problem := _env_name_problem(name)) is not None:
+        return problem
+    if not isinstance(value, str):
+        return f'must be a string, not {describe(value)}; quote it in YAML, e.g. "{value}"'
+    if value == "":
+        return "empty value; give it a value or remove the variable"
+    return None
+
+
+def _load_pod_template(value: str, local_dir: Path | None) -> Any:
+    rel = PurePosixPath(value)
+    if rel.is_absolute() or ".." in rel.parts or value.startswith("~"):
+        raise ValueError(
+            f"{value!r} must be a file under local/, written relative to it "
+            "(no '..', not absolute), e.g. templates/pod.yaml"
+        )
+    if local_dir is None:
+        raise ValueError("a template file needs the local/ folder; inline the Pod instead")
+    path = (local_dir / rel).resolve()
+    if not path.is_relative_to(local_dir.resolve()):
+        raise ValueError(f"{value!r} leads out of local/ (a symlink?); keep templates under local/")
+    try:
+        data = read_yaml(path)
+    except SpecError as err:
+        raise ValueError(f"{value}: {'; '.join(i.message for i in err.issues)}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{value} must hold one Pod manifest (a mapping), not {describe(data)}")
+    return data
+
+
+class StudyRuntime(NoNullModel):
+    """The validated ``local/study_runtime.yaml``."""
+
+    format_version: int = Field(description="Always 2")
+    studies: dict[str, StudyEntry] = Field(default_factory=dict, description="study -> entry")
+
+    @field_validator("format_version")
+    @classmethod
+    def _version(cls, value: int) -> int:
+        if value != FORMAT_VERSION:
+            raise ValueError(
+                f"this atoll reads format_version {FORMAT_VERSION}, not {value}; "
+                "convert the file as described in docs/site-config.md"
+            )
+        return value
+
+    def entry(self, study: str) -> StudyEntry | None:
+        """The study's entry, or None when the site maps nothing for it."""
+        return self.studies.get(study)
+
+
+def _cross_issues(data: dict[str, Any]) -> list[Issue]:
+    """Rules spanning fields, checked on the raw document so they join the field errors."""
+    issues: list[Issue] = []
+    studies = data.get("studies")
+    if not isinstance(studies, dict):
+        return issues
+    for study, entry in studies.items():
+        if not is_label(study):
+            issues.append(Issue(join_path("studies", str(study)), _name_problem(str(study))))
+        if not isinstance(entry, dict):
+            continue
+        env, secret_env = entry.get("env"), entry.get("secret_env")
+        if isinstance(env, dict) and isinstance(secret_env, dict):
+            for name in env.keys() & secret_env.keys():
+                issues.append(
+                    Issue(
+                        join_path("studies", study, "secret_env", name),
+                        (f"{name} is also in env; keep it in one of env or secret_env"),
+                    )
+                )
+        mounts = entry.get("secret_mounts")
+        if isinstance(mounts, dict):
+            seen: dict[str, str] = {}
+            for name, mount in mounts.items():
+                path = mount.get("mount_path") if isinstance(mount, dict) else None
+                if isinstance(path, str) and path.rstrip("/") in seen:
+                    issues.append(
+                        Issue(
+                            join_path("studies", study, "secret_mounts", name, "mount_path"),
+                            f"same mount_path as {seen[path.rstrip('/')]!r}; pick another",
+                        )
+                    )
+                elif isinstance(path, str):
+                    seen[path.rstrip("/")] = name
+    return issues
+
+
+def parse_study_runtime(
+    data: Any, launcher: str | None, local_dir: Path | None = None, source: str = RUNTIME_FILE
+) -> StudyRuntime:
+    """Validate parsed YAML for a site whose launcher is ``launcher``; SpecError lists all."""
+    if not isinstance(data, dict):
+        raise SpecError(
+            [
+                Issue(
+                    "",
+                    f"must be a mapping with format_version: 2 and studies:, not {describe(data)}",
+                )
+            ],
+            source=source,
+        )
+    context = {"launcher": launcher, "local_dir": local_dir}
+    runtime, issues = validate_into(StudyRuntime, data, context=context)
+    issues = sorted(issues + _cross_issues(data), key=lambda i: i.path)
+    if issues or runtime is None:
+        raise SpecError(issues, source=source)
+    return runtime
+
+
+def load_study_runtime(local_dir: str | Path, launcher: str | None) -> StudyRuntime:
+    """Read ``<local_dir>/study_runtime.yaml``; no file means no study maps anything here."""
+    local_dir = Path(local_dir)
+    path = local_dir / RUNTIME_FILE
+    if not path.exists():
+        return StudyRuntime(format_version=FORMAT_VERSION)
+    return parse_study_runtime(read_yaml(path), launcher, local_dir, str(path))

@@ -1,0 +1,39 @@
+"""gRPC channel and server options shared by every atoll link."""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+
+from atoll.wire.frames import MAX_MESSAGE
+
+OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    # Bigger flow-control windows keep a 2 MiB-frame stream busy on loopback and LAN.
+    ("grpc.http2.lookahead_bytes", 16 * 1024 * 1024),
+]
+
+
+def new_server(max_workers: int = 64) -> grpc.Server:
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+        options=OPTIONS,
+    )
+
+
+def secure_channel(target: str, credentials: grpc.ChannelCredentials, server_name: str | None):
+    options = list(OPTIONS)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.secure_channel(target, credentials, options=options)
+
+
+def insecure_channel(target: str) -> grpc.Channel:
+    return grpc.insecure_channel(target, options=OPTIONS)

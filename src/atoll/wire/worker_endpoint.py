@@ -1,0 +1,166 @@
+"""The endpoint a parent opens for its own job workers (the WorkerLink service).
+
+A worker proves itself once with the one-time job token its launcher gave it (environment only,
+never argv); the token is then spent, and the worker uses the session id it got back. A bad,
+reused or other-job token is refused. What each call does depends on the parent: the server
+parent serves the workflow's tasks and replies, a site parent relays them to the server.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+
+from atoll.wire import atoll_pb2 as pb
+from atoll.wire import atoll_pb2_grpc as pb_grpc
+from atoll.wire import frames
+from atoll.wire.grpc_setup import new_server
+
+SESSION_KEY = "x-atoll-worker"
+
+
+class WorkerBackend(Protocol):
+    def on_register(self, job_id: str) -> dict[str, Any]: ...
+    def send_task(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict: ...
+    def next_reply(self, job_id: str, task_id: str, wait_s: float) -> Iterator[pb.Frame]: ...
+    def next_task(self, job_id: str, wait_s: float) -> Iterator[pb.Frame]: ...
+    def send_reply(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict: ...
+    def report(self, job_id: str, body: dict[str, Any]) -> None: ...
+    def finish(self, job_id: str, ok: bool, error: str) -> None: ...
+
+
+class BackendError(Exception):
+    """Raised by a backend to answer the worker with a clear FAILED_PRECONDITION."""
+
+
+@dataclass
+class _Ticket:
+    job_id: str
+    token: str
+    spent: bool = False
+
+
+class WorkerTokens:
+    """One-time tokens per job, and the sessions they were exchanged for."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tickets: dict[str, _Ticket] = {}
+        self._sessions: dict[str, str] = {}
+
+    def issue(self, job_id: str) -> str:
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            self._tickets[job_id] = _Ticket(job_id, token)
+        return token
+
+    def exchange(self, job_id: str, token: str) -> str | None:
+        with self._lock:
+            ticket = self._tickets.get(job_id)
+            if ticket is None or ticket.spent or not hmac.compare_digest(ticket.token, token):
+                return None
+            ticket.spent = True
+            session = secrets.token_urlsafe(24)
+            self._sessions[session] = job_id
+            return session
+
+    def job_of(self, session: str) -> str | None:
+        with self._lock:
+            return self._sessions.get(session)
+
+    def revoke(self, job_id: str) -> None:
+        with self._lock:
+            self._tickets.pop(job_id, None)
+            for session in [s for s, j in self._sessions.items() if j == job_id]:
+                del self._sessions[session]
+
+
+class WorkerLinkServicer(pb_grpc.WorkerLinkServicer):
+    def __init__(self, tokens: WorkerTokens, backend: WorkerBackend):
+        self.tokens = tokens
+        self.backend = backend
+
+    def _job(self, context: grpc.ServicerContext) -> str:
+        session = dict(context.invocation_metadata()).get(SESSION_KEY, "")
+        job_id = self.tokens.job_of(session)
+        if job_id is None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown or expired worker session")
+        return job_id
+
+    def Register(self, request, context):
+        body = json.loads(request.body or "{}")
+        job_id, token = str(body.get("job_id", "")), str(body.get("token", ""))
+        session = self.tokens.exchange(job_id, token)
+        if session is None:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          "job token refused: it is wrong, already used, or for another job")
+        info = self._call(context, self.backend.on_register, job_id)
+        return pb.Json(body=json.dumps({"session": session, **info}))
+
+    def SendTask(self, request_iterator, context):
+        job_id = self._job(context)
+        head, chunks = frames.split(request_iterator)
+        return pb.Json(body=json.dumps(self._call(context, self.backend.send_task, job_id, head,
+                                                  chunks)))
+
+    def NextReply(self, request, context):
+        job_id = self._job(context)
+        task_id = dict(context.invocation_metadata()).get("x-atoll-task", "")
+        yield from self._stream(context, self.backend.next_reply, job_id, task_id, request.wait_s)
+
+    def NextTask(self, request, context):
+        job_id = self._job(context)
+        yield from self._stream(context, self.backend.next_task, job_id, request.wait_s)
+
+    def SendReply(self, request_iterator, context):
+        job_id = self._job(context)
+        head, chunks = frames.split(request_iterator)
+        return pb.Json(body=json.dumps(self._call(context, self.backend.send_reply, job_id, head,
+                                                  chunks)))
+
+    def Report(self, request, context):
+        job_id = self._job(context)
+        self._call(context, self.backend.report, job_id, json.loads(request.body or "{}"))
+        return pb.Json(body="{}")
+
+    def Finish(self, request, context):
+        job_id = self._job(context)
+        body = json.loads(request.body or "{}")
+        self._call(context, self.backend.finish, job_id, bool(body.get("ok")),
+                   str(body.get("error", "")))
+        return pb.Json(body="{}")
+
+    @staticmethod
+    def _call(context, fn, *args):
+        try:
+            return fn(*args)
+        except BackendError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except frames.FrameError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    @staticmethod
+    def _stream(context, fn, *args):
+        try:
+            yield from fn(*args)
+        except BackendError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+
+
+def start_worker_endpoint(tokens: WorkerTokens, backend: WorkerBackend, host: str,
+                          port: int) -> tuple[grpc.Server, str]:
+    """Start the WorkerLink server; returns it and the address workers should dial."""
+    server = new_server()
+    pb_grpc.add_WorkerLinkServicer_to_server(WorkerLinkServicer(tokens, backend), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen for workers on {host}:{port}")
+    server.start()
+    return server, f"{host}:{bound}"

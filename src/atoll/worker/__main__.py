@@ -1,0 +1,91 @@
+"""`python -m atoll.worker`: the job-side runtime a launcher starts for one job.
+
+Exit codes: 0 the job's part completed; 1 the workflow or training script failed (traceback in
+the worker log); 2 the worker was misconfigured (missing environment); 3 its parent refused it
+(bad, reused or other-job token); 70 its parent died.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+EXIT_FAILED, EXIT_CONFIG, EXIT_REFUSED = 1, 2, 3
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        print(f"atoll worker: {name} is not set; workers are started by a parent", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    return value
+
+
+def main() -> int:
+    job_id, role, parent = _env("ATOLL_JOB_ID"), _env("ATOLL_ROLE"), _env("ATOLL_PARENT")
+    token = os.environ.pop("ATOLL_JOB_TOKEN", "")  # gone from the environment scripts inherit
+    parent_pid = os.environ.get("ATOLL_PARENT_PID")
+    workdir = Path(os.environ.get("ATOLL_WORKDIR", os.getcwd()))
+
+    from atoll.worker.lifeline import tie_to_parent
+
+    tie_to_parent(int(parent_pid) if parent_pid else None)
+
+    import grpc
+
+    from atoll.wire import atoll_pb2 as pb
+    from atoll.wire import atoll_pb2_grpc as pb_grpc
+    from atoll.wire.grpc_setup import insecure_channel
+
+    stub = pb_grpc.WorkerLinkStub(insecure_channel(parent))
+    try:
+        answer = stub.Register(pb.Json(body=json.dumps({"job_id": job_id, "token": token})),
+                               timeout=30)
+    except grpc.RpcError as exc:
+        print(f"atoll worker: parent refused registration: {exc.details()}", file=sys.stderr)
+        return EXIT_REFUSED
+    info = json.loads(answer.body)
+    session = info["session"]
+    meta = (("x-atoll-worker", session),)
+    print(f"atoll worker: job {job_id} role {role} registered with {parent}", flush=True)
+
+    ok, error = True, ""
+    try:
+        if role == "server":
+            from atoll.fl.runner import run_server_app
+            from atoll.worker.grpc_channels import GrpcServerChannel
+
+            results = workdir / "results"
+            results.mkdir(parents=True, exist_ok=True)
+            channel = GrpcServerChannel(stub, session, job_id, info["sites"], results)
+            run_server_app(channel, workdir / "app", info.get("job_args", {}))
+        else:
+            from atoll.fl.runner import run_site_app
+            from atoll.worker.grpc_channels import GrpcSiteChannel
+
+            site = _env("ATOLL_SITE")
+            datasets = json.loads(os.environ.get("ATOLL_DATASETS", "{}") or "{}")
+            channel = GrpcSiteChannel(stub, session, job_id, site)
+            run_site_app(channel, workdir / "app", site, datasets)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the job's status
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            pass
+        else:
+            ok = False
+            traceback.print_exc()
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    try:
+        stub.Finish(pb.Json(body=json.dumps({"ok": ok, "error": error[-2000:]})), metadata=meta,
+                    timeout=10)
+    except grpc.RpcError:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return 0 if ok else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""ServerChannel and SiteChannel over the WorkerLink to the worker's own parent."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from atoll.wire import atoll_pb2 as pb
+from atoll.wire import frames
+from atoll.worker.channels import Chunk, Reply, Task
+
+POLL_S = 5.0  # long-poll slice: short enough to notice a dead parent, long enough to be idle
+
+
+class _Link:
+    def __init__(self, stub, session: str, job_id: str):
+        self.stub = stub
+        self.job_id = job_id
+        self.metadata = (("x-atoll-worker", session),)
+
+    def report(self, event: dict[str, Any]) -> None:
+        self.stub.Report(pb.Json(body=json.dumps(event)), metadata=self.metadata)
+
+
+class GrpcServerChannel(_Link):
+    def __init__(self, stub, session: str, job_id: str, sites: list[str], results_dir: Path):
+        super().__init__(stub, session, job_id)
+        self.sites = list(sites)
+        self.results_dir = results_dir
+        self._expected: dict[str, int] = {}
+
+    def send(self, targets: Sequence[str], topic: str, headers: dict[str, Any],
+             payload: Iterable[Chunk]) -> str:
+        head = {"targets": list(targets), "topic": topic, "headers": headers}
+        answer = self.stub.SendTask(frames.payload_frames(head, payload), metadata=self.metadata)
+        task_id = json.loads(answer.body)["task_id"]
+        self._expected[task_id] = len(targets)
+        return task_id
+
+    def replies(self, task_id: str, timeout: float | None = None) -> Iterator[Reply]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        left_to_get = self._expected.get(task_id, 0)
+        metadata = self.metadata + (("x-atoll-task", task_id),)
+        while left_to_get > 0:
+            wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            if wait <= 0:
+                return
+            stream = self.stub.NextReply(pb.PullRequest(job_id=self.job_id, wait_s=wait),
+                                         metadata=metadata)
+            head, chunks = frames.split(iter(stream))
+            if head.get("none"):
+                continue
+            left_to_get -= 1
+            if head.get("error"):
+                yield Reply(site=head["site"], error=head["error"])
+            else:
+                yield Reply(site=head["site"], headers=head.get("headers", {}), chunks=chunks)
+
+
+class GrpcSiteChannel(_Link):
+    def __init__(self, stub, session: str, job_id: str, site: str):
+        super().__init__(stub, session, job_id)
+        self.site = site
+
+    def receive(self, timeout: float | None = None) -> Task | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            if wait <= 0:
+                raise TimeoutError(f"no task from the server within {timeout} s")
+            stream = self.stub.NextTask(pb.PullRequest(job_id=self.job_id, wait_s=wait),
+                                        metadata=self.metadata)
+            head, chunks = frames.split(iter(stream))
+            if head.get("end"):
+                return None
+            if head.get("none"):
+                continue
+            return Task(task_id=head["task_id"], topic=head["topic"],
+                        headers=head.get("headers", {}), chunks=chunks)
+
+    def reply(self, task_id: str, headers: dict[str, Any], payload: Iterable[Chunk]) -> None:
+        head = {"task_id": task_id, "headers": headers}
+        self.stub.SendReply(frames.payload_frames(head, payload), metadata=self.metadata)
