@@ -116,11 +116,13 @@ start_mariadb() {
     --auth-root-authentication-method=socket --skip-test-db >"$LOGS/mariadb-install.log" 2>&1 ||
     die "mariadb-install-db failed: see $LOGS/mariadb-install.log"
   chown mysql:mysql "$MYSQL"
+  # mariadbd runs as mysql: its pid file and log live in its own folder.
   setsid mariadbd --no-defaults --user=mysql --datadir="$MYSQL/data" --socket="$MYSQL_SOCKET" \
-    --skip-networking --pid-file="$RUN/mariadbd.pid" --log-error="$LOGS/mariadbd.log" \
+    --skip-networking --pid-file="$MYSQL/mariadbd.pid" --log-error="$MYSQL/mariadbd.log" \
     </dev/null >/dev/null 2>&1 &
   wait_for 300 mariadb-admin --no-defaults --socket="$MYSQL_SOCKET" ping ||
-    die "mariadbd did not start: see $LOGS/mariadbd.log"
+    die "mariadbd did not start: see $MYSQL/mariadbd.log"
+  cp "$MYSQL/mariadbd.pid" "$RUN/mariadbd.pid"
   mariadb --no-defaults --socket="$MYSQL_SOCKET" -u root <<SQL
 CREATE USER 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
 GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';

@@ -94,8 +94,8 @@ class Session:
     def submit(self, job_dir: str | Path, study: str | None = None, wait: bool = False,
                timeout: float | None = None,
                on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        from atoll.server.intake import IntakeError, zip_folder
         from atoll.spec.meta import load_meta
+        from atoll.wire.jobzip import IntakeError, zip_folder
 
         job_dir = Path(job_dir)
         load_meta(job_dir)  # fail here, with every issue, before uploading anything

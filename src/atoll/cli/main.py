@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 import click
 
@@ -60,6 +61,10 @@ def cli() -> None:
 
 
 def main() -> None:
+    # Parents fork workers while gRPC threads run; the workers exec at once, so gRPC's fork
+    # handlers are not needed (and their warnings would only clutter the logs).
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     cli(prog_name="atoll")
 
 

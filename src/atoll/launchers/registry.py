@@ -20,7 +20,9 @@ def launcher_class(name: str) -> type[Launcher]:
     try:
         module_name, _, attr = LAUNCHERS[name].partition(":")
     except KeyError:
-        raise ValueError(f"unknown launcher {name!r}; choose one of {', '.join(LAUNCHERS)}") from None
+        raise ValueError(
+            f"unknown launcher {name!r}; choose one of {', '.join(LAUNCHERS)}"
+        ) from None
     return getattr(importlib.import_module(module_name), attr)
 
 

@@ -35,20 +35,44 @@ def worker_env(identity: JobIdentity, parent_address: str) -> dict[str, str]:
     }
 
 
+def job_run_folder(site_config: SiteConfig, job_id: str) -> Path:
+    """Where a job's run folder lives on the parent's host (the launcher's workdir setting)."""
+    settings = site_config.settings
+    if site_config.launcher == "slurm" and settings.workspace:
+        base = settings.workspace
+    else:
+        base = getattr(settings, "workdir", None) or "workspace"
+    return site_config.resolve_path(base) / "jobs" / job_id
+
+
 def capacity_issues(resources: Resources, capacity: Capacity) -> list[Issue]:
     """What a job asks beyond the site's whole capacity: it could never run here."""
     issues = []
     if capacity.gpus is not None and resources.num_of_gpus > capacity.gpus:
-        issues.append(Issue("resource_spec.num_of_gpus", (
-            f"asks {resources.num_of_gpus} GPU(s); this site has {capacity.gpus} "
-            "(capacity.gpus in local/site.yaml)")))
+        issues.append(
+            Issue(
+                "resource_spec.num_of_gpus",
+                (
+                    f"asks {resources.num_of_gpus} GPU(s); this site has {capacity.gpus} "
+                    "(capacity.gpus in local/site.yaml)"
+                ),
+            )
+        )
     if capacity.cpus is not None and resources.num_of_cpus > capacity.cpus:
-        issues.append(Issue("resource_spec.num_of_cpus", (
-            f"asks {resources.num_of_cpus} CPU(s); this site has {capacity.cpus}")))
+        issues.append(
+            Issue(
+                "resource_spec.num_of_cpus",
+                (f"asks {resources.num_of_cpus} CPU(s); this site has {capacity.cpus}"),
+            )
+        )
     if capacity.memory is not None and resources.memory is not None:
         if memory_to_bytes(resources.memory) > memory_to_bytes(capacity.memory):
-            issues.append(Issue("resource_spec.memory", (
-                f"asks {resources.memory}; this site has {capacity.memory}")))
+            issues.append(
+                Issue(
+                    "resource_spec.memory",
+                    (f"asks {resources.memory}; this site has {capacity.memory}"),
+                )
+            )
     return issues
 
 
@@ -68,9 +92,15 @@ def secret_env_values(entry: StudyEntry | None, environ: Mapping[str, str]) -> d
         if ref.key in environ:
             values[name] = environ[ref.key]
         else:
-            issues.append(Issue(f"secret_env.{name}.key", (
-                f"variable {ref.key} is not set in the site parent's environment; "
-                "export it before starting the site")))
+            issues.append(
+                Issue(
+                    f"secret_env.{name}.key",
+                    (
+                        f"variable {ref.key} is not set in the site parent's environment; "
+                        "export it before starting the site"
+                    ),
+                )
+            )
     if issues:
         raise SpecError(issues)
     return values

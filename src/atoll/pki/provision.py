@@ -242,13 +242,16 @@ def _read_state(project_dir: Path) -> dict[str, Any]:
 
 @contextmanager
 def _locked(project_dir: Path) -> Iterator[None]:
-    """Two add-site runs at once would both pass the duplicate check; serialize them."""
-    with open(project_dir / "ca" / ".lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """Two add-site runs at once would both pass the duplicate check; serialize them.
+
+    The lock is on the ``ca/`` folder itself, so it leaves no file behind.
+    """
+    fd = os.open(project_dir / "ca", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _check_new(

@@ -17,9 +17,10 @@ _SITE_BODY = """\
 # launcher: exactly one of process, docker, k8s, slurm (the job never chooses it).
 launcher: process
 
-# Settings of the chosen launcher go in a block named like it, for example:
-# docker: {{network: atoll}}
-# k8s: {{namespace: atoll-jobs}}
+# Settings of the chosen launcher go in a block named like it (only that one), for example:
+# process: {{gpu_ids: [0, 1], cpu_ids: [0, 1, 2, 3]}}
+# docker: {{network: atoll, default_image: registry.example.org/atoll-worker:1.0}}
+# k8s: {{namespace: atoll-jobs, default_image: registry.example.org/atoll-worker:1.0}}
 # slurm: {{partition: gpu, account: fl, qos: normal, sandbox: none, pending_timeout: 600}}
 
 # What this {who} offers to atoll's jobs in total; a job waits while it is used up.
@@ -39,15 +40,13 @@ format_version: 2
 """
 
 _STUDY_EXAMPLE = """\
-    datasets: {{}}
-    # datasets:
-    #   slides: {{source: /srv/data/{study}/slides, mode: ro}}   # a host path; a PVC on k8s
-    env: {{}}
-    # env: {{LOG_LEVEL: info}}
-    # secret_env:                        # process/docker/slurm: a variable of the parent's env
-    #   DB_PASSWORD: {{source: env, key: {env}_DB_PASSWORD}}
-    #                                    # k8s: {{source: <Secret name>, key: <key in it>}}
-    # container: {{image: registry.example.org/{study}-trainer:1.0}}   # docker, k8s, slurm
+    # source: a host path (process, docker, slurm) or a PVC name (k8s); mode ro or rw.
+    datasets: {{}}  # e.g. {{slides: {{source: /srv/data/{study}/slides, mode: ro}}}}
+    env: {{}}  # e.g. {{LOG_LEVEL: info}}
+    # A variable of the site parent's environment (k8s: {{source: SECRET_NAME, key: KEY}}):
+    # secret_env: {{DB_PASSWORD: {{source: env, key: {env}_DB_PASSWORD}}}}
+    # The worker image (docker, k8s, slurm with a container sandbox):
+    # container: {{image: registry.example.org/{study}-trainer:1.0}}
 """
 
 _NO_STUDY = """\
@@ -56,8 +55,7 @@ studies: {}
 # the study here, for example:
 # studies:
 #   pathology:
-#     datasets:
-#       slides: {source: /srv/data/pathology/slides, mode: ro}
+#     datasets: {slides: {source: /srv/data/pathology/slides, mode: ro}}
 """
 
 
@@ -71,12 +69,20 @@ def _yaml_key(name: str) -> str:
     return name if yaml.safe_load(name) == name else f'"{name}"'
 
 
+_DEFAULT_STUDY = """\
+  # default: jobs submitted outside any named study (`atoll login` without --study).
+  # Remove this entry to accept only named studies' jobs at this site.
+  default: {}
+"""
+
+
 def study_runtime_yaml(studies: list[str]) -> str:
     if not studies:
-        return _RUNTIME_HEADER + _NO_STUDY
+        return _RUNTIME_HEADER + "studies:\n" + _DEFAULT_STUDY + _NO_STUDY.replace(
+            "studies: {}\n", "")
     blocks = []
     for study in studies:
         env = study.upper().replace("-", "_")
         env = f"STUDY_{env}" if env[0].isdigit() else env  # keep the example a valid name
         blocks.append(f"  {_yaml_key(study)}:\n" + _STUDY_EXAMPLE.format(study=study, env=env))
-    return _RUNTIME_HEADER + "studies:\n" + "\n".join(blocks)
+    return _RUNTIME_HEADER + "studies:\n" + _DEFAULT_STUDY + "\n".join(blocks)

@@ -18,13 +18,13 @@ import grpc
 
 from atoll.pki.identity import Identity
 from atoll.server.auth import peer_identity
-from atoll.server.intake import IntakeError
 from atoll.server.jobs import job_summary
 from atoll.server.store import JobRecord
 from atoll.server.studies import DEFAULT, SUBMIT_ROLES, Denied
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import atoll_pb2_grpc as pb_grpc
 from atoll.wire import frames
+from atoll.wire.jobzip import IntakeError
 
 log = logging.getLogger("atoll.server.admin")
 LOG_TAIL_BYTES = 256 * 1024

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
-from atoll.server.intake import Incoming, IntakeError, zip_folder
 from atoll.server.relay import JobRelay, RelayError
 from atoll.server.store import JobRecord
 from atoll.spec.errors import SpecError
 from atoll.spec.meta import load_meta
 from atoll.wire import frames
+from atoll.wire.jobzip import Incoming, IntakeError, zip_folder
 from atoll.wire.worker_endpoint import BackendError
 
 log = logging.getLogger("atoll.server.jobs")

@@ -10,33 +10,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
+from atoll.spec.capacity import fits
 from atoll.spec.errors import SpecError
 from atoll.spec.meta import load_meta
-from atoll.spec.quantity import memory_to_bytes
 from atoll.spec.resources import Resources, resolve_resources
 
 log = logging.getLogger("atoll.server.scheduler")
 
 TICK_S = 1.0
-
-
-def fits(capacity: dict[str, Any], used: list[Resources], asked: Resources) -> str | None:
-    """None if `asked` fits next to `used` in `capacity`; else what is short."""
-    gpus = capacity.get("gpus")
-    if gpus is not None and sum(r.num_of_gpus for r in used) + asked.num_of_gpus > gpus:
-        return f"{asked.num_of_gpus} GPU(s) asked, {gpus - sum(r.num_of_gpus for r in used)} free"
-    cpus = capacity.get("cpus")
-    if cpus is not None and sum(r.num_of_cpus for r in used) + asked.num_of_cpus > cpus:
-        return f"{asked.num_of_cpus} CPU(s) asked, {cpus - sum(r.num_of_cpus for r in used)} free"
-    memory = capacity.get("memory")
-    if memory is not None and asked.memory is not None:
-        total = memory_to_bytes(memory)
-        held = sum(r.memory_bytes or 0 for r in used)
-        if held + (asked.memory_bytes or 0) > total:
-            return f"{asked.memory} memory asked, {(total - held) >> 20}Mi free"
-    return None
 
 
 class Scheduler:
@@ -88,7 +70,9 @@ class Scheduler:
             self.parent.jobs.abort(record.id, f"meta.json no longer valid: {exc}")
             return None
         study_sites = self.parent.studies.sites(record.study)
-        sites = [t for t in meta.expand_targets(study_sites) if t != "server"]
+        targets = [t for t in meta.expand_targets(study_sites) if t != "server"]
+        # Never dispatch outside the study, even to a site removed after the job was submitted.
+        sites = [t for t in targets if t in study_sites]
         online = self.parent.links.online()
         missing = [s for s in meta.mandatory_clients if s not in online]
         if missing:
@@ -107,5 +91,7 @@ class Scheduler:
                 return f"waiting for resources at {site}: {short}"
             resources[site] = asked
         skipped = {s: "not dispatched: the site was offline" for s in sites if s not in online}
+        skipped.update({s: f"not dispatched: no longer enrolled in study {record.study}"
+                        for s in targets if s not in study_sites})
         self.parent.jobs.dispatch(record, ready, skipped, resources)
         return None

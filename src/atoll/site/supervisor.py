@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
-from atoll.server.intake import Incoming, IntakeError
-from atoll.server.scheduler import fits
+from atoll.spec.capacity import fits
 from atoll.spec.errors import SpecError
 from atoll.spec.meta import load_meta
 from atoll.spec.resources import Resources, resolve_resources
 from atoll.wire import frames
+from atoll.wire.jobzip import Incoming, IntakeError
 
 log = logging.getLogger("atoll.site.supervisor")
 

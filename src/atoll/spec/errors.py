@@ -63,6 +63,8 @@ def join_path(*parts: str | int) -> str:
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif part.startswith("["):
+            out += part
         elif part:
             out = f"{out}.{part}" if out else part
     return out
@@ -104,7 +106,8 @@ def issues_from_validation_error(
     allowed keys."""
     issues: list[Issue] = []
     for err in error.errors(include_url=False):
-        loc = [p for p in err["loc"] if not _is_internal_loc(p)]
+        # An empty key is shown as "" so that the path still points at it.
+        loc = [p if p != "" else '""' for p in err["loc"] if not _is_internal_loc(p)]
         ctx = err.get("ctx") or {}
         inner = ctx.get("error")
         if isinstance(inner, IssuesError):

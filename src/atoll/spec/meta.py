@@ -208,13 +208,13 @@ def _is_safe_app_name(app: str) -> bool:
     )
 
 
-def load_meta(source: str | Path | dict[str, Any]) -> JobMeta:
-    """Validate a job's meta: a job folder, a ``meta.json`` path, or the parsed dict.
+def load_meta(source: str | Path | Any) -> JobMeta:
+    """Validate a job's meta: a job folder, a ``meta.json`` path, or the parsed document.
 
     Raises SpecError with every problem. The user's ``study``/``submitter`` are dropped.
     """
     label = META_FILE
-    if isinstance(source, dict):
+    if not isinstance(source, str | Path):
         data: Any = source
     else:
         path = Path(source)

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
+from atoll.spec.errors import Issue, SpecError, describe, join_path
 from atoll.spec.model import SpecModel, validate_into
 from atoll.spec.names import SERVER, is_site_name
 from atoll.spec.quantity import check_memory
@@ -76,13 +76,6 @@ class TargetResources(DefaultResources):
 
     model_config = ConfigDict(extra="allow")
 
-    @model_validator(mode="after")
-    def _no_null_extra(self) -> TargetResources:
-        nulls = [k for k, v in (self.model_extra or {}).items() if v is None]
-        if nulls:
-            raise IssuesError([Issue(k, _NULL_HINT.replace(" from @default", "")) for k in nulls])
-        return self
-
 
 def validate_resource_spec(spec: Any, path: str = "resource_spec") -> list[Issue]:
     """Every problem of a ``resource_spec`` document (empty when valid); never raises."""
@@ -99,6 +92,9 @@ def validate_resource_spec(spec: Any, path: str = "resource_spec") -> list[Issue
             issues.append(Issue(where, f"{key!r} is not a site name (or 'server')"))
         else:
             issues += validate_into(TargetResources, block, where)[1]
+            extra = block.items() if isinstance(block, dict) else []
+            issues += [Issue(join_path(where, k), _NULL_HINT.replace(" from @default", ""))
+                       for k, v in extra if v is None and k not in RESOURCE_KEYS]
     return issues
 
 

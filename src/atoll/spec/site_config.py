@@ -47,19 +47,15 @@ class ProcessSettings(NoNullModel):
             return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
         return value
 
-    @field_validator("gpu_ids")
+    @field_validator("gpu_ids", "cpu_ids")
     @classmethod
-    def _unique_ids(cls, value: list[str]) -> list[str]:
-        issues = [
-            Issue(f"[{i}]", f"GPU id {v!r} is listed twice")
-            for i, v in enumerate(value)
-            if v in value[:i]
-        ]
-        issues += [
-            Issue(f"[{i}]", "must not be empty or contain ','")
-            for i, v in enumerate(value)
-            if not v or "," in v
-        ]
+    def _unique_ids(cls, value: list[Any]) -> list[Any]:
+        issues = [Issue(f"[{i}]", f"{v!r} is listed twice") for i, v in enumerate(value)
+                  if v in value[:i]]
+        issues += [Issue(f"[{i}]", "must not be empty or contain ','") for i, v in enumerate(value)
+                   if isinstance(v, str) and (not v or "," in v)]
+        issues += [Issue(f"[{i}]", "must be >= 0") for i, v in enumerate(value)
+                   if isinstance(v, int) and v < 0]
         if issues:
             raise IssuesError(issues)
         return value
@@ -85,6 +81,9 @@ class DockerSettings(NoNullModel):
     )
     labels: dict[str, str] = Field(
         default_factory=dict, description="Extra labels on every worker container"
+    )
+    pull_policy: Literal["missing", "never"] = Field(
+        "missing", description="missing: pull an image the engine lacks; never: local images only"
     )
 
     @field_validator("labels")
@@ -127,6 +126,19 @@ class K8sSettings(NoNullModel):
         DEFAULT_PENDING_TIMEOUT,
         ge=1,
         description="Seconds a Pod may stay Pending; jobs may lower it",
+    )
+    allow_job_images: list[str] = Field(
+        default_factory=list,
+        description="Images a job may choose in launcher_spec (shell patterns, e.g. "
+        "registry.example.org/fl/*); empty: jobs may not choose their image",
+    )
+    host_network: bool = Field(
+        False,
+        description="Run worker Pods in the node's network namespace; for single-node test "
+        "clusters without a pod network, where the parent listens on 127.0.0.1",
+    )
+    python: str = Field(
+        "python3", min_length=1, description="The Python inside the worker image"
     )
 
     @field_validator("namespace", "service_account")

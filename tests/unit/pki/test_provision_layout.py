@@ -148,7 +148,7 @@ def test_local_templates_parse_and_map_the_sites_studies(provisioned: ProvisionR
         }
     runtime = yaml.safe_load((root / "hospital-a" / "local" / "study_runtime.yaml").read_text())
     assert runtime["format_version"] == 2
-    assert list(runtime["studies"]) == ["pathology", "outcomes"]
+    assert list(runtime["studies"]) == ["default", "pathology", "outcomes"]
     runtime = yaml.safe_load((root / "university" / "local" / "study_runtime.yaml").read_text())
     assert list(runtime["studies"]) == ["pathology"]
     text = (root / "university" / "local" / "study_runtime.yaml").read_text()
@@ -243,7 +243,7 @@ def test_add_site_writes_only_its_kit_and_the_state(fresh: Path) -> None:
         "clinic-c", "site", "fl.example.org:8443",
     )  # fmt: skip
     runtime = yaml.safe_load((kit.path / "local" / "study_runtime.yaml").read_text())
-    assert runtime == {"format_version": 2, "studies": {}}
+    assert runtime == {"format_version": 2, "studies": {"default": {}}}
     state = json.loads((fresh / "ca" / "state.json").read_text())
     assert state["participants"]["clinic-c"]["serial"] == format(cert.serial_number, "x")
     assert len(state["participants"]) == 7

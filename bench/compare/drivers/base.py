@@ -1,0 +1,226 @@
+"""The contract every benchmarked system implements, and the helpers the drivers share.
+
+A driver owns one system's deployment on this machine: it starts the server and two clients
+as separate processes, says when they are ready, submits the benchmark job (numpy FedAvg over
+a model of float32 layers), aborts, lists jobs and stops everything. The runner (run.py) does
+the timing and the RSS sampling, so every system is measured by the same code.
+
+Every process a driver starts goes through `spawn` / `run_cmd`, which tag it (see proctree):
+that is how the runner finds the whole process tree, samples its RSS and guarantees that
+nothing is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from proctree import ROLE_VAR, TAG_VAR, ProcessTable
+
+COMPARE_DIR = Path(__file__).resolve().parent.parent
+REPO = COMPARE_DIR.parent.parent
+VENVS = REPO / "bench" / ".venvs"
+MAX_LAYER_ELEMS = 16 * 2**20  # 64 MiB float32 layers: a 1 GiB model has 16 of them
+
+
+class DriverError(RuntimeError):
+    """A step of a system failed; the message says which step and shows the tool's output."""
+
+
+def layer_elems(model_mb: float) -> list[int]:
+    """float32 element counts per layer for a model of model_mb MiB (identical everywhere)."""
+    total = max(1, round(model_mb * 2**20 / 4))
+    layers = [MAX_LAYER_ELEMS] * (total // MAX_LAYER_ELEMS)
+    if total % MAX_LAYER_ELEMS:
+        layers.append(total % MAX_LAYER_ELEMS)
+    return layers
+
+
+def free_port_block(count: int, start: int = 20000, stop: int = 40000) -> int:
+    """First port p such that p .. p+count-1 are all free on 127.0.0.1."""
+    for base in range(start, stop, count):
+        ok = True
+        for port in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise DriverError(f"no {count} consecutive free ports between {start} and {stop}")
+
+
+def read_marks(mark_dir: Path) -> dict[int, float]:
+    """Round -> earliest time any client received that round's model.
+
+    Each system's client code appends "recv <round> <unix time>" lines to
+    <mark_dir>/<site>.marks; the runner turns them into per-round times."""
+    first: dict[int, float] = {}
+    for path in mark_dir.glob("*.marks"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == "recv":
+                rnd, t = int(parts[1]), float(parts[2])
+                first[rnd] = min(t, first.get(rnd, t))
+    return first
+
+
+@dataclass
+class JobRun:
+    """What one submitted job did, as observed from outside."""
+
+    job_id: str
+    submitted_at: float  # just before the submit command started
+    finished_at: float | None = None  # when the system first reported it finished
+    status: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class Driver(ABC):
+    """One system under test. Subclasses set `name` (CLI id) and `title` (table column)."""
+
+    name = ""
+    title = ""
+
+    def __init__(self, workdir: Path, tag: str, log=print):
+        self.workdir = workdir
+        self.tag = tag
+        self.log = log
+        self.table = ProcessTable(tag)
+        self._children: list[subprocess.Popen] = []
+        self._logs: list = []
+
+    # -- the contract ------------------------------------------------------------------
+    @abstractmethod
+    def missing(self) -> str | None:
+        """None when the system can run here, else what to do first (e.g. run setup)."""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Provision a fresh deployment under self.workdir (not timed)."""
+
+    @abstractmethod
+    def start_deployment(self) -> None:
+        """Start server and two clients as separate processes; return without waiting."""
+
+    @abstractmethod
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the server accepts admin calls and both clients are connected."""
+
+    @abstractmethod
+    def prepare_job(self, model_mb: float, rounds: int, mark_dir: Path) -> object:
+        """Build the job (not timed); returns whatever submit() needs."""
+
+    @abstractmethod
+    def submit(self, job: object) -> JobRun:
+        """Submit with the system's own admin tool; returns once the system accepted it."""
+
+    @abstractmethod
+    def wait_finished(self, run: JobRun, timeout: float) -> None:
+        """Block until the system reports the job finished; sets run.finished_at/status."""
+
+    @abstractmethod
+    def abort(self, run: JobRun) -> None:
+        """Abort a running job with the system's own admin tool."""
+
+    @abstractmethod
+    def list_jobs(self) -> None:
+        """One admin command that lists jobs, as a user runs it (a fresh CLI process)."""
+
+    @abstractmethod
+    def stop_deployment(self) -> None:
+        """Stop the deployment the way its documentation says (the runner kills leftovers)."""
+
+    @abstractmethod
+    def is_job_process(self, cmdline: str) -> bool:
+        """True for a per-job process (server or client job worker), not a long-lived one."""
+
+    # -- convenience built on the contract ---------------------------------------------
+    def submit_and_wait(self, model_mb: float, rounds: int, mark_dir: Path,
+                        timeout: float) -> JobRun:
+        run = self.submit(self.prepare_job(model_mb, rounds, mark_dir))
+        self.wait_finished(run, timeout)
+        return run
+
+    def deployment_pids(self) -> list[int]:
+        return [p.pid for p in self.table.scan("deployment")]
+
+    def job_processes(self) -> list[int]:
+        return [p.pid for p in self.table.scan("deployment") if self.is_job_process(p.cmdline)]
+
+    # -- process helpers -----------------------------------------------------------------
+    def env(self, role: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("VIRTUAL_ENV", None)
+        env.update(self.system_env())
+        env[TAG_VAR] = self.tag
+        env[ROLE_VAR] = role
+        return env
+
+    def system_env(self) -> dict[str, str]:
+        """Variables every process of this system gets (PATH to its venv, config homes)."""
+        return {}
+
+    def spawn(self, argv: list[str], log_name: str, role: str = "deployment",
+              cwd: Path | None = None) -> subprocess.Popen:
+        logf = open(self.workdir / log_name, "ab")
+        self._logs.append(logf)
+        proc = subprocess.Popen(argv, env=self.env(role), cwd=cwd or self.workdir,
+                                stdout=logf, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self._children.append(proc)
+        return proc
+
+    def run_cmd(self, argv: list[str], timeout: float, role: str = "admin",
+                cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            res = subprocess.run(argv, env=self.env(role), cwd=cwd or self.workdir,
+                                 capture_output=True, text=True, timeout=timeout,
+                                 stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise DriverError(f"{self.name}: `{' '.join(argv)}` timed out after {timeout} s; "
+                              f"output: {_tail(exc.stdout)} {_tail(exc.stderr)}") from None
+        if check and res.returncode != 0:
+            raise DriverError(f"{self.name}: `{' '.join(argv)}` exited {res.returncode}: "
+                              f"{_tail(res.stdout)} {_tail(res.stderr)}")
+        return res
+
+    def cleanup(self) -> list[str]:
+        """Kill whatever of this system is still running; returns what had to be killed."""
+        leftovers = [f"{p.pid} {p.cmdline[:80]}" for p in self.table.kill_all()]
+        for proc in self._children:
+            try:
+                proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self._children.clear()
+        for f in self._logs:
+            f.close()
+        self._logs.clear()
+        return leftovers
+
+
+def _tail(text, n: int = 600) -> str:
+    if text is None:
+        return ""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    text = text.strip()
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+def wait_until(predicate, timeout: float, period: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(period)
+    raise DriverError(f"timed out after {timeout} s waiting for {what}")

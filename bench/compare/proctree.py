@@ -1,0 +1,185 @@
+"""Finds, measures and stops the processes of one benchmarked deployment, from /proc alone.
+
+Every process the harness starts carries BENCH_COMPARE_TAG (this run's token) and
+BENCH_COMPARE_ROLE ("deployment" or "admin") in its environment, and every child inherits
+them. That finds a system's processes even after they daemonize and are re-parented to init
+(FLARE's start scripts do), without psutil and without trusting any pid file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+TAG_VAR = "BENCH_COMPARE_TAG"
+ROLE_VAR = "BENCH_COMPARE_ROLE"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    start: int  # start time in clock ticks: (pid, start) names one process for good
+    role: str
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.pid, self.start)
+
+    @property
+    def cmdline(self) -> str:
+        """Read live: a child seen between fork and exec still shows its parent's command."""
+        return _cmdline(self.pid)
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time) of a process, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def _environ_tag(pid: int) -> tuple[str, str] | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return None
+    tag = role = None
+    for item in env:
+        if item.startswith(TAG_VAR.encode() + b"="):
+            tag = item.split(b"=", 1)[1].decode()
+        elif item.startswith(ROLE_VAR.encode() + b"="):
+            role = item.split(b"=", 1)[1].decode()
+    return (tag, role or "") if tag else None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class ProcessTable:
+    """Live processes carrying one tag. Untagged pids are remembered so that a 20 Hz scan
+    reads only /proc entries it has not seen before."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+        self._tagged: dict[int, Proc] = {}
+        self._untagged: set[int] = set()
+        self._lock = threading.Lock()
+
+    def scan(self, role: str | None = None) -> list[Proc]:
+        """Running (not zombie) processes with this tag, optionally of one role."""
+        with self._lock:
+            pids = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+            self._untagged &= pids
+            for pid in list(self._tagged):
+                if pid not in pids:
+                    del self._tagged[pid]
+            alive: list[Proc] = []
+            for pid in pids:
+                if pid in self._untagged:
+                    continue
+                st = _stat(pid)
+                if st is None:
+                    continue
+                state, ppid, start = st
+                known = self._tagged.get(pid)
+                if known is None or known.start != start:
+                    tagged = _environ_tag(pid)
+                    if tagged is None or tagged[0] != self.tag:
+                        # Our own children may be between fork and exec (old environment):
+                        # look at them again next time instead of caching them as untagged.
+                        if ppid != os.getpid() and os.path.exists(f"/proc/{pid}"):
+                            self._untagged.add(pid)
+                        continue
+                    known = Proc(pid, start, tagged[1])
+                    self._tagged[pid] = known
+                if state != "Z" and (role is None or known.role == role):
+                    alive.append(known)
+            return alive
+
+    def rss_total(self, role: str = "deployment") -> int:
+        return sum(rss_bytes(p.pid) for p in self.scan(role))
+
+    def kill_all(self, grace_s: float = 5.0) -> list[Proc]:
+        """SIGTERM every tagged process, SIGKILL what is left after grace_s. Returns the
+        processes that had to be killed (empty when the system had already stopped)."""
+        victims = self.scan()
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+            for p in self.scan():
+                try:
+                    os.kill(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait
+            while self.scan() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not self.scan():
+                break
+        return victims
+
+
+class RssSampler:
+    """Samples the summed RSS of a deployment's processes in a thread (default 20 Hz).
+
+    `limit_bytes` is a safety stop: when the sum passes it, `on_limit` is called once (the
+    runner kills the deployment) so a peer that balloons cannot take the machine down."""
+
+    def __init__(self, table: ProcessTable, hz: float = 20.0, limit_bytes: int | None = None,
+                 on_limit=None):
+        self.table = table
+        self.period = 1.0 / hz
+        self.limit_bytes = limit_bytes
+        self.on_limit = on_limit
+        self.samples: list[tuple[float, int, int]] = []  # (time, total rss, process count)
+        self.limit_hit = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            procs = self.table.scan("deployment")
+            total = sum(rss_bytes(p.pid) for p in procs)
+            self.samples.append((time.time(), total, len(procs)))
+            if self.limit_bytes and total > self.limit_bytes and not self.limit_hit:
+                self.limit_hit = True
+                if self.on_limit:
+                    self.on_limit(total)
+            self._stop.wait(self.period)
+
+    @property
+    def peak(self) -> int:
+        return max((s[1] for s in self.samples), default=0)
+
+    @property
+    def median(self) -> int:
+        values = sorted(s[1] for s in self.samples)
+        return values[len(values) // 2] if values else 0

@@ -1,0 +1,55 @@
+"""Write docs/cli.md from the CLI itself, so every command is documented and stays current.
+
+    .venv/bin/python scripts/gen_cli_docs.py          # rewrite docs/cli.md
+    .venv/bin/python scripts/gen_cli_docs.py --check  # exit 1 if docs/cli.md is stale
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from atoll.cli.main import cli
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+
+
+def _walk(command: click.Command, path: list[str], ctx: click.Context):
+    yield path, command, ctx
+    if isinstance(command, click.Group):
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            if sub is not None and not sub.hidden:
+                yield from _walk(sub, [*path, name], click.Context(sub, info_name=name, parent=ctx))
+
+
+def render() -> str:
+    parts = ["# atoll command line\n",
+             "Generated from the CLI by `scripts/gen_cli_docs.py`; `make test` checks it is "
+             "current. Every command also answers `--help`.\n"]
+    root = click.Context(cli, info_name="atoll", terminal_width=100, max_content_width=100)
+    for path, command, ctx in _walk(cli, ["atoll"], root):
+        title = " ".join(path)
+        parts.append(f"## `{title}`\n")
+        parts.append("```text\n" + command.get_help(ctx).replace("Usage: atoll", "Usage: atoll")
+                     + "\n```\n")
+    return "\n".join(parts)
+
+
+def main() -> int:
+    text = render()
+    if "--check" in sys.argv:
+        if not OUT.exists() or OUT.read_text() != text:
+            print("docs/cli.md is stale: run .venv/bin/python scripts/gen_cli_docs.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

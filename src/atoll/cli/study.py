@@ -1,0 +1,116 @@
+"""`atoll study ...` and `atoll audit`."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import click
+
+from atoll.cli.common import emit, format_option, handle_errors, kit_option, open_session
+
+
+@click.group("study")
+def study_group() -> None:
+    """Studies: which sites and users work together inside this federation."""
+
+
+def _text(study: dict[str, Any]) -> str:
+    return (f"study {study['name']}: {study['jobs']} job(s)\n"
+            f"  sites: {', '.join(study['sites']) or '-'}\n"
+            f"  users: {', '.join(study['users']) or '-'}")
+
+
+def _run(kit: Path | None, fmt: str, op: str, **body: Any) -> None:
+    with open_session(kit) as session:
+        answer = session.call(op, **body)
+    if "studies" in answer:
+        text = "\n".join(_text(s) for s in answer["studies"])
+    elif "removed" in answer:
+        text = f"study {answer['removed']} removed"
+    else:
+        text = _text(answer)
+    emit(answer, fmt, text)
+
+
+@study_group.command("list")
+@kit_option
+@format_option
+@handle_errors
+def list_(kit, fmt):
+    """The studies you can see."""
+    _run(kit, fmt, "study_list")
+
+
+@study_group.command("show")
+@click.argument("name")
+@kit_option
+@format_option
+@handle_errors
+def show(name, kit, fmt):
+    """A study's sites, users and number of jobs."""
+    _run(kit, fmt, "study_show", name=name)
+
+
+@study_group.command("create")
+@click.argument("name")
+@click.option("--site", "sites", multiple=True, help="Enrol this site (repeat).")
+@click.option("--user", "users", multiple=True, help="Add this admin user (repeat).")
+@kit_option
+@format_option
+@handle_errors
+def create(name, sites, users, kit, fmt):
+    """Create study NAME (project admins)."""
+    _run(kit, fmt, "study_create", name=name, sites=list(sites), users=list(users))
+
+
+@study_group.command("remove")
+@click.argument("name")
+@kit_option
+@format_option
+@handle_errors
+def remove(name, kit, fmt):
+    """Remove study NAME; refused while it has jobs (project admins)."""
+    _run(kit, fmt, "study_remove", name=name)
+
+
+def _member_command(op: str, key: str, doc: str):
+    @click.argument("name")
+    @click.argument(key)
+    @kit_option
+    @format_option
+    @handle_errors
+    def command(name, kit, fmt, **kwargs):
+        _run(kit, fmt, op, name=name, **{key: kwargs[key]})
+
+    command.__doc__ = doc
+    return command
+
+
+study_group.command("add-site")(_member_command(
+    "study_add_site", "site", "Enrol SITE in study NAME."))
+study_group.command("remove-site")(_member_command(
+    "study_remove_site", "site", "Remove SITE from study NAME."))
+study_group.command("add-user")(_member_command(
+    "study_add_user", "user", "Add admin USER to study NAME."))
+study_group.command("remove-user")(_member_command(
+    "study_remove_user", "user", "Remove admin USER from study NAME."))
+
+
+@click.command("audit")
+@click.option("--only-study", default=None, help="Only entries of this study.")
+@click.option("--limit", type=int, default=200, show_default=True)
+@kit_option
+@format_option
+@handle_errors
+def audit_command(only_study, limit, kit, fmt):
+    """Who did what in which study: logins, submits, aborts, downloads, study changes."""
+    with open_session(kit) as session:
+        answer = session.call("audit", only_study=only_study, limit=limit)
+    lines = []
+    for e in answer["entries"]:
+        at = dt.datetime.fromtimestamp(e["at"]).strftime("%Y-%m-%d %H:%M:%S")
+        lines.append(f"{at}  {e['user']:<28} {e['study']:<16} {e['action']:<18} "
+                     f"{e['target']:<34} {e['outcome']}")
+    emit(answer, fmt, "\n".join(lines) or "no entries")

@@ -1,0 +1,288 @@
+"""The Docker launcher: one container per job worker, through the Docker SDK (or Podman's API).
+
+``render`` is ``docker_render.render_docker``. The I/O goes through one injected
+``docker.DockerClient`` (default: site.yaml ``docker.base_url``, else ``DOCKER_HOST``):
+
+- launch: create the container (pulling a missing image only when ``docker.pull_policy`` is
+  ``missing``), add the secret variables to its environment, start it. Engine refusals become
+  LaunchError naming what to change: the image and where it was configured, GPUs on an engine
+  without the NVIDIA runtime, a bind source that does not exist.
+- wait: ``container.wait()``; the exit code and ``State.OOMKilled`` become an Outcome; the
+  container's logs are saved to ``<workdir>/logs/worker.log``; the container is removed.
+- cancel: stop (1 s of SIGTERM grace), save the logs, remove. Idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from atoll.launchers.base import (
+    Handle,
+    Launcher,
+    LaunchError,
+    LaunchRequest,
+    Outcome,
+    ProgressCallback,
+    WorkerExit,
+)
+from atoll.launchers.docker_render import render_docker
+from atoll.launchers.request import secret_env_values
+from atoll.spec.errors import SpecError
+
+STOP_GRACE_S = 1
+LOG_FILE = Path("logs") / "worker.log"
+
+
+class DockerLauncher(Launcher):
+    name = "docker"
+
+    def __init__(
+        self,
+        site_config: Any,
+        client: Any = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.site_config = site_config
+        self._client = client
+        self._environ = os.environ if environ is None else environ
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import docker  # the [docker] extra: imported only by sites that use this launcher
+
+            base_url = self.site_config.settings.base_url
+            try:
+                self._client = (
+                    docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+                )
+            except docker.errors.DockerException as err:
+                where = base_url or self._environ.get("DOCKER_HOST", "the default socket")
+                raise LaunchError(
+                    f"cannot reach the Docker engine at {where} (docker.base_url in "
+                    f"local/site.yaml, else DOCKER_HOST): {err}"
+                ) from None
+        return self._client
+
+    def _engine_socket(self) -> str | None:
+        url = self.site_config.settings.base_url or self._environ.get("DOCKER_HOST", "")
+        return url.removeprefix("unix://") if url.startswith("unix://") else None
+
+    def render(self, request: LaunchRequest) -> dict[str, Any]:
+        return render_docker(
+            request, parent_ids=(os.getuid(), os.getgid()), engine_socket=self._engine_socket()
+        )
+
+    def launch(self, request: LaunchRequest, on_progress: ProgressCallback | None = None) -> Handle:
+        import docker.errors as errors
+
+        rendered = self.render(request)
+        kwargs = dict(rendered["containers.run"])
+        kwargs["environment"] = {**kwargs["environment"], **self._secret_values(request)}
+        image, source = kwargs["image"], rendered["image_source"]
+        self._prepare_workdir(request.workdir, kwargs["user"])
+        if on_progress:
+            on_progress(f"creating container from {image}")
+        try:
+            container = self._create(kwargs, image, source)
+        except errors.APIError as err:
+            raise LaunchError(_refusal(err, image, source)) from None
+        try:
+            container.start()
+        except errors.APIError as err:
+            _remove_quietly(container)
+            raise LaunchError(_refusal(err, image, source)) from None
+        return Handle(
+            backend=self.name,
+            native_id=container.id,
+            job_id=request.identity.job_id,
+            extra={
+                "name": kwargs["name"],
+                "image": image,
+                "memory": request.resources.memory,
+                "workdir": str(request.workdir),
+            },
+        )
+
+    def _create(self, kwargs: dict[str, Any], image: str, source: str) -> Any:
+        import docker.errors as errors
+
+        try:
+            return self.client.containers.create(**kwargs)
+        except errors.ImageNotFound:
+            if self.site_config.settings.pull_policy == "never":
+                raise LaunchError(
+                    f"image {image} is not on this Docker engine (configured in {source}; "
+                    "docker.pull_policy is never): build or load it, or fix the name"
+                ) from None
+        try:
+            self.client.images.pull(image)
+        except errors.APIError as err:
+            raise LaunchError(
+                f"image {image} is not on this Docker engine and pulling it failed (configured "
+                f"in {source}): {_explanation(err)}"
+            ) from None
+        return self.client.containers.create(**kwargs)
+
+    def _secret_values(self, request: LaunchRequest) -> dict[str, str]:
+        """The study's secret_env (from credentials, else the parent's environment) + token."""
+        entry = request.study_runtime
+        missing = entry is not None and any(n not in request.credentials for n in entry.secret_env)
+        try:
+            values = secret_env_values(entry, self._environ) if missing else {}
+        except SpecError as err:
+            raise LaunchError(
+                f"study {request.identity.study}: " + "; ".join(str(i) for i in err.issues)
+            ) from None
+        return {**values, **request.credentials}
+
+    @staticmethod
+    def _prepare_workdir(workdir: Path, user: str) -> None:
+        """The logs folder exists; a root parent hands the run folder to a numeric job user."""
+        (workdir / LOG_FILE.parent).mkdir(parents=True, exist_ok=True)
+        uid_gid = user.split(":")
+        if os.getuid() != 0 or not all(part.isdigit() for part in uid_gid):
+            return
+        uid, gid = int(uid_gid[0]), int(uid_gid[1] if len(uid_gid) > 1 else uid_gid[0])
+        for root, dirs, files in os.walk(workdir):
+            for name in (root, *(os.path.join(root, n) for n in dirs + files)):
+                os.chown(name, uid, gid, follow_symlinks=False)
+
+    def wait(self, handle: Handle) -> WorkerExit:
+        import docker.errors as errors
+
+        try:
+            container = self.client.containers.get(handle.native_id)
+            status = container.wait()
+            container.reload()
+        except errors.NotFound:
+            return self._gone(handle)
+        except errors.APIError as err:
+            if self._was_cancelled(handle):
+                return self._gone(handle)
+            return WorkerExit(Outcome.FAILED, f"lost the worker container: {_explanation(err)}")
+        state = container.attrs.get("State", {})
+        self._save_logs(container, handle)
+        _remove_quietly(container)
+        if self._was_cancelled(handle):
+            return self._gone(handle)
+        return exit_to_outcome(
+            status.get("StatusCode"),
+            bool(state.get("OOMKilled")),
+            (status.get("Error") or {}).get("Message") or state.get("Error") or "",
+            handle.extra.get("memory"),
+        )
+
+    def cancel(self, handle: Handle) -> None:
+        import docker.errors as errors
+
+        with self._lock:
+            self._cancelled.add(handle.native_id)
+        try:
+            container = self.client.containers.get(handle.native_id)
+        except errors.NotFound:
+            return
+        try:
+            container.stop(timeout=STOP_GRACE_S)
+            self._save_logs(container, handle)
+        except errors.APIError:
+            pass  # already stopping or gone: removal below settles it
+        _remove_quietly(container)
+
+    def _was_cancelled(self, handle: Handle) -> bool:
+        with self._lock:
+            return handle.native_id in self._cancelled
+
+    @staticmethod
+    def _gone(handle: Handle) -> WorkerExit:
+        return WorkerExit(Outcome.ABORTED, "aborted: the worker container was stopped and removed")
+
+    @staticmethod
+    def _save_logs(container: Any, handle: Handle) -> None:
+        import docker.errors as errors
+
+        workdir = handle.extra.get("workdir")
+        if not workdir:
+            return
+        path = Path(workdir) / LOG_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+        try:
+            with tmp.open("wb") as out:  # streamed: a chatty worker's log never sits in memory
+                for chunk in container.logs(stdout=True, stderr=True, stream=True, follow=False):
+                    out.write(chunk)
+            tmp.replace(path)
+        except errors.APIError:
+            tmp.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def exit_to_outcome(
+    code: int | None, oom_killed: bool, error: str, memory: str | None
+) -> WorkerExit:
+    """Docker's final state -> our Outcome, with a reason a person can act on."""
+    if oom_killed:
+        limit = f"limit {memory}" if memory else "no job limit: the host ran out"
+        return WorkerExit(
+            Outcome.FAILED,
+            f"out of memory ({limit}); ask for more memory in resource_spec",
+            code,
+        )
+    if code == 0:
+        return WorkerExit(Outcome.COMPLETED, "worker exited with code 0", 0)
+    if error:
+        return WorkerExit(Outcome.FAILED, f"the engine reports: {error}", code)
+    if code is not None and code > 128:
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            name = f"signal {code - 128}"
+        return WorkerExit(
+            Outcome.FAILED, f"worker killed by {name} (exit code {code}); see {LOG_FILE}", code
+        )
+    return WorkerExit(Outcome.FAILED, f"worker exited with code {code}; see {LOG_FILE}", code)
+
+
+def _explanation(err: Any) -> str:
+    return str(getattr(err, "explanation", None) or err)
+
+
+def _refusal(err: Any, image: str, source: str) -> str:
+    """Engine refusals at create/start, turned into what to change."""
+    text = _explanation(err)
+    if "could not select device driver" in text or "nvidia" in text.lower():
+        return (
+            "this Docker engine cannot give GPUs to containers (no NVIDIA runtime): install the "
+            "NVIDIA Container Toolkit on the host, or ask for num_of_gpus: 0 in resource_spec "
+            f"(engine: {text})"
+        )
+    if "bind source path does not exist" in text:
+        return (
+            f"a folder to mount does not exist on the Docker host: {text}; check the datasets "
+            "and secret_mounts sources in local/study_runtime.yaml"
+        )
+    if "executable file not found" in text:
+        return f"image {image} (configured in {source}) cannot run the worker: {text}"
+    return f"the Docker engine refused the worker container (image {image}): {text}"
+
+
+def _remove_quietly(container: Any) -> None:
+    import docker.errors as errors
+
+    try:
+        container.remove(force=True)
+    except errors.NotFound:
+        pass
+    except errors.APIError as err:
+        if "already in progress" not in _explanation(err):
+            raise

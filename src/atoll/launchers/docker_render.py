@@ -1,0 +1,213 @@
+"""Pure: a LaunchRequest -> the Docker SDK ``containers.run`` keyword arguments of its worker.
+
+``render_docker`` returns ``{"containers.run": kwargs, "secret_env": refs, "image_source": s}``.
+``kwargs`` are exactly what the launcher passes to the engine, minus the secret variables: those
+(the job token, the study's ``secret_env``) are listed in ``secret_env`` as references and their
+values are added to ``environment`` only at launch, from the site parent's memory/environment.
+
+Precedence of the keyword arguments, lowest first: site.yaml ``docker.run_kwargs``, the study's
+``docker_kwargs``, the job's ``launcher_spec`` (``shm_size``), then the launcher-owned keys
+(image, command, environment, mounts, resources, labels, name, network, working_dir), which
+nothing else may set (the spec layer refuses them; this module checks again).
+
+Rules worth knowing:
+- Mounts: the job's run folder at ``/atoll/job`` (rw), datasets at ``/data/<study>/<dataset>``
+  (ro or rw), secret mounts read-only. A bind of the engine's socket, or of a folder holding it,
+  is refused: a job must never control the engine that runs it.
+- Network: site ``docker.network``; with none, a parent listening on loopback (127.0.0.1) is only
+  reachable from the host's network namespace, so the worker gets ``network_mode: host``.
+- User: ``user`` from run_kwargs/docker_kwargs if set; otherwise the parent's own uid:gid (the
+  run folder is the parent's), or ``1000:1000`` when the parent is root (the launcher then hands
+  the run folder to that user). Datasets mounted rw must be writable by that user.
+- GPUs: one ``device_requests`` entry with ``count`` = num_of_gpus; 0 renders an empty list.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import PurePosixPath
+from typing import Any
+
+from atoll.launchers.base import LaunchError, LaunchRequest
+from atoll.launchers.images import choose_image
+from atoll.spec.docker_kwargs import docker_kwargs_issues
+from atoll.spec.quantity import memory_to_bytes
+from atoll.spec.study_runtime import data_root, dataset_mount_path
+
+CONTAINER_WORKDIR = "/atoll/job"
+WORKER_PYTHON = "python3"
+ROOT_PARENT_JOB_USER = "1000:1000"
+NANO = 1_000_000_000
+# Where engines usually listen; the site's own base_url socket is added to these.
+ENGINE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock")
+CREDENTIAL_NOTE = "credential of this job, set at launch"
+
+
+def render_docker(
+    request: LaunchRequest,
+    *,
+    parent_ids: tuple[int, int] = (0, 0),
+    engine_socket: str | None = None,
+) -> dict[str, Any]:
+    """The worker container of ``request``; ``parent_ids`` is the parent's (uid, gid)."""
+    settings = request.site_config.settings
+    identity, entry = request.identity, request.study_runtime
+    choice = choose_image(
+        launcher="docker",
+        study=identity.study,
+        job_image=request.launcher_spec.get("image"),
+        study_runtime=entry,
+        default_image=settings.default_image,
+        allowed_job_images=settings.allow_job_images,
+    )
+    kwargs: dict[str, Any] = {"init": True}  # tini as PID 1: the worker gets SIGTERM on stop
+    _merge_free_kwargs(kwargs, settings.run_kwargs, "local/site.yaml docker.run_kwargs")
+    if entry is not None:
+        _merge_free_kwargs(
+            kwargs,
+            entry.docker_kwargs,
+            f"local/study_runtime.yaml studies.{identity.study}.docker_kwargs",
+        )
+    if request.launcher_spec.get("shm_size"):
+        kwargs["shm_size"] = memory_to_bytes(request.launcher_spec["shm_size"])
+    kwargs.setdefault("user", _default_user(parent_ids))
+
+    resources = request.resources
+    kwargs.update(
+        image=choice.image,
+        command=[WORKER_PYTHON, *request.worker_args],
+        name=container_name(identity.site, identity.job_id),
+        labels={**settings.labels, **worker_labels(request)},
+        environment=_environment(request),
+        working_dir=CONTAINER_WORKDIR,
+        mounts=_mounts(request, engine_socket),
+        nano_cpus=resources.num_of_cpus * NANO,
+        device_requests=_gpu_requests(resources.num_of_gpus),
+        detach=True,
+    )
+    if resources.memory is not None:
+        kwargs["mem_limit"] = memory_to_bytes(resources.memory)
+        kwargs["memswap_limit"] = kwargs["mem_limit"]  # no swap beyond the job's memory
+    kwargs.update(_network(settings.network, request.parent_address))
+    return {
+        "containers.run": dict(sorted(kwargs.items())),
+        "secret_env": _secret_references(request),
+        "image_source": choice.source,
+    }
+
+
+def container_name(site: str, job_id: str) -> str:
+    """Unique per job and participant; site names are already [A-Za-z0-9._-]."""
+    return f"atoll-{site}-{job_id}"
+
+
+def worker_labels(request: LaunchRequest) -> dict[str, str]:
+    identity = request.identity
+    return {
+        "atoll.job_id": identity.job_id,
+        "atoll.job_name": identity.job_name,
+        "atoll.role": identity.role,
+        "atoll.site": identity.site,
+        "atoll.study": identity.study,
+    }
+
+
+def _merge_free_kwargs(kwargs: dict[str, Any], extra: dict[str, Any], where: str) -> None:
+    issues = docker_kwargs_issues(extra)
+    if issues:
+        raise LaunchError(f"{where}: " + "; ".join(str(i) for i in issues))
+    kwargs.update(extra)
+
+
+def _default_user(parent_ids: tuple[int, int]) -> str:
+    uid, gid = parent_ids
+    return ROOT_PARENT_JOB_USER if uid == 0 else f"{uid}:{gid}"
+
+
+def _environment(request: LaunchRequest) -> dict[str, str]:
+    entry, study = request.study_runtime, request.identity.study
+    env = dict(entry.env) if entry is not None else {}
+    env.update(request.worker_env)
+    env.pop("ATOLL_PARENT_PID", None)  # another PID namespace: meaningless in a container
+    env.pop("ATOLL_DATASETS", None)  # process launcher only
+    env.update(ATOLL_WORKDIR=CONTAINER_WORKDIR, ATOLL_DATA_ROOT=data_root(study))
+    env["ATOLL_PARENT"] = request.parent_address
+    return dict(sorted(env.items()))
+
+
+def _secret_references(request: LaunchRequest) -> dict[str, str]:
+    """Names of the variables added at launch, with where each value comes from."""
+    refs = {name: CREDENTIAL_NOTE for name in request.credentials}
+    entry = request.study_runtime
+    if entry is not None:
+        for name, ref in entry.secret_env.items():
+            refs[name] = f"${ref.key} of the site parent's environment"
+    return dict(sorted(refs.items()))
+
+
+def _bind(source: str, target: str, read_only: bool) -> dict[str, Any]:
+    return {"Type": "bind", "Source": source, "Target": target, "ReadOnly": read_only}
+
+
+def _mounts(request: LaunchRequest, engine_socket: str | None) -> list[dict[str, Any]]:
+    study, entry = request.identity.study, request.study_runtime
+    binds = [_bind(str(request.workdir), CONTAINER_WORKDIR, False)]
+    where = {str(request.workdir): "the job's run folder"}
+    if entry is not None:
+        for name, dataset in entry.datasets.items():
+            binds.append(
+                _bind(dataset.source, dataset_mount_path(study, name), dataset.mode == "ro")
+            )
+            where[dataset.source] = f"studies.{study}.datasets.{name}.source"
+        for name, secret in entry.secret_mounts.items():
+            binds.append(_bind(secret.source, secret.mount_path, True))
+            where[secret.source] = f"studies.{study}.secret_mounts.{name}.source"
+    sockets = {*ENGINE_SOCKETS, *([engine_socket] if engine_socket else [])}
+    for bind in binds:
+        source = PurePosixPath(bind["Source"])
+        for sock in sockets:
+            if source == PurePosixPath(sock) or source in PurePosixPath(sock).parents:
+                raise LaunchError(
+                    f"{where[bind['Source']]} ({source}) would put the Docker engine's socket "
+                    f"{sock} inside a job container, which would let the job control this host; "
+                    "point it at the data folder itself"
+                )
+    return binds
+
+
+def _gpu_requests(count: int) -> list[dict[str, Any]]:
+    if count == 0:
+        return []  # explicit: no GPU, whatever a default asked for
+    # The SDK's docker.types.DeviceRequest fields (what `docker run --gpus N` sends).
+    return [{"driver": "", "count": count, "capabilities": [["gpu"]]}]
+
+
+def parent_host(address: str) -> str:
+    """``"127.0.0.1:7001"`` -> ``127.0.0.1``; ``"[::1]:7001"`` -> ``::1``."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _network(network: str | None, parent_address: str) -> dict[str, str]:
+    loopback = is_loopback(parent_host(parent_address))
+    if network == "host" or (network is None and loopback):
+        return {"network_mode": "host"}
+    if network is None:
+        return {}  # the engine's default network; the parent's address must be routable
+    if loopback:
+        raise LaunchError(
+            f"site.yaml docker.network is {network}, but the parent listens for its workers on "
+            f"{parent_address}, a loopback address no container on that network can reach: set "
+            "worker_endpoint.host to an address reachable from that network, or remove "
+            "docker.network to run workers on the host's network"
+        )
+    return {"network": network}

@@ -1,0 +1,328 @@
+"""The Kubernetes launcher's pure half: a LaunchRequest becomes a Pod and its credentials Secret.
+
+The Pod starts from the study's ``pod_template`` when the site gives one (node selectors,
+tolerations, affinity, security contexts, sidecars stay the site's), then atoll's fields are
+applied on top. A template may not set what atoll owns (the ``LOCKED`` paths below): every such
+path is reported at once. The worker's container is the template's container named
+``atoll-worker`` (created when the template has none).
+
+The Secret carries the credential *names* only: values are ``<set at launch>`` placeholders here,
+filled by ``KubernetesLauncher.launch``. The worker reads them through ``secretKeyRef``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest
+from atoll.launchers.images import choose_image
+from atoll.spec.study_runtime import RESERVED_ENV, RESERVED_ENV_PREFIX, data_root
+from atoll.spec.study_runtime import dataset_mount_path as dataset_path
+
+MAIN_CONTAINER = "atoll-worker"
+LABEL_PREFIX = "atoll.dev/"
+PLACEHOLDER = "<set at launch>"
+WORKDIR = "/atoll/job"  # an emptyDir: the parent's run folder is not shared with the pod
+GPU_RESOURCE = "nvidia.com/gpu"
+ATOLL_VOLUME_PREFIX = "atoll-"
+_OWNED_MOUNT_ROOTS = ("/data", "/atoll")
+# What a pod_template may not set, because atoll sets it (main container: the atoll-worker one).
+LOCKED = (
+    "metadata.name",
+    "metadata.generateName",
+    "metadata.namespace",
+    "metadata.ownerReferences",
+    "metadata.labels[atoll.dev/*]",
+    "metadata.annotations[atoll.dev/*]",
+    "spec.restartPolicy",
+    "spec.hostNetwork",
+    "spec.volumes[atoll-*]",
+    "spec.containers[atoll-worker].image",
+    "spec.containers[atoll-worker].command",
+    "spec.containers[atoll-worker].args",
+    "spec.containers[atoll-worker].resources",
+    "spec.containers[atoll-worker].env[ATOLL_*, PYTHONPATH, ...]",
+    "spec.containers[atoll-worker].volumeMounts[mountPath under /data or /atoll]",
+)
+_INVALID_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
+_INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+# --- names -------------------------------------------------------------------------------------
+def _name_part(text: str, limit: int) -> str:
+    """Lowercase RFC 1123 characters only, at most ``limit`` long, no leading/trailing '-'."""
+    part = _INVALID_NAME_CHARS.sub("-", text.lower()).strip("-")
+    return part[:limit].rstrip("-") or "x"
+
+
+def pod_name(site: str, job_id: str) -> str:
+    """``atoll-<site>-<job id[:12]>``: a valid RFC 1123 label (at most 63 characters).
+
+    >>> pod_name("Hospital_A.east", "0123456789abcdef0123456789abcdef")
+    'atoll-hospital-a-east-0123456789ab'
+    """
+    # 63 - "atoll-" - "-" - 12 hex - "-creds" (so the Secret's name is a label too) = 38
+    return f"atoll-{_name_part(site, 38)}-{_name_part(job_id, 12)}"
+
+
+def secret_name(site: str, job_id: str) -> str:
+    return f"{pod_name(site, job_id)}-creds"
+
+
+def label_value(text: str) -> str:
+    """A valid label value (63 characters, alphanumerics at both ends), or '' when nothing is left."""
+    value = _INVALID_LABEL_CHARS.sub("-", text)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+
+
+def job_labels(identity: JobIdentity) -> dict[str, str]:
+    """Labels that name the job on every object it creates (select with ``atoll.dev/job-id``)."""
+    return {
+        "app.kubernetes.io/managed-by": "atoll",
+        "app.kubernetes.io/component": f"{identity.role}-worker",
+        f"{LABEL_PREFIX}job-id": identity.job_id,
+        f"{LABEL_PREFIX}site": label_value(identity.site),
+        f"{LABEL_PREFIX}study": label_value(identity.study),
+        f"{LABEL_PREFIX}role": identity.role,
+    }
+
+
+def _volume_name(kind: str, name: str) -> str:
+    """``atoll-<kind>-<name>``; names too long for a label keep a short hash to stay unique."""
+    full = f"{ATOLL_VOLUME_PREFIX}{kind}-{name}"
+    if len(full) <= 63:
+        return full
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{full[:54].rstrip('-')}-{digest}"
+
+
+# --- values ------------------------------------------------------------------------------------
+def resource_quantities(request: LaunchRequest) -> dict[str, str]:
+    """Requests and limits (equal: the worker gets what it asked for, never more)."""
+    spec, res = request.launcher_spec, request.resources
+    quantities = {"cpu": str(spec.get("cpu_request") or res.num_of_cpus)}
+    memory = spec.get("memory_request") or res.memory
+    if memory:
+        quantities["memory"] = memory
+    if spec.get("ephemeral_storage"):
+        quantities["ephemeral-storage"] = spec["ephemeral_storage"]
+    if res.num_of_gpus:
+        quantities[GPU_RESOURCE] = str(res.num_of_gpus)
+    return quantities
+
+
+def image_for(request: LaunchRequest) -> str:
+    """The shared container precedence (``atoll.launchers.images``) with this site's settings."""
+    settings = request.site_config.settings
+    return choose_image(
+        launcher="k8s",
+        study=request.identity.study,
+        job_image=request.launcher_spec.get("image"),
+        study_runtime=request.study_runtime,
+        default_image=settings.default_image,
+        allowed_job_images=settings.allow_job_images,
+    ).image
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# --- template checks ---------------------------------------------------------------------------
+def _locked_paths(template: Mapping[str, Any], site_has_account: bool) -> list[str]:
+    """Every path of ``template`` that atoll owns (empty when the template is acceptable)."""
+    found: list[str] = []
+    meta = template.get("metadata") or {}
+    found += [
+        f"metadata.{k}"
+        for k in ("name", "generateName", "namespace", "ownerReferences")
+        if k in meta
+    ]
+    for field in ("labels", "annotations"):
+        found += [
+            f"metadata.{field}.{k}" for k in meta.get(field) or {} if k.startswith(LABEL_PREFIX)
+        ]
+    spec = template.get("spec") or {}
+    found += [f"spec.{k}" for k in ("restartPolicy", "hostNetwork") if k in spec]
+    if site_has_account:
+        found += [f"spec.{k}" for k in ("serviceAccountName", "serviceAccount") if k in spec]
+    found += [
+        f"spec.volumes[{i}].name"
+        for i, v in enumerate(spec.get("volumes") or [])
+        if str(v.get("name", "")).startswith(ATOLL_VOLUME_PREFIX)
+    ]
+    for i, container in enumerate(spec.get("containers") or []):
+        if container.get("name") != MAIN_CONTAINER:
+            continue
+        at = f"spec.containers[{i}]"
+        found += [f"{at}.{k}" for k in ("image", "command", "args", "resources") if k in container]
+        for j, env in enumerate(container.get("env") or []):
+            name = str(env.get("name", ""))
+            if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
+                found.append(f"{at}.env[{j}] ({name})")
+        for j, mount in enumerate(container.get("volumeMounts") or []):
+            path = str(mount.get("mountPath", "")).rstrip("/")
+            if any(path == r or path.startswith(r + "/") for r in _OWNED_MOUNT_ROOTS):
+                found.append(f"{at}.volumeMounts[{j}].mountPath ({path})")
+    return found
+
+
+def _template(request: LaunchRequest) -> dict[str, Any]:
+    study = request.study_runtime
+    template = copy.deepcopy(study.pod_template) if study and study.pod_template else {}
+    where = f"study_runtime.yaml studies.{request.identity.study}.pod_template"
+    locked = _locked_paths(template, bool(request.site_config.settings.service_account))
+    if locked:
+        raise LaunchError(
+            f"{where} sets fields atoll owns; remove them (the site's and job's settings fill "
+            "them): " + "; ".join(locked)
+        )
+    containers = (template.get("spec") or {}).get("containers")
+    if containers and not any(c.get("name") == MAIN_CONTAINER for c in containers):
+        raise LaunchError(
+            f"{where}: spec.containers has no container named {MAIN_CONTAINER!r}; "
+            f"name the worker's container {MAIN_CONTAINER} (other containers run beside it)"
+        )
+    return template
+
+
+# --- the objects -------------------------------------------------------------------------------
+def _env(request: LaunchRequest, secret: str) -> list[dict[str, Any]]:
+    """Study env, secret env (references), atoll's env, then credentials from the job's Secret."""
+    ident = request.identity
+    study = request.study_runtime
+    env: list[dict[str, Any]] = []
+    if study is not None:
+        env += [{"name": k, "value": v} for k, v in study.env.items()]
+        env += [
+            {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.source, "key": ref.key}}}
+            for k, ref in study.secret_env.items()
+        ]
+    atoll_env = dict(request.worker_env)
+    atoll_env.update(
+        ATOLL_JOB_ID=ident.job_id,
+        ATOLL_ROLE=ident.role,
+        ATOLL_SITE=ident.site,
+        ATOLL_STUDY=ident.study,
+        ATOLL_PARENT=request.parent_address,
+        ATOLL_WORKDIR=WORKDIR,
+        ATOLL_DATA_ROOT=data_root(ident.study),
+    )
+    atoll_env.pop("ATOLL_PARENT_PID", None)  # the parent's PID means nothing in another pod
+    env += [{"name": k, "value": v} for k, v in sorted(atoll_env.items())]
+    env += [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}}
+        for k in sorted(request.credentials)
+    ]
+    return env
+
+
+def _volumes(request: LaunchRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    study = request.study_runtime
+    volumes: list[dict[str, Any]] = [{"name": f"{ATOLL_VOLUME_PREFIX}work", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": f"{ATOLL_VOLUME_PREFIX}work", "mountPath": WORKDIR}]
+    if study is None:
+        return volumes, mounts
+    for name, ds in study.datasets.items():
+        vol, read_only = _volume_name("data", name), ds.mode == "ro"
+        claim = {"claimName": ds.source, "readOnly": read_only}
+        volumes.append({"name": vol, "persistentVolumeClaim": claim})
+        path = dataset_path(request.identity.study, name)
+        mounts.append({"name": vol, "mountPath": path, "readOnly": read_only})
+    for name, sm in study.secret_mounts.items():
+        vol = _volume_name("secret", name)
+        volumes.append({"name": vol, "secret": {"secretName": sm.source}})
+        mounts.append({"name": vol, "mountPath": sm.mount_path, "readOnly": True})
+    return volumes, mounts
+
+
+def render_secret(request: LaunchRequest) -> dict[str, Any]:
+    """The per-job Secret with the credential names; values are placeholders."""
+    ident = request.identity
+    settings = request.site_config.settings
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": secret_name(ident.site, ident.job_id),
+            "namespace": settings.namespace,
+            "labels": job_labels(ident),
+        },
+        "type": "Opaque",
+        "stringData": {k: PLACEHOLDER for k in sorted(request.credentials)},
+    }
+
+
+def render_pod(request: LaunchRequest) -> dict[str, Any]:
+    ident = request.identity
+    settings = request.site_config.settings
+    host_network = settings.host_network
+    if _is_loopback(request.parent_address) and not host_network:
+        raise LaunchError(
+            f"the site parent listens on {request.parent_address}, which a pod cannot reach: "
+            "set worker_endpoint.host in site.yaml to an address pods reach (e.g. the parent "
+            "pod's IP or Service), or k8s.host_network: true on a single-node test cluster"
+        )
+    pod = _template(request)
+    meta = pod.setdefault("metadata", {})
+    labels = {**(meta.get("labels") or {}), **job_labels(ident)}
+    meta.update(
+        name=pod_name(ident.site, ident.job_id), namespace=settings.namespace, labels=labels
+    )
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        f"{LABEL_PREFIX}job-name": ident.job_name,
+    }
+    pod.update(apiVersion="v1", kind="Pod")
+    spec = pod.setdefault("spec", {})
+    spec["restartPolicy"] = "Never"
+    spec.setdefault("automountServiceAccountToken", False)  # the worker never calls the API
+    spec.setdefault("enableServiceLinks", False)
+    if host_network:
+        spec["hostNetwork"] = True
+        spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
+    if settings.service_account:
+        spec["serviceAccountName"] = settings.service_account
+    pull = list(spec.get("imagePullSecrets") or [])
+    pull += [{"name": s} for s in settings.image_pull_secrets if {"name": s} not in pull]
+    if pull:
+        spec["imagePullSecrets"] = pull
+    volumes, mounts = _volumes(request)
+    spec["volumes"] = list(spec.get("volumes") or []) + volumes
+    containers = spec.setdefault("containers", [])
+    main = next((c for c in containers if c.get("name") == MAIN_CONTAINER), None)
+    if main is None:
+        main = {"name": MAIN_CONTAINER}
+        containers.insert(0, main)
+    python = settings.python
+    quantities = resource_quantities(request)
+    main.update(
+        image=image_for(request),
+        command=[python, *request.worker_args],
+        resources={"requests": dict(quantities), "limits": dict(quantities)},
+        env=list(main.get("env") or []) + _env(request, secret_name(ident.site, ident.job_id)),
+        volumeMounts=list(main.get("volumeMounts") or []) + mounts,
+    )
+    main.setdefault("workingDir", WORKDIR)
+    return pod
+
+
+def render(request: LaunchRequest) -> dict[str, Any]:
+    """``{"pod": <Pod manifest>, "secret": <Secret manifest, placeholder values>}``.
+
+    The Secret carries the Pod's labels (the template's included), so both select together.
+    """
+    pod, secret = render_pod(request), render_secret(request)
+    secret["metadata"]["labels"] = dict(pod["metadata"]["labels"])
+    return {"pod": pod, "secret": secret}

@@ -1,0 +1,311 @@
+"""The process launcher (embedded default): the worker is a child process of the parent.
+
+- Own session and process group (``start_new_session``), so cancel reaches the whole tree.
+- GPUs: ``num_of_gpus`` exclusive ids from ``process.gpu_ids`` as ``CUDA_VISIBLE_DEVICES``
+  (an empty value when the job asks none, so it sees no GPU); never two jobs on one GPU.
+- CPUs: ``num_of_cpus`` as CPU affinity, the least-used CPUs (see allocation.py).
+- Memory: a cgroup limit where the host allows one, else ``RLIMIT_AS`` (memory_limit.py).
+- Environment: atoll's variables, the study's ``env``, ``ATOLL_DATASETS`` (JSON name -> host path),
+  a few harmless variables of the parent (PATH, HOME, locale...) and, only in the child's
+  environment at launch, the credentials (job token, secret_env values). Never the parent's
+  whole environment: it may hold other studies' secrets.
+- stdout and stderr go to ``<workdir>/logs/worker.log``.
+
+Child setup (affinity, cgroup, rlimit) runs in ``preexec_fn`` between fork and exec; it only
+makes plain system calls, no imports or locks, which keeps it safe in the threaded parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from atoll.launchers.allocation import CpuAllocator, GpuAllocator
+from atoll.launchers.base import (
+    Handle,
+    Launcher,
+    LaunchError,
+    LaunchRequest,
+    Outcome,
+    ProgressCallback,
+    WorkerExit,
+)
+from atoll.launchers.memory_limit import MemoryCgroup, create_memory_cgroup
+from atoll.spec.site_config import ProcessSettings
+
+INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+LOG_FILE = Path("logs") / "worker.log"
+MemoryMode = Literal["auto", "cgroup", "rlimit"]
+
+
+@dataclass
+class _Running:
+    key: str
+    popen: subprocess.Popen
+    gpus: list[str]
+    cpus: list[int]
+    memory: str | None
+    cgroup: MemoryCgroup | None
+    rlimit: bool
+    log: Path
+    cancelled: bool = False
+    finished: bool = False
+
+
+def credential_names(request: LaunchRequest) -> list[str]:
+    """Names (never values) the child gets from the parent's secret channel at launch."""
+    entry = request.study_runtime
+    secret = [n for n, ref in entry.secret_env.items() if ref.source == "env"] if entry else []
+    return sorted({*request.credentials, "ATOLL_JOB_TOKEN", *secret})
+
+
+def signal_text(number: int) -> str:
+    """``9`` -> ``signal 9 (SIGKILL)``."""
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
+class ProcessLauncher(Launcher):
+    name: ClassVar[str] = "process"
+
+    def __init__(
+        self,
+        site_config: Any = None,
+        *,
+        cpus: list[int] | None = None,
+        parent_pid: int | None = None,
+        memory_mode: MemoryMode = "auto",
+        grace_s: float = 3.0,
+    ) -> None:
+        settings = site_config.settings if site_config is not None else ProcessSettings()
+        if not isinstance(settings, ProcessSettings):
+            raise LaunchError(f"site.yaml chooses launcher {site_config.launcher}, not process")
+        self._python = settings.python or sys.executable
+        self._gpus = GpuAllocator(settings.gpu_ids)
+        host_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self._cpus = CpuAllocator(cpus if cpus is not None else (settings.cpu_ids or host_cpus))
+        self._parent_pid = parent_pid if parent_pid is not None else os.getpid()
+        self._memory_mode = memory_mode
+        self._grace_s = grace_s
+        self._jobs: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+
+    # ----- pure -----------------------------------------------------------------------------
+
+    def render(
+        self,
+        request: LaunchRequest,
+        gpu_ids: list[str] | None = None,
+        cpus: list[int] | None = None,
+    ) -> dict[str, Any]:
+        """argv, environment (no credentials), folder and limits of the worker process.
+
+        Without ``gpu_ids``/``cpus`` it shows what a launch would pick now (nothing is taken).
+        """
+        res = request.resources
+        gpus = gpu_ids if gpu_ids is not None else self._gpus.preview(res.num_of_gpus)
+        if cpus is None and self._cpus.cpus:
+            cpus = self._cpus.preview(res.num_of_cpus)
+        entry = request.study_runtime
+        env = dict(request.worker_env)
+        env.update(entry.env if entry is not None else {})
+        env["ATOLL_WORKDIR"] = str(request.workdir)
+        env["ATOLL_PARENT_PID"] = str(self._parent_pid)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        if entry is not None and entry.datasets:
+            datasets = {name: d.source for name, d in sorted(entry.datasets.items())}
+            env["ATOLL_DATASETS"] = json.dumps(datasets, sort_keys=True)
+        return {
+            "argv": [self._python, *request.worker_args],
+            "env": dict(sorted(env.items())),
+            "inherited_env": list(INHERITED_ENV),
+            "credential_env": credential_names(request),
+            "cwd": str(request.workdir),
+            "start_new_session": True,
+            "cpu_affinity": cpus or None,
+            "memory_limit_bytes": res.memory_bytes,
+            "gpu_ids": gpus,
+            "log_file": str(request.workdir / LOG_FILE),
+        }
+
+    # ----- I/O ------------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest, on_progress: ProgressCallback | None = None) -> Handle:
+        ident = request.identity
+        key = f"{ident.job_id}/{ident.site}"
+        with self._lock:
+            if key in self._jobs and not self._jobs[key].finished:
+                raise LaunchError(f"a worker for job {ident.job_id} at {ident.site} is running")
+        res = request.resources
+        gpus = self._gpus.allocate(key, res.num_of_gpus)
+        cpus = self._cpus.allocate(key, res.num_of_cpus) if self._cpus.cpus else []
+        cgroup = None
+        try:
+            spec = self.render(request, gpu_ids=gpus, cpus=cpus)
+            cgroup, rlimit = self._memory_limit(request, spec["memory_limit_bytes"])
+            popen = self._spawn(spec, request.credentials, cpus, cgroup, rlimit)
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            self._release(key)
+            raise
+        run = _Running(
+            key, popen, gpus, cpus, res.memory, cgroup, rlimit is not None, Path(spec["log_file"])
+        )
+        with self._lock:
+            self._jobs[key] = run
+        if on_progress is not None:
+            on_progress(f"worker process {popen.pid} started")
+        return Handle(
+            self.name,
+            str(popen.pid),
+            ident.job_id,
+            extra={
+                "key": key,
+                "pgid": popen.pid,
+                "gpu_ids": gpus,
+                "cpu_affinity": cpus,
+                "memory_limit": cgroup.kind if cgroup else ("rlimit-as" if rlimit else None),
+                "log_file": spec["log_file"],
+            },
+        )
+
+    def _memory_limit(
+        self, request: LaunchRequest, limit: int | None
+    ) -> tuple[MemoryCgroup | None, int | None]:
+        if limit is None:
+            return None, None
+        cgroup = None
+        if self._memory_mode != "rlimit":
+            ident = request.identity
+            cgroup = create_memory_cgroup(f"atoll-{ident.site}-{ident.job_id}", limit)
+            if cgroup is None and self._memory_mode == "cgroup":
+                raise LaunchError("no writable memory cgroup on this host for a hard memory limit")
+        return cgroup, (None if cgroup is not None else limit)
+
+    def _spawn(
+        self,
+        spec: dict[str, Any],
+        credentials: Any,
+        cpus: list[int],
+        cgroup: MemoryCgroup | None,
+        rlimit: int | None,
+    ) -> subprocess.Popen:
+        env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        env.update(spec["env"])
+        env.update(credentials)  # only here: the child's own environment
+        log_file = Path(spec["log_file"])
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        procs_file = cgroup.procs_file if cgroup is not None else None
+
+        def child_setup() -> None:  # runs in the child between fork and exec
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            if procs_file is not None:
+                fd = os.open(procs_file, os.O_WRONLY)
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+            if rlimit is not None:
+                resource.setrlimit(resource.RLIMIT_AS, (rlimit, rlimit))
+
+        try:
+            with open(log_file, "ab") as log:
+                return subprocess.Popen(
+                    spec["argv"],
+                    env=env,
+                    cwd=spec["cwd"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    preexec_fn=child_setup,
+                )
+        except (OSError, subprocess.SubprocessError) as err:
+            raise LaunchError(f"cannot start the worker {spec['argv'][0]!r}: {err}") from err
+
+    def wait(self, handle: Handle) -> WorkerExit:
+        run = self._run_of(handle)
+        if run is None:
+            return WorkerExit(Outcome.FAILED, f"no worker {handle.native_id} was started here")
+        code = run.popen.wait()
+        result = self._exit_of(run, code)
+        self._finish(run)
+        return result
+
+    def _exit_of(self, run: _Running, code: int) -> WorkerExit:
+        if run.cancelled:
+            return WorkerExit(Outcome.ABORTED, "cancelled", code)
+        if code == 0:
+            return WorkerExit(Outcome.COMPLETED, "worker exited with code 0", 0)
+        what = f"killed by {signal_text(-code)}" if code < 0 else f"worker exited with code {code}"
+        if run.cgroup is not None and run.cgroup.oom_killed():
+            return WorkerExit(Outcome.FAILED, f"out of memory (limit {run.memory}): {what}", code)
+        if run.rlimit and code > 0 and _log_mentions(run.log, b"MemoryError"):
+            reason = f"out of memory (address-space limit {run.memory}): {what} after a MemoryError"
+            return WorkerExit(Outcome.FAILED, reason, code)
+        return WorkerExit(Outcome.FAILED, f"{what}; see {run.log}", code)
+
+    def cancel(self, handle: Handle) -> None:
+        run = self._run_of(handle)
+        if run is None or run.finished:
+            return  # already gone: counts as cancelled
+        run.cancelled = True
+        _kill_group(run.popen.pid, signal.SIGTERM)
+        try:
+            run.popen.wait(timeout=self._grace_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(run.popen.pid, signal.SIGKILL)
+            run.popen.wait()
+        self._finish(run)
+
+    def close(self) -> None:
+        with self._lock:
+            running = [r for r in self._jobs.values() if not r.finished]
+        for run in running:
+            self.cancel(Handle(self.name, str(run.popen.pid), "", extra={"key": run.key}))
+
+    def _run_of(self, handle: Handle) -> _Running | None:
+        with self._lock:
+            return self._jobs.get(handle.extra.get("key", ""))
+
+    def _finish(self, run: _Running) -> None:
+        """Once per worker: end stragglers of its group and cgroup, free its GPUs and CPUs."""
+        with self._lock:
+            if run.finished:
+                return
+            run.finished = True
+        _kill_group(run.popen.pid, signal.SIGKILL)
+        if run.cgroup is not None:
+            run.cgroup.kill_all()
+            run.cgroup.remove()
+        self._release(run.key)
+
+    def _release(self, key: str) -> None:
+        self._gpus.release(key)
+        self._cpus.release(key)
+
+
+def _kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _log_mentions(path: Path, needle: bytes, tail: int = 64 * 1024) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - tail))
+            return needle in f.read()
+    except OSError:
+        return False
