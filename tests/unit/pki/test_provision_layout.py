@@ -150,7 +150,7 @@ def test_local_templates_parse_and_map_the_sites_studies(provisioned: ProvisionR
     assert runtime["format_version"] == 2
     assert list(runtime["studies"]) == ["default", "pathology", "outcomes"]
     runtime = yaml.safe_load((root / "university" / "local" / "study_runtime.yaml").read_text())
-    assert list(runtime["studies"]) == ["pathology"]
+    assert list(runtime["studies"]) == ["default", "pathology"]
     text = (root / "university" / "local" / "study_runtime.yaml").read_text()
     assert "# secret_env:" in text and "mode: ro" in text
 
