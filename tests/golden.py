@@ -40,9 +40,16 @@ def assert_golden(name: str, obj: Any) -> None:
         pytest.fail(f"golden file {path} does not exist; create it with:\n  {regen}")
     expected = path.read_text()
     if expected != actual:
-        diff = "".join(difflib.unified_diff(
-            expected.splitlines(keepends=True), actual.splitlines(keepends=True),
-            fromfile=f"golden/{name}.json", tofile="rendered"))
-        pytest.fail(f"rendered object differs from golden/{name}.json:\n{diff}\n"
-                    f"If the change is intended, regenerate and review:\n  {regen}",
-                    pytrace=False)
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                actual.splitlines(keepends=True),
+                fromfile=f"golden/{name}.json",
+                tofile="rendered",
+            )
+        )
+        pytest.fail(
+            f"rendered object differs from golden/{name}.json:\n{diff}\n"
+            f"If the change is intended, regenerate and review:\n  {regen}",
+            pytrace=False,
+        )

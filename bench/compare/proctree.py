@@ -145,8 +145,9 @@ class RssSampler:
     `limit_bytes` is a safety stop: when the sum passes it, `on_limit` is called once (the
     runner kills the deployment) so a peer that balloons cannot take the machine down."""
 
-    def __init__(self, table: ProcessTable, hz: float = 20.0, limit_bytes: int | None = None,
-                 on_limit=None):
+    def __init__(
+        self, table: ProcessTable, hz: float = 20.0, limit_bytes: int | None = None, on_limit=None
+    ):
         self.table = table
         self.period = 1.0 / hz
         self.limit_bytes = limit_bytes

@@ -143,8 +143,9 @@ class Driver(ABC):
         """True for a per-job process (server or client job worker), not a long-lived one."""
 
     # -- convenience built on the contract ---------------------------------------------
-    def submit_and_wait(self, model_mb: float, rounds: int, mark_dir: Path,
-                        timeout: float) -> JobRun:
+    def submit_and_wait(
+        self, model_mb: float, rounds: int, mark_dir: Path, timeout: float
+    ) -> JobRun:
         run = self.submit(self.prepare_job(model_mb, rounds, mark_dir))
         self.wait_finished(run, timeout)
         return run
@@ -168,28 +169,51 @@ class Driver(ABC):
         """Variables every process of this system gets (PATH to its venv, config homes)."""
         return {}
 
-    def spawn(self, argv: list[str], log_name: str, role: str = "deployment",
-              cwd: Path | None = None) -> subprocess.Popen:
+    def spawn(
+        self, argv: list[str], log_name: str, role: str = "deployment", cwd: Path | None = None
+    ) -> subprocess.Popen:
         logf = open(self.workdir / log_name, "ab")
         self._logs.append(logf)
-        proc = subprocess.Popen(argv, env=self.env(role), cwd=cwd or self.workdir,
-                                stdout=logf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            env=self.env(role),
+            cwd=cwd or self.workdir,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self._children.append(proc)
         return proc
 
-    def run_cmd(self, argv: list[str], timeout: float, role: str = "admin",
-                cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def run_cmd(
+        self,
+        argv: list[str],
+        timeout: float,
+        role: str = "admin",
+        cwd: Path | None = None,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess:
         try:
-            res = subprocess.run(argv, env=self.env(role), cwd=cwd or self.workdir,
-                                 capture_output=True, text=True, timeout=timeout,
-                                 stdin=subprocess.DEVNULL)
+            res = subprocess.run(
+                argv,
+                env=self.env(role),
+                cwd=cwd or self.workdir,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired as exc:
-            raise DriverError(f"{self.name}: `{' '.join(argv)}` timed out after {timeout} s; "
-                              f"output: {_tail(exc.stdout)} {_tail(exc.stderr)}") from None
+            raise DriverError(
+                f"{self.name}: `{' '.join(argv)}` timed out after {timeout} s; "
+                f"output: {_tail(exc.stdout)} {_tail(exc.stderr)}"
+            ) from None
         if check and res.returncode != 0:
-            raise DriverError(f"{self.name}: `{' '.join(argv)}` exited {res.returncode}: "
-                              f"{_tail(res.stdout)} {_tail(res.stderr)}")
+            raise DriverError(
+                f"{self.name}: `{' '.join(argv)}` exited {res.returncode}: "
+                f"{_tail(res.stdout)} {_tail(res.stderr)}"
+            )
         return res
 
     def cleanup(self) -> list[str]:

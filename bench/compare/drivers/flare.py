@@ -13,7 +13,15 @@ import json
 import time
 from pathlib import Path
 
-from drivers.base import COMPARE_DIR, VENVS, Driver, DriverError, JobRun, free_port_block, layer_elems
+from drivers.base import (
+    COMPARE_DIR,
+    VENVS,
+    Driver,
+    DriverError,
+    JobRun,
+    free_port_block,
+    layer_elems,
+)
 
 FLARE_DIR = COMPARE_DIR / "flare"
 ADMIN = "admin@nvidia.com"
@@ -81,13 +89,20 @@ class FlareDriver(Driver):
         try:
             rc = proc.wait(timeout=120)
         except Exception:
-            raise DriverError("flare: `nvflare poc start --no-wait` did not return in 120 s") from None
+            raise DriverError(
+                "flare: `nvflare poc start --no-wait` did not return in 120 s"
+            ) from None
         if rc != 0:
-            raise DriverError(f"flare: `nvflare poc start` exited {rc}; see {self.workdir}/poc_start.log")
+            raise DriverError(
+                f"flare: `nvflare poc start` exited {rc}; see {self.workdir}/poc_start.log"
+            )
 
     def wait_ready(self, timeout: float) -> None:
-        res = self.run_cmd([self.python, str(FLARE_DIR / "ctl.py"), str(self.kit), "ready", "2",
-                            str(timeout)], timeout=timeout + 30, check=False)
+        res = self.run_cmd(
+            [self.python, str(FLARE_DIR / "ctl.py"), str(self.kit), "ready", "2", str(timeout)],
+            timeout=timeout + 30,
+            check=False,
+        )
         answer = _last_json(res.stdout)
         if not answer.get("ready"):
             raise DriverError(f"flare: not ready in {timeout} s: {answer or res.stderr[-500:]}")
@@ -96,27 +111,54 @@ class FlareDriver(Driver):
         jobs = self.workdir / "jobs"
         name = f"bench-{len(list(jobs.glob('*'))) if jobs.exists() else 0}"
         layers = ",".join(str(n) for n in layer_elems(model_mb))
-        res = self.run_cmd([self.python, str(FLARE_DIR / "make_job.py"), "--out", str(jobs),
-                            "--name", name, "--rounds", str(rounds), "--layers", layers,
-                            "--mark-dir", str(mark_dir)], timeout=120)
+        res = self.run_cmd(
+            [
+                self.python,
+                str(FLARE_DIR / "make_job.py"),
+                "--out",
+                str(jobs),
+                "--name",
+                name,
+                "--rounds",
+                str(rounds),
+                "--layers",
+                layers,
+                "--mark-dir",
+                str(mark_dir),
+            ],
+            timeout=120,
+        )
         return Path(res.stdout.strip().splitlines()[-1])
 
     def submit(self, job: object) -> JobRun:
         t0 = time.time()
-        res = self.run_cmd([self.nvflare, "--format", "json", "job", "submit", "-j", str(job)],
-                           timeout=120)
+        res = self.run_cmd(
+            [self.nvflare, "--format", "json", "job", "submit", "-j", str(job)], timeout=120
+        )
         job_id = _find_key(_last_json(res.stdout), "job_id")
         if not job_id:
             raise DriverError(f"flare: no job_id in submit output: {res.stdout[-500:]}")
         return JobRun(job_id=job_id, submitted_at=t0, extra={"submit_cli_s": time.time() - t0})
 
     def wait_finished(self, run: JobRun, timeout: float) -> None:
-        res = self.run_cmd([self.python, str(FLARE_DIR / "ctl.py"), str(self.kit), "wait",
-                            run.job_id, str(timeout)], timeout=timeout + 30, check=False)
+        res = self.run_cmd(
+            [
+                self.python,
+                str(FLARE_DIR / "ctl.py"),
+                str(self.kit),
+                "wait",
+                run.job_id,
+                str(timeout),
+            ],
+            timeout=timeout + 30,
+            check=False,
+        )
         answer = _last_json(res.stdout)
         if not answer.get("finished"):
-            raise DriverError(f"flare: job {run.job_id} not finished in {timeout} s: "
-                              f"{answer or res.stderr[-500:]}")
+            raise DriverError(
+                f"flare: job {run.job_id} not finished in {timeout} s: "
+                f"{answer or res.stderr[-500:]}"
+            )
         run.finished_at, run.status = answer["t"], answer["status"]
 
     def abort(self, run: JobRun) -> None:
@@ -131,14 +173,15 @@ class FlareDriver(Driver):
     def is_job_process(self, cmdline: str) -> bool:
         # server job: ...server.runner_process; client job: ...client.worker_process
         return "nvflare.private.fed.app" in cmdline and (
-            "runner_process" in cmdline or "worker_process" in cmdline)
+            "runner_process" in cmdline or "worker_process" in cmdline
+        )
 
 
 def _last_json(text: str) -> dict:
     """The last JSON object a tool printed (FLARE and our pollers print one envelope)."""
     text = text.strip()
     start = text.rfind("\n{")
-    for candidate in (text, text[start + 1:] if start >= 0 else ""):
+    for candidate in (text, text[start + 1 :] if start >= 0 else ""):
         try:
             value = json.loads(candidate)
             return value if isinstance(value, dict) else {}

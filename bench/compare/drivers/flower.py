@@ -15,7 +15,15 @@ import os
 import time
 from pathlib import Path
 
-from drivers.base import COMPARE_DIR, VENVS, Driver, DriverError, JobRun, free_port_block, layer_elems
+from drivers.base import (
+    COMPARE_DIR,
+    VENVS,
+    Driver,
+    DriverError,
+    JobRun,
+    free_port_block,
+    layer_elems,
+)
 from drivers.flare import _last_json
 
 FLOWER_DIR = COMPARE_DIR / "flower"
@@ -60,38 +68,111 @@ class FlowerDriver(Driver):
         self._make_certs(self.workdir / "certs")
         self.port = free_port_block(3, start=29000)
         (self.workdir / "flwr" / "config.toml").write_text(
-            CONFIG_TOML.format(port=self.port, ca=self.workdir / "certs" / "ca.crt"))
+            CONFIG_TOML.format(port=self.port, ca=self.workdir / "certs" / "ca.crt")
+        )
 
     def _make_certs(self, d: Path) -> None:
         ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-        self.run_cmd(["openssl", "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt",
-                      "-days", "7", "-subj", "/CN=bench-compare-ca"], timeout=60, cwd=d)
-        self.run_cmd(["openssl", "req", *ec, "-keyout", "server.key", "-out", "server.csr",
-                      "-subj", "/CN=127.0.0.1"], timeout=60, cwd=d)
+        self.run_cmd(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                *ec,
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "7",
+                "-subj",
+                "/CN=bench-compare-ca",
+            ],
+            timeout=60,
+            cwd=d,
+        )
+        self.run_cmd(
+            [
+                "openssl",
+                "req",
+                *ec,
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+            timeout=60,
+            cwd=d,
+        )
         (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        self.run_cmd(["openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.crt",
-                      "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "7",
-                      "-extfile", "san.cnf"], timeout=60, cwd=d)
+        self.run_cmd(
+            [
+                "openssl",
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.crt",
+                "-days",
+                "7",
+                "-extfile",
+                "san.cnf",
+            ],
+            timeout=60,
+            cwd=d,
+        )
 
     def start_deployment(self) -> None:
         certs = self.workdir / "certs"
-        self.spawn([str(self.bin / "flower-superlink"),
-                    "--ssl-ca-certfile", str(certs / "ca.crt"),
-                    "--ssl-certfile", str(certs / "server.crt"),
-                    "--ssl-keyfile", str(certs / "server.key"),
-                    "--disable-runtime-dependency-installation",
-                    "--host", "127.0.0.1", "--port", str(self.port)], "superlink.log")
+        self.spawn(
+            [
+                str(self.bin / "flower-superlink"),
+                "--ssl-ca-certfile",
+                str(certs / "ca.crt"),
+                "--ssl-certfile",
+                str(certs / "server.crt"),
+                "--ssl-keyfile",
+                str(certs / "server.key"),
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            "superlink.log",
+        )
         for i in (1, 2):
-            self.spawn([str(self.bin / "flower-supernode"),
-                        "--root-certificates", str(certs / "ca.crt"),
-                        "--superlink", f"127.0.0.1:{self.port}",
-                        "--host", "127.0.0.1", "--port", str(self.port + i),
-                        "--node-config", f"partition-id={i - 1} num-partitions=2"],
-                       f"supernode-{i}.log")
+            self.spawn(
+                [
+                    str(self.bin / "flower-supernode"),
+                    "--root-certificates",
+                    str(certs / "ca.crt"),
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port + i),
+                    "--node-config",
+                    f"partition-id={i - 1} num-partitions=2",
+                ],
+                f"supernode-{i}.log",
+            )
 
     def wait_ready(self, timeout: float) -> None:
-        res = self.run_cmd([str(self.bin / "python"), str(FLOWER_DIR / "ctl.py"), "ready", "2",
-                            str(timeout)], timeout=timeout + 30, check=False)
+        res = self.run_cmd(
+            [str(self.bin / "python"), str(FLOWER_DIR / "ctl.py"), "ready", "2", str(timeout)],
+            timeout=timeout + 30,
+            check=False,
+        )
         answer = _last_json(res.stdout)
         if not answer.get("ready"):
             raise DriverError(f"flower: not ready in {timeout} s: {answer or res.stderr[-500:]}")
@@ -110,16 +191,28 @@ class FlowerDriver(Driver):
         answer = _last_json(res.stdout)
         if not answer.get("success") or "run-id" not in answer:
             raise DriverError(f"flower: `flwr run` gave no run id: {res.stdout[-500:]}")
-        return JobRun(job_id=str(answer["run-id"]), submitted_at=t0,
-                      extra={"submit_cli_s": time.time() - t0})
+        return JobRun(
+            job_id=str(answer["run-id"]), submitted_at=t0, extra={"submit_cli_s": time.time() - t0}
+        )
 
     def wait_finished(self, run: JobRun, timeout: float) -> None:
-        res = self.run_cmd([str(self.bin / "python"), str(FLOWER_DIR / "ctl.py"), "wait",
-                            run.job_id, str(timeout)], timeout=timeout + 30, check=False)
+        res = self.run_cmd(
+            [
+                str(self.bin / "python"),
+                str(FLOWER_DIR / "ctl.py"),
+                "wait",
+                run.job_id,
+                str(timeout),
+            ],
+            timeout=timeout + 30,
+            check=False,
+        )
         answer = _last_json(res.stdout)
         if not answer.get("finished"):
-            raise DriverError(f"flower: run {run.job_id} not finished in {timeout} s: "
-                              f"{answer or res.stderr[-500:]}")
+            raise DriverError(
+                f"flower: run {run.job_id} not finished in {timeout} s: "
+                f"{answer or res.stderr[-500:]}"
+            )
         run.finished_at, run.status = answer["t"], answer["status"]
 
     def abort(self, run: JobRun) -> None:

@@ -8,7 +8,6 @@ this benchmark, so FLARE is not charged for a checkpoint the others do not make.
 from __future__ import annotations
 
 import numpy as np
-
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.model import ModelLearnable, make_model_learnable
 from nvflare.app_common.abstract.model_persistor import ModelPersistor
@@ -22,7 +21,9 @@ class BenchModelPersistor(ModelPersistor):
 
     def load_model(self, fl_ctx: FLContext) -> ModelLearnable:
         rng = np.random.default_rng(self.seed)
-        weights = {f"layer{i}": rng.random(n, dtype=np.float32) for i, n in enumerate(self.layer_elems)}
+        weights = {
+            f"layer{i}": rng.random(n, dtype=np.float32) for i, n in enumerate(self.layer_elems)
+        }
         return make_model_learnable(weights=weights, meta_props={})
 
     def save_model(self, model_learnable: ModelLearnable, fl_ctx: FLContext):

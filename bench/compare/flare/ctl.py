@@ -24,7 +24,9 @@ def _session(kit: str, deadline: float):
     last = ""
     while time.monotonic() < deadline:
         try:
-            return new_secure_session(ADMIN, kit, timeout=max(1.0, min(5.0, deadline - time.monotonic())))
+            return new_secure_session(
+                ADMIN, kit, timeout=max(1.0, min(5.0, deadline - time.monotonic()))
+            )
         except Exception as exc:  # the server may not listen yet
             last = f"{type(exc).__name__}: {exc}"
             time.sleep(POLL_S)

@@ -53,9 +53,16 @@ def wait(run_id: int, timeout: float) -> int:
         res = client.ListRuns(ListRunsRequest(run_id=run_id))
         run = res.run_dict[run_id]
         if run.status.status == "finished":
-            print(json.dumps({"finished": True, "t": time.time(),
-                              "status": f"{run.status.status}:{run.status.sub_status}",
-                              "details": run.status.details}))
+            print(
+                json.dumps(
+                    {
+                        "finished": True,
+                        "t": time.time(),
+                        "status": f"{run.status.status}:{run.status.sub_status}",
+                        "details": run.status.details,
+                    }
+                )
+            )
             return 0
         time.sleep(POLL_S)
     print(json.dumps({"finished": False}))

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -287,6 +288,7 @@ class ProcessLauncher(Launcher):
                 return
             run.finished = True
         _kill_group(run.popen.pid, signal.SIGKILL)
+        _wait_group_gone(run.popen.pid)
         if run.cgroup is not None:
             run.cgroup.kill_all()
             run.cgroup.remove()
@@ -300,6 +302,32 @@ class ProcessLauncher(Launcher):
 def _kill_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group, from /proc (Linux)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry.name))
+    return members
+
+
+def _wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
+    """SIGKILL is delivered asynchronously: return once no member of the group still runs."""
+    if not os.path.isdir("/proc"):
+        return
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        _kill_group(pgid, signal.SIGKILL)
+        time.sleep(0.01)
 
 
 def _log_mentions(path: Path, needle: bytes, tail: int = 64 * 1024) -> bool:

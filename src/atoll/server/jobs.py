@@ -52,6 +52,20 @@ class LiveJob:
         return self.record.id
 
 
+def _read_meta(tree: Path):
+    """The job's meta.json, with errors that name the file as the user knows it."""
+    try:
+        data = json.loads((tree / "meta.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IntakeError("the job folder has no meta.json at its top") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IntakeError(f"meta.json is invalid: not JSON ({exc})") from None
+    try:
+        return load_meta(data)
+    except SpecError as exc:
+        raise IntakeError(f"meta.json is invalid:\n{exc}") from None
+
+
 class JobManager:
     def __init__(self, parent):
         self.parent = parent
@@ -67,15 +81,10 @@ class JobManager:
         with Incoming(self.parent.workspace / "tmp") as incoming:
             incoming.receive(chunks, limits.max_upload_bytes)
             tree = incoming.extract(limits.max_job_bytes)
-            try:
-                meta = load_meta(tree)
-            except SpecError as exc:
-                raise IntakeError(f"meta.json is invalid:\n{exc}") from None
+            meta = _read_meta(tree)
             study_sites = self.parent.studies.sites(study)
             targets = meta.expand_targets(study_sites)
             problems = []
-            if "server" not in targets:
-                problems.append("deploy_map: deploy an app to \"server\": it runs the workflow")
             for target in targets:
                 if target != "server" and target not in study_sites:
                     problems.append(f"deploy_map: site {target!r} is not enrolled in study "

@@ -130,6 +130,12 @@ class JobMeta(SpecModel):
         return self.model_copy(update={"study": study, "submitter": submitter})
 
 
+_BAD_APP = "app name must be a folder name in the job: no '/', '\\', '..' or absolute path"
+_BAD_TARGET = ("is not a target; use 'server', '@ALL' or a site name "
+               "(letters, digits, '.', '_', '-'; at most 63 characters)")
+_NO_SERVER = "no app runs on the server; add 'server' to an app's targets or use [\"@ALL\"]"
+
+
 def deploy_map_issues(deploy_map: dict[str, list[str]]) -> list[Issue]:
     """The deploy_map rules; paths are relative to ``deploy_map``."""
     if not deploy_map:
@@ -137,61 +143,32 @@ def deploy_map_issues(deploy_map: dict[str, list[str]]) -> list[Issue]:
     issues: list[Issue] = []
     seen: dict[str, str] = {}
     for app, targets in deploy_map.items():
+        key = app or '""'
         if not _is_safe_app_name(app):
-            issues.append(
-                Issue(
-                    app,
-                    (
-                        "app name must be a folder name in the job: no '/', '\\', '..' "
-                        "or absolute path"
-                    ),
-                )
-            )
+            issues.append(Issue(key, _BAD_APP))
         if not targets:
-            issues.append(Issue(app, "has no targets; list 'server', site names, or '@ALL'"))
+            issues.append(Issue(key, "has no targets; list 'server', site names, or '@ALL'"))
         if ALL_SITES in targets and len(targets) > 1:
-            issues.append(
-                Issue(app, '@ALL already means the server and every site; write it alone: ["@ALL"]')
-            )
+            issues.append(Issue(key, "@ALL already means the server and every site; "
+                                     'write it alone: ["@ALL"]'))
         for i, target in enumerate(targets):
-            at = join_path(app, i)
-            if target != ALL_SITES and target != SERVER and not is_site_name(target):
-                issues.append(
-                    Issue(
-                        at,
-                        (
-                            f"{describe(target)} is not a target; use 'server', '@ALL' or a site name "
-                            "(letters, digits, '.', '_', '-'; at most 63 characters)"
-                        ),
-                    )
-                )
+            at = join_path(key, i)
+            if target not in (ALL_SITES, SERVER) and not is_site_name(target):
+                issues.append(Issue(at, f"{describe(target)} {_BAD_TARGET}"))
             elif target in seen:
-                where = (
-                    "twice in this app"
-                    if seen[target] == app
-                    else f"in apps {seen[target]!r} and {app!r}"
-                )
+                other = seen[target]
+                where = "twice in this app" if other == app else f"in apps {other!r} and {app!r}"
                 issues.append(Issue(at, f"{target!r} appears {where}; a target runs one app"))
             else:
                 seen[target] = app
     if not issues and SERVER not in seen and ALL_SITES not in seen:
-        issues.append(
-            Issue(
-                "", "no app runs on the server; add 'server' to an app's targets or use [\"@ALL\"]"
-            )
-        )
+        issues.append(Issue("", _NO_SERVER))
     all_app = next((a for a, t in deploy_map.items() if ALL_SITES in t), None)
     if not issues and all_app is not None and len(deploy_map) > 1:
         other = next(a for a in deploy_map if a != all_app)
-        issues.append(
-            Issue(
-                other,
-                (
-                    f"app {all_app!r} already runs on every target (@ALL); a target runs one app: "
-                    "list the targets of each app instead"
-                ),
-            )
-        )
+        issues.append(Issue(other or '""', (
+            f"app {all_app!r} already runs on every target (@ALL); a target runs one app: "
+            "list the targets of each app instead")))
     return issues
 
 

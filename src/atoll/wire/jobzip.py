@@ -88,10 +88,10 @@ def _check_entry(info: zipfile.ZipInfo) -> None:
     path = PurePosixPath(name)
     if name.startswith("/") or "\\" in name or path.is_absolute() or ".." in path.parts:
         raise IntakeError(f"job folder entry {name!r} points outside the folder")
-    mode = info.external_attr >> 16
-    if stat.S_ISLNK(mode):
+    kind = stat.S_IFMT(info.external_attr >> 16)  # 0 when the archiver recorded no type
+    if kind == stat.S_IFLNK:
         raise IntakeError(f"job folder entry {name!r} is a symbolic link; copy the file instead")
-    if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+    if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
         raise IntakeError(f"job folder entry {name!r} is not a regular file")
 
 

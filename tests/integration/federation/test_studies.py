@@ -52,7 +52,7 @@ while fl.is_running():
         break
     fl.send(fl.Model(params=model.params, num_examples=1, metrics={{"ok": 1.0}}))
 '''
-APP_YAML = "server:\n  workflow: scatter_gather\nsite:\n  script: train.py\n"
+APP_YAML = "server:\n  workflow: scatter_gather\n  args: {num_rounds: 1}\nsite:\n  script: train.py\n"
 
 
 def _job(tmp_path, name, deploy):

@@ -67,14 +67,22 @@ class Cluster:
 
     def session_objects(self) -> list[str]:
         """Every pod, Secret, namespace and PV of this session still present, by name."""
-        found = [f"pod {p.metadata.namespace}/{p.metadata.name}"
-                 for p in self.api.list_pod_for_all_namespaces(label_selector=SELECTOR).items]
-        found += [f"secret {s.metadata.namespace}/{s.metadata.name}"
-                  for s in self.api.list_secret_for_all_namespaces(label_selector=SELECTOR).items]
-        found += [f"namespace {n.metadata.name}"
-                  for n in self.api.list_namespace(label_selector=SELECTOR).items]
-        found += [f"pv {v.metadata.name}"
-                  for v in self.api.list_persistent_volume(label_selector=SELECTOR).items]
+        found = [
+            f"pod {p.metadata.namespace}/{p.metadata.name}"
+            for p in self.api.list_pod_for_all_namespaces(label_selector=SELECTOR).items
+        ]
+        found += [
+            f"secret {s.metadata.namespace}/{s.metadata.name}"
+            for s in self.api.list_secret_for_all_namespaces(label_selector=SELECTOR).items
+        ]
+        found += [
+            f"namespace {n.metadata.name}"
+            for n in self.api.list_namespace(label_selector=SELECTOR).items
+        ]
+        found += [
+            f"pv {v.metadata.name}"
+            for v in self.api.list_persistent_volume(label_selector=SELECTOR).items
+        ]
         return found
 
 
@@ -102,14 +110,16 @@ def cluster() -> Iterator[Cluster]:
     api.create_namespace({"metadata": {"name": NAMESPACE, "labels": labels}})
     # Pods are admitted only once the namespace's default ServiceAccount exists.
     _wait_until(
-        lambda: any(sa.metadata.name == "default"
-                    for sa in api.list_namespaced_service_account(NAMESPACE).items),
-        30, "the namespace's default ServiceAccount",
+        lambda: any(
+            sa.metadata.name == "default"
+            for sa in api.list_namespaced_service_account(NAMESPACE).items
+        ),
+        30,
+        "the namespace's default ServiceAccount",
     )
     found = Cluster(env, api, NAMESPACE)
     yield found
-    api.delete_collection_namespaced_pod(NAMESPACE, label_selector=SELECTOR,
-                                         grace_period_seconds=0)
+    api.delete_collection_namespaced_pod(NAMESPACE, label_selector=SELECTOR, grace_period_seconds=0)
     api.delete_collection_namespaced_secret(NAMESPACE, label_selector=SELECTOR)
     api.delete_collection_persistent_volume(label_selector=SELECTOR)
     api.delete_namespace(NAMESPACE, grace_period_seconds=0)

@@ -322,9 +322,8 @@ def test_launcher_spec_requests_replace_portable_ones() -> None:
 def test_image_precedence_shared_with_docker() -> None:
     spec = {"default": {"k8s": {"image": "registry.example.com/fl/trainer:2"}}}
     allowed = {**SITE, "allow_job_images": ["registry.example.com/fl/*"]}
-    assert main_container(render(request_for(k8s=allowed, launcher_spec=spec))["pod"])[
-        "image"
-    ] == ("registry.example.com/fl/trainer:2")
+    chosen = render(request_for(k8s=allowed, launcher_spec=spec))["pod"]
+    assert main_container(chosen)["image"] == "registry.example.com/fl/trainer:2"
     with pytest.raises(LaunchError, match="k8s.allow_job_images"):
         render(request_for(launcher_spec=spec))
     no_image = {k: v for k, v in PATHOLOGY.items() if k != "container"}
@@ -348,9 +347,7 @@ def pod_model(status: dict[str, Any]) -> Any:
     pod = {
         "metadata": {"name": "p"},
         "spec": {
-            "containers": [
-                {"name": MAIN_CONTAINER, "resources": {"limits": {"memory": "64Gi"}}}
-            ]
+            "containers": [{"name": MAIN_CONTAINER, "resources": {"limits": {"memory": "64Gi"}}}]
         },
         "status": status,
     }

@@ -20,5 +20,7 @@ def issues_of(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Issue]:
 def by_path(issues: list[Issue]) -> dict[str, str]:
     out: dict[str, str] = {}
     for issue in issues:
-        out[issue.path] = f"{out[issue.path]} | {issue.message}" if issue.path in out else issue.message
+        out[issue.path] = (
+            f"{out[issue.path]} | {issue.message}" if issue.path in out else issue.message
+        )
     return out

@@ -62,8 +62,25 @@ def test_seed_memory_in_bytes_and_mib():
     assert memory_to_mib("64Gi") == 65536
 
 
-@pytest.mark.parametrize("bad", ["0Gi", "064Gi", "1.5Gi", "64G", "64gi", "64 Gi", "Gi", "-1Mi",
-                                 "64Ki", "", "64GiB", 64, None, True])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "0Gi",
+        "064Gi",
+        "1.5Gi",
+        "64G",
+        "64gi",
+        "64 Gi",
+        "Gi",
+        "-1Mi",
+        "64Ki",
+        "",
+        "64GiB",
+        64,
+        None,
+        True,
+    ],
+)
 def test_memory_rejects_anything_but_the_documented_format(bad):
     assert not is_memory(bad)
     if isinstance(bad, str):

@@ -31,7 +31,12 @@ def test_seed_meta_loads_from_a_job_folder_and_a_file(tmp_path):
 
 def test_minimal_meta_and_defaults():
     m = load_meta(meta())
-    assert (m.min_clients, m.mandatory_clients, m.resource_spec, m.launcher_spec) == (None, [], {}, {})
+    assert (m.min_clients, m.mandatory_clients, m.resource_spec, m.launcher_spec) == (
+        None,
+        [],
+        {},
+        {},
+    )
 
 
 def test_study_and_submitter_from_the_user_are_ignored_and_set_by_the_server():
@@ -47,7 +52,11 @@ def test_targets_expand_and_app_for():
     assert m.targets() == ["server", "site-a", "site-b"]
     assert m.sites() == ["site-a", "site-b"]
     assert m.expand_targets(["site-x"]) == ["server", "site-a", "site-b"]
-    assert (m.app_for("server"), m.app_for("site-b"), m.app_for("site-z")) == ("srv", "trainer", None)
+    assert (m.app_for("server"), m.app_for("site-b"), m.app_for("site-z")) == (
+        "srv",
+        "trainer",
+        None,
+    )
     everyone = load_meta(meta())
     assert everyone.targets() == ["@ALL"]
     assert everyone.expand_targets(["site-a", "site-b"]) == ["server", "site-a", "site-b"]
@@ -65,8 +74,11 @@ def test_targets_expand_and_app_for():
         ({"/abs": ["@ALL"]}, "deploy_map./abs", "app name must be a folder name"),
         ({"": ["@ALL"]}, 'deploy_map.""', "app name must be a folder name"),
         ({"app": ["@ALL", "server"]}, "deploy_map.app", "@ALL already means the server"),
-        ({"a": ["server", "site-a"], "b": ["site-a"]}, "deploy_map.b[0]",
-         "'site-a' appears in apps 'a' and 'b'; a target runs one app"),
+        (
+            {"a": ["server", "site-a"], "b": ["site-a"]},
+            "deploy_map.b[0]",
+            "'site-a' appears in apps 'a' and 'b'; a target runs one app",
+        ),
         ({"a": ["server", "site-a", "site-a"]}, "deploy_map.a[2]", "'site-a' appears twice"),
         ({"a": ["site-a"]}, "deploy_map", "no app runs on the server"),
         ({"a": ["server", "bad name!"]}, "deploy_map.a[1]", "is not a target"),
@@ -80,9 +92,15 @@ def test_deploy_map_rules(deploy_map, path, message):
     assert message in issues[path]
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    (0, "must be at least 1, not 0"), (1_000_001, "must be at most 1000000"),
-    (True, "must be an integer"), ("2", "must be an integer")])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "must be at least 1, not 0"),
+        (1_000_001, "must be at most 1000000"),
+        (True, "must be an integer"),
+        ("2", "must be an integer"),
+    ],
+)
 def test_min_clients_range(value, message):
     assert message in by_path(issues_of(load_meta, meta(min_clients=value)))["min_clients"]
 
@@ -112,27 +130,39 @@ def test_required_and_unknown_keys():
 
 
 def test_resource_and_launcher_spec_errors_carry_their_full_path():
-    doc = meta(resource_spec={"@default": {"num_of_gpus": True}},
-               launcher_spec={"default": {"docker": {"privileged": True}}})
+    doc = meta(
+        resource_spec={"@default": {"num_of_gpus": True}},
+        launcher_spec={"default": {"docker": {"privileged": True}}},
+    )
     issues = by_path(issues_of(load_meta, doc))
     assert issues["resource_spec.@default.num_of_gpus"].startswith("must be an integer")
     assert issues["launcher_spec.default.docker.privileged"] == (
-        "not settable by a job for the docker launcher; allowed keys: image, shm_size")
+        "not settable by a job for the docker launcher; allowed keys: image, shm_size"
+    )
 
 
 def test_conflicts_are_checked_at_submit():
-    doc = meta(deploy_map={"app": ["server", "university"]},
-               resource_spec={"@default": {"num_of_cpus": 4}},
-               launcher_spec={"university": {"slurm": {"cpus_per_node": 8}}})
+    doc = meta(
+        deploy_map={"app": ["server", "university"]},
+        resource_spec={"@default": {"num_of_cpus": 4}},
+        launcher_spec={"university": {"slurm": {"cpus_per_node": 8}}},
+    )
     issues = by_path(issues_of(load_meta, doc))
-    assert "site 'university' on slurm, cpus_per_node conflicts with resource_spec num_of_cpus" \
+    assert (
+        "site 'university' on slurm, cpus_per_node conflicts with resource_spec num_of_cpus"
         in issues["launcher_spec.university.slurm.cpus_per_node"]
+    )
 
 
 def test_all_errors_of_the_document_together():
     doc = {"name": 5, "deploy_map": {}, "min_clients": 0, "resource_spec": [], "extra": 1}
     assert {i.path for i in issues_of(load_meta, doc)} == {
-        "name", "deploy_map", "min_clients", "resource_spec", "extra"}
+        "name",
+        "deploy_map",
+        "min_clients",
+        "resource_spec",
+        "extra",
+    }
 
 
 def test_file_problems(tmp_path):

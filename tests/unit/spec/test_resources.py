@@ -13,8 +13,11 @@ SEED = json.loads((Path(__file__).parents[2] / "fixtures/seed/resource_spec.json
 
 
 def test_seed_example_exactly():
-    assert SEED == {"@default": {"num_of_gpus": 1, "num_of_cpus": 4, "memory": "64Gi"},
-                    "server": {"num_of_gpus": 0}, "university": {"num_of_gpus": 8}}
+    assert SEED == {
+        "@default": {"num_of_gpus": 1, "num_of_cpus": 4, "memory": "64Gi"},
+        "server": {"num_of_gpus": 0},
+        "university": {"num_of_gpus": 8},
+    }
     for hospital in ("hospital-a", "hospital-b"):
         assert resolve_resources(SEED, hospital) == Resources(1, 4, "64Gi")
     assert resolve_resources(SEED, "university") == Resources(8, 4, "64Gi")
@@ -34,8 +37,10 @@ def test_default_applies_to_the_server_too():
 
 
 def test_shallow_merge_overrides_only_what_differs():
-    spec = {"@default": {"num_of_gpus": 1, "num_of_cpus": 4, "memory": "64Gi"},
-            "site-a": {"memory": "8Gi"}}
+    spec = {
+        "@default": {"num_of_gpus": 1, "num_of_cpus": 4, "memory": "64Gi"},
+        "site-a": {"memory": "8Gi"},
+    }
     assert resolve_resources(spec, "site-a") == Resources(1, 4, "8Gi")
 
 

@@ -25,9 +25,19 @@ def test_every_field_of_every_model_is_documented():
 
 
 def test_design_example_and_defaults():
-    cfg = parse_site_config({"launcher": "slurm", "slurm": {
-        "partition": "gpu", "account": "fl", "qos": "normal", "sandbox": "none",
-        "pending_timeout": 600}, "capacity": {"gpus": 8, "cpus": 64, "memory": "512Gi"}})
+    cfg = parse_site_config(
+        {
+            "launcher": "slurm",
+            "slurm": {
+                "partition": "gpu",
+                "account": "fl",
+                "qos": "normal",
+                "sandbox": "none",
+                "pending_timeout": 600,
+            },
+            "capacity": {"gpus": 8, "cpus": 64, "memory": "512Gi"},
+        }
+    )
     assert cfg.settings.partition == "gpu"
     assert cfg.settings.sbatch == "sbatch"
     assert (cfg.capacity.gpus, cfg.capacity.cpus, cfg.capacity.memory) == (8, 64, "512Gi")
@@ -49,34 +59,69 @@ def test_process_block_from_the_fixture_file():
 
 def test_a_block_for_another_launcher_is_an_error_naming_it():
     issues = by_path(issues_of(parse_site_config, {"launcher": "docker", "slurm": {}, "k8s": {}}))
-    assert issues["slurm"] == ("settings for the slurm launcher, but this site's launcher is "
-                               "docker: remove this block or set launcher: slurm")
+    assert issues["slurm"] == (
+        "settings for the slurm launcher, but this site's launcher is "
+        "docker: remove this block or set launcher: slurm"
+    )
     assert "k8s" in issues
 
 
-@pytest.mark.parametrize(("doc", "path", "message"), [
-    ({"launcher": "lsf"}, "launcher", "must be one of 'process', 'docker', 'k8s' or 'slurm'"),
-    ({}, "launcher", "required key is missing"),
-    ({"launcher": "process", "process": {"gpu_ids": [0, 0]}}, "process.gpu_ids[1]", "listed twice"),
-    ({"launcher": "process", "process": {"gpus": [0]}}, "process.gpus",
-     "unknown key; allowed keys: python, workdir, gpu_ids, cpu_ids"),
-    ({"launcher": "docker", "docker": {"run_kwargs": {"privileged": True}}},
-     "docker.run_kwargs.privileged", "control of this host"),
-    ({"launcher": "docker", "docker": {"run_kwargs": {"volumes": {}}}},
-     "docker.run_kwargs.volumes", "set by the docker launcher"),
-    ({"launcher": "k8s", "k8s": {"in_cluster": True, "kubeconfig": "/k"}}, "k8s",
-     "choose one: kubeconfig or in_cluster"),
-    ({"launcher": "k8s", "k8s": {"namespace": "Bad_NS"}}, "k8s.namespace", "not a Kubernetes name"),
-    ({"launcher": "slurm", "slurm": {"sandbox": "docker"}}, "slurm.sandbox",
-     "must be one of 'none', 'apptainer' or 'pyxis'"),
-    ({"launcher": "slurm", "slurm": {"time": "soon"}}, "slurm.time", "is not a Slurm time"),
-    ({"launcher": "slurm", "slurm": {"pending_timeout": 0}}, "slurm.pending_timeout", "at least 1"),
-    ({"launcher": "process", "capacity": {"memory": "1TB"}}, "capacity.memory", "Mi, Gi or Ti"),
-    ({"launcher": "process", "capacity": {"gpus": -1}}, "capacity.gpus", "at least 0"),
-    ({"launcher": "process", "worker_endpoint": {"port": 70000}}, "worker_endpoint.port",
-     "at most 65535"),
-    ({"launcher": "process", "capacity": None}, "capacity", "null is not allowed"),
-])
+@pytest.mark.parametrize(
+    ("doc", "path", "message"),
+    [
+        ({"launcher": "lsf"}, "launcher", "must be one of 'process', 'docker', 'k8s' or 'slurm'"),
+        ({}, "launcher", "required key is missing"),
+        (
+            {"launcher": "process", "process": {"gpu_ids": [0, 0]}},
+            "process.gpu_ids[1]",
+            "listed twice",
+        ),
+        (
+            {"launcher": "process", "process": {"gpus": [0]}},
+            "process.gpus",
+            "unknown key; allowed keys: python, workdir, gpu_ids, cpu_ids",
+        ),
+        (
+            {"launcher": "docker", "docker": {"run_kwargs": {"privileged": True}}},
+            "docker.run_kwargs.privileged",
+            "control of this host",
+        ),
+        (
+            {"launcher": "docker", "docker": {"run_kwargs": {"volumes": {}}}},
+            "docker.run_kwargs.volumes",
+            "set by the docker launcher",
+        ),
+        (
+            {"launcher": "k8s", "k8s": {"in_cluster": True, "kubeconfig": "/k"}},
+            "k8s",
+            "choose one: kubeconfig or in_cluster",
+        ),
+        (
+            {"launcher": "k8s", "k8s": {"namespace": "Bad_NS"}},
+            "k8s.namespace",
+            "not a Kubernetes name",
+        ),
+        (
+            {"launcher": "slurm", "slurm": {"sandbox": "docker"}},
+            "slurm.sandbox",
+            "must be one of 'none', 'apptainer' or 'pyxis'",
+        ),
+        ({"launcher": "slurm", "slurm": {"time": "soon"}}, "slurm.time", "is not a Slurm time"),
+        (
+            {"launcher": "slurm", "slurm": {"pending_timeout": 0}},
+            "slurm.pending_timeout",
+            "at least 1",
+        ),
+        ({"launcher": "process", "capacity": {"memory": "1TB"}}, "capacity.memory", "Mi, Gi or Ti"),
+        ({"launcher": "process", "capacity": {"gpus": -1}}, "capacity.gpus", "at least 0"),
+        (
+            {"launcher": "process", "worker_endpoint": {"port": 70000}},
+            "worker_endpoint.port",
+            "at most 65535",
+        ),
+        ({"launcher": "process", "capacity": None}, "capacity", "null is not allowed"),
+    ],
+)
 def test_rules(doc, path, message):
     issues = by_path(issues_of(parse_site_config, doc))
     assert message in issues[path], issues
@@ -85,7 +130,9 @@ def test_rules(doc, path, message):
 def test_all_errors_together_with_the_file_name(tmp_path):
     local = tmp_path / "kit" / "local"
     local.mkdir(parents=True)
-    (local / "site.yaml").write_text("launcher: slurm\nslurm: {qos: 1, bogus: x}\ncapacity: {cpus: 0}\n")
+    (local / "site.yaml").write_text(
+        "launcher: slurm\nslurm: {qos: 1, bogus: x}\ncapacity: {cpus: 0}\n"
+    )
     with pytest.raises(Exception) as info:
         load_site_config(tmp_path / "kit")
     text = str(info.value)

@@ -24,7 +24,8 @@ def train(msg: Message, context: Context) -> Message:
     rnd = int(msg.content["config"].get("server-round", 0))
     _mark(context, "recv", rnd)
     arrays = [a + 1.0 for a in msg.content["arrays"].to_numpy_ndarrays()]
-    content = RecordDict({"arrays": ArrayRecord(arrays),
-                          "metrics": MetricRecord({"num-examples": 1})})
+    content = RecordDict(
+        {"arrays": ArrayRecord(arrays), "metrics": MetricRecord({"num-examples": 1})}
+    )
     _mark(context, "sent", rnd)
     return Message(content=content, reply_to=msg)

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Runs the same workloads on NVIDIA FLARE 2.9, Flower 1.42 and atoll, and writes the table.
+
+Standard library only: run it with any python3. The peers run from their own virtual
+environments (bench/compare/setup_peers.sh makes them); nothing is installed into atoll's.
+
+  python3 bench/compare/run.py                        # all systems, all workloads, 3 repeats
+  python3 bench/compare/run.py --systems flare,flower --workloads a,c,d,e,f,b100 --repeats 3
+
+Workloads (issue 9): a = 2 clients x 3 rounds of FedAvg on a 4 KiB model, submit -> finished
+and per-round time; b100 / b1000 (or b for both) = the same with a 100 MiB / 1 GiB model,
+per-round time and peak RSS summed over every process; c = idle RSS of server + 2 clients;
+d = start -> ready; e = abort -> every job process gone; f = one "list jobs" CLI command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import report  # noqa: E402
+import workloads  # noqa: E402
+from drivers.atoll import AtollDriver  # noqa: E402
+from drivers.base import REPO  # noqa: E402
+from drivers.flare import FlareDriver  # noqa: E402
+from drivers.flower import FlowerDriver  # noqa: E402
+
+DRIVERS = {"flare": FlareDriver, "flower": FlowerDriver, "atoll": AtollDriver}
+
+NOTES = [
+    "How each system runs here: FLARE 2.9.0 in POC mode (`nvflare poc prepare/start`, mutual "
+    "TLS as POC provisions it), its FedAvg recipe (in-time aggregation) with a numpy Client API "
+    "script run in the client job process; Flower 1.42.0 as `flower-superlink` + 2 "
+    "`flower-supernode` over TLS (server-authenticated: Flower has no mutual TLS; SuperNode "
+    "key auth off), its FedAvg strategy in a ServerApp and a numpy ClientApp; atoll with mutual "
+    "TLS and the process launcher. Jobs are submitted, listed and aborted with each system's "
+    "own CLI (`nvflare job …`, `flwr run|ls|stop`, `atoll job …`), timed from the start of the "
+    "command; readiness and completion are watched with each system's own API at 0.1 s.",
+    "",
+    "Definitions: the model is float32 layers of at most 64 MiB made in place on the server, "
+    "each client adds 1.0 and replies, nobody writes the model to disk. Per-round time = mean "
+    "interval between consecutive rounds' arrival of the model at the first client. RSS = sum "
+    "over every process of the deployment (parents, job processes; not the admin CLI), read "
+    "from /proc at 20 Hz; idle = median over 3 s, 5 s after ready. Abort = from the abort "
+    "command until no job process is left. List = the second of two back-to-back CLI calls.",
+]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--systems",
+        default="flare,flower,atoll",
+        help="comma-separated: flare, flower, atoll (default: all three)",
+    )
+    p.add_argument(
+        "--workloads",
+        default="a,b,c,d,e,f",
+        help="comma-separated: a, b (= b100,b1000), b100, b1000, c, d, e, f",
+    )
+    p.add_argument("--repeats", type=int, default=3, help="repeats per system (default 3)")
+    p.add_argument("--rounds", type=int, default=3, help="FL rounds for (a) and (b)")
+    p.add_argument(
+        "--rss-limit-gb",
+        type=float,
+        default=16.0,
+        help="stop a deployment whose summed RSS passes this (default 16)",
+    )
+    p.add_argument(
+        "--workdir",
+        default="/tmp/atoll-bench-compare",
+        help="where deployments are provisioned (default /tmp/atoll-bench-compare)",
+    )
+    p.add_argument(
+        "--output",
+        default=str(REPO / "BENCHMARKS.md"),
+        help="Markdown file to update between the compare markers",
+    )
+    p.add_argument(
+        "--json",
+        default=str(REPO / "bench" / "compare" / "last_run.json"),
+        help="where to write every raw measurement",
+    )
+    p.add_argument("--no-write", action="store_true", help="print the table, write no file")
+    args = p.parse_args(argv)
+    args.systems = _split(args.systems, list(DRIVERS), "--systems")
+    wl = [
+        w
+        for item in _split(
+            args.workloads, ["a", "b", "b100", "b1000", "c", "d", "e", "f"], "--workloads"
+        )
+        for w in (["b100", "b1000"] if item == "b" else [item])
+    ]
+    args.workloads = [w for w in workloads.ALL if w in wl]
+    if args.repeats < 1 or args.rounds < 2:
+        p.error("--repeats must be >= 1 and --rounds >= 2 (per-round time needs two rounds)")
+    return args
+
+
+def _split(value: str, allowed: list[str], flag: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        sys.exit(
+            f"run.py: {flag} takes a comma-separated list of {', '.join(allowed)}; got {value!r}"
+        )
+    return items
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def machine() -> str:
+    mem = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    return f"{os.cpu_count()} CPUs, {mem / 2**30:.0f} GiB memory"
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    # a SIGTERM unwinds like Ctrl-C, so every deployment's cleanup still runs
+    signal.signal(signal.SIGTERM, _interrupt)
+    opts = workloads.Options(rounds=args.rounds, rss_limit_bytes=int(args.rss_limit_gb * 2**30))
+    token = uuid.uuid4().hex[:10]
+    root = Path(args.workdir) / token
+    results: dict[str, list[dict]] = {s: [] for s in args.systems}
+    titles = {name: cls.title for name, cls in DRIVERS.items()}
+    skipped: dict[str, str] = {}
+    for system in args.systems:
+        reason = DRIVERS[system](root / system, token, log).missing()
+        if reason:
+            skipped[system] = reason
+            log(f"{system}: skipped: {reason}")
+    active = [s for s in args.systems if s not in skipped]
+    log(f"systems {active}, workloads {args.workloads}, {args.repeats} repeats, work in {root}")
+    try:
+        for r in range(1, args.repeats + 1):
+            for system in active:
+                driver = DRIVERS[system](root / f"{system}-r{r}", f"{token}-{system}-{r}", log)
+                driver.workdir.mkdir(parents=True, exist_ok=True)
+                log(f"{system} repeat {r}/{args.repeats}")
+                metrics = workloads.run_cycle(driver, args.workloads, opts)
+                results[system].append(metrics)
+                log(
+                    f"{system} repeat {r}: "
+                    + ", ".join(f"{k}={_show(v)}" for k, v in metrics.items())
+                )
+    except KeyboardInterrupt:
+        log("interrupted: every started deployment has been stopped; writing what was measured")
+    command = "python3 bench/compare/run.py " + " ".join(shlex.quote(a) for a in argv)
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),  # noqa: UP017 (any python3)
+        "machine": machine(),
+        "command": command.strip(),
+        "repeats": args.repeats,
+        "notes": NOTES
+        + ([""] + [f"{titles[s]} not run: {why}" for s, why in skipped.items()] if skipped else []),
+    }
+    rows = set(workloads.metric_keys(args.workloads))
+    block = report.render(results, titles, rows, meta)
+    print(block)
+    if not args.no_write:
+        report.write(Path(args.output), block)
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        log(f"wrote {args.output} and {args.json}")
+    return 0
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def _show(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    if isinstance(v, int) and v > 2**20:
+        return f"{v / 2**20:.0f}MiB"
+    return str(v)[:120]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

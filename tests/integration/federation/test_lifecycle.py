@@ -1,0 +1,227 @@
+"""A job's whole life on real processes over real mTLS, and what happens when things break."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import time
+import zipfile
+
+import grpc
+import pytest
+
+from atoll.errors import Refused
+from atoll.pki.kit import load_kit
+from atoll.pki.tls import channel_credentials
+from atoll.wire import atoll_pb2 as pb
+from atoll.wire import atoll_pb2_grpc as pb_grpc
+from atoll.wire import frames
+from tests.integration.federation.conftest import ADMIN, USERS
+from tests.integration.federation.harness import Federation, pids_with_env
+from tests.integration.federation.jobs import CRASH, STALL, make_job
+
+
+def _wait_for(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def _all_running(session, job_id):
+    parts = session.status(job_id)["parts"]
+    return all(p["state"] == "RUNNING" for p in parts.values()) and parts
+
+
+def test_submit_complete_download(federation, tmp_path):
+    with federation.session(ADMIN) as s:
+        job = s.submit(make_job(tmp_path / "echo", rounds=2), wait=True, timeout=120)
+        assert job["state"] == "FINISHED:COMPLETED", job
+        assert {p["state"] for p in job["parts"].values()} == {"FINISHED:COMPLETED"}
+        assert job["job_id"] in {j["job_id"] for j in s.list_jobs()}
+        out = s.download(job["job_id"], tmp_path / "results")
+    summary = json.loads((out / "job.json").read_text())
+    assert summary["state"] == "FINISHED:COMPLETED"
+    assert (out / "logs" / "site-1.log").exists() and (out / "logs" / "server").is_dir()
+
+
+def test_abort_mid_job_leaves_no_worker(federation, tmp_path):
+    with federation.session(ADMIN) as s:
+        job = s.submit(make_job(tmp_path / "stall", script=STALL))
+        job_id = job["job_id"]
+        _wait_for(lambda: _all_running(s, job_id), what="every worker running")
+        assert len(pids_with_env(f"ATOLL_JOB_ID={job_id}")) == 3
+        s.abort(job_id)
+        final = s.wait(job_id, timeout=30)
+    assert final["state"] == "FINISHED:ABORTED"
+    assert {p["state"] for p in final["parts"].values()} == {"FINISHED:ABORTED"}
+    assert "aborted by admin@test.org" in final["parts"]["site-1"]["reason"]
+    _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}"), 10, "workers gone")
+
+
+def test_killed_site_worker_fails_the_job_naming_the_site(federation, tmp_path):
+    with federation.session(ADMIN) as s:
+        job_id = s.submit(make_job(tmp_path / "victim", script=STALL, min_clients=2))["job_id"]
+        _wait_for(lambda: _all_running(s, job_id), what="every worker running")
+        site1 = [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}")
+                 if b"ATOLL_SITE=site-1" in open(f"/proc/{p}/environ", "rb").read()]
+        assert len(site1) == 1
+        os.kill(site1[0], signal.SIGKILL)
+        final = s.wait(job_id, timeout=60)
+    assert final["state"] == "FINISHED:FAILED"
+    assert "site-1" in final["reason"]
+    assert "SIGKILL" in final["parts"]["site-1"]["reason"]
+    _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}"), 15, "workers gone")
+
+
+def test_crashing_script_fails_its_site_with_the_traceback(federation, tmp_path):
+    with federation.session(ADMIN) as s:
+        job = s.submit(make_job(tmp_path / "crash", script=CRASH), wait=True, timeout=120)
+        logs = s.logs(job["job_id"])["logs"]
+    assert job["state"] == "FINISHED:FAILED"
+    assert "the training script broke on purpose" in job["parts"]["site-1"]["reason"]
+    assert "Traceback" in logs["site-1"] and "broke on purpose" in logs["site-1"]
+
+
+def test_reused_and_foreign_worker_tokens_are_refused(federation, tmp_path):
+    with federation.session(ADMIN) as s:
+        job_id = s.submit(make_job(tmp_path / "tokens", script=STALL))["job_id"]
+        _wait_for(lambda: _all_running(s, job_id), what="every worker running")
+        worker = [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}")
+                  if b"ATOLL_SITE=site-1" in open(f"/proc/{p}/environ", "rb").read()][0]
+        env = dict(kv.split(b"=", 1) for kv in open(f"/proc/{worker}/environ", "rb").read()
+                   .split(b"\0") if b"=" in kv)
+        stub = pb_grpc.WorkerLinkStub(grpc.insecure_channel(env[b"ATOLL_PARENT"].decode()))
+        token = env[b"ATOLL_JOB_TOKEN"].decode()
+        codes = []
+        for body in ({"job_id": job_id, "token": token},  # already spent by the worker
+                     {"job_id": job_id, "token": "not-the-token"},
+                     {"job_id": "f" * 32, "token": token}):  # another job's id
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Register(pb.Json(body=json.dumps(body)), timeout=5)
+            codes.append((err.value.code(), err.value.details()))
+        s.abort(job_id)
+        s.wait(job_id, timeout=30)
+    assert {c for c, _ in codes} == {grpc.StatusCode.PERMISSION_DENIED}
+    assert all("job token refused" in d for _, d in codes)
+
+
+def _raw_submit(federation, archive: bytes, head: dict | None = None):
+    kit = load_kit(federation.kit(ADMIN))
+    channel = grpc.secure_channel(kit.server_address, channel_credentials(kit))
+    try:
+        stub = pb_grpc.AdminStub(channel)
+        return stub.Submit(frames.payload_frames(head or {}, [archive]), timeout=30)
+    finally:
+        channel.close()
+
+
+def _zip(entries: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+        for name, target in (links or {}).items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o120777 << 16)
+            zf.writestr(info, target)
+    return buffer.getvalue()
+
+
+META = json.dumps({"name": "bad", "deploy_map": {"app": ["@ALL"]}}).encode()
+
+
+@pytest.mark.parametrize(("entries", "links", "message"), [
+    ({"meta.json": META, "../escape.py": b"x"}, None, "points outside the folder"),
+    ({"meta.json": META, "/etc/evil": b"x"}, None, "points outside the folder"),
+    ({"meta.json": META, "app/app.yaml": b""}, {"app/data": "/etc/passwd"}, "symbolic link"),
+    ({"meta.json": b"{not json", "app/app.yaml": b""}, None, "meta.json is invalid"),
+    ({"meta.json": json.dumps({"name": "x", "deploy_map": {}}).encode()}, None,
+     "meta.json is invalid"),
+    ({"meta.json": META}, None, "app folder 'app' is missing"),
+    ({"meta.json": json.dumps({"name": "x", "deploy_map": {"app": ["site-1"]}}).encode(),
+      "app/x": b""}, None, "no app runs on the server"),
+])
+def test_bad_job_folders_are_refused_and_leave_nothing(federation, entries, links, message):
+    jobs_dir = federation.workspace("server") / "jobs"
+    before = sorted(jobs_dir.iterdir())
+    with pytest.raises(grpc.RpcError) as err:
+        _raw_submit(federation, _zip(entries, links))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in err.value.details()
+    assert sorted(jobs_dir.iterdir()) == before
+    assert not list((federation.workspace("server") / "tmp").iterdir())
+
+
+def test_oversized_and_non_zip_uploads_are_refused(federation):
+    with pytest.raises(grpc.RpcError) as err:
+        _raw_submit(federation, b"this is not a zip")
+    assert "not a zip archive" in err.value.details()
+    # A zip bomb's header: an entry that declares 4 GiB (the server reads sizes before
+    # extracting anything, and never extracts more than an entry declares).
+    bomb = bytearray(_zip({"meta.json": META, "app/blob.bin": b"x"}))
+    for signature, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+        at = bomb.rfind(signature)
+        bomb[at + offset:at + offset + 4] = (0xFFFFFFF0).to_bytes(4, "little")
+    huge = io.BytesIO(bytes(bomb))
+    with pytest.raises(grpc.RpcError) as err:
+        _raw_submit(federation, huge.getvalue())
+    assert "larger than" in err.value.details()
+    assert not list((federation.workspace("server") / "tmp").iterdir())
+
+
+def test_client_refuses_symlinks_before_upload(federation, tmp_path):
+    job = make_job(tmp_path / "linked")
+    (job / "app" / "secret").symlink_to("/etc/hostname")
+    with federation.session(ADMIN) as s, pytest.raises(Refused, match="symbolic link"):
+        s.submit(job)
+
+
+@pytest.fixture
+def own_federation(tmp_path):
+    fed = Federation.provisioned(tmp_path / "own", ["site-1", "site-2"], USERS)
+    fed.start_all()
+    fed.wait_online(ADMIN)
+    yield fed
+    fed.stop_all()
+
+
+def test_killed_site_parent_takes_its_workers_along(own_federation, tmp_path):
+    fed = own_federation
+    with fed.session(ADMIN) as s:
+        job_id = s.submit(make_job(tmp_path / "orphan", script=STALL))["job_id"]
+        _wait_for(lambda: _all_running(s, job_id), what="every worker running")
+        fed.kill("site-1", signal.SIGKILL)
+        _wait_for(lambda: not [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}")
+                               if b"ATOLL_SITE=site-1" in open(f"/proc/{p}/environ", "rb").read()],
+                  10, "site-1's worker gone")
+        final = s.wait(job_id, timeout=60)
+    assert final["state"] == "FINISHED:FAILED"
+    assert "site-1" in final["reason"]
+
+
+def test_server_restart_keeps_records_and_sites_reconnect(own_federation, tmp_path):
+    fed = own_federation
+    with fed.session(ADMIN) as s:
+        done = s.submit(make_job(tmp_path / "before"), wait=True, timeout=120)
+        running = s.submit(make_job(tmp_path / "during", script=STALL))["job_id"]
+        _wait_for(lambda: _all_running(s, running), what="every worker running")
+    job_dir = fed.workspace("server") / "jobs" / done["job_id"]
+    files_before = sorted(p.relative_to(job_dir) for p in job_dir.rglob("*"))
+    fed.kill("server", signal.SIGKILL)
+    fed.start_server()
+    fed.wait_online(ADMIN, timeout=30)  # the sites came back by themselves
+    with fed.session(ADMIN) as s:
+        assert s.status(done["job_id"])["state"] == "FINISHED:COMPLETED"
+        interrupted = s.status(running)
+        assert interrupted["state"] == "FINISHED:FAILED"
+        assert "server restarted" in interrupted["reason"]
+        assert sorted(p.relative_to(job_dir) for p in job_dir.rglob("*")) == files_before
+        _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={running}"), 20, "workers gone")
+        again = s.submit(make_job(tmp_path / "after"), wait=True, timeout=120)
+    assert again["state"] == "FINISHED:COMPLETED"

@@ -1,0 +1,242 @@
+"""KubernetesLauncher against the real single-node cluster of scripts/backends/k8s.sh.
+
+Times are printed (run with -s to see them), never asserted: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from atoll.launchers.base import Outcome
+from atoll.spec.resources import Resources
+from tests.integration.k8s.conftest import (
+    SESSION_ID,
+    SESSION_LABEL,
+    Cluster,
+    make_launcher,
+    make_request,
+)
+
+
+def gone(call: Any, *args: Any) -> bool:
+    try:
+        call(*args)
+    except ApiException as err:
+        if err.status == 404:
+            return True
+        raise
+    return False
+
+
+def wait_for(check: Any, seconds: float) -> float:
+    """Seconds until ``check()`` holds; AssertionError after ``seconds``."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < seconds, f"not reached within {seconds} s"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_pod_completes_and_its_log_is_saved(cluster: Cluster, tmp_path: Path) -> None:
+    launcher = make_launcher(cluster)
+    token = "tok-" + uuid.uuid4().hex
+    script = (
+        'echo "hello from $ATOLL_SITE in $ATOLL_STUDY, parent $ATOLL_PARENT, cwd $(pwd)"; '
+        'printf %s "$ATOLL_JOB_TOKEN" | sha256sum'
+    )
+    request = make_request(launcher, script, tmp_path, token=token)
+    start = time.monotonic()
+    handle = launcher.launch(request)
+    result = launcher.wait(handle)
+    print(f"\n[k8s] launch -> COMPLETED in {time.monotonic() - start:.2f} s")
+    assert (result.outcome, result.exit_code) == (Outcome.COMPLETED, 0), result.reason
+    log = (tmp_path / "logs" / "worker.log").read_text()
+    assert "hello from site-a in pathology, parent 127.0.0.1:7001, cwd /atoll/job" in log
+    # The token reached the worker through the Secret, and only a hash of it is in the log.
+    assert hashlib.sha256(token.encode()).hexdigest() in log and token not in log
+    # wait() cleaned up: the pod and its Secret are gone.
+    ns = cluster.namespace
+    assert gone(cluster.api.read_namespaced_pod, handle.native_id, ns)
+    assert gone(cluster.api.read_namespaced_secret, handle.extra["secret"], ns)
+
+
+def _dataset_and_secret(cluster: Cluster, tmp_path: Path) -> dict[str, Any]:
+    """A read-only PVC bound to a hostPath PV, and the study's DB Secret (test-created)."""
+    labels = {SESSION_LABEL: SESSION_ID}
+    slides = tmp_path / "slides"
+    slides.mkdir()
+    (slides / "slide-1.txt").write_text("tumour")
+    pv = f"atoll-test-{SESSION_ID}-slides"
+    cluster.api.create_persistent_volume(
+        {
+            "metadata": {"name": pv, "labels": labels},
+            "spec": {
+                "capacity": {"storage": "1Mi"},
+                "accessModes": ["ReadOnlyMany"],
+                "hostPath": {"path": str(slides)},
+                "storageClassName": "",
+            },
+        }
+    )
+    cluster.api.create_namespaced_persistent_volume_claim(
+        cluster.namespace,
+        {
+            "metadata": {"name": "pathology-data-pvc", "labels": labels},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "resources": {"requests": {"storage": "1Mi"}},
+                "storageClassName": "",
+                "volumeName": pv,
+            },
+        },
+    )
+    db = {"username": "reader", "password": "pw-" + uuid.uuid4().hex}
+    cluster.api.create_namespaced_secret(
+        cluster.namespace,
+        {
+            "metadata": {"name": "pathology-db", "labels": labels},
+            "stringData": db,
+        },
+    )
+    return db
+
+
+def test_pod_is_as_rendered_with_ro_pvc_and_secret_refs(cluster: Cluster, tmp_path: Path) -> None:
+    db = _dataset_and_secret(cluster, tmp_path)
+    launcher = make_launcher(cluster)
+    study = {
+        "datasets": {"slides": {"source": "pathology-data-pvc", "mode": "ro"}},
+        "secret_env": {
+            "DB_USER": {"source": "pathology-db", "key": "username"},
+            "DB_PASSWORD": {"source": "pathology-db", "key": "password"},
+        },
+    }
+    script = (
+        "cat /data/pathology/slides/slide-1.txt; echo; echo user=$DB_USER; "
+        'printf %s "$DB_PASSWORD" | sha256sum; '
+        "touch /data/pathology/slides/new 2>/dev/null && echo WRITABLE || echo read-only"
+    )
+    request = make_request(
+        launcher,
+        script,
+        tmp_path / "run",
+        study=study,
+        resources=Resources(num_of_cpus=1, memory="64Mi", num_of_gpus=1),
+    )
+    rendered = launcher.render(request)["pod"]
+    handle = launcher.launch(request)
+    live = cluster.api.read_namespaced_pod(handle.native_id, cluster.namespace)
+    spec = ApiClient().sanitize_for_serialization(live.spec)
+    main = next(c for c in spec["containers"] if c["name"] == "atoll-worker")
+    want = next(c for c in rendered["spec"]["containers"] if c["name"] == "atoll-worker")
+    assert (
+        main["resources"]
+        == want["resources"]
+        == {
+            "requests": {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": "1"},
+            "limits": {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": "1"},
+        }
+    )
+    assert [m for m in main["volumeMounts"] if m["mountPath"].startswith("/data")] == [
+        {"name": "atoll-data-slides", "mountPath": "/data/pathology/slides", "readOnly": True}
+    ]
+    claim = next(v for v in spec["volumes"] if v["name"] == "atoll-data-slides")
+    assert claim["persistentVolumeClaim"] == {"claimName": "pathology-data-pvc", "readOnly": True}
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in main["env"] if "valueFrom" in e}
+    assert refs["DB_USER"] == {"name": "pathology-db", "key": "username"}
+    assert refs["DB_PASSWORD"] == {"name": "pathology-db", "key": "password"}
+    assert refs["ATOLL_JOB_TOKEN"]["name"] == handle.extra["secret"]
+    whole = json.dumps(ApiClient().sanitize_for_serialization(live))
+    for value in (db["password"], request.credentials["ATOLL_JOB_TOKEN"]):
+        assert value not in whole
+    # The per-job Secret is owned by the pod, so Kubernetes deletes it with the pod.
+    secret = cluster.api.read_namespaced_secret(handle.extra["secret"], cluster.namespace)
+    assert [(o.kind, o.uid) for o in secret.metadata.owner_references] == [
+        ("Pod", live.metadata.uid)
+    ]
+
+    result = launcher.wait(handle)
+    assert result.outcome is Outcome.COMPLETED, result.reason
+    log = (tmp_path / "run" / "logs" / "worker.log").read_text()
+    assert "tumour" in log and "user=reader" in log and "read-only" in log
+    assert hashlib.sha256(db["password"].encode()).hexdigest() in log
+
+
+def test_gpus_above_capacity_fail_after_pending_timeout(cluster: Cluster, tmp_path: Path) -> None:
+    launcher = make_launcher(cluster, pending_timeout=3)
+    request = make_request(
+        launcher, "echo never", tmp_path, resources=Resources(num_of_cpus=1, num_of_gpus=3)
+    )
+    notes: list[str] = []
+    start = time.monotonic()
+    handle = launcher.launch(request, on_progress=notes.append)
+    result = launcher.wait(handle)
+    print(f"\n[k8s] 3-GPU pod failed after {time.monotonic() - start:.2f} s (pending_timeout 3 s)")
+    assert result.outcome is Outcome.FAILED
+    assert "pending_timeout" in result.reason
+    assert "Insufficient nvidia.com/gpu" in result.reason, result.reason
+    assert any("waiting to be scheduled" in n for n in notes)
+    assert gone(cluster.api.read_namespaced_pod, handle.native_id, cluster.namespace)
+
+
+def test_abort_deletes_pod_and_secret(cluster: Cluster, tmp_path: Path) -> None:
+    launcher = make_launcher(cluster)
+    request = make_request(launcher, "trap '' TERM; sleep 300", tmp_path)
+    notes: list[str] = []
+    handle = launcher.launch(request, on_progress=notes.append)
+    results: list[Any] = []
+    waiter = threading.Thread(target=lambda: results.append(launcher.wait(handle)))
+    waiter.start()
+    wait_for(lambda: any(n.startswith("running") for n in notes), 60)
+    ns, api = cluster.namespace, cluster.api
+    start = time.monotonic()
+    launcher.cancel(handle)
+    wait_for(
+        lambda: (
+            gone(api.read_namespaced_pod, handle.native_id, ns)
+            and gone(api.read_namespaced_secret, handle.extra["secret"], ns)
+        ),
+        30,
+    )
+    deleted = time.monotonic() - start
+    waiter.join(30)
+    print(f"\n[k8s] abort: pod and Secret gone {deleted:.2f} s after cancel()")
+    assert results and results[0].outcome is Outcome.ABORTED
+    launcher.cancel(handle)  # idempotent: gone counts as cancelled
+
+
+def test_missing_image_fails_fast_naming_it(cluster: Cluster, tmp_path: Path) -> None:
+    image = f"atoll-test/no-such-image:{SESSION_ID}"
+    launcher = make_launcher(cluster, default_image=image)
+    request = make_request(launcher, "true", tmp_path)
+    start = time.monotonic()
+    result = launcher.wait(launcher.launch(request))
+    print(f"\n[k8s] missing image failed in {time.monotonic() - start:.2f} s")
+    assert result.outcome is Outcome.FAILED
+    assert image in result.reason and "ErrImageNeverPull" in result.reason
+
+
+def test_failed_worker_reports_its_exit_code(cluster: Cluster, tmp_path: Path) -> None:
+    launcher = make_launcher(cluster)
+    result = launcher.wait(launcher.launch(make_request(launcher, "echo bye; exit 3", tmp_path)))
+    assert (result.outcome, result.exit_code) == (Outcome.FAILED, 3)
+    assert "exited with code 3" in result.reason
+    assert "bye" in (tmp_path / "logs" / "worker.log").read_text()
+
+
+def test_missing_namespace_is_explained(cluster: Cluster, tmp_path: Path) -> None:
+    from atoll.launchers.base import LaunchError
+
+    launcher = make_launcher(cluster, namespace=f"atoll-test-{SESSION_ID}-absent")
+    with pytest.raises(LaunchError, match="does not exist; check k8s.namespace"):
+        launcher.launch(make_request(launcher, "true", tmp_path))
