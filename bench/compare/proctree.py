@@ -121,10 +121,10 @@ class ProcessTable:
     def rss_total(self, role: str = "deployment") -> int:
         return sum(rss_bytes(p.pid) for p in self.scan(role))
 
-    def kill_all(self, grace_s: float = 5.0) -> list[Proc]:
-        """SIGTERM every tagged process, SIGKILL what is left after grace_s. Returns the
-        processes that had to be killed (empty when the system had already stopped)."""
-        victims = self.scan()
+    def kill_all(self, grace_s: float = 5.0) -> list[str]:
+        """SIGTERM every tagged process, SIGKILL what is left after grace_s. Returns
+        "pid command" for each process that had to be killed (empty if none was left)."""
+        victims = [f"{p.pid} {p.cmdline[:100]}" for p in self.scan()]
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
             for p in self.scan():
                 try:

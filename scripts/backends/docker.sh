@@ -2,13 +2,15 @@
 # A private Docker Engine (Debian's docker.io) for atoll's tests, with locally built images.
 #
 #   docker.sh up       install docker.io if missing, start dockerd, build the test images
-#   docker.sh status   exit 0 when the engine answers and every test image is present
+#   docker.sh status   exit 0 when the engine answers and every test image is present and was
+#                      built from the current working tree (else: run up, seconds when cached)
 #   docker.sh down     remove every container and image labelled atoll.test=1, stop dockerd
 #   docker.sh env      print the env file (DOCKER_HOST and the image names)
 #
-# Nothing is pulled from a registry: the images come from Debian packages and the project's own
-# wheel. Nothing listens on TCP: the engine has a unix socket, no bridge, no iptables rules, so
-# another dockerd on the machine (e.g. the kubelet's) is left alone. Settings (environment):
+# Nothing is pulled from a registry: the images come from Debian packages, the project and
+# wheels built by the host's pip. Nothing listens on TCP: the engine has a unix socket, no
+# bridge, no iptables rules and its own containerd namespace, so another dockerd on the machine
+# (e.g. a kubelet's) is left alone. Settings (environment):
 #   ATOLL_DOCKER_BASE     data root, sockets, logs, env file     (default /tmp/atoll-docker)
 #   ATOLL_DOCKER_SOCK     the engine's socket                    (default $ATOLL_DOCKER_BASE/docker.sock)
 #   ATOLL_DOCKER_IMAGES   images to build: busybox python job parent  (default "busybox python job")
@@ -180,10 +182,21 @@ EOF
   echo "$dir"
 }
 
+# What the project's images are built from: a change means the image is stale.
+source_hash() {
+  (cd "$REPO" && git ls-files -co --exclude-standard -- src pyproject.toml .dockerignore \
+    docker/job.Dockerfile docker/parent.Dockerfile | sort | xargs -d '\n' sha256sum |
+    sha256sum | cut -c1-16)
+}
+
+image_hash() { "$DOCKER" image inspect -f '{{index .Config.Labels "atoll.source_hash"}}' "$1" 2>/dev/null; }
+
 # Build docker/<name>.Dockerfile as the user would, from a staged context holding the project's
 # files and prebuilt wheels (docker/wheels/), offline.
 build_from_dockerfile() {
-  local dockerfile=$1 tag=$2 extras=$3 wheels ctx
+  local dockerfile=$1 tag=$2 extras=$3 wheels ctx hash
+  hash=$(source_hash)
+  if [[ $(image_hash "$tag") == "$hash" ]]; then log "$tag is up to date"; return 0; fi
   wheels=$(dependency_wheels "$extras")
   ctx=$BASE/build/$(basename "$dockerfile" .Dockerfile)
   rm -rf "$ctx" && mkdir -p "$ctx/docker/wheels"
@@ -191,7 +204,7 @@ build_from_dockerfile() {
     .dockerignore "docker/$dockerfile" | tar -cf - -T - | tar -C "$ctx" -xf -)
   cp -l "$wheels"/*.whl "$ctx/docker/wheels/" 2>/dev/null || cp "$wheels"/*.whl "$ctx/docker/wheels/"
   nice "$DOCKER" build -q --network none -f "$ctx/docker/$dockerfile" -t "$tag" \
-    --label "$LABEL" --build-arg BASE_IMAGE="$PYTHON_IMAGE" --build-arg TORCH_REQUIREMENT= \
+    --label "$LABEL" --label "atoll.source_hash=$hash" --build-arg BASE_IMAGE="$PYTHON_IMAGE" --build-arg TORCH_REQUIREMENT= \
     --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/tmp/atoll-src/docker/wheels \
     "$ctx" >/dev/null || die "docker build of docker/$dockerfile failed (rerun without -q to see why)"
   rm -rf "$ctx"
@@ -234,6 +247,12 @@ cmd_status() {
     have_image "$tag" || missing+=("$tag")
   done
   ((${#missing[@]} == 0)) || { log "engine up, images missing: ${missing[*]} (run: $0 up)"; return 1; }
+  local hash stale=()
+  hash=$(source_hash)
+  for tag in $JOB_IMAGE $PARENT_IMAGE; do
+    if have_image "$tag" && [[ $(image_hash "$tag") != "$hash" ]]; then stale+=("$tag"); fi
+  done
+  ((${#stale[@]} == 0)) || { log "built from an older working tree: ${stale[*]} (run: $0 up)"; return 1; }
   [[ -f $BASE/env ]] || write_env
   log "engine up on $SOCK with $IMAGES images; env in $BASE/env"
 }

@@ -17,7 +17,7 @@
 #   ATOLL_K8S_IMAGES   test images: busybox job (default "busybox"; "job" = Python + atoll wheel,
 #                      built by scripts/backends/docker.sh's recipe)
 #   ATOLL_K8S_APISERVER_PORT (16443), ATOLL_K8S_ETCD_PORT (12379, +1 for peers),
-#   ATOLL_K8S_KUBELET_PORT (10250), ATOLL_K8S_NODE (atoll-node)
+#   ATOLL_K8S_KUBELET_PORT (10250), ATOLL_K8S_NODE (127.0.0.1: the node name)
 # Why each setting is there: docs/launchers/kubernetes.md, "The test cluster".
 set -euo pipefail
 
@@ -28,7 +28,10 @@ BIN=$CACHE/bin
 APISERVER_PORT=${ATOLL_K8S_APISERVER_PORT:-16443}
 ETCD_PORT=${ATOLL_K8S_ETCD_PORT:-12379}
 KUBELET_PORT=${ATOLL_K8S_KUBELET_PORT:-10250}
-NODE=${ATOLL_K8S_NODE:-atoll-node}
+# The node's name is its address: the kubelet takes an IP given as its hostname as the node's
+# InternalIP without the loopback check it applies to --node-ip, so the API server reaches the
+# kubelet (logs) on 127.0.0.1, where it listens.
+NODE=${ATOLL_K8S_NODE:-127.0.0.1}
 IMAGES=${ATOLL_K8S_IMAGES:-busybox}
 DEBIAN_PACKAGES=(dpkg-dev golang-go golang-github-modern-go-reflect2-dev etcd-server docker.io
   openssl curl)
@@ -243,7 +246,10 @@ write_env() {
     echo "ATOLL_K8S_BASE=$BASE"
     echo "ATOLL_K8S_NODE=$NODE"
     echo "ATOLL_K8S_DOCKER_HOST=unix://$DOCKER_SOCK"
-    docker_sh env | sed -n 's/^ATOLL_TEST_\([A-Z]*\)_IMAGE=/ATOLL_K8S_\1_IMAGE=/p'
+    local name
+    for name in $IMAGES; do  # only the images built into the kubelet's engine
+      docker_sh env | sed -n "s/^ATOLL_TEST_\(${name^^}\)_IMAGE=/ATOLL_K8S_\1_IMAGE=/p"
+    done
   } >"$BASE/env"
 }
 
@@ -258,13 +264,10 @@ ready = [c for c in node["status"].get("conditions", []) if c["type"] == "Ready"
 sys.exit(0 if ready and ready[0]["status"] == "True" else 1)'
 }
 
-# The kubelet refuses a loopback node IP, but it listens on loopback only: point the API server's
-# kubelet address (logs) at 127.0.0.1, and advertise two fake GPUs for scheduling tests.
+# Two fake GPUs for scheduling tests (the kubelet keeps extended resources it did not set).
 patch_node() {
   api -X PATCH -H 'Content-Type: application/merge-patch+json' "$URL/api/v1/nodes/$NODE/status" \
-    -d '{"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-         {"type": "Hostname", "address": "'"$NODE"'"}], "capacity": {"nvidia.com/gpu": "2"}}}' \
-    >/dev/null
+    -d '{"status": {"capacity": {"nvidia.com/gpu": "2"}}}' >/dev/null
 }
 
 # --- commands ----------------------------------------------------------------------------------

@@ -218,7 +218,7 @@ class Driver(ABC):
 
     def cleanup(self) -> list[str]:
         """Kill whatever of this system is still running; returns what had to be killed."""
-        leftovers = [f"{p.pid} {p.cmdline[:80]}" for p in self.table.kill_all()]
+        leftovers = self.table.kill_all()
         for proc in self._children:
             try:
                 proc.wait(timeout=1)

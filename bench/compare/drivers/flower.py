@@ -12,6 +12,7 @@ readiness and completion are watched by flower/ctl.py over Flower's Control API.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -222,14 +223,13 @@ class FlowerDriver(Driver):
         self.run_cmd([str(self.bin / "flwr"), "ls", "bench"], timeout=120)
 
     def stop_deployment(self) -> None:
-        # Flower has no stop command for a deployment: its processes stop on SIGTERM.
-        procs = self.table.scan("deployment")
-        for p in procs:
-            if "flower-supernode" in p.cmdline or "flower-superlink" in p.cmdline:
-                try:
-                    os.kill(p.pid, 15)
-                except ProcessLookupError:
-                    pass
+        # Flower has no stop command for a deployment: one stops each process with Ctrl-C,
+        # which signals its whole process group (the SuperExec it started included).
+        for proc in self._children:
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
 
     def is_job_process(self, cmdline: str) -> bool:
         return "flwr-serverapp" in cmdline or "flwr-clientapp" in cmdline

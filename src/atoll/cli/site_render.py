@@ -20,8 +20,14 @@ import click
 
 EXIT_INVALID = 2
 _dir = click.Path(exists=True, file_okay=False, path_type=Path)
-_fmt = click.option("--format", "fmt", type=click.Choice(["json", "text"]), default="text",
-                    show_default=True, help="json keeps stdout machine-readable.")
+_fmt = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "text"]),
+    default="text",
+    show_default=True,
+    help="json keeps stdout machine-readable.",
+)
 
 
 def _problems_exit(problems: list[dict[str, str]], fmt: str) -> NoReturn:
@@ -39,8 +45,9 @@ def _as_problems(err: Exception, file: str) -> list[dict[str, str]]:
     from atoll.spec.errors import SpecError
 
     if isinstance(err, SpecError):
-        return [{"file": err.source or file, "path": i.path, "message": i.message}
-                for i in err.issues]
+        return [
+            {"file": err.source or file, "path": i.path, "message": i.message} for i in err.issues
+        ]
     return [{"file": file, "path": "", "message": str(err)}]
 
 
@@ -98,11 +105,16 @@ def validate_command(site_dir: Path, fmt: str) -> None:
 @click.argument("job_dir", type=_dir)
 @click.option("--study", required=True, help="The study the job is submitted in.")
 @click.option("--job-id", default=None, help="32 hex characters (default: derived from the job).")
-@click.option("--site", "site_name", default=None,
-              help="Render for this target (default: SITE_DIR's folder name; 'server' too).")
+@click.option(
+    "--site",
+    "site_name",
+    default=None,
+    help="Render for this target (default: SITE_DIR's folder name; 'server' too).",
+)
 @_fmt
-def render_command(site_dir: Path, job_dir: Path, study: str, job_id: str | None,
-                   site_name: str | None, fmt: str) -> None:
+def render_command(
+    site_dir: Path, job_dir: Path, study: str, job_id: str | None, site_name: str | None, fmt: str
+) -> None:
     """Print what this site's launcher would create for the job in JOB_DIR (nothing starts)."""
     from atoll.launchers.base import JobIdentity, LaunchError
     from atoll.launchers.registry import get_launcher
@@ -124,7 +136,10 @@ def render_command(site_dir: Path, job_dir: Path, study: str, job_id: str | None
     endpoint = config.worker_endpoint
     try:
         request = build_request(
-            meta=meta, identity=identity, site_config=config, study_runtime=runtime,
+            meta=meta,
+            identity=identity,
+            site_config=config,
+            study_runtime=runtime,
             workdir=job_run_folder(config, job_id),
             parent_address=f"{endpoint.host}:{endpoint.port}",
         )
@@ -135,9 +150,16 @@ def render_command(site_dir: Path, job_dir: Path, study: str, job_id: str | None
         _problems_exit([{"file": "", "path": "", "message": str(err)}], fmt)
     res = request.resources
     summary = {
-        "site": site, "launcher": config.launcher, "study": study, "job_id": job_id,
-        "resources": {"num_of_gpus": res.num_of_gpus, "num_of_cpus": res.num_of_cpus,
-                      "memory": res.memory, **dict(res.extra)},
+        "site": site,
+        "launcher": config.launcher,
+        "study": study,
+        "job_id": job_id,
+        "resources": {
+            "num_of_gpus": res.num_of_gpus,
+            "num_of_cpus": res.num_of_cpus,
+            "memory": res.memory,
+            **dict(res.extra),
+        },
         "launcher_spec": dict(request.launcher_spec),
         "study_mapped": request.study_runtime is not None,
         "render": rendered,
@@ -160,10 +182,14 @@ def _print_text(summary: dict[str, Any]) -> None:
 
     _Dumper.add_representer(str, _str)
     res = summary["resources"]
-    click.echo(f"site {summary['site']} (launcher {summary['launcher']}), study "
-               f"{summary['study']}, job {summary['job_id']}")
-    click.echo(f"resources: {res['num_of_gpus']} GPU(s), {res['num_of_cpus']} CPU(s), "
-               f"memory {res['memory'] or 'not limited'}")
+    click.echo(
+        f"site {summary['site']} (launcher {summary['launcher']}), study "
+        f"{summary['study']}, job {summary['job_id']}"
+    )
+    click.echo(
+        f"resources: {res['num_of_gpus']} GPU(s), {res['num_of_cpus']} CPU(s), "
+        f"memory {res['memory'] or 'not limited'}"
+    )
     if not summary["study_mapped"]:
         click.echo(f"note: local/study_runtime.yaml maps nothing for study {summary['study']}")
     rendered = json.loads(json.dumps(summary["render"], default=str))

@@ -163,7 +163,13 @@ class DockerLauncher(Launcher):
             status = container.wait()
             container.reload()
         except errors.NotFound:
-            return self._gone(handle)
+            if self._was_cancelled(handle):
+                return self._gone(handle)
+            return WorkerExit(
+                Outcome.FAILED,
+                f"the worker container {handle.extra.get('name', handle.native_id)} disappeared "
+                "(removed outside atoll?)",
+            )
         except errors.APIError as err:
             if self._was_cancelled(handle):
                 return self._gone(handle)

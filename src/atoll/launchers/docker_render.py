@@ -25,6 +25,7 @@ Rules worth knowing:
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -129,8 +130,10 @@ def _environment(request: LaunchRequest) -> dict[str, str]:
     env = dict(entry.env) if entry is not None else {}
     env.update(request.worker_env)
     env.pop("ATOLL_PARENT_PID", None)  # another PID namespace: meaningless in a container
-    env.pop("ATOLL_DATASETS", None)  # process launcher only
     env.update(ATOLL_WORKDIR=CONTAINER_WORKDIR, ATOLL_DATA_ROOT=data_root(study))
+    # The same {name: path} map the process launcher passes, with the paths inside the container.
+    datasets = {name: dataset_mount_path(study, name) for name in (entry.datasets if entry else {})}
+    env["ATOLL_DATASETS"] = json.dumps(datasets, sort_keys=True)
     env["ATOLL_PARENT"] = request.parent_address
     return dict(sorted(env.items()))
 

@@ -121,7 +121,7 @@ def _create_v2(own: dict[str, str], name: str, limit: int) -> MemoryCgroup | Non
     if mount is None or "" not in own:
         return None
     parent = _dir_for(mount, own[""])
-    if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
+    if not _v2_memory_delegated(parent):
         return None
     path = parent / name
     path.mkdir(exist_ok=True)
@@ -133,6 +133,27 @@ def _create_v2(own: dict[str, str], name: str, limit: int) -> MemoryCgroup | Non
         path.rmdir()
         raise
     return MemoryCgroup("cgroup-v2", path)
+
+
+def _v2_memory_delegated(parent: Path) -> bool:
+    """Can job cgroups under ``parent`` have a memory limit?
+
+    cgroup v2 lets a cgroup hand controllers to its children only while it holds no process
+    itself. In a delegated cgroup where this parent is alone (``systemd-run --scope -p
+    Delegate=yes``), move the parent into a leaf ``atoll-parent`` and enable ``memory`` for
+    the job cgroups next to it. Anything else: no (the caller falls back).
+    """
+    if "memory" in (parent / "cgroup.subtree_control").read_text().split():
+        return True
+    if "memory" not in (parent / "cgroup.controllers").read_text().split():
+        return False
+    if (parent / "cgroup.procs").read_text().split() != [str(os.getpid())]:
+        return False  # other processes live here: enabling memory would fail, moving them is rude
+    leaf = parent / "atoll-parent"
+    leaf.mkdir(exist_ok=True)
+    _write(leaf / "cgroup.procs", str(os.getpid()))
+    _write(parent / "cgroup.subtree_control", "+memory")
+    return True
 
 
 def _create_v1(own: dict[str, str], name: str, limit: int) -> MemoryCgroup | None:

@@ -12,6 +12,7 @@ translation expands it back into one Issue per problem under the validator's loc
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from collections.abc import Iterable, Sequence
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, RootModel, ValidationError
+
+_INTERNAL_LOC = re.compile(r"[a-z][a-z-]*\[.*\]")
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,8 @@ def issues_from_validation_error(
 
 
 def _is_internal_loc(part: str | int) -> bool:
-    # Union members and validator wrappers appear in pydantic locations, e.g. "function-after[...]".
-    return isinstance(part, str) and ("[" in part or part in {"str", "int", "dict", "list"})
+    # Validator wrappers and dict-key markers in pydantic locations: "function-after[...]", "[key]".
+    return isinstance(part, str) and (part == "[key]" or _INTERNAL_LOC.fullmatch(part) is not None)
 
 
 def _message(err: Any, loc: list[str | int], model: type[BaseModel] | None) -> str:

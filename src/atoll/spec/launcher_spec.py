@@ -76,7 +76,9 @@ class DockerJobSpec(NoNullModel):
     """Docker keys a job may set."""
 
     image: str | None = Field(
-        None, min_length=1, description="Container image; the study runtime's image wins if set"
+        None,
+        min_length=1,
+        description="Image for the worker; only one the site allows (allow_job_images)",
     )
     shm_size: str | None = Field(
         None, description="Size of /dev/shm, e.g. 2Gi (a positive integer with Mi, Gi or Ti)"
@@ -89,7 +91,9 @@ class K8sJobSpec(NoNullModel):
     """Kubernetes keys a job may set."""
 
     image: str | None = Field(
-        None, min_length=1, description="Container image; the study runtime's image wins if set"
+        None,
+        min_length=1,
+        description="Image for the worker; only one the site allows (allow_job_images)",
     )
     cpu_request: str | None = Field(
         None, description='CPU request and limit as a Kubernetes quantity, e.g. "500m" or "2"'

@@ -131,8 +131,10 @@ class JobMeta(SpecModel):
 
 
 _BAD_APP = "app name must be a folder name in the job: no '/', '\\', '..' or absolute path"
-_BAD_TARGET = ("is not a target; use 'server', '@ALL' or a site name "
-               "(letters, digits, '.', '_', '-'; at most 63 characters)")
+_BAD_TARGET = (
+    "is not a target; use 'server', '@ALL' or a site name "
+    "(letters, digits, '.', '_', '-'; at most 63 characters)"
+)
 _NO_SERVER = "no app runs on the server; add 'server' to an app's targets or use [\"@ALL\"]"
 
 
@@ -149,8 +151,9 @@ def deploy_map_issues(deploy_map: dict[str, list[str]]) -> list[Issue]:
         if not targets:
             issues.append(Issue(key, "has no targets; list 'server', site names, or '@ALL'"))
         if ALL_SITES in targets and len(targets) > 1:
-            issues.append(Issue(key, "@ALL already means the server and every site; "
-                                     'write it alone: ["@ALL"]'))
+            issues.append(
+                Issue(key, '@ALL already means the server and every site; write it alone: ["@ALL"]')
+            )
         for i, target in enumerate(targets):
             at = join_path(key, i)
             if target not in (ALL_SITES, SERVER) and not is_site_name(target):
@@ -166,9 +169,15 @@ def deploy_map_issues(deploy_map: dict[str, list[str]]) -> list[Issue]:
     all_app = next((a for a, t in deploy_map.items() if ALL_SITES in t), None)
     if not issues and all_app is not None and len(deploy_map) > 1:
         other = next(a for a in deploy_map if a != all_app)
-        issues.append(Issue(other or '""', (
-            f"app {all_app!r} already runs on every target (@ALL); a target runs one app: "
-            "list the targets of each app instead")))
+        issues.append(
+            Issue(
+                other or '""',
+                (
+                    f"app {all_app!r} already runs on every target (@ALL); a target runs one app: "
+                    "list the targets of each app instead"
+                ),
+            )
+        )
     return issues
 
 

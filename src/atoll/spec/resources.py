@@ -93,8 +93,11 @@ def validate_resource_spec(spec: Any, path: str = "resource_spec") -> list[Issue
         else:
             issues += validate_into(TargetResources, block, where)[1]
             extra = block.items() if isinstance(block, dict) else []
-            issues += [Issue(join_path(where, k), _NULL_HINT.replace(" from @default", ""))
-                       for k, v in extra if v is None and k not in RESOURCE_KEYS]
+            issues += [
+                Issue(join_path(where, k), _NULL_HINT.replace(" from @default", ""))
+                for k, v in extra
+                if v is None and k not in RESOURCE_KEYS
+            ]
     return issues
 
 

@@ -50,12 +50,19 @@ class ProcessSettings(NoNullModel):
     @field_validator("gpu_ids", "cpu_ids")
     @classmethod
     def _unique_ids(cls, value: list[Any]) -> list[Any]:
-        issues = [Issue(f"[{i}]", f"{v!r} is listed twice") for i, v in enumerate(value)
-                  if v in value[:i]]
-        issues += [Issue(f"[{i}]", "must not be empty or contain ','") for i, v in enumerate(value)
-                   if isinstance(v, str) and (not v or "," in v)]
-        issues += [Issue(f"[{i}]", "must be >= 0") for i, v in enumerate(value)
-                   if isinstance(v, int) and v < 0]
+        issues = [
+            Issue(f"[{i}]", f"{v!r} is listed twice") for i, v in enumerate(value) if v in value[:i]
+        ]
+        issues += [
+            Issue(f"[{i}]", "must not be empty or contain ','")
+            for i, v in enumerate(value)
+            if isinstance(v, str) and (not v or "," in v)
+        ]
+        issues += [
+            Issue(f"[{i}]", "must be >= 0")
+            for i, v in enumerate(value)
+            if isinstance(v, int) and v < 0
+        ]
         if issues:
             raise IssuesError(issues)
         return value
@@ -137,9 +144,7 @@ class K8sSettings(NoNullModel):
         description="Run worker Pods in the node's network namespace; for single-node test "
         "clusters without a pod network, where the parent listens on 127.0.0.1",
     )
-    python: str = Field(
-        "python3", min_length=1, description="The Python inside the worker image"
-    )
+    python: str = Field("python3", min_length=1, description="The Python inside the worker image")
 
     @field_validator("namespace", "service_account")
     @classmethod

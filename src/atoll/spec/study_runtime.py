@@ -79,10 +79,11 @@ class Dataset(NoNullModel):
     @field_validator("source")
     @classmethod
     def _source(cls, value: str, info: ValidationInfo) -> str:
-        if _launcher(info) == "k8s":
+        launcher = _launcher(info)
+        if launcher == "k8s":
             if not is_subdomain(value):
                 raise ValueError(f"{value!r} is not a PVC name (lowercase RFC 1123)")
-        elif (problem := _host_path_problem(value)) is not None:
+        elif launcher is not None and (problem := _host_path_problem(value)) is not None:
             raise ValueError(problem)
         return value
 
@@ -128,10 +129,11 @@ class SecretMount(NoNullModel):
     @field_validator("source")
     @classmethod
     def _source(cls, value: str, info: ValidationInfo) -> str:
-        if _launcher(info) == "k8s":
+        launcher = _launcher(info)
+        if launcher == "k8s":
             if not is_subdomain(value):
                 raise ValueError(f"{value!r} is not a Kubernetes Secret name (lowercase RFC 1123)")
-        elif (problem := _host_path_problem(value)) is not None:
+        elif launcher is not None and (problem := _host_path_problem(value)) is not None:
             raise ValueError(problem)
         return value
 

@@ -239,3 +239,22 @@ def test_worker_reaches_a_loopback_parent_with_its_token(
         listener.close()
     assert received == f"token-{request.identity.job_id}".encode()
     assert launcher.wait(handle).outcome is Outcome.COMPLETED
+
+
+def test_job_image_is_built_from_the_users_dockerfile(docker_engine: Engine) -> None:
+    config = docker_engine.client.images.get(docker_engine.job_image).attrs["Config"]
+    assert config["User"] == "1000:1000"
+    assert config["Cmd"] == ["python", "-m", "atoll.worker"]
+    assert "VIRTUAL_ENV=/opt/atoll" in config["Env"]
+    assert config["Labels"]["atoll.test"] == "1"
+
+
+def test_container_removed_behind_atolls_back_fails_the_job(
+    launcher: DockerLauncher, docker_engine: Engine, tmp_path: Path
+) -> None:
+    handle = launcher.launch(make_request(tmp_path, SLEEPER, site_config=launcher.site_config))
+    wait_running(docker_engine, handle.native_id)
+    docker_engine.client.containers.get(handle.native_id).remove(force=True)
+    result = launcher.wait(handle)
+    assert result.outcome is Outcome.FAILED
+    assert "disappeared" in result.reason or "lost the worker container" in result.reason

@@ -132,6 +132,7 @@ def test_worker_environment() -> None:
     env = env["environment"]
     assert env == {
         "ATOLL_DATA_ROOT": "/data/pathology",
+        "ATOLL_DATASETS": '{"slides": "/data/pathology/slides"}',
         "ATOLL_JOB_ID": JOB_ID,
         "ATOLL_PARENT": "127.0.0.1:7001",
         "ATOLL_ROLE": "site",

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole suite: start the real backends (Docker Engine, Slurm, Kubernetes) with the project's
+# own scripts, run pytest, stop the backends. A backend that cannot start is reported here; its
+# tests then fail under CI=true (their fixtures check it) and are skipped elsewhere.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BACKENDS=${ATOLL_BACKENDS-"docker slurm k8s"}
+started=()
+stop_backends() {
+  for b in "${started[@]}"; do
+    echo "== stopping $b"
+    scripts/backends/$b.sh down >/dev/null 2>&1 || echo "warning: $b did not stop cleanly" >&2
+  done
+}
+trap stop_backends EXIT
+for b in $BACKENDS; do
+  [ -x "scripts/backends/$b.sh" ] || continue
+  echo "== starting $b ($(date +%T))"
+  if scripts/backends/$b.sh up; then
+    started+=("$b")
+  else
+    echo "error: the $b backend did not start; its tests will fail under CI=true" >&2
+  fi
+done
+echo "== running the suite ($(date +%T))"
+.venv/bin/pytest -q -ra --durations=15 "$@"

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from atoll.cli.site_render import render_command, validate_command
+
+SEED = Path(__file__).parents[2] / "fixtures/seed"
+
+
+@pytest.fixture
+def kit(tmp_path):
+    local = tmp_path / "hospital-a" / "local"
+    local.mkdir(parents=True)
+    shutil.copy(SEED / "site_process.yaml", local / "site.yaml")
+    shutil.copy(SEED / "study_runtime_process.yaml", local / "study_runtime.yaml")
+    job = tmp_path / "job"
+    job.mkdir()
+    shutil.copy(SEED / "meta.json", job / "meta.json")
+    return local.parent, job
+
+
+def run(command, *args):
+    return CliRunner().invoke(command, [str(a) for a in args])
+
+
+def test_render_json_for_the_folder_named_site(kit):
+    site_dir, job = kit
+    result = run(render_command, site_dir, job, "--study", "pathology", "--job-id", "a" * 32,
+                 "--format", "json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert (out["site"], out["launcher"], out["job_id"]) == ("hospital-a", "process", "a" * 32)
+    assert out["resources"] == {"num_of_gpus": 1, "num_of_cpus": 4, "memory": "64Gi"}
+    assert out["render"]["memory_limit_bytes"] == 68719476736
+    assert out["render"]["env"]["ATOLL_SITE"] == "hospital-a"
+
+
+def test_render_text_and_site_override(kit):
+    site_dir, job = kit
+    result = run(render_command, site_dir, job, "--study", "pathology", "--site", "server")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("site server (launcher process), study pathology, job ")
+    assert "resources: 0 GPU(s), 4 CPU(s), memory 64Gi" in result.output
+    assert "CUDA_VISIBLE_DEVICES: ''" in result.output
+
+
+def test_render_lists_every_problem_with_exit_code_2(kit):
+    site_dir, job = kit
+    (site_dir / "local" / "site.yaml").write_text("launcher: process\nprocess: {gpu_idz: [0]}\n")
+    (site_dir / "local" / "study_runtime.yaml").write_text("format_version: 3\nstudies: {}\n")
+    (job / "meta.json").write_text(json.dumps({"name": "j", "deploy_map": {}}))
+    result = run(render_command, site_dir, job, "--study", "pathology", "--format", "json")
+    assert result.exit_code == 2
+    errors = json.loads(result.output)["errors"]
+    assert {e["path"] for e in errors} == {"process.gpu_idz", "format_version", "deploy_map"}
+
+
+def test_render_a_job_this_site_can_never_run(kit):
+    site_dir, job = kit
+    result = run(render_command, site_dir, job, "--study", "pathology", "--site", "university")
+    assert result.exit_code == 2
+    assert "resource_spec.num_of_gpus: asks 8 GPU(s); this site has 2" in result.output
+
+
+def test_validate_ok_and_errors(kit):
+    site_dir, _ = kit
+    ok = run(validate_command, site_dir)
+    assert ok.exit_code == 0
+    assert ok.output == ("local/site.yaml: ok (launcher process)\n"
+                         "local/study_runtime.yaml: ok; studies: pathology\n")
+    (site_dir / "local" / "site.yaml").write_text("launcher: docker\nprocess: {}\n")
+    with open(site_dir / "local" / "study_runtime.yaml", "a") as f:
+        f.write("    pod_template: {kind: Pod}\n")
+    bad = run(validate_command, site_dir)
+    assert bad.exit_code == 2
+    assert "local/site.yaml: process: settings for the process launcher" in bad.output
+    # The study runtime is still checked, against docker: the launcher the file asks for.
+    assert "studies.pathology.pod_template: pod_template is read by the k8s launcher(s), but " \
+        "this site's launcher is docker: remove it" in bad.output
