@@ -16,6 +16,11 @@ from workloads import median_of
 BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
 PEERS = ["flare", "flower"]
 
+PARTIAL_NOTE = (
+    "† over the rounds that completed before the job was stopped at the RSS limit "
+    "(see the peak RSS row).\n"
+)
+
 ROWS = [  # (metric, label, unit)
     ("a_wall_s", "(a) 2 clients, 3 rounds, 4 KiB model: submit → finished", "s"),
     ("a_round_s", "(a) time per round, 4 KiB model", "s"),
@@ -78,6 +83,7 @@ def render(results: dict, titles: dict[str, str], rows_wanted: set[str], meta: d
         "| workload | NVIDIA FLARE 2.9 | Flower 1.42 | atoll | atoll vs best peer |",
         "| --- | --- | --- | --- | --- |",
     ]
+    footnotes: set[str] = set()
     for key, label, unit in ROWS:
         if key not in rows_wanted:
             continue
@@ -85,12 +91,18 @@ def render(results: dict, titles: dict[str, str], rows_wanted: set[str], meta: d
         for system in [*PEERS, "atoll"]:
             values = [r[key] for r in results.get(system, []) if key in r]
             cells[system], medians[system] = cell(values, unit, repeats)
+        if key.endswith("_round_s"):
+            partial = key.replace("_round_s", "_partial_rounds")
+            for system in [*PEERS, "atoll"]:
+                if any(partial in r for r in results.get(system, [])):
+                    cells[system] += " †"
+                    footnotes.add(PARTIAL_NOTE)
         peers = {p: medians[p] for p in PEERS}
         lines.append(
             f"| {label} | {cells['flare']} | {cells['flower']} | {cells['atoll']} | "
             f"{ratio(medians['atoll'], peers, titles, unit)} |"
         )
-    lines += ["", *meta["notes"], END]
+    lines += ["", *sorted(footnotes), *meta["notes"], END]
     return "\n".join(lines)
 
 

@@ -71,12 +71,16 @@ def _job(
             run = driver.submit(job)
             driver.wait_finished(run, job_timeout(model_mb, opts.rounds))
         except DriverError:
-            if sampler.limit_hit:
-                raise DriverError(
-                    f"stopped: RSS passed {opts.rss_limit_bytes / 2**30:.0f} GiB "
-                    f"(peak seen {sampler.peak / 2**30:.1f} GiB)"
-                ) from None
-            raise
+            if not sampler.limit_hit:
+                raise
+            # Keep what was measured before the stop: the rounds that did complete.
+            limit = f"{opts.rss_limit_bytes / 2**30:.0f} GiB"
+            metrics[f"{prefix}_peak_rss"] = f"over {limit}: stopped at the limit"
+            marked = read_marks(marks)
+            if len(marked) >= 2:
+                metrics[f"{prefix}_round_s"] = per_round(marked)
+                metrics[f"{prefix}_partial_rounds"] = len(marked) - 1
+            raise DriverError(f"stopped: RSS passed {limit} during round {len(marked)}") from None
     if not run.status.lower().endswith("completed"):
         raise DriverError(f"job ended {run.status}")
     metrics[f"{prefix}_wall_s"] = run.finished_at - run.submitted_at

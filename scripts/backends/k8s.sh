@@ -14,8 +14,8 @@
 # KUBECONFIG and the test image names. Settings (environment):
 #   ATOLL_K8S_BASE     state, logs, sockets (default /tmp/atoll-k8s)
 #   ATOLL_K8S_CACHE    built binaries (default ~/.cache/atoll/k8s-bin)
-#   ATOLL_K8S_IMAGES   test images: busybox job (default "busybox"; "job" = Python + atoll wheel,
-#                      built by scripts/backends/docker.sh's recipe)
+#   ATOLL_K8S_IMAGES   test images (default "busybox job"; "job" = Debian's Python + atoll's wheel,
+#                      built offline by scripts/backends/docker.sh's recipe)
 #   ATOLL_K8S_APISERVER_PORT (16443), ATOLL_K8S_ETCD_PORT (12379, +1 for peers),
 #   ATOLL_K8S_KUBELET_PORT (10250), ATOLL_K8S_NODE (127.0.0.1: the node name)
 # Why each setting is there: docs/launchers/kubernetes.md, "The test cluster".
@@ -32,7 +32,7 @@ KUBELET_PORT=${ATOLL_K8S_KUBELET_PORT:-10250}
 # InternalIP without the loopback check it applies to --node-ip, so the API server reaches the
 # kubelet (logs) on 127.0.0.1, where it listens.
 NODE=${ATOLL_K8S_NODE:-127.0.0.1}
-IMAGES=${ATOLL_K8S_IMAGES:-busybox}
+IMAGES=${ATOLL_K8S_IMAGES:-busybox job}
 DEBIAN_PACKAGES=(dpkg-dev golang-go golang-github-modern-go-reflect2-dev etcd-server docker.io
   openssl curl)
 COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
@@ -302,7 +302,8 @@ cmd_up() {
 
   start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig "$BASE/kubeconfig" \
     --bind-address 127.0.0.1 --port 0 --secure-port 0 --leader-elect=false \
-    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt"
+    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+    --flex-volume-plugin-dir "$BASE/kubelet/plugins"
   start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$BASE/kubeconfig" \
     --bind-address 127.0.0.1 --port 0 --secure-port 0 --leader-elect=false
 
@@ -327,7 +328,34 @@ cmd_status() {
     running "$c" || { log "$c is not running: run $0 up"; return 1; }
   done
   node_ready || { log "node $NODE is not Ready: see $BASE/logs/kubelet.log"; return 1; }
-  log "node $NODE Ready; KUBECONFIG=$BASE/kubeconfig"
+  local name tag why
+  for name in $IMAGES; do
+    tag=$(docker_sh env | sed -n "s/^ATOLL_TEST_${name^^}_IMAGE=//p")
+    docker_cli image inspect "$tag" >/dev/null 2>&1 ||
+      { log "test image $tag missing: run $0 images"; return 1; }
+  done
+  # An image built from an older working tree still runs; `images` (or `up`) rebuilds it.
+  if ! why=$(docker_sh status 2>&1 >/dev/null); then
+    why=${why##*] }
+    log "warning: ${why%% (run:*}; rebuild them: $0 images"
+  fi
+  log "node $NODE Ready, images: $IMAGES; KUBECONFIG=$BASE/kubeconfig"
+}
+
+# The kubelet writes a few fixed host paths: pod log folders (links into our engine's data) and
+# its device-plugin socket. Remove what points into $BASE; leave anything another kubelet owns.
+clean_host_paths() {
+  local d
+  for d in /var/log/pods/*/; do
+    [[ -d $d ]] || continue
+    if [[ -n $(find "$d" -type l -lname "$BASE/*" -print -quit) ]]; then rm -rf "$d"; fi
+  done
+  find /var/log/pods -mindepth 1 -type d -empty -delete 2>/dev/null || true
+  find /var/log/containers -maxdepth 1 -xtype l -lname '/var/log/pods/*' -delete 2>/dev/null || true
+  if ! pgrep -x kubelet >/dev/null; then
+    rm -f /var/lib/kubelet/device-plugins/{kubelet.sock,DEPRECATION}
+    rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null || true
+  fi
 }
 
 cmd_down() {
@@ -345,6 +373,7 @@ cmd_down() {
   # Volumes the kubelet mounted (Secret volumes are tmpfs) must go before the files.
   awk -v base="$BASE/" 'index($2, base) == 1 {print $2}' /proc/mounts | sort -r |
     while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  clean_host_paths
   rm -rf "$BASE"
   log "down ($BASE removed; binaries kept in $BIN)"
 }

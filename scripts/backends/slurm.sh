@@ -91,8 +91,6 @@ write_configs() {
   # Fake GPUs must be character devices: slurmd refuses regular files.
   local i
   for i in 0 1 2 3; do mknod "$BASE/dev/nvidia$i" c 195 "$i"; done
-  # The client library reads $MYSQL_HOME/my.cnf last: it points slurmdbd at our socket.
-  printf '[client]\nsocket=%s\n' "$MYSQL_SOCKET" >"$MYSQL/my.cnf"
   gcc -shared -fPIC -O2 -o "$BASE/bind_loopback.so" "$TEMPLATES/bind_loopback.c" -ldl
   printf 'export SLURM_CONF=%q\n' "$SLURM_CONF" >"$BASE/env.sh"
 }
@@ -118,7 +116,8 @@ start_mariadb() {
   chown mysql:mysql "$MYSQL"
   # mariadbd runs as mysql: its pid file and log live in its own folder.
   setsid mariadbd --no-defaults --user=mysql --datadir="$MYSQL/data" --socket="$MYSQL_SOCKET" \
-    --skip-networking --pid-file="$MYSQL/mariadbd.pid" --log-error="$MYSQL/mariadbd.log" \
+    --skip-networking --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 \
+    --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --pid-file="$MYSQL/mariadbd.pid" --log-error="$MYSQL/mariadbd.log" \
     </dev/null >/dev/null 2>&1 &
   wait_for 300 mariadb-admin --no-defaults --socket="$MYSQL_SOCKET" ping ||
     die "mariadbd did not start: see $MYSQL/mariadbd.log"
@@ -130,7 +129,8 @@ SQL
 }
 
 start_slurmdbd() {
-  MYSQL_HOME=$MYSQL LD_PRELOAD=$BASE/bind_loopback.so slurmdbd
+  # MYSQL_UNIX_PORT points slurmdbd's MariaDB client at our socket (it reads no my.cnf).
+  MYSQL_UNIX_PORT=$MYSQL_SOCKET LD_PRELOAD=$BASE/bind_loopback.so slurmdbd
   wait_for 300 sacctmgr -n list cluster || die "slurmdbd did not answer: see $LOGS/slurmdbd.log"
   sacctmgr -i add cluster atoll >/dev/null
   sacctmgr -i add qos high Priority=100 >/dev/null
@@ -225,9 +225,11 @@ main() {
   local cmd=${1:-}
   case $cmd in
     up | down)
-      # One caller at a time; the lock lives beside the base folder, which `down` removes.
-      exec 9>"$BASE.lock"
-      flock 9
+      # One caller at a time. The lock lives beside the base folder (which `down` removes) and
+      # is held by flock itself (-o), so the daemons started here do not inherit it.
+      if [[ ${_ATOLL_SLURM_LOCKED:-} != "$BASE" ]]; then
+        _ATOLL_SLURM_LOCKED=$BASE exec flock -o "$BASE.lock" "$0" "$cmd"
+      fi
       "$cmd"
       ;;
     status) status ;;

@@ -44,21 +44,27 @@ class Model:
             raise TypeError(
                 f"Model.params must be a dict of name -> numpy array, got {type(self.params).__name__}"
             )
-        for name, value in self.params.items():
+        for name, value in list(self.params.items()):
             if not isinstance(name, str) or not name:
                 raise TypeError(f"Model.params keys must be non-empty strings, got {name!r}")
+            if isinstance(value, np.generic):  # arithmetic on a 0-d array gives a numpy scalar
+                self.params[name] = value = np.asarray(value)
             if not isinstance(value, np.ndarray):
                 raise TypeError(
                     f"Model.params[{name!r}] must be a numpy array, got {type(value).__name__}; "
                     "convert a PyTorch state_dict with atoll.fl.torch_bridge.to_params()"
                 )
-        if isinstance(self.num_examples, bool) or not isinstance(self.num_examples, int | np.integer):
+        if isinstance(self.num_examples, bool) or not isinstance(
+            self.num_examples, int | np.integer
+        ):
             raise TypeError(f"Model.num_examples must be an int, got {self.num_examples!r}")
         if self.num_examples < 0:
             raise ValueError(f"Model.num_examples must be >= 0, got {self.num_examples}")
         self.num_examples = int(self.num_examples)
         self.metrics = _float_metrics(self.metrics)
-        if self.round is not None and (isinstance(self.round, bool) or not isinstance(self.round, int)):
+        if self.round is not None and (
+            isinstance(self.round, bool) or not isinstance(self.round, int)
+        ):
             raise TypeError(f"Model.round must be an int or None, got {self.round!r}")
         try:
             json.dumps(self.meta)

@@ -178,10 +178,42 @@ def _locked_paths(template: Mapping[str, Any], site_has_account: bool) -> list[s
     return found
 
 
+def _shape_problems(template: Mapping[str, Any]) -> list[str]:
+    """The few shapes the merge relies on; the API server checks the rest of the Pod."""
+
+    def list_of_maps(value: Any) -> bool:
+        return isinstance(value, list) and all(isinstance(v, dict) for v in value)
+
+    spec, meta = template.get("spec", {}), template.get("metadata", {})
+    if not isinstance(meta, dict) or not isinstance(spec, dict):
+        return ["metadata and spec must be mappings"]
+    problems = [
+        f"metadata.{k} must be a mapping"
+        for k in ("labels", "annotations")
+        if not isinstance(meta.get(k, {}), dict)
+    ]
+    problems += [
+        f"spec.{k} must be a list of mappings"
+        for k in ("containers", "volumes", "imagePullSecrets")
+        if not list_of_maps(spec.get(k, []))
+    ]
+    containers = spec.get("containers") or []
+    for i, container in enumerate(containers if list_of_maps(containers) else []):
+        problems += [
+            f"spec.containers[{i}].{k} must be a list of mappings"
+            for k in ("env", "volumeMounts")
+            if not list_of_maps(container.get(k, []))
+        ]
+    return problems
+
+
 def _template(request: LaunchRequest) -> dict[str, Any]:
     study = request.study_runtime
     template = copy.deepcopy(study.pod_template) if study and study.pod_template else {}
     where = f"study_runtime.yaml studies.{request.identity.study}.pod_template"
+    problems = _shape_problems(template)
+    if problems:
+        raise LaunchError(f"{where} is not a valid Pod: " + "; ".join(problems))
     locked = _locked_paths(template, bool(request.site_config.settings.service_account))
     if locked:
         raise LaunchError(

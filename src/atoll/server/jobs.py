@@ -74,6 +74,7 @@ class JobManager:
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.live: dict[str, LiveJob] = {}
         self._lock = threading.RLock()
+        self._zip_lock = threading.Lock()
 
     # -- intake -------------------------------------------------------------------------------
     def submit(self, who, study: str, chunks: Iterator[bytes]) -> JobRecord:
@@ -108,11 +109,12 @@ class JobManager:
         meta = load_meta(folder / "job")
         app = meta.app_for(target)
         out = folder / "apps" / f"{app}.zip"
-        if not out.exists():
-            out.parent.mkdir(exist_ok=True)
-            tmp = out.with_suffix(".part")
-            zip_folder(folder / "job", tmp, only=[app, "meta.json"])
-            tmp.replace(out)
+        with self._zip_lock:  # sites fetch at the same moment; build each app's zip once
+            if not out.exists():
+                out.parent.mkdir(exist_ok=True)
+                tmp = out.with_suffix(".part")
+                zip_folder(folder / "job", tmp, only=[app, "meta.json"])
+                tmp.replace(out)
         return out
 
     # -- dispatch -----------------------------------------------------------------------------
@@ -123,6 +125,7 @@ class JobManager:
         live = LiveJob(record, sites, relay, folder, resources=resources)
         with self._lock:
             self.live[record.id] = live
+        record.state = "DISPATCHED"
         self.store.set_job_state(record.id, "DISPATCHED")
         for site, reason in skipped.items():
             self.store.set_part_state(record.id, site, "FINISHED:FAILED", reason)
@@ -280,7 +283,8 @@ class ServerWorkerBackend:
         if live.record.state == "DISPATCHED":
             live.record.state = "RUNNING"
             self.jobs.store.set_job_state(job_id, "RUNNING")
-        return {"sites": live.sites, "job_args": {}}
+        return {"sites": live.sites,
+                "job_args": {"min_clients": live.record.meta.get("min_clients")}}
 
     def send_task(self, job_id, head, chunks):
         try:

@@ -88,7 +88,7 @@ def test_login_refuses_a_user_outside_the_study(fed):
 
 
 def test_all_means_the_study_sites_and_secrets_arrive(alpha_job):
-    assert alpha_job["state"] == "FINISHED:COMPLETED", alpha_job
+    assert alpha_job["state"] == "FINISHED:COMPLETED", (alpha_job["reason"], alpha_job["parts"])
     assert set(alpha_job["parts"]) == {"server", "site-a", "site-b"}
     assert alpha_job["study"] == "alpha"
 

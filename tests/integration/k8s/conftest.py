@@ -65,6 +65,11 @@ class Cluster:
     def busybox(self) -> str:
         return self.env["ATOLL_K8S_BUSYBOX_IMAGE"]
 
+    @property
+    def job_image(self) -> str:
+        """Debian's Python with atoll's wheel (docker/job.Dockerfile), built into the node."""
+        return self.env["ATOLL_K8S_JOB_IMAGE"]
+
     def session_objects(self) -> list[str]:
         """Every pod, Secret, namespace and PV of this session still present, by name."""
         found = [

@@ -84,7 +84,7 @@ def test_site_and_server_install_into_the_api_server(helm: Any, cluster: Cluster
                 server_release, str(CHART), values=values("server"), wait=False, timeout=60
             )
         )
-        assert site["status"] == server["status"] == "deployed", (site, server)
+        assert site["info"]["status"] == server["info"]["status"] == "deployed"
         manifests = [d for d in yaml.safe_load_all(site["manifest"]) if d]
         kinds = sorted(d["kind"] for d in manifests)
         assert kinds == ["ConfigMap", "Deployment", "Role", "RoleBinding", "ServiceAccount"]

@@ -17,6 +17,7 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+import docker
 from atoll.launchers.base import Outcome
 from atoll.spec.resources import Resources
 from tests.integration.k8s.conftest import (
@@ -68,6 +69,20 @@ def test_pod_completes_and_its_log_is_saved(cluster: Cluster, tmp_path: Path) ->
     ns = cluster.namespace
     assert gone(cluster.api.read_namespaced_pod, handle.native_id, ns)
     assert gone(cluster.api.read_namespaced_secret, handle.extra["secret"], ns)
+
+
+def test_python_job_image_runs_atoll_in_a_pod(cluster: Cluster, tmp_path: Path) -> None:
+    launcher = make_launcher(cluster, python="python3", default_image=cluster.job_image)
+    script = (
+        "import os, sys, atoll.worker; "
+        "print('atoll on', sys.version_info[:2], 'for', os.environ['ATOLL_SITE'], "
+        "'data', os.environ['ATOLL_DATA_ROOT'], 'token', len(os.environ['ATOLL_JOB_TOKEN']))"
+    )
+    request = make_request(launcher, script, tmp_path, token="t" * 40)
+    result = launcher.wait(launcher.launch(request))
+    assert result.outcome is Outcome.COMPLETED, result.reason
+    log = (tmp_path / "logs" / "worker.log").read_text()
+    assert "atoll on (3, 11) for site-a data /data/pathology token 40" in log
 
 
 def _dataset_and_secret(cluster: Cluster, tmp_path: Path) -> dict[str, Any]:
@@ -209,8 +224,17 @@ def test_abort_deletes_pod_and_secret(cluster: Cluster, tmp_path: Path) -> None:
         30,
     )
     deleted = time.monotonic() - start
+    # The kubelet then really stops the worker: no container of the pod runs on the node.
+    engine = docker.DockerClient(base_url=cluster.env["ATOLL_K8S_DOCKER_HOST"])
+    running = {"label": f"io.kubernetes.pod.name={handle.native_id}", "status": "running"}
+    wait_for(lambda: not engine.containers.list(filters=running), 60)
+    stopped = time.monotonic() - start
+    engine.close()
     waiter.join(30)
-    print(f"\n[k8s] abort: pod and Secret gone {deleted:.2f} s after cancel()")
+    print(
+        f"\n[k8s] abort: pod and Secret gone {deleted:.2f} s after cancel(), "
+        f"worker container stopped after {stopped:.2f} s"
+    )
     assert results and results[0].outcome is Outcome.ABORTED
     launcher.cancel(handle)  # idempotent: gone counts as cancelled
 
@@ -240,3 +264,28 @@ def test_missing_namespace_is_explained(cluster: Cluster, tmp_path: Path) -> Non
     launcher = make_launcher(cluster, namespace=f"atoll-test-{SESSION_ID}-absent")
     with pytest.raises(LaunchError, match="does not exist; check k8s.namespace"):
         launcher.launch(make_request(launcher, "true", tmp_path))
+
+
+def test_quota_refusal_is_explained_and_the_secret_removed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    from atoll.launchers.base import LaunchError
+
+    ns = f"atoll-test-{SESSION_ID}-quota"
+    labels = {SESSION_LABEL: SESSION_ID}
+    api = cluster.api
+    api.create_namespace({"metadata": {"name": ns, "labels": labels}})
+    try:
+        wait_for(lambda: bool(api.list_namespaced_service_account(ns).items), 30)
+        quota = {"metadata": {"name": "no-pods", "labels": labels}, "spec": {"hard": {"pods": "0"}}}
+        api.create_namespaced_resource_quota(ns, quota)
+        wait_for(lambda: api.read_namespaced_resource_quota("no-pods", ns).status.hard, 30)
+        launcher = make_launcher(cluster, namespace=ns)
+        request = make_request(launcher, "true", tmp_path)
+        with pytest.raises(LaunchError, match="ResourceQuota") as err:
+            launcher.launch(request)
+        assert "exceeded quota" in str(err.value)
+        job = f"atoll.dev/job-id={request.identity.job_id}"
+        assert not api.list_namespaced_secret(ns, label_selector=job).items
+    finally:
+        api.delete_namespace(ns)

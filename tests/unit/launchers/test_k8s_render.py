@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from atoll.launchers.base import JobIdentity, LaunchError, Outcome
-from atoll.launchers.kubernetes import KubernetesLauncher, explain_api_error
+from atoll.launchers.base import JobIdentity, LaunchError
+from atoll.launchers.kubernetes import KubernetesLauncher
 from atoll.launchers.kubernetes_render import (
     LOCKED,
     MAIN_CONTAINER,
@@ -21,7 +21,6 @@ from atoll.launchers.kubernetes_render import (
     render,
     secret_name,
 )
-from atoll.launchers.kubernetes_states import interpret
 from atoll.launchers.request import build_request
 from atoll.spec.meta import load_meta
 from atoll.spec.site_config import parse_site_config
@@ -292,6 +291,14 @@ def test_template_locked_fields_reported_all_at_once() -> None:
     assert len(LOCKED) >= 10  # the documented list
 
 
+def test_template_of_the_wrong_shape_is_refused_not_crashed() -> None:
+    template = {"kind": "Pod", "spec": {"containers": "atoll-worker", "volumes": [1]}}
+    with pytest.raises(LaunchError) as err:
+        render(request_for(study={**PATHOLOGY, "pod_template": template}))
+    assert "spec.containers must be a list of mappings" in str(err.value)
+    assert "spec.volumes must be a list of mappings" in str(err.value)
+
+
 def test_template_without_the_worker_container_is_refused() -> None:
     template = {"kind": "Pod", "spec": {"containers": [{"name": "trainer"}]}}
     with pytest.raises(LaunchError, match="no container named 'atoll-worker'"):
@@ -338,94 +345,6 @@ def test_loopback_parent_needs_host_network() -> None:
         render(request_for(k8s={"namespace": "fl-jobs"}))
     pod = render(request_for(k8s={"namespace": "fl-jobs"}, parent="10.1.2.3:7001"))["pod"]
     assert "hostNetwork" not in pod["spec"]
-
-
-# --- pod states and API errors -------------------------------------------------------------------
-
-
-def pod_model(status: dict[str, Any]) -> Any:
-    pod = {
-        "metadata": {"name": "p"},
-        "spec": {
-            "containers": [{"name": MAIN_CONTAINER, "resources": {"limits": {"memory": "64Gi"}}}]
-        },
-        "status": status,
-    }
-    return ApiClient()._ApiClient__deserialize(pod, "V1Pod")
-
-
-def container(state: dict[str, Any], image: str = "img:1") -> dict[str, Any]:
-    return {
-        "name": MAIN_CONTAINER,
-        "image": image,
-        "imageID": "",
-        "ready": False,
-        "restartCount": 0,
-        "state": state,
-    }
-
-
-def test_states_map_to_outcomes() -> None:
-    done = interpret(pod_model({"phase": "Succeeded"}))
-    assert done.final is not None and done.final.outcome is Outcome.COMPLETED
-    oom = interpret(
-        pod_model(
-            {
-                "phase": "Failed",
-                "containerStatuses": [
-                    container({"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
-                ],
-            }
-        )
-    )
-    assert oom.final is not None and oom.final.reason == "out of memory (limit 64Gi)"
-    assert oom.final.exit_code == 137
-    pulled = interpret(
-        pod_model(
-            {
-                "phase": "Pending",
-                "containerStatuses": [
-                    container(
-                        {"waiting": {"reason": "ErrImageNeverPull", "message": "not present"}},
-                        image="nope:1",
-                    )
-                ],
-            }
-        )
-    )
-    assert pulled.final is not None and "'nope:1'" in pulled.final.reason
-    unscheduled = interpret(
-        pod_model(
-            {
-                "phase": "Pending",
-                "conditions": [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
-                    }
-                ],
-            }
-        )
-    )
-    assert unscheduled.final is None and unscheduled.pending
-    assert "Insufficient nvidia.com/gpu" in unscheduled.note
-
-
-class FakeApiError(Exception):
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status, self.reason, self.body = status, "", json.dumps(body)
-
-
-def test_api_errors_become_hints() -> None:
-    forbidden = FakeApiError(403, {"message": 'pods is forbidden: User "x" cannot create'})
-    assert "RBAC Role" in explain_api_error(forbidden, "create the worker Pod", "fl")
-    quota = FakeApiError(403, {"message": "exceeded quota: compute, requested: cpu=4"})
-    assert "ResourceQuota" in explain_api_error(quota, "create the worker Pod", "fl")
-    missing = FakeApiError(404, {"message": "x", "details": {"kind": "namespaces"}})
-    assert "check k8s.namespace" in explain_api_error(missing, "create the job's Secret", "fl")
-    assert "did not answer" in explain_api_error(OSError("refused"), "create", "fl")
 
 
 def test_launcher_render_is_the_pure_render() -> None:

@@ -1,0 +1,127 @@
+"""Example-weighted averaging of site results, accumulated as they arrive.
+
+``WeightedMean`` keeps one running sum per parameter, so memory stays at one model (plus the one
+result being added) whatever the number of sites. A result is folded in place: its own arrays are
+scaled and added, then dropped. Sites may send full weights or a diff against the global model
+they received; both fold into the same sum:
+
+    mean = (sum_full w_i x_i + sum_diff w_i (g + d_i)) / W
+         = (sum_i w_i y_i + W_diff * g) / W        with y_i = x_i or d_i
+
+so a diff costs nothing more than a full result. Integer parameters (e.g. BatchNorm's
+``num_batches_tracked``) are averaged in float64 and rounded back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from atoll.fl.model import Model
+
+
+class ResultRejected(ValueError):
+    """A site's result that cannot be aggregated; the message says what the site must change."""
+
+
+def _accumulator_dtype(dtype: np.dtype) -> np.dtype:
+    if dtype.kind == "f":
+        return np.result_type(dtype, np.float32)  # float16 sums in float32
+    return np.dtype(np.float64)
+
+
+class WeightedMean:
+    """Running example-weighted mean of models; ``reference`` is the global model sent out."""
+
+    def __init__(self, reference: dict[str, np.ndarray] | None = None):
+        self.reference = reference or None
+        self._sum: dict[str, np.ndarray] = {}
+        self._spec: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
+        if self.reference is not None:
+            self._spec = {k: (v.shape, v.dtype) for k, v in self.reference.items()}
+        self.total_weight = 0.0
+        self.diff_weight = 0.0
+        self.count = 0
+
+    def check(self, model: Model) -> None:
+        """Raise ResultRejected if ``model`` cannot be folded into this mean."""
+        if model.num_examples <= 0:
+            raise ResultRejected(
+                f"reported num_examples={model.num_examples}: send "
+                "fl.Model(params=..., num_examples=<training examples used>) so it can be weighted"
+            )
+        if not model.params:
+            raise ResultRejected("sent no params: a train result needs fl.Model(params=...)")
+        if model.params_type == "diff" and self.reference is None:
+            raise ResultRejected(
+                "sent params_type='diff' but the server had no global model to apply it to "
+                "(no initial_model): send full params in the first round"
+            )
+        if self._spec is None:
+            return
+        expected, got = set(self._spec), set(model.params)
+        if expected != got:
+            missing, unexpected = sorted(expected - got), sorted(got - expected)
+            raise ResultRejected(
+                f"params names differ from the global model: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
+        for name, array in model.params.items():
+            shape = self._spec[name][0]
+            if array.shape != shape:
+                raise ResultRejected(
+                    f"params[{name!r}] has shape {list(array.shape)}, the global model {list(shape)}"
+                )
+
+    def add(self, model: Model) -> None:
+        """Fold one result into the sum; its arrays are reused in place and must not be kept."""
+        self.check(model)
+        weight = float(model.num_examples)
+        if self._spec is None:  # first result without an initial model fixes names and shapes
+            self._spec = {k: (v.shape, v.dtype) for k, v in model.params.items()}
+        for name, array in model.params.items():
+            acc_dtype = _accumulator_dtype(self._spec[name][1])
+            total = self._sum.get(name)
+            if array.dtype != acc_dtype or not array.flags.writeable:
+                array = np.array(array, dtype=acc_dtype)  # (np.array keeps 0-d arrays arrays)
+            np.multiply(array, weight, out=array)
+            if total is None:
+                self._sum[name] = array
+            else:
+                np.add(total, array, out=total)
+        model.params.clear()  # the arrays now belong to the sum
+        self.total_weight += weight
+        if model.params_type == "diff":
+            self.diff_weight += weight
+        self.count += 1
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The mean as full params, in the global model's dtypes."""
+        if not self.count:
+            raise ValueError("no results to average")
+        assert self._spec is not None
+        out: dict[str, np.ndarray] = {}
+        for name, total in self._sum.items():
+            if self.diff_weight:
+                assert self.reference is not None
+                total += self.reference[name].astype(total.dtype, copy=False) * self.diff_weight
+            total /= self.total_weight
+            dtype = self._spec[name][1]
+            if dtype.kind in "iub":
+                np.rint(total, out=total)
+            out[name] = total.astype(dtype, copy=False)
+        self._sum = {}
+        return out
+
+
+def weighted_metrics(results: Iterable[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """Per metric, the mean over the sites that reported it, weighted by their examples (or 1)."""
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for metrics, num_examples in results:
+        w = float(num_examples) if num_examples > 0 else 1.0
+        for name, value in metrics.items():
+            sums[name] = sums.get(name, 0.0) + w * value
+            weights[name] = weights.get(name, 0.0) + w
+    return {name: sums[name] / weights[name] for name in sums}

@@ -1,0 +1,194 @@
+"""``app.yaml``: how an app folder names its workflow, site script, arguments and initial model.
+
+```yaml
+server:                       # present in the app the server runs
+  workflow: fedavg            # fedavg | fedopt | fedprox | scatter_gather
+  args: {num_rounds: 10, min_clients: 3, key_metric: accuracy}
+  initial_model: init.safetensors   # optional, a file in this app folder
+site:                         # present in the app the sites run
+  script: train.py            # run in-process by the site worker, cwd = this folder
+  args: ["--epochs", "2"]     # becomes sys.argv[1:]
+  config: {batch_size: 32}    # free JSON-safe settings, read with fl.job_args()
+```
+
+Validation is strict (unknown keys, wrong types, out-of-range values) and every error of the file
+is reported at once, each naming its field (``server.args.num_rounds``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+APP_FILE = "app.yaml"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --- workflow arguments -----------------------------------------------------------------------
+
+
+class RoundArgs(_Strict):
+    min_clients: int | None = Field(
+        None,
+        ge=1,
+        description="Results needed per round; default: the job's min_clients, else all sites.",
+    )
+    round_timeout: float | None = Field(
+        None, gt=0, description="Seconds to wait for a round's replies; None waits for every site."
+    )
+
+
+class FedAvgArgs(RoundArgs):
+    num_rounds: int = Field(..., ge=1, description="Training rounds.")
+    key_metric: str = Field(
+        "accuracy", min_length=1, description="Validation metric that picks the best global model."
+    )
+    key_metric_mode: Literal["max", "min"] = Field("max", description="Whether higher is better.")
+    evaluate_every: int = Field(
+        1, ge=0, description="Send a 'validate' task every N rounds (and after the last); 0: never."
+    )
+    cross_site_eval: Literal["none", "global", "all"] = Field(
+        "global",
+        description="At the end every site evaluates the global model ('global'), and also every "
+        "site's last local model ('all').",
+    )
+
+
+class FedProxArgs(FedAvgArgs):
+    mu: float = Field(
+        0.01, ge=0, description="Proximal term weight, sent to sites as meta.fedprox_mu."
+    )
+
+
+class FedOptArgs(FedAvgArgs):
+    optimizer: Literal["adam", "yogi", "adagrad"] = Field("adam", description="Server optimizer.")
+    server_lr: float = Field(0.1, gt=0, description="Server learning rate (eta).")
+    beta1: float = Field(0.9, ge=0, lt=1, description="First-moment decay.")
+    beta2: float = Field(0.99, ge=0, lt=1, description="Second-moment decay.")
+    tau: float = Field(1e-3, gt=0, description="Adaptivity (epsilon); v starts at tau**2.")
+
+
+class ScatterGatherArgs(RoundArgs):
+    num_rounds: int = Field(1, ge=1, description="How many times to scatter and gather.")
+    payload_bytes: int = Field(1024, ge=0, description="Size of the uint8 array sent to each site.")
+    topic: str = Field("train", min_length=1, description="Task topic the sites receive.")
+
+
+WORKFLOW_ARGS: dict[str, type[RoundArgs]] = {
+    "fedavg": FedAvgArgs,
+    "fedprox": FedProxArgs,
+    "fedopt": FedOptArgs,
+    "scatter_gather": ScatterGatherArgs,
+}
+
+
+# --- app.yaml ---------------------------------------------------------------------------------
+
+
+def _relative_file(value: str, suffixes: tuple[str, ...]) -> str:
+    path = PurePosixPath(value)
+    if not value or path.is_absolute() or ".." in path.parts or "\\" in value:
+        raise ValueError(f"must be a relative path inside the app folder, got {value!r}")
+    if path.suffix not in suffixes:
+        raise ValueError(f"must end with {' or '.join(suffixes)}, got {value!r}")
+    return value
+
+
+class ServerSection(_Strict):
+    workflow: Literal["fedavg", "fedopt", "fedprox", "scatter_gather"] = Field(
+        ..., description="The workflow the server worker runs."
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="The workflow's arguments.")
+    initial_model: str | None = Field(None, description="A .safetensors file in the app folder.")
+
+    @field_validator("initial_model")
+    @classmethod
+    def _model_file(cls, value: str | None) -> str | None:
+        return None if value is None else _relative_file(value, (".safetensors",))
+
+
+class SiteSection(_Strict):
+    script: str = Field(..., description="The training script, relative to the app folder.")
+    args: list[str] = Field(default_factory=list, description="The script's sys.argv[1:].")
+    config: dict[str, Any] = Field(default_factory=dict, description="Read with fl.job_args().")
+
+    @field_validator("script")
+    @classmethod
+    def _script_file(cls, value: str) -> str:
+        return _relative_file(value, (".py",))
+
+
+class AppConfig(_Strict):
+    server: ServerSection | None = None
+    site: SiteSection | None = None
+
+
+class AppConfigError(ValueError):
+    """Every problem of one app.yaml, each naming its field."""
+
+    def __init__(self, source: str, errors: list[str]):
+        self.source = source
+        self.errors = errors
+        super().__init__(
+            f"{source}: " + ("\n  ".join([""] + errors) if len(errors) > 1 else errors[0])
+        )
+
+
+_SECTIONS: dict[str, type[BaseModel]] = {"server": ServerSection, "site": SiteSection}
+
+
+def _format(error: Any, prefix: tuple[str | int, ...], owner: type[BaseModel]) -> str:
+    loc = (*prefix, *error["loc"])
+    where = ".".join(str(p) for p in loc) or "(top level)"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        if not prefix and len(loc) == 2 and loc[0] in _SECTIONS:
+            owner = _SECTIONS[str(loc[0])]
+        message = f"unknown key (allowed: {', '.join(owner.model_fields)})"
+    elif error["type"] == "literal_error":
+        message = f"{message}, got {error['input']!r}"
+    return f"{where}: {message}"
+
+
+def parse_app_config(data: Any, source: str = APP_FILE) -> tuple[AppConfig, RoundArgs | None]:
+    """Validate a loaded app.yaml and its workflow arguments; raise AppConfigError with all errors."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise AppConfigError(source, [f"(top level): must be a mapping, got {type(data).__name__}"])
+    errors: list[str] = []
+    config: AppConfig | None = None
+    try:
+        config = AppConfig.model_validate(data)
+    except ValidationError as exc:
+        errors = [_format(e, (), AppConfig) for e in exc.errors()]
+    args: RoundArgs | None = None
+    server = data.get("server")
+    if isinstance(server, dict) and server.get("workflow") in WORKFLOW_ARGS:
+        args_model = WORKFLOW_ARGS[server["workflow"]]
+        raw_args = server.get("args") or {}
+        if isinstance(raw_args, dict):
+            try:
+                args = args_model.model_validate(raw_args)
+            except ValidationError as exc:
+                errors += [_format(e, ("server", "args"), args_model) for e in exc.errors()]
+    if errors or config is None:
+        raise AppConfigError(source, errors)
+    return config, args
+
+
+def load_app_config(app_dir: Path) -> tuple[AppConfig, RoundArgs | None]:
+    path = Path(app_dir) / APP_FILE
+    if not path.is_file():
+        raise AppConfigError(str(path), [f"missing: every app folder needs an {APP_FILE}"])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise AppConfigError(str(path), [f"not valid YAML: {exc}"]) from None
+    return parse_app_config(data, str(path))

@@ -1,0 +1,180 @@
+"""The state behind ``atoll.client``: one site's channel, its current task, its datasets.
+
+A site worker binds one ``ClientSession`` for the whole process before it runs the training
+script (``atoll.fl.runner.run_site_app``); the simulator binds one per thread, so several
+simulated sites can share a process. ``atoll.client`` finds the session bound to the calling
+thread first, then the process-wide one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from atoll.fl.model import Model
+from atoll.fl.serde import decode, encode
+from atoll.worker.channels import SiteChannel, Task
+
+TRAIN, VALIDATE = "train", "validate"
+Evaluator = Callable[[Model], "dict[str, float] | Model"]
+
+
+class ClientError(RuntimeError):
+    """The script used the client API out of order; the message says what to call instead."""
+
+
+class ClientSession:
+    def __init__(
+        self,
+        channel: SiteChannel,
+        site: str,
+        datasets: dict[str, str] | None = None,
+        config: dict[str, Any] | None = None,
+    ):
+        self.channel = channel
+        self.site = site
+        self.datasets = dict(datasets or {})
+        self.config = dict(config or {})
+        self.evaluator: Evaluator | None = None
+        self.initialized = False
+        self.finished = False
+        self._task: Task | None = None  # received, not answered yet
+        self._model: Model | None = None  # its decoded model
+
+    # --- tasks --------------------------------------------------------------------------------
+
+    def _fetch(self, timeout: float | None) -> bool:
+        """Make sure a task is pending; False once the job is over."""
+        while self._task is None:
+            if self.finished:
+                return False
+            task = self.channel.receive(timeout=timeout)
+            if task is None:
+                self.finished = True
+                return False
+            model = decode(task.chunks)
+            model.meta = {**model.meta, "task": task.topic}
+            if model.round is None and isinstance(task.headers.get("round"), int):
+                model.round = task.headers["round"]
+            if "total_rounds" not in model.meta and isinstance(
+                task.headers.get("total_rounds"), int
+            ):
+                model.meta["total_rounds"] = task.headers["total_rounds"]
+            self._task, self._model = task, model
+            if task.topic == VALIDATE and self.evaluator is not None:
+                self.send(_as_result(self.evaluator(model)))
+        return True
+
+    def is_running(self) -> bool:
+        return self._fetch(timeout=None)
+
+    def receive(self, timeout: float | None = None) -> Model | None:
+        if not self._fetch(timeout):
+            return None
+        return self._model
+
+    def send(self, model: Model) -> None:
+        if not isinstance(model, Model):
+            raise TypeError(f"fl.send() takes an fl.Model, got {type(model).__name__}")
+        if self._task is None:
+            raise ClientError("fl.send() without a task to answer: call fl.receive() first")
+        task = self._task
+        if task.topic == TRAIN and not model.params:
+            raise ClientError(
+                "fl.send(): a train task needs the trained weights: "
+                "fl.Model(params=..., num_examples=n, metrics={...})"
+            )
+        if task.topic == VALIDATE and model.params:
+            # the server only reads metrics from an evaluation: do not ship the weights back
+            model = Model(
+                metrics=model.metrics,
+                num_examples=model.num_examples,
+                round=model.round,
+                meta=model.meta,
+            )
+        if model.round is None and self._model is not None:
+            model.round = self._model.round
+        headers = {"topic": task.topic, "round": task.headers.get("round")}
+        self._task, self._model = None, None
+        self.channel.reply(task.task_id, headers, encode(model))
+
+    @property
+    def topic(self) -> str | None:
+        if self._task is None and not self.finished:
+            self._fetch(timeout=None)
+        return self._task.topic if self._task is not None else None
+
+    # --- the site's resources -------------------------------------------------------------------
+
+    def dataset_path(self, name: str) -> Path:
+        mapped = dict(self.datasets)
+        if not mapped and os.environ.get("ATOLL_DATASETS"):
+            try:
+                mapped = json.loads(os.environ["ATOLL_DATASETS"])
+            except json.JSONDecodeError:
+                raise ClientError(
+                    "ATOLL_DATASETS is not valid JSON (set by the site's launcher)"
+                ) from None
+        if name in mapped:
+            return Path(mapped[name])
+        root = os.environ.get("ATOLL_DATA_ROOT")
+        if root and (Path(root) / name).exists():
+            return Path(root) / name
+        known = sorted(mapped) or (
+            sorted(p.name for p in Path(root).iterdir()) if root and Path(root).is_dir() else []
+        )
+        raise ClientError(
+            f"dataset {name!r} is not mapped for this job's study at site {self.site}; "
+            f"mapped: {', '.join(known) or 'none'} (the site operator maps datasets in "
+            "local/study_runtime.yaml under studies.<study>.datasets)"
+        )
+
+    def report(self, event: dict[str, Any]) -> None:
+        self.channel.report({"site": self.site, **event})
+
+
+def _as_result(value: Any) -> Model:
+    if isinstance(value, Model):
+        return value
+    if isinstance(value, dict):
+        return Model(metrics=value)
+    raise TypeError(
+        f"the evaluate function given to fl.init() must return a dict of metrics or an fl.Model, "
+        f"got {type(value).__name__}"
+    )
+
+
+# --- binding ------------------------------------------------------------------------------------
+
+_process_session: ClientSession | None = None
+_thread = threading.local()
+
+
+def bind(session: ClientSession, *, thread_only: bool = False) -> None:
+    global _process_session
+    if thread_only:
+        _thread.session = session
+    else:
+        _process_session = session
+
+
+def unbind(*, thread_only: bool = False) -> None:
+    global _process_session
+    if thread_only:
+        _thread.session = None
+    else:
+        _process_session = None
+
+
+def current() -> ClientSession:
+    session = getattr(_thread, "session", None) or _process_session
+    if session is None:
+        raise ClientError(
+            "atoll.client is not connected to a job: run this script as a job's site script "
+            "(atoll job submit) or with atoll.fl.simulator.simulate()"
+        )
+    return session

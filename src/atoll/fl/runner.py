@@ -1,0 +1,142 @@
+"""What a job worker runs: the server's workflow or a site's script, as ``app.yaml`` says.
+
+The worker (``python -m atoll.worker``) connects its channel, then calls one of:
+
+- ``run_server_app(channel, app_dir, job_args)``: validates app.yaml, loads the initial model and
+  runs the named workflow until it ends; a ``WorkflowError`` says why the job failed.
+- ``run_site_app(channel, app_dir, site, datasets)``: binds the channel into ``atoll.client`` and
+  runs the site script in this process with ``runpy`` (``sys.argv`` from app.yaml, working
+  directory the app folder, the folder importable). An exception from the script propagates
+  with its traceback, for the worker to print to the job's log; ``sys.exit(0)`` is a success.
+
+``job_args`` are job-level settings the workflow may use as defaults (``min_clients`` from
+meta.json); unknown keys are ignored.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+from atoll.fl.app_config import APP_FILE, AppConfigError, SiteSection, load_app_config
+from atoll.fl.client_runtime import ClientSession, bind, unbind
+from atoll.fl.model import Model
+from atoll.fl.serde import SerdeError, load_file
+from atoll.fl.workflows import WORKFLOWS
+from atoll.worker.channels import ServerChannel, SiteChannel
+
+
+class SiteScriptError(RuntimeError):
+    """The site script ended with a non-zero exit status."""
+
+
+def _inside(app_dir: Path, relative: str, field: str) -> Path:
+    """The file ``relative`` of the app folder, refusing anything that resolves outside it."""
+    root = app_dir.resolve()
+    path = (root / relative).resolve()
+    source = str(app_dir / APP_FILE)
+    if not path.is_relative_to(root):
+        raise AppConfigError(source, [f"{field}: {relative!r} resolves outside the app folder"])
+    if not path.is_file():
+        raise AppConfigError(source, [f"{field}: {relative!r} is not a file in {app_dir}"])
+    return path
+
+
+def load_initial_model(app_dir: Path, relative: str) -> Model:
+    path = _inside(app_dir, relative, "server.initial_model")
+    try:
+        return load_file(path)
+    except SerdeError as exc:
+        raise AppConfigError(str(app_dir / APP_FILE), [f"server.initial_model: {exc}"]) from None
+
+
+def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, Any]) -> None:
+    app_dir = Path(app_dir)
+    config, args = load_app_config(app_dir)
+    if config.server is None or args is None:
+        raise AppConfigError(
+            str(app_dir / APP_FILE),
+            [
+                "server: missing: the server runs this app, so app.yaml needs server: {workflow, args}"
+            ],
+        )
+    initial = None
+    if config.server.initial_model:
+        initial = load_initial_model(app_dir, config.server.initial_model)
+    WORKFLOWS[config.server.workflow](channel, args, initial, dict(job_args or {}))
+
+
+def _site_section(app_dir: Path) -> SiteSection:
+    config, _ = load_app_config(app_dir)
+    if config.site is None:
+        raise AppConfigError(
+            str(app_dir / APP_FILE),
+            ["site: missing: sites run this app, so app.yaml needs site: {script, args}"],
+        )
+    return config.site
+
+
+def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[str, str]) -> None:
+    app_dir = Path(app_dir)
+    section = _site_section(app_dir)
+    script = _inside(app_dir, section.script, "site.script")
+    bind(ClientSession(channel, site, datasets, section.config))
+    saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
+    try:
+        sys.argv = [str(script), *section.args]
+        os.chdir(app_dir)
+        sys.path.insert(0, str(script.parent))
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        _check_exit(exc, script)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        os.chdir(saved_cwd)
+        unbind()
+
+
+def run_site_app_in_thread(
+    channel: SiteChannel, app_dir: Path, site: str, datasets: dict[str, str]
+) -> None:
+    """The simulator's variant: several sites share one process, one thread each.
+
+    The client session is bound to the calling thread only; ``sys.argv``, the working directory
+    and ``sys.path`` are process-wide, so the simulator sets them once for all sites. The script
+    runs as ``__main__`` without replacing ``sys.modules['__main__']`` (runpy would, and threads
+    would race on it).
+    """
+    app_dir = Path(app_dir)
+    section = _site_section(app_dir)
+    script = _inside(app_dir, section.script, "site.script")
+    bind(ClientSession(channel, site, datasets, section.config), thread_only=True)
+    try:
+        code = compile(script.read_bytes(), str(script), "exec")
+        namespace = {
+            "__name__": "__main__",
+            "__file__": str(script),
+            "__builtins__": builtins,
+            "__package__": None,
+            "__spec__": None,
+            "__loader__": None,
+        }
+        exec(code, namespace)
+    except SystemExit as exc:
+        _check_exit(exc, script)
+    finally:
+        unbind(thread_only=True)
+
+
+def site_argv(app_dir: Path) -> list[str]:
+    """``sys.argv`` the site script of ``app_dir`` expects."""
+    section = _site_section(Path(app_dir))
+    return [str(_inside(Path(app_dir), section.script, "site.script")), *section.args]
+
+
+def _check_exit(exc: SystemExit, script: Path) -> None:
+    if exc.code in (None, 0):
+        return
+    raise SiteScriptError(f"{script.name} exited with status {exc.code!r}") from exc

@@ -1,0 +1,335 @@
+"""Models as safetensors documents, streamed in chunks both ways; never pickle.
+
+Layout (the public safetensors format, so the saved files open with the ``safetensors`` package
+and with PyTorch tooling): an 8-byte little-endian header length N, N bytes of JSON header
+``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}`` padded
+with spaces to a multiple of 8, then the raw little-endian buffers back to back.
+
+``encode`` yields the header and then memoryviews over each array's own buffer, sliced to at most
+``chunk_size`` bytes: a large model is never concatenated or copied whole (small arrays are
+gathered into one chunk so that a model of many tiny tensors does not become many tiny messages).
+``decode`` reads the header, preallocates every array, and fills it from the chunks: one copy.
+
+The header is validated strictly before any allocation: known dtypes only, shapes of
+non-negative ints, offsets contiguous from 0 with sizes matching shape x itemsize, a bounded
+header length, and the stream must end exactly where the last array does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atoll.fl.model import PARAMS_TYPES, Model
+
+CHUNK_SIZE = 4 * 1024 * 1024  # 1-4 MiB messages are where gRPC over TLS is fastest
+SMALL_ARRAY = 256 * 1024  # arrays below this are gathered into a shared chunk
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference limit
+
+# safetensors dtype names <-> numpy (little-endian). BF16 has no numpy dtype: torch_bridge
+# upcasts it to float32.
+DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype("bool"),
+    "U8": np.dtype("<u1"),
+    "I8": np.dtype("<i1"),
+    "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"),
+    "U32": np.dtype("<u4"),
+    "I32": np.dtype("<i4"),
+    "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"),
+    "F16": np.dtype("<f2"),
+    "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"),
+}
+_NAME_OF = {(dt.kind, dt.itemsize): name for name, dt in DTYPES.items()}
+
+
+class SerdeError(ValueError):
+    """A payload that is not a valid model document; the message says what is wrong."""
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    name = _NAME_OF.get((dtype.kind, dtype.itemsize))
+    if name is None:
+        raise SerdeError(
+            f"dtype {dtype} cannot be serialized; supported: {', '.join(DTYPES)} "
+            "(numpy bool, uint/int 8-64, float 16/32/64)"
+        )
+    return name
+
+
+# --- encoding ---------------------------------------------------------------------------------
+
+
+def _prepared(params: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """Arrays in a wire-ready form: C-contiguous little-endian (a copy only when not already)."""
+    out = []
+    for name, array in params.items():
+        dtype_name(array.dtype)  # fail early on unsupported dtypes
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        if not array.flags.c_contiguous:
+            array = array.copy(order="C")  # (np.ascontiguousarray would turn 0-d into 1-d)
+        out.append((name, array))
+    return out
+
+
+def _metadata(model: Model) -> dict[str, str]:
+    return {
+        "format": "atoll",
+        "params_type": model.params_type,
+        "num_examples": str(model.num_examples),
+        "metrics": json.dumps(model.metrics),
+        "round": json.dumps(model.round),
+        "meta": json.dumps(model.meta),
+    }
+
+
+def _header(arrays: list[tuple[str, np.ndarray]], metadata: dict[str, str]) -> bytes:
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, array in arrays:
+        end = offset + array.nbytes
+        header[name] = {
+            "dtype": dtype_name(array.dtype),
+            "shape": list(array.shape),
+            "data_offsets": [offset, end],
+        }
+        offset = end
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # keep the data section 8-byte aligned, as safetensors does
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def encode(model: Model, chunk_size: int = CHUNK_SIZE) -> Iterator[memoryview]:
+    """Yield the model as safetensors chunks: the header, then views over the arrays' buffers."""
+    if chunk_size < 1:
+        raise ValueError("chunk_size must be >= 1")
+    arrays = _prepared(model.params)
+    yield memoryview(_header(arrays, _metadata(model)))
+    pending = bytearray()
+    for _, array in arrays:
+        view = memoryview(array.reshape(-1).view(np.uint8))
+        if len(view) < min(SMALL_ARRAY, chunk_size):
+            if len(pending) + len(view) > chunk_size:
+                yield memoryview(pending)
+                pending = bytearray()
+            pending += view
+            continue
+        if pending:
+            yield memoryview(pending)
+            pending = bytearray()
+        for start in range(0, len(view), chunk_size):
+            yield view[start : start + chunk_size]
+    if pending:
+        yield memoryview(pending)
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Reads exact byte counts out of an iterator of chunks of any size."""
+
+    def __init__(self, chunks: Iterable[bytes | bytearray | memoryview]):
+        self._chunks = iter(chunks)
+        self._current = memoryview(b"")
+        self.consumed = 0
+
+    def _next_chunk(self) -> bool:
+        for chunk in self._chunks:
+            view = memoryview(chunk).cast("B")
+            if len(view):
+                self._current = view
+                return True
+        return False
+
+    def readinto(self, target: memoryview, what: str) -> None:
+        filled = 0
+        while filled < len(target):
+            if not len(self._current) and not self._next_chunk():
+                raise SerdeError(
+                    f"payload ended early: {what} needs {len(target)} bytes, got {filled}"
+                    f" (stream ended after {self.consumed} bytes)"
+                )
+            n = min(len(target) - filled, len(self._current))
+            target[filled : filled + n] = self._current[:n]
+            self._current = self._current[n:]
+            filled += n
+            self.consumed += n
+
+    def at_end(self) -> bool:
+        return not len(self._current) and not self._next_chunk()
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise SerdeError(f"header: duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_header(raw: bytes) -> tuple[list[tuple[str, np.dtype, tuple[int, ...]]], dict[str, str]]:
+    """Validate a header; return the arrays in data order and the string metadata."""
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except UnicodeDecodeError as exc:
+        raise SerdeError(f"header is not UTF-8: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise SerdeError(f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise SerdeError(f"header must be a JSON object, got {type(header).__name__}")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise SerdeError("header: __metadata__ must be an object of string -> string")
+    entries = []
+    for name, info in header.items():
+        where = f"header: tensor {name!r}"
+        if not name:
+            raise SerdeError("header: a tensor has an empty name")
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise SerdeError(f"{where} must have exactly dtype, shape and data_offsets")
+        dtype = DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
+        if dtype is None:
+            raise SerdeError(
+                f"{where}: dtype {info['dtype']!r} is not supported; supported: {', '.join(DTYPES)}"
+            )
+        shape, offsets = info["shape"], info["data_offsets"]
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise SerdeError(f"{where}: shape must be a list of non-negative ints, got {shape!r}")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(_is_int(o) and o >= 0 for o in offsets)
+            or offsets[0] > offsets[1]
+        ):
+            raise SerdeError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end")
+        size = math.prod(shape) * dtype.itemsize
+        if offsets[1] - offsets[0] != size:
+            raise SerdeError(
+                f"{where}: data_offsets span {offsets[1] - offsets[0]} bytes but "
+                f"{info['dtype']} {shape} needs {size}"
+            )
+        entries.append((offsets[0], offsets[1], name, dtype, tuple(shape)))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    position = 0
+    for begin, end, name, _, _ in entries:
+        if begin != position:
+            raise SerdeError(
+                f"header: tensor {name!r} starts at byte {begin}, expected {position} "
+                "(data must be contiguous, without gaps or overlaps)"
+            )
+        position = end
+    return [(name, dtype, shape) for _, _, name, dtype, shape in entries], metadata
+
+
+def _model_fields(metadata: dict[str, str]) -> dict[str, Any]:
+    """Read atoll's fields from __metadata__; a plain safetensors file gets the defaults."""
+
+    def load(key: str, default: Any) -> Any:
+        if key not in metadata:
+            return default
+        try:
+            return json.loads(metadata[key])
+        except json.JSONDecodeError:
+            raise SerdeError(f"header: __metadata__.{key} is not valid JSON") from None
+
+    params_type = metadata.get("params_type", "full")
+    if params_type not in PARAMS_TYPES:
+        raise SerdeError(
+            f"header: __metadata__.params_type must be full or diff, got {params_type!r}"
+        )
+    num_examples = load("num_examples", 0)
+    metrics, round_, meta = load("metrics", {}), load("round", None), load("meta", {})
+    if not _is_int(num_examples) or num_examples < 0:
+        raise SerdeError("header: __metadata__.num_examples must be a non-negative int")
+    if not isinstance(metrics, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values()
+    ):
+        raise SerdeError("header: __metadata__.metrics must be an object of name -> number")
+    if round_ is not None and not _is_int(round_):
+        raise SerdeError("header: __metadata__.round must be an int or null")
+    if not isinstance(meta, dict):
+        raise SerdeError("header: __metadata__.meta must be an object")
+    return {
+        "params_type": params_type,
+        "num_examples": num_examples,
+        "metrics": metrics,
+        "round": round_,
+        "meta": meta,
+    }
+
+
+def decode(chunks: Iterable[bytes | bytearray | memoryview]) -> Model:
+    """Rebuild a model from its chunks, filling preallocated arrays (one copy of the data)."""
+    reader = _Reader(chunks)
+    length_bytes = bytearray(8)
+    reader.readinto(memoryview(length_bytes), "the header length")
+    (header_len,) = struct.unpack("<Q", length_bytes)
+    if header_len < 2 or header_len > MAX_HEADER_BYTES:
+        raise SerdeError(
+            f"header length {header_len} is out of bounds (2..{MAX_HEADER_BYTES}); "
+            "is this a safetensors model?"
+        )
+    raw = bytearray(header_len)
+    reader.readinto(memoryview(raw), "the header")
+    entries, metadata = parse_header(bytes(raw))
+    fields = _model_fields(metadata)
+    params: dict[str, np.ndarray] = {}
+    for name, dtype, shape in entries:
+        try:
+            array = np.empty(shape, dtype=dtype)
+        except (MemoryError, ValueError) as exc:
+            raise SerdeError(f"tensor {name!r} {list(shape)} cannot be allocated: {exc}") from None
+        if array.nbytes:
+            reader.readinto(memoryview(array.reshape(-1).view(np.uint8)), f"tensor {name!r}")
+        params[name] = array
+    if not reader.at_end():
+        raise SerdeError(
+            f"payload continues past the last tensor (the header describes {reader.consumed} bytes)"
+        )
+    return Model(params=params, **fields)
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+def save_file(model: Model, path: str | os.PathLike[str]) -> Path:
+    """Write a model as a .safetensors file, streaming (atomic: written aside, then renamed)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as f:
+        for chunk in encode(model):
+            f.write(chunk)
+    os.replace(tmp, path)
+    return path
+
+
+def iter_file(path: str | os.PathLike[str], chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            yield chunk
+
+
+def load_file(path: str | os.PathLike[str]) -> Model:
+    """Read a .safetensors file (atoll's or any other tool's) into a Model."""
+    try:
+        return decode(iter_file(path))
+    except SerdeError as exc:
+        raise SerdeError(f"{path}: {exc}") from None

@@ -1,0 +1,289 @@
+"""Run a job in one process: the server's workflow and every site's script, in threads.
+
+No federation, certificates or workers: an in-memory ``ServerChannel``/``SiteChannel`` pair
+(queues) carries the tasks and replies. Payload chunks are copied as they are sent, like a wire
+would, so a script that keeps training after ``fl.send()`` cannot change what the server got.
+Use it to develop a job before submitting it, and in tests:
+
+```python
+from atoll.fl.simulator import simulate
+result = simulate("examples/hospitals", {"hospital-1": {"records": "/tmp/data/hospital-1"}, ...})
+print(result.results_dir, result.events[-1])
+```
+
+Sites share the process: their scripts see one ``sys.argv`` and working directory (the site
+app's, set once), so every site app of a simulated job must use the same folder and arguments.
+A site script that raises "drops out" exactly as a crashed worker would: the server sees an
+error reply for its pending and later tasks. ``Federation`` gives tests the channels directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atoll.worker.channels import Chunk, Reply, Task
+
+EventSink = Callable[[dict[str, Any]], None]
+
+
+class SimulationError(RuntimeError):
+    """The job cannot be simulated as given (meta.json, sites); the message says what to fix."""
+
+
+@dataclass
+class _TaskState:
+    targets: list[str]
+    waiting: set[str]
+    replies: queue.Queue = field(default_factory=queue.Queue)
+
+
+class Federation:
+    """The in-memory hub between one server channel and one channel per site."""
+
+    def __init__(
+        self,
+        sites: Sequence[str],
+        results_dir: Path,
+        job_id: str = "simulated",
+        on_event: EventSink | None = None,
+    ):
+        self.job_id = job_id
+        self.sites = list(sites)
+        self.results_dir = Path(results_dir)
+        self.events: list[dict[str, Any]] = []
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._inbox: dict[str, queue.Queue] = {s: queue.Queue() for s in self.sites}
+        self._tasks: dict[str, _TaskState] = {}
+        self.dead: dict[str, str] = {}
+
+    def server_channel(self) -> InMemoryServerChannel:
+        return InMemoryServerChannel(self)
+
+    def site_channel(self, site: str) -> InMemorySiteChannel:
+        if site not in self._inbox:
+            raise SimulationError(f"unknown site {site!r}; sites: {', '.join(self.sites)}")
+        return InMemorySiteChannel(self, site)
+
+    def send(
+        self, targets: Sequence[str], topic: str, headers: dict[str, Any], payload: Iterable[Chunk]
+    ) -> str:
+        unknown = [t for t in targets if t not in self._inbox]
+        if unknown:
+            raise ValueError(f"unknown target site(s) {unknown}; sites: {', '.join(self.sites)}")
+        chunks = [bytes(c) for c in payload]  # like the wire: the sender's buffers are free again
+        task_id = uuid.uuid4().hex
+        state = _TaskState(targets=list(targets), waiting=set())
+        with self._lock:
+            self._tasks[task_id] = state
+            for site in targets:
+                if site in self.dead:
+                    state.replies.put(Reply(site=site, error=self.dead[site]))
+                    continue
+                state.waiting.add(site)
+                self._inbox[site].put(
+                    Task(task_id, topic, json.loads(json.dumps(headers)), iter(chunks))
+                )
+        return task_id
+
+    def reply(
+        self, site: str, task_id: str, headers: dict[str, Any], payload: Iterable[Chunk]
+    ) -> None:
+        chunks = [bytes(c) for c in payload]
+        with self._lock:
+            state = self._tasks.get(task_id)
+            if state is None or site not in state.waiting:
+                raise ValueError(f"{site} answered task {task_id}, which is not waiting for it")
+            state.waiting.discard(site)
+            state.replies.put(
+                Reply(site=site, headers=json.loads(json.dumps(headers)), chunks=iter(chunks))
+            )
+
+    def replies(self, task_id: str, timeout: float | None) -> Iterator[Reply]:
+        state = self._tasks[task_id]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _ in range(len(state.targets)):
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                yield state.replies.get(timeout=remaining)
+            except queue.Empty:
+                return
+
+    def drop(self, site: str, reason: str) -> None:
+        """The site is gone (as when its worker dies): error replies for what it still owes."""
+        with self._lock:
+            self.dead.setdefault(site, reason)
+            for state in self._tasks.values():
+                if site in state.waiting:
+                    state.waiting.discard(site)
+                    state.replies.put(Reply(site=site, error=reason))
+
+    def close(self) -> None:
+        """The job is over: every site's receive() returns None."""
+        for inbox in self._inbox.values():
+            inbox.put(None)
+
+    def report(self, event: dict[str, Any]) -> None:
+        event = json.loads(json.dumps(event))  # the contract: JSON-safe
+        with self._lock:
+            self.events.append(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    def receive(self, site: str, timeout: float | None) -> Task | None:
+        try:
+            return self._inbox[site].get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+class InMemoryServerChannel:
+    def __init__(self, federation: Federation):
+        self._federation = federation
+        self.job_id = federation.job_id
+        self.sites = list(federation.sites)
+        self.results_dir = federation.results_dir
+
+    def send(self, targets, topic, headers, payload) -> str:  # noqa: ANN001 - the protocol's types
+        return self._federation.send(targets, topic, headers, payload)
+
+    def replies(self, task_id: str, timeout: float | None = None) -> Iterator[Reply]:
+        return self._federation.replies(task_id, timeout)
+
+    def report(self, event: dict[str, Any]) -> None:
+        self._federation.report(event)
+
+
+class InMemorySiteChannel:
+    def __init__(self, federation: Federation, site: str):
+        self._federation = federation
+        self.job_id = federation.job_id
+        self.site = site
+
+    def receive(self, timeout: float | None = None) -> Task | None:
+        return self._federation.receive(self.site, timeout)
+
+    def reply(self, task_id: str, headers: dict[str, Any], payload: Iterable[Chunk]) -> None:
+        self._federation.reply(self.site, task_id, headers, payload)
+
+    def report(self, event: dict[str, Any]) -> None:
+        self._federation.report(event)
+
+
+# --- simulate a job folder ----------------------------------------------------------------------
+
+
+@dataclass
+class SimulationResult:
+    results_dir: Path
+    events: list[dict[str, Any]]
+    site_errors: dict[str, str]  # site -> traceback of a site script that raised
+
+
+def _apps(job_dir: Path, sites: Sequence[str]) -> tuple[Path, dict[str, Path], dict[str, Any]]:
+    meta_path = job_dir / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise SimulationError(f"{meta_path}: missing; a job folder needs a meta.json") from None
+    except json.JSONDecodeError as exc:
+        raise SimulationError(f"{meta_path}: not valid JSON: {exc}") from None
+    deploy_map = meta.get("deploy_map") if isinstance(meta, dict) else None
+    if not isinstance(deploy_map, dict) or not deploy_map:
+        raise SimulationError(f"{meta_path}: deploy_map must map app folders to targets")
+    server_app, site_apps = None, {}
+    for app, targets in deploy_map.items():
+        targets = targets if isinstance(targets, list) else []
+        if "server" in targets or "@ALL" in targets:
+            server_app = job_dir / app
+        for site in sites:
+            if site in targets or "@ALL" in targets:
+                site_apps[site] = job_dir / app
+    if server_app is None:
+        raise SimulationError(f"{meta_path}: deploy_map gives no app to the server")
+    missing = [s for s in sites if s not in site_apps]
+    if missing:
+        raise SimulationError(
+            f"{meta_path}: deploy_map gives no app to site(s) {', '.join(missing)}"
+        )
+    return server_app, site_apps, meta
+
+
+def simulate(
+    job_dir: str | os.PathLike[str],
+    sites: dict[str, dict[str, str]],
+    results_dir: str | os.PathLike[str] | None = None,
+    job_args: dict[str, Any] | None = None,
+    on_event: EventSink | None = None,
+    raise_on_error: bool = True,
+) -> SimulationResult:
+    """Run the job in ``job_dir`` with ``sites`` (site -> {dataset name: path}) in this process.
+
+    Returns where the results are and every progress event. The server workflow's exception is
+    re-raised (after the sites stopped) unless ``raise_on_error`` is False; a site script's
+    exception is a drop-out, recorded in ``site_errors``.
+    """
+    from atoll.fl.runner import run_server_app, run_site_app_in_thread, site_argv
+
+    job_dir = Path(job_dir).resolve()
+    if not sites:
+        raise SimulationError("simulate() needs at least one site")
+    server_app, site_apps, meta = _apps(job_dir, list(sites))
+    if len(set(site_apps.values())) > 1:
+        raise SimulationError(
+            "the simulator runs every site in one process, so all sites must run the same app "
+            f"folder; deploy_map gives: {', '.join(sorted({p.name for p in site_apps.values()}))}"
+        )
+    site_app = next(iter(site_apps.values()))
+    results = Path(results_dir) if results_dir else Path(tempfile.mkdtemp(prefix="atoll-sim-"))
+    federation = Federation(
+        list(sites), results, job_id=f"sim-{uuid.uuid4().hex[:8]}", on_event=on_event
+    )
+    if job_args is None:
+        job_args = {k: meta[k] for k in ("min_clients", "mandatory_clients") if k in meta}
+    site_errors: dict[str, str] = {}
+
+    def site_main(site: str) -> None:
+        try:
+            run_site_app_in_thread(federation.site_channel(site), site_app, site, sites[site])
+            federation.drop(site, f"{site}: the site script ended before answering")
+        except BaseException as exc:  # noqa: BLE001 - a site's crash is a drop-out, reported
+            site_errors[site] = traceback.format_exc()
+            federation.drop(site, f"{site} dropped out: {type(exc).__name__}: {exc}")
+
+    saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
+    sys.argv = site_argv(site_app)
+    sys.path.insert(0, str(site_app.resolve()))
+    os.chdir(site_app)
+    threads = [
+        threading.Thread(target=site_main, args=(s,), name=f"site-{s}", daemon=True) for s in sites
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        try:
+            run_server_app(federation.server_channel(), server_app, job_args)
+        except Exception:
+            if raise_on_error:
+                raise
+            federation.report({"event": "failed", "error": traceback.format_exc()})
+        finally:
+            federation.close()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        os.chdir(saved_cwd)
+    return SimulationResult(results, federation.events, site_errors)

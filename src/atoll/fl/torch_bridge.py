@@ -1,0 +1,58 @@
+"""PyTorch ``state_dict`` <-> ``Model.params`` without copies where the memory allows it.
+
+A CPU, contiguous tensor and its numpy array share one buffer (``Tensor.numpy()`` and
+``torch.from_numpy``), so converting a model of any size costs nothing. A copy happens only
+where it must: a tensor on a GPU (moved to the CPU), a non-contiguous one, or bfloat16, which
+numpy cannot represent (upcast to float32; ``load_state_dict`` casts it back on load).
+
+This is the only atoll module that imports torch: training scripts and the demo use it, the
+parents never do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def to_params(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """A state_dict (or a module) as numpy arrays that share memory with the tensors if possible.
+
+    The arrays alias the module's live weights: encode or copy them before training further.
+    ``fl.send()`` serializes right away, so the usual script is safe.
+    """
+    if isinstance(state_dict, torch.nn.Module):
+        state_dict = state_dict.state_dict()
+    params: dict[str, np.ndarray] = {}
+    for name, tensor in state_dict.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"state_dict[{name!r}] is a {type(tensor).__name__}, not a tensor")
+        tensor = tensor.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        if tensor.dtype == torch.bfloat16:
+            tensor = tensor.float()
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        params[name] = tensor.numpy()
+    return params
+
+
+def to_state_dict(params: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Model params as CPU tensors sharing memory with the arrays (read-only arrays are copied)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, array in params.items():
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"params[{name!r}] is a {type(array).__name__}, not a numpy array")
+        if not array.flags.writeable or not array.flags.c_contiguous:
+            array = np.array(array, order="C")  # torch.from_numpy needs a writable buffer
+        out[name] = torch.from_numpy(array)
+    return out
+
+
+def load_params(module: torch.nn.Module, params: Mapping[str, np.ndarray], strict: bool = True):
+    """Copy params into a module's own tensors (on its device, in its dtypes)."""
+    return module.load_state_dict(to_state_dict(params), strict=strict)

@@ -1,0 +1,108 @@
+"""Federated evaluation: sites evaluate a model on their own data and send back metrics only.
+
+The server sends a ``validate`` task carrying the model; the site script evaluates it and
+answers ``fl.send(fl.Model(metrics={...}, num_examples=n))`` (or the evaluate function given to
+``fl.init(evaluate=...)`` does it for the script). Used after every ``evaluate_every`` rounds on
+the new global model, and at the end for cross-site evaluation: every site evaluates the final
+global model (the best one too, when it differs) and, with ``cross_site_eval: all``, every
+site's last local model. Results form a table model x site, saved as ``cross_site_eval.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atoll.fl.model import Model
+from atoll.fl.serde import iter_file
+from atoll.fl.workflows.rounds import Outcome, gather, send_model
+from atoll.worker.channels import ServerChannel
+
+VALIDATE = "validate"
+
+
+@dataclass
+class Evaluation:
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> metrics
+    num_examples: dict[str, int] = field(default_factory=dict)
+    outcome: Outcome = field(default_factory=Outcome)
+
+
+def _collect(
+    channel: ServerChannel, task_id: str, targets: Sequence[str], timeout: float | None
+) -> Evaluation:
+    evaluation = Evaluation()
+
+    def on_result(site: str, model: Model) -> None:
+        evaluation.metrics[site] = model.metrics
+        evaluation.num_examples[site] = model.num_examples
+
+    evaluation.outcome = gather(channel, task_id, targets, timeout, on_result)
+    return evaluation
+
+
+def evaluate(
+    channel: ServerChannel,
+    targets: Sequence[str],
+    model: Model,
+    label: str,
+    timeout: float | None,
+) -> Evaluation:
+    """Every target evaluates ``model`` (``label`` tells them which model it is)."""
+    headers = {"round": model.round, "model": label}
+    model.meta = {**model.meta, "model": label}
+    task_id = send_model(channel, targets, VALIDATE, model, headers)
+    return _collect(channel, task_id, targets, timeout)
+
+
+def evaluate_file(
+    channel: ServerChannel,
+    targets: Sequence[str],
+    path: Path,
+    label: str,
+    timeout: float | None,
+) -> Evaluation:
+    """Like ``evaluate`` for a saved model, streamed from its file without loading it."""
+    task_id = channel.send(
+        list(targets), VALIDATE, {"round": None, "model": label}, iter_file(path)
+    )
+    return _collect(channel, task_id, targets, timeout)
+
+
+def cross_site_table(
+    channel: ServerChannel,
+    targets: Sequence[str],
+    models: Iterable[tuple[str, Path]],
+    timeout: float | None,
+) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, str]]]:
+    """Evaluate each saved model on every target: (model -> site -> metrics, model -> failures)."""
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    failures: dict[str, dict[str, str]] = {}
+    for label, path in models:
+        result = evaluate_file(channel, targets, path, label, timeout)
+        table[label] = result.metrics
+        if result.outcome.failed:
+            failures[label] = result.outcome.failed
+    return table, failures
+
+
+def format_table(table: dict[str, dict[str, dict[str, float]]], metric: str) -> str:
+    """A plain-text table of one metric: a row per model, a column per site."""
+    sites = sorted({site for row in table.values() for site in row})
+    width = max([len("model")] + [len(label) for label in table])
+    lines = [f"{'model':<{width}}  " + "  ".join(f"{s:>12}" for s in sites)]
+    for label, row in table.items():
+        cells = []
+        for site in sites:
+            value = row.get(site, {}).get(metric)
+            cells.append(f"{value:>12.4f}" if value is not None else f"{'-':>12}")
+        lines.append(f"{label:<{width}}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def save_table(path: Path, table: dict, failures: dict, metric: str) -> None:
+    path.write_text(
+        json.dumps({"key_metric": metric, "table": table, "failures": failures}, indent=2)
+    )

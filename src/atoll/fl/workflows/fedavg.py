@@ -1,0 +1,330 @@
+"""FedAvg (McMahan et al. 2017) and the loop FedProx and FedOpt share with it.
+
+Each round: send the global model to the active sites as a ``train`` task; fold each result into
+an example-weighted running mean as it arrives (``atoll.fl.aggregation``); require
+``min_clients`` usable results; the mean (or, for FedOpt, the server optimizer's step from it)
+becomes the new global model. Every ``evaluate_every`` rounds and after the last one, the sites
+evaluate the new global model (a ``validate`` task); its example-weighted ``key_metric`` picks the
+best model. At the end, cross-site evaluation, then the results.
+
+Drop-outs: a site whose reply is an error (its worker is gone) is removed from later rounds; a
+site that sends an unusable result or misses ``round_timeout`` only misses that round. A round
+or evaluation with fewer than ``min_clients`` usable answers fails the workflow with a
+``WorkflowError`` naming every failed site and why.
+
+Results in ``channel.results_dir``: ``global_model_final.safetensors``,
+``global_model_best.safetensors``, ``metrics.jsonl``, ``metrics.csv``, ``training_curves.png``,
+``cross_site_eval.json``, ``summary.json`` (and ``site_models/`` with ``cross_site_eval: all``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atoll.fl.aggregation import WeightedMean, weighted_metrics
+from atoll.fl.app_config import FedAvgArgs
+from atoll.fl.metrics_log import MetricsLog
+from atoll.fl.model import Model
+from atoll.fl.serde import save_file
+from atoll.fl.workflows.evaluation import cross_site_table, evaluate, format_table, save_table
+from atoll.fl.workflows.rounds import (
+    Outcome,
+    WorkflowError,
+    describe,
+    gather,
+    require,
+    resolve_min_clients,
+    send_model,
+)
+from atoll.worker.channels import ServerChannel
+
+log = logging.getLogger(__name__)
+
+Params = dict[str, np.ndarray]
+# (old global, example-weighted mean of the results, round) -> new global
+ServerUpdate = Callable[[Params, Params, int], Params]
+
+FINAL_MODEL = "global_model_final.safetensors"
+BEST_MODEL = "global_model_best.safetensors"
+
+
+def run_fedavg(
+    channel: ServerChannel,
+    args: FedAvgArgs,
+    initial: Model | None,
+    job_args: dict[str, Any],
+    *,
+    workflow: str = "fedavg",
+    server_update: ServerUpdate | None = None,
+    site_meta: dict[str, Any] | None = None,
+) -> None:
+    FedAvgRun(channel, args, initial, job_args, workflow, server_update, site_meta or {}).run()
+
+
+class FedAvgRun:
+    def __init__(
+        self,
+        channel: ServerChannel,
+        args: FedAvgArgs,
+        initial: Model | None,
+        job_args: dict[str, Any],
+        workflow: str,
+        server_update: ServerUpdate | None,
+        site_meta: dict[str, Any],
+    ):
+        self.channel = channel
+        self.args = args
+        self.workflow = workflow
+        self.server_update = server_update
+        self.site_meta = site_meta
+        self.results = Path(channel.results_dir)
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.min_clients = resolve_min_clients(args.min_clients, job_args, channel.sites)
+        self.active = list(channel.sites)
+        self.dropped: dict[str, str] = {}
+        self.global_params: Params = dict(initial.params) if initial else {}
+        self.last_validation: dict[str, float] = {}
+        self.best: tuple[int, float] | None = None
+        self.metrics = MetricsLog(self.results)
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            for round_ in range(self.args.num_rounds):
+                self.train_round(round_)
+            final = save_file(
+                self._global_model(self.args.num_rounds - 1), self.results / FINAL_MODEL
+            )
+            if self.best is None:  # no usable validation: the final model is the best we know
+                shutil.copyfile(final, self.results / BEST_MODEL)
+            table = self.cross_site(final)
+            self._write_summary(table)
+        finally:
+            self.metrics.close()
+
+    def _global_model(self, round_: int) -> Model:
+        return Model(
+            params=self.global_params,
+            round=round_,
+            metrics=self.last_validation,
+            meta={
+                "total_rounds": self.args.num_rounds,
+                "workflow": self.workflow,
+                **self.site_meta,
+            },
+        )
+
+    def _check_active(self, what: str) -> None:
+        if len(self.active) < self.min_clients:
+            raise WorkflowError(
+                f"{what}: only {len(self.active)} site(s) left ({', '.join(self.active) or 'none'}), "
+                f"min_clients is {self.min_clients}. Dropped: {describe(self.dropped)}"
+            )
+
+    def _drop(self, outcome: Outcome) -> None:
+        for site, reason in outcome.dropped.items():
+            self.dropped[site] = reason
+            if site in self.active:
+                self.active.remove(site)
+            log.warning("%s dropped out: %s", site, reason)
+
+    def train_round(self, round_: int) -> None:
+        what = f"round {round_}"
+        self._check_active(what)
+        last = round_ == self.args.num_rounds - 1
+        keep_site_models = last and self.args.cross_site_eval == "all"
+        outgoing = self._global_model(round_)
+        headers = {"round": round_, "total_rounds": self.args.num_rounds}
+        task_id = send_model(self.channel, self.active, "train", outgoing, headers)
+        mean = WeightedMean(self.global_params)
+        train: dict[str, tuple[dict[str, float], int]] = {}
+
+        def on_result(site: str, model: Model) -> None:
+            if keep_site_models:
+                mean.check(model)
+                self._save_site_model(site, model, round_)
+            metrics, n = model.metrics, model.num_examples
+            mean.add(model)  # raises ResultRejected for an unusable result
+            train[site] = (metrics, n)
+
+        outcome = gather(self.channel, task_id, self.active, self.args.round_timeout, on_result)
+        self._drop(outcome)
+        require(outcome, self.min_clients, what)
+        averaged = mean.result()
+        if self.server_update is not None and self.global_params:
+            self.global_params = self.server_update(self.global_params, averaged, round_)
+        else:
+            self.global_params = averaged
+        for site, (metrics, n) in train.items():
+            self.metrics.record(round_, "train", site, metrics, n)
+        global_train = weighted_metrics(train.values())
+        if global_train:
+            self.metrics.record(round_, "train", "global", global_train, int(mean.total_weight))
+        validation = self.validate(round_) if self._evaluation_due(round_) else None
+        self._report_round(round_, train, global_train, validation, outcome)
+
+    def _evaluation_due(self, round_: int) -> bool:
+        every = self.args.evaluate_every
+        return every > 0 and ((round_ + 1) % every == 0 or round_ == self.args.num_rounds - 1)
+
+    def validate(self, round_: int) -> dict[str, Any]:
+        what = f"round {round_} validation"
+        self._check_active(what)
+        result = evaluate(
+            self.channel, self.active, self._global_model(round_), "global", self.args.round_timeout
+        )
+        self._drop(result.outcome)
+        require(result.outcome, self.min_clients, what)
+        for site, metrics in result.metrics.items():
+            self.metrics.record(round_, "validate", site, metrics, result.num_examples[site])
+        overall = weighted_metrics(
+            (result.metrics[s], result.num_examples[s]) for s in result.metrics
+        )
+        self.last_validation = overall
+        if overall:
+            self.metrics.record(
+                round_, "validate", "global", overall, sum(result.num_examples.values())
+            )
+        self._track_best(round_, overall)
+        return {"sites": result.metrics, "global": overall, "failed": result.outcome.failed}
+
+    def _track_best(self, round_: int, overall: dict[str, float]) -> None:
+        key = self.args.key_metric
+        if key not in overall:
+            if overall:
+                log.warning(
+                    "round %d: sites report %s but not key_metric %r; the best model cannot be "
+                    "picked (set server.args.key_metric)",
+                    round_,
+                    sorted(overall),
+                    key,
+                )
+            return
+        value = overall[key]
+        better = self.best is None or (
+            value > self.best[1] if self.args.key_metric_mode == "max" else value < self.best[1]
+        )
+        if better:
+            self.best = (round_, value)
+            save_file(self._global_model(round_), self.results / BEST_MODEL)
+
+    def _save_site_model(self, site: str, model: Model, round_: int) -> None:
+        params = model.params
+        if model.params_type == "diff" and self.global_params:
+            params = {
+                k: self.global_params[k] + v for k, v in params.items() if k in self.global_params
+            }
+        folder = self.results / "site_models"
+        folder.mkdir(exist_ok=True)
+        save_file(
+            Model(params=params, round=round_, meta={"site": site}), folder / f"{site}.safetensors"
+        )
+
+    # --- the end ----------------------------------------------------------------------------
+
+    def cross_site(self, final: Path) -> dict[str, Any]:
+        mode = self.args.cross_site_eval
+        if mode == "none" or not self.active:
+            return {}
+        models = [("global_final", final)]
+        if self.best is not None and self.best[0] != self.args.num_rounds - 1:
+            models.append(("global_best", self.results / BEST_MODEL))
+        if mode == "all":
+            folder = self.results / "site_models"
+            models += [
+                (site, folder / f"{site}.safetensors")
+                for site in sorted(self.channel.sites)
+                if (folder / f"{site}.safetensors").exists()
+            ]
+        table, failures = cross_site_table(
+            self.channel, self.active, models, self.args.round_timeout
+        )
+        for label, row in table.items():
+            for site, metrics in row.items():
+                self.metrics.record(None, "cross_site", site, metrics, model=label)
+        save_table(self.results / "cross_site_eval.json", table, failures, self.args.key_metric)
+        text = format_table(table, self.args.key_metric)
+        log.info("cross-site evaluation (%s):\n%s", self.args.key_metric, text)
+        self.channel.report(
+            {
+                "event": "cross_site_eval",
+                "key_metric": self.args.key_metric,
+                "table": table,
+                "failures": failures,
+                "text": text,
+            }
+        )
+        return {"table": table, "failures": failures}
+
+    def _write_summary(self, cross_site: dict[str, Any]) -> None:
+        summary = {
+            "workflow": self.workflow,
+            "num_rounds": self.args.num_rounds,
+            "key_metric": self.args.key_metric,
+            "best_round": self.best[0] if self.best else None,
+            "best_value": self.best[1] if self.best else None,
+            "final_validation": self.last_validation,
+            "sites": list(self.channel.sites),
+            "dropped": self.dropped,
+            "cross_site_eval": cross_site.get("table", {}),
+        }
+        (self.results / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.channel.report({"event": "finished", **summary})
+
+    def _headline(self, global_train: dict[str, float], validation: dict[str, Any] | None) -> dict:
+        """A flat view for one-line progress: global validation and each site's key metric."""
+        if not validation:
+            return {f"train_{k}": v for k, v in global_train.items()}
+        key = self.args.key_metric
+        flat = dict(validation["global"])
+        flat.update({f"{s}/{key}": m[key] for s, m in sorted(validation["sites"].items()) if key in m})
+        return flat
+
+    def _report_round(
+        self,
+        round_: int,
+        train: dict[str, tuple[dict[str, float], int]],
+        global_train: dict[str, float],
+        validation: dict[str, Any] | None,
+        outcome: Outcome,
+    ) -> None:
+        sites: dict[str, Any] = {
+            site: {"train": metrics, "num_examples": n} for site, (metrics, n) in train.items()
+        }
+        if validation:
+            for site, metrics in validation["sites"].items():
+                sites.setdefault(site, {})["validate"] = metrics
+        event = {
+            "event": "round",
+            "round": round_,
+            "total_rounds": self.args.num_rounds,
+            "num_rounds": self.args.num_rounds,
+            "metrics": self._headline(global_train, validation),
+            "sites": sites,
+            "global": {
+                "train": global_train,
+                "validate": validation["global"] if validation else {},
+            },
+            "failed": {**outcome.failed, **(validation["failed"] if validation else {})},
+            "active": list(self.active),
+        }
+        if self.best is not None:
+            event["best"] = {"round": self.best[0], self.args.key_metric: self.best[1]}
+        log.info(
+            "round %d (%d of %d): %d result(s)%s%s",
+            round_,
+            round_ + 1,
+            self.args.num_rounds,
+            len(train),
+            f", validation {validation['global']}" if validation else "",
+            f", failed: {describe(event['failed'])}" if event["failed"] else "",
+        )
+        self.channel.report(event)

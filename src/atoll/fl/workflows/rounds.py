@@ -1,0 +1,124 @@
+"""One round trip to the sites: send a model, take each reply as it arrives, account for the rest.
+
+A site either answers with a model, answers with an error (``Reply.error``: it dropped out, its
+worker died), sends something unusable (rejected, with the reason), or does not answer within
+the round's timeout. ``gather`` folds every good answer into the caller's callback at once, so a
+workflow never holds more than one site's result, and returns who failed and why. ``require``
+turns a shortfall below ``min_clients`` into a ``WorkflowError`` that names every failed site.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from atoll.fl.aggregation import ResultRejected
+from atoll.fl.model import Model
+from atoll.fl.serde import SerdeError, decode, encode
+from atoll.worker.channels import ServerChannel
+
+log = logging.getLogger(__name__)
+
+
+class WorkflowError(RuntimeError):
+    """The workflow cannot go on; the message names the round, the sites and what happened."""
+
+
+@dataclass
+class Outcome:
+    """Who answered one task, who did not, and why."""
+
+    ok: list[str] = field(default_factory=list)
+    dropped: dict[str, str] = field(default_factory=dict)  # Reply.error: the site is gone
+    rejected: dict[str, str] = field(default_factory=dict)  # answered, but unusable
+    late: dict[str, str] = field(default_factory=dict)  # no answer within the timeout
+
+    @property
+    def failed(self) -> dict[str, str]:
+        return {**self.dropped, **self.rejected, **self.late}
+
+
+def send_model(
+    channel: ServerChannel,
+    targets: Sequence[str],
+    topic: str,
+    model: Model,
+    headers: dict[str, Any],
+) -> str:
+    return channel.send(list(targets), topic, headers, encode(model))
+
+
+def gather(
+    channel: ServerChannel,
+    task_id: str,
+    targets: Sequence[str],
+    timeout: float | None,
+    on_result: Callable[[str, Model], None],
+) -> Outcome:
+    """Decode each reply and hand it to ``on_result`` as it arrives.
+
+    ``on_result`` may raise ``ResultRejected`` to refuse a result; the site is then counted as
+    failed with that reason. Any other exception is a bug of the workflow and propagates.
+    """
+    outcome = Outcome()
+    pending = set(targets)
+    for reply in channel.replies(task_id, timeout=timeout):
+        site = reply.site
+        if site not in pending:
+            log.warning(
+                "ignoring an unexpected or repeated reply from %s to task %s", site, task_id
+            )
+            continue
+        pending.discard(site)
+        if reply.error is not None:
+            outcome.dropped[site] = reply.error
+            continue
+        try:
+            model = decode(reply.chunks if reply.chunks is not None else iter(()))
+            on_result(site, model)
+        except SerdeError as exc:
+            outcome.rejected[site] = f"sent an unreadable model: {exc}"
+            continue
+        except ResultRejected as exc:
+            outcome.rejected[site] = str(exc)
+            continue
+        outcome.ok.append(site)
+    for site in sorted(pending):
+        outcome.late[site] = (
+            f"no reply within round_timeout={timeout}s"
+            if timeout
+            else "no reply before the channel closed"
+        )
+    return outcome
+
+
+def describe(failed: dict[str, str]) -> str:
+    return "; ".join(f"{site}: {reason}" for site, reason in sorted(failed.items()))
+
+
+def require(outcome: Outcome, min_clients: int, what: str) -> None:
+    """Fail when fewer than ``min_clients`` sites answered usefully."""
+    if len(outcome.ok) >= min_clients:
+        return
+    raise WorkflowError(
+        f"{what}: {len(outcome.ok)} site(s) returned a usable result, min_clients is "
+        f"{min_clients}. Failed: {describe(outcome.failed) or 'none'}"
+    )
+
+
+def resolve_min_clients(
+    requested: int | None, job_args: dict[str, Any], sites: Sequence[str]
+) -> int:
+    """The workflow's min_clients, else the job's (meta.json), else every site; at most the sites."""
+    value = requested
+    if value is None:
+        job_value = job_args.get("min_clients")
+        value = job_value if isinstance(job_value, int) and job_value >= 1 else len(sites)
+    if value > len(sites):
+        raise WorkflowError(
+            f"min_clients is {value} but the job has only {len(sites)} site(s): {', '.join(sites)}; "
+            "lower min_clients in app.yaml (server.args) or meta.json"
+        )
+    return value

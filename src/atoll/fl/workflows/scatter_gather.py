@@ -1,0 +1,88 @@
+"""The smallest workflow: send one payload to every site, gather what they send back.
+
+Each round the server sends a model holding one uint8 array ``payload`` of ``payload_bytes``
+bytes (deterministic content, so a site or a test can check it) with topic ``topic``; each site
+answers with any model. The result, ``scatter_gather.json``, lists per round and site the reply's
+parameter names, sizes and SHA-256 digests, and whether the reply echoed the payload. Meant to
+prove the federation's path (and measure it), not to train anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atoll.fl.app_config import ScatterGatherArgs
+from atoll.fl.model import Model
+from atoll.fl.workflows.rounds import gather, require, resolve_min_clients, send_model
+from atoll.worker.channels import ServerChannel
+
+
+def make_payload(size: int) -> np.ndarray:
+    """Deterministic bytes, different at every position modulo 251 (a prime: no short period)."""
+    return (np.arange(size, dtype=np.uint64) % 251).astype(np.uint8)
+
+
+def digest(array: np.ndarray) -> str:
+    return hashlib.sha256(memoryview(np.ascontiguousarray(array)).cast("B")).hexdigest()
+
+
+def run_scatter_gather(
+    channel: ServerChannel, args: ScatterGatherArgs, initial: Model | None, job_args: dict[str, Any]
+) -> None:
+    min_clients = resolve_min_clients(args.min_clients, job_args, channel.sites)
+    params = dict(initial.params) if initial else {"payload": make_payload(args.payload_bytes)}
+    sent = {name: digest(a) for name, a in params.items()}
+    rounds: list[dict[str, Any]] = []
+    for round_ in range(args.num_rounds):
+        started = time.monotonic()
+        model = Model(params=params, round=round_, meta={"total_rounds": args.num_rounds})
+        headers = {"round": round_, "total_rounds": args.num_rounds}
+        task_id = send_model(channel, channel.sites, args.topic, model, headers)
+        replies: dict[str, Any] = {}
+
+        def on_result(site: str, reply: Model, replies: dict[str, Any] = replies) -> None:
+            replies[site] = _describe(reply, sent)
+
+        outcome = gather(channel, task_id, channel.sites, args.round_timeout, on_result)
+        entry = {
+            "round": round_,
+            "seconds": round(time.monotonic() - started, 6),
+            "replies": replies,
+            "failed": outcome.failed,
+        }
+        rounds.append(entry)
+        channel.report(
+            {
+                "event": "round",
+                "round": round_,
+                "total_rounds": args.num_rounds,
+                "sites": {s: {"echoed": r["echoed"]} for s, r in replies.items()},
+                "failed": outcome.failed,
+            }
+        )
+        _write(Path(channel.results_dir), sent, rounds)
+        require(outcome, min_clients, f"round {round_}")
+
+
+def _describe(reply: Model, sent: dict[str, str]) -> dict[str, Any]:
+    digests = {name: digest(a) for name, a in reply.params.items()}
+    return {
+        "params": {name: int(a.nbytes) for name, a in reply.params.items()},
+        "sha256": digests,
+        "echoed": digests == sent,
+        "metrics": reply.metrics,
+        "meta": reply.meta,
+    }
+
+
+def _write(results: Path, sent: dict[str, str], rounds: list[dict[str, Any]]) -> None:
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "scatter_gather.json").write_text(
+        json.dumps({"sent": sent, "rounds": rounds}, indent=2)
+    )

@@ -1,0 +1,86 @@
+"""The in-process simulator: job folders, crashing site scripts, the scatter_gather workflow."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from atoll.fl.simulator import Federation, SimulationError, simulate
+from atoll.fl.workflows import WorkflowError
+
+ECHO = """
+import atoll.client as fl
+fl.init()
+while fl.is_running():
+    model = fl.receive()
+    if fl.site_name() == "{crash}" and model.current_round == 1:
+        raise RuntimeError("disk full")
+    fl.send(fl.Model(params=model.params, num_examples=1))
+"""
+
+
+def _job(tmp_path, workflow_args, crash="", deploy=None):
+    job = tmp_path / "job"
+    (job / "app").mkdir(parents=True)
+    (job / "meta.json").write_text(
+        json.dumps({"name": "t", "deploy_map": deploy or {"app": ["@ALL"]}})
+    )
+    (job / "app" / "app.yaml").write_text(
+        f"server: {{workflow: scatter_gather, args: {json.dumps(workflow_args)}}}\n"
+        "site: {script: echo.py}\n"
+    )
+    (job / "app" / "echo.py").write_text(textwrap.dedent(ECHO.format(crash=crash)))
+    return job
+
+
+def test_scatter_gather_sends_the_payload_and_gathers_every_echo(tmp_path):
+    job = _job(tmp_path, {"num_rounds": 2, "payload_bytes": 100_000})
+    result = simulate(job, {"a": {}, "b": {}, "c": {}}, results_dir=tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "scatter_gather.json").read_text())
+    assert len(report["rounds"]) == 2
+    for entry in report["rounds"]:
+        assert {s: r["echoed"] for s, r in entry["replies"].items()} == {
+            "a": True,
+            "b": True,
+            "c": True,
+        }
+        assert all(r["params"] == {"payload": 100_000} for r in entry["replies"].values())
+    assert [e["round"] for e in result.events if e["event"] == "round"] == [0, 1]
+
+
+def test_a_crashing_site_script_is_a_drop_out_with_its_traceback(tmp_path):
+    job = _job(tmp_path, {"num_rounds": 3, "min_clients": 1}, crash="b")
+    result = simulate(job, {"a": {}, "b": {}}, results_dir=tmp_path / "out")
+    assert "RuntimeError: disk full" in result.site_errors["b"]
+    assert 'echo.py", line' in result.site_errors["b"]  # the script's own frame
+    rounds = json.loads((tmp_path / "out" / "scatter_gather.json").read_text())["rounds"]
+    assert rounds[1]["failed"] == {"b": "b dropped out: RuntimeError: disk full"}
+    assert list(rounds[2]["replies"]) == ["a"]
+
+
+def test_the_workflow_error_surfaces(tmp_path):
+    job = _job(tmp_path, {"num_rounds": 3}, crash="b")
+    with pytest.raises(
+        WorkflowError, match="round 1: 1 site.*b: b dropped out: RuntimeError: disk full"
+    ):
+        simulate(job, {"a": {}, "b": {}}, results_dir=tmp_path / "out")
+
+
+def test_job_folder_problems_are_named(tmp_path):
+    with pytest.raises(SimulationError, match="meta.json: missing"):
+        simulate(tmp_path, {"a": {}})
+    job = _job(tmp_path, {}, deploy={"app": ["server", "a"]})
+    with pytest.raises(SimulationError, match="deploy_map gives no app to site"):
+        simulate(job, {"a": {}, "b": {}})
+
+
+def test_a_task_to_a_dropped_site_is_answered_with_the_error(tmp_path):
+    federation = Federation(["a", "b"], tmp_path)
+    federation.drop("b", "b: worker exited with code 1")
+    task = federation.send(["a", "b"], "train", {}, [b"x"])
+    federation.site_channel("a").reply(federation.site_channel("a").receive().task_id, {}, [b"y"])
+    replies = {r.site: r for r in federation.replies(task, timeout=5)}
+    assert replies["b"].error == "b: worker exited with code 1"
+    assert b"".join(replies["a"].chunks) == b"y"
