@@ -47,7 +47,7 @@ def _status_text(job: dict[str, Any]) -> str:
     rounds = [e for e in job.get("progress", []) if "round" in e]
     if rounds:
         last = rounds[-1]
-        lines.append(f"progress: round {last.get('round')}"
+        lines.append(f"progress: round {last.get('round', 0) + 1}"
                      + (f"/{last['num_rounds']}" if last.get("num_rounds") else "")
                      + "".join(f"  {k}={v:.4g}" for k, v in (last.get("metrics") or {}).items()
                                if isinstance(v, int | float)))
@@ -94,7 +94,7 @@ def _follow(session, job_id: str, study: str | None, timeout: float | None, fmt:
             if "round" in event and event.get("source") == "server":
                 metrics = "".join(f" {k}={v:.4g}" for k, v in (event.get("metrics") or {}).items()
                                   if isinstance(v, int | float))
-                click.echo(f"  round {event['round']}:{metrics}")
+                click.echo(f"  round {event['round'] + 1}:{metrics}")
         shown_events = len(events)
 
     return session.wait(job_id, study, timeout, update)

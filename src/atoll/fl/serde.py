@@ -154,6 +154,7 @@ class _Reader:
 
     def readinto(self, target: memoryview, what: str) -> None:
         filled = 0
+        destination = np.frombuffer(target, dtype=np.uint8)  # numpy copies faster than memoryview
         while filled < len(target):
             if not len(self._current) and not self._next_chunk():
                 raise SerdeError(
@@ -161,7 +162,7 @@ class _Reader:
                     f" (stream ended after {self.consumed} bytes)"
                 )
             n = min(len(target) - filled, len(self._current))
-            target[filled : filled + n] = self._current[:n]
+            destination[filled : filled + n] = np.frombuffer(self._current[:n], dtype=np.uint8)
             self._current = self._current[n:]
             filled += n
             self.consumed += n

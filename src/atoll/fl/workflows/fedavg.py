@@ -285,7 +285,9 @@ class FedAvgRun:
             return {f"train_{k}": v for k, v in global_train.items()}
         key = self.args.key_metric
         flat = dict(validation["global"])
-        flat.update({f"{s}/{key}": m[key] for s, m in sorted(validation["sites"].items()) if key in m})
+        flat.update(
+            {f"{s}/{key}": m[key] for s, m in sorted(validation["sites"].items()) if key in m}
+        )
         return flat
 
     def _report_round(
