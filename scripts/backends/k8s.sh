@@ -303,7 +303,8 @@ cmd_up() {
   start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig "$BASE/kubeconfig" \
     --bind-address 127.0.0.1 --port 0 --secure-port 0 --leader-elect=false \
     --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
-    --flex-volume-plugin-dir "$BASE/kubelet/plugins"
+    --flex-volume-plugin-dir "$BASE/kubelet/plugins" \
+    --pvclaimbinder-sync-period 2s  # a claim created just before its volume binds in seconds
   start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$BASE/kubeconfig" \
     --bind-address 127.0.0.1 --port 0 --secure-port 0 --leader-elect=false
 

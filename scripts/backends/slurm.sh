@@ -7,10 +7,11 @@
 #   slurm.sh down     cancel every job, stop every daemon, remove all state
 #   slurm.sh env      print the env file (source it: it sets SLURM_CONF)
 #
-# The cluster: partitions `debug` (default) and `gpu`; accounts `fl` and `other`; QoS `normal`
-# and `high`; 2 CPUs, 2 fake GPUs (gres) and $ATOLL_SLURM_NODE_MEM MB per node, memory enforced
-# by cgroup v1. Every daemon listens on 127.0.0.1 or a unix socket; slurmdbd, which always binds
-# 0.0.0.0, runs with a bind() shim (slurm/bind_loopback.c). Settings (environment):
+# The cluster: partitions `debug` (default), `gpu`, and `held` (down: its jobs stay PENDING);
+# accounts `fl` and `other`; QoS `normal` and `high`; 2 CPUs, 2 fake GPUs (gres) and
+# $ATOLL_SLURM_NODE_MEM MB per node, memory enforced by cgroup v1. Every daemon listens on
+# 127.0.0.1 or a unix socket; slurmdbd, which always binds 0.0.0.0, runs with a bind() shim
+# (slurm/bind_loopback.c). Settings (environment):
 #   ATOLL_SLURM_BASE        all state, logs, configs, env file     (default /tmp/atoll-slurm)
 #   ATOLL_SLURM_PORTS       slurmctld slurmdbd n1 n2 ports          (default "16817 16819 17001 17002")
 #   ATOLL_SLURM_NODE_MEM    RealMemory of each node in MB           (default 4000)
@@ -55,22 +56,22 @@ render() {
     -e "s|@NODE_MEM@|$NODE_MEM|g" -e "s|@DB_PASS@|$DB_PASS|g" "$TEMPLATES/$1.in" >"$2"
 }
 
-# Wait up to $1 tenths of a second for the command in the remaining arguments to succeed.
+# Retry the command in the remaining arguments every 0.1 s until it succeeds, for up to $1 seconds.
 wait_for() {
-  local tenths=$1 i
+  local deadline=$((SECONDS + $1))
   shift
-  for ((i = 0; i < tenths; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || return 1
     sleep 0.1
   done
-  return 1
 }
 
 pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 nodes_up() {
+  [[ -f $SLURM_CONF ]] || return 1 # without it sinfo retries for a minute
   local states
-  states=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u) || return 1
+  states=$(timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null | sort -u) || return 1
   local node
   for node in "${NODES[@]}"; do
     grep -Eq "^$node (idle|mixed|allocated|completing)$" <<<"$states" || return 1
@@ -104,7 +105,7 @@ start_munge() {
   chmod 0400 "$MUNGE/key/munge.key"
   runuser -u munge -- munged --key-file="$MUNGE/key/munge.key" --socket="$MUNGE_SOCKET" \
     --pid-file="$MUNGE/munged.pid" --log-file="$MUNGE/munged.log" --seed-file="$MUNGE/munged.seed"
-  wait_for 50 test -S "$MUNGE_SOCKET" || die "munged did not start: see $MUNGE/munged.log"
+  wait_for 5 test -S "$MUNGE_SOCKET" || die "munged did not start: see $MUNGE/munged.log"
   cp "$MUNGE/munged.pid" "$RUN/munged.pid"
 }
 
@@ -119,7 +120,7 @@ start_mariadb() {
     --skip-networking --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 \
     --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --pid-file="$MYSQL/mariadbd.pid" --log-error="$MYSQL/mariadbd.log" \
     </dev/null >/dev/null 2>&1 &
-  wait_for 300 mariadb-admin --no-defaults --socket="$MYSQL_SOCKET" ping ||
+  wait_for 30 mariadb-admin --no-defaults --socket="$MYSQL_SOCKET" ping ||
     die "mariadbd did not start: see $MYSQL/mariadbd.log"
   cp "$MYSQL/mariadbd.pid" "$RUN/mariadbd.pid"
   mariadb --no-defaults --socket="$MYSQL_SOCKET" -u root <<SQL
@@ -131,7 +132,7 @@ SQL
 start_slurmdbd() {
   # MYSQL_UNIX_PORT points slurmdbd's MariaDB client at our socket (it reads no my.cnf).
   MYSQL_UNIX_PORT=$MYSQL_SOCKET LD_PRELOAD=$BASE/bind_loopback.so slurmdbd
-  wait_for 300 sacctmgr -n list cluster || die "slurmdbd did not answer: see $LOGS/slurmdbd.log"
+  wait_for 30 timeout 5 sacctmgr -n list cluster || die "slurmdbd did not answer: see $LOGS/slurmdbd.log"
   sacctmgr -i add cluster atoll >/dev/null
   sacctmgr -i add qos high Priority=100 >/dev/null
   sacctmgr -i add account fl,other Cluster=atoll Description=atoll-tests Organization=atoll \
@@ -142,10 +143,10 @@ start_slurmdbd() {
 
 start_slurm() {
   slurmctld -c
-  wait_for 300 scontrol ping || die "slurmctld did not answer: see $LOGS/slurmctld.log"
+  wait_for 30 timeout 5 scontrol ping || die "slurmctld did not answer: see $LOGS/slurmctld.log"
   local node
   for node in "${NODES[@]}"; do slurmd -N "$node"; done
-  wait_for 300 nodes_up || die "nodes not idle: $(sinfo -N 2>&1); see $LOGS/slurmd-*.log"
+  wait_for 30 nodes_up || die "nodes not idle: $(sinfo -N 2>&1); see $LOGS/slurmd-*.log"
 }
 
 up() {
@@ -164,16 +165,22 @@ up() {
   log "up: $(sinfo -h -o '%P %D %T' | tr '\n' ';') source $BASE/env.sh"
 }
 
-# Stop the process in pid file $1 (TERM, then KILL after ~5 s).
-stop_pid_file() {
-  [[ -f $1 ]] || return 0
-  local pid
-  pid=$(cat "$1")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    wait_for 50 bash -c "! kill -0 $pid" || kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$1"
+# Stop the processes of the given pid files together: TERM, then KILL what is left after 10 s.
+# A pid counts only if it still runs the daemon the file is named after (slurmd-n1.pid: slurmd).
+stop_pid_files() {
+  local pids=() file pid name
+  for file in "$@"; do
+    name=$(basename "$file" .pid)
+    if [[ -f $file ]] && pid=$(cat "$file") && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "${name%%-*}" ]]; then
+      kill "$pid" 2>/dev/null && pids+=("$pid")
+    fi
+    rm -f "$file"
+  done
+  ((${#pids[@]})) || return 0
+  any_alive() { local p; for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+  local deadline=$((SECONDS + 10))
+  while any_alive "${pids[@]}" && ((SECONDS < deadline)); do sleep 0.1; done
+  kill -9 "${pids[@]}" 2>/dev/null || true
 }
 
 # Job step daemons of this cluster only: they carry our SLURM_CONF in their environment.
@@ -200,13 +207,9 @@ down() {
   if [[ -f $ETC/slurm.conf ]] && pid_alive "$RUN/slurmctld.pid"; then
     scancel --full --quiet --user=root 2>/dev/null || true
   fi
-  local node
-  for node in "${NODES[@]}"; do stop_pid_file "$RUN/slurmd-$node.pid"; done
+  stop_pid_files "$RUN/slurmd-n1.pid" "$RUN/slurmd-n2.pid" "$RUN/slurmctld.pid" "$RUN/slurmdbd.pid"
   stop_stepds
-  stop_pid_file "$RUN/slurmctld.pid"
-  stop_pid_file "$RUN/slurmdbd.pid"
-  stop_pid_file "$RUN/mariadbd.pid"
-  stop_pid_file "$RUN/munged.pid"
+  stop_pid_files "$RUN/mariadbd.pid" "$RUN/munged.pid"
   remove_cgroups
   rm -rf "$BASE"
   log "down"
@@ -217,7 +220,8 @@ status() {
     sinfo -N -o '%N %P %T %G'
     return 0
   fi
-  log "not up: $(sinfo -h -N -o '%N=%T' 2>&1 | tr '\n' ' ')"
+  [[ -f $SLURM_CONF ]] || { log "not up: no $SLURM_CONF (run: $0 up)"; return 1; }
+  log "not up: $(timeout 10 sinfo -h -N -o '%N=%T' 2>&1 | tr '\n' ' ')"
   return 1
 }
 

@@ -1,9 +1,10 @@
 """Example-weighted averaging of site results, accumulated as they arrive.
 
-``WeightedMean`` keeps one running sum per parameter, so memory stays at one model (plus the one
-result being added) whatever the number of sites. A result is folded in place: its own arrays are
-scaled and added, then dropped. Sites may send full weights or a diff against the global model
-they received; both fold into the same sum:
+``WeightedMean`` keeps one running sum per parameter, so memory stays at one model whatever the
+number of sites. ``add_stream`` folds a result in while it is still arriving, block by block, so
+a result is never held whole; ``add`` folds a decoded model in place (its arrays are scaled,
+added, then dropped). Sites may send full weights or a diff against the global model they
+received; both fold into the same sum:
 
     mean = (sum_full w_i x_i + sum_diff w_i (g + d_i)) / W
          = (sum_i w_i y_i + W_diff * g) / W        with y_i = x_i or d_i
@@ -19,10 +20,15 @@ from collections.abc import Iterable
 import numpy as np
 
 from atoll.fl.model import Model
+from atoll.fl.serde import CHUNK_SIZE, ModelStream, SerdeError
 
 
 class ResultRejected(ValueError):
     """A site's result that cannot be aggregated; the message says what the site must change."""
+
+
+class AggregateCorrupted(RuntimeError):
+    """A streamed result broke off after part of it was folded in: the sum is unusable."""
 
 
 def _accumulator_dtype(dtype: np.dtype) -> np.dtype:
@@ -46,12 +52,15 @@ class WeightedMean:
 
     def check(self, model: Model) -> None:
         """Raise ResultRejected if ``model`` cannot be folded into this mean."""
+        self._check(model, {name: array.shape for name, array in model.params.items()})
+
+    def _check(self, model: Model, shapes: dict[str, tuple[int, ...]]) -> None:
         if model.num_examples <= 0:
             raise ResultRejected(
                 f"reported num_examples={model.num_examples}: send "
                 "fl.Model(params=..., num_examples=<training examples used>) so it can be weighted"
             )
-        if not model.params:
+        if not shapes:
             raise ResultRejected("sent no params: a train result needs fl.Model(params=...)")
         if model.params_type == "diff" and self.reference is None:
             raise ResultRejected(
@@ -60,19 +69,54 @@ class WeightedMean:
             )
         if self._spec is None:
             return
-        expected, got = set(self._spec), set(model.params)
+        expected, got = set(self._spec), set(shapes)
         if expected != got:
             missing, unexpected = sorted(expected - got), sorted(got - expected)
             raise ResultRejected(
                 f"params names differ from the global model: missing {missing[:5]}, "
                 f"unexpected {unexpected[:5]}"
             )
-        for name, array in model.params.items():
-            shape = self._spec[name][0]
-            if array.shape != shape:
+        for name, shape in shapes.items():
+            if shape != self._spec[name][0]:
                 raise ResultRejected(
-                    f"params[{name!r}] has shape {list(array.shape)}, the global model {list(shape)}"
+                    f"params[{name!r}] has shape {list(shape)}, the global model "
+                    f"{list(self._spec[name][0])}"
                 )
+
+    def add_stream(self, stream: ModelStream, block_bytes: int = CHUNK_SIZE) -> Model:
+        """Fold a result in as its data arrives; returns its header (metrics, num_examples...).
+
+        Raises ResultRejected before any data is used; AggregateCorrupted if the stream breaks
+        off after part of it was folded in.
+        """
+        header = stream.model
+        self._check(header, {name: shape for name, _, shape in stream.entries})
+        if self._spec is None:
+            self._spec = {name: (shape, dtype) for name, dtype, shape in stream.entries}
+        weight = float(header.num_examples)
+        for name, (shape, dtype) in self._spec.items():
+            if name not in self._sum:
+                self._sum[name] = np.zeros(shape, dtype=_accumulator_dtype(dtype))
+        try:
+            for name, start, block in stream.blocks(block_bytes):
+                target = self._sum[name].reshape(-1)[start : start + len(block)]
+                if block.dtype == target.dtype:
+                    np.multiply(block, weight, out=block)  # the block buffer is ours to scale
+                    target += block
+                else:
+                    target += block.astype(target.dtype) * weight
+        except SerdeError as exc:
+            raise AggregateCorrupted(
+                f"the result broke off while being added ({exc}); this round's average is lost"
+            ) from None
+        self._account(header, weight)
+        return header
+
+    def _account(self, model: Model, weight: float) -> None:
+        self.total_weight += weight
+        if model.params_type == "diff":
+            self.diff_weight += weight
+        self.count += 1
 
     def add(self, model: Model) -> None:
         """Fold one result into the sum; its arrays are reused in place and must not be kept."""
@@ -91,10 +135,7 @@ class WeightedMean:
             else:
                 np.add(total, array, out=total)
         model.params.clear()  # the arrays now belong to the sum
-        self.total_weight += weight
-        if model.params_type == "diff":
-            self.diff_weight += weight
-        self.count += 1
+        self._account(model, weight)
 
     def result(self) -> dict[str, np.ndarray]:
         """The mean as full params, in the global model's dtypes."""

@@ -277,35 +277,80 @@ def _model_fields(metadata: dict[str, str]) -> dict[str, Any]:
     }
 
 
+class ModelStream:
+    """A model being received: its header (``model``, ``entries``) at once, its arrays on demand.
+
+    Either ``read()`` the whole model, or take its data block by block (``blocks()``) to fold it
+    into something else without ever materializing it (FedAvg does, so a 1 GB result needs no
+    1 GB buffer on the server). Consume it once.
+    """
+
+    def __init__(self, chunks: Iterable[bytes | bytearray | memoryview]):
+        self._reader = _Reader(chunks)
+        length_bytes = bytearray(8)
+        self._reader.readinto(memoryview(length_bytes), "the header length")
+        (header_len,) = struct.unpack("<Q", length_bytes)
+        if header_len < 2 or header_len > MAX_HEADER_BYTES:
+            raise SerdeError(
+                f"header length {header_len} is out of bounds (2..{MAX_HEADER_BYTES}); "
+                "is this a safetensors model?"
+            )
+        raw = bytearray(header_len)
+        self._reader.readinto(memoryview(raw), "the header")
+        self.entries, metadata = parse_header(bytes(raw))
+        self.model = Model(**_model_fields(metadata))  # params arrive with read() or blocks()
+
+    def _finish(self) -> None:
+        if not self._reader.at_end():
+            raise SerdeError(
+                "payload continues past the last tensor "
+                f"(the header describes {self._reader.consumed} bytes)"
+            )
+
+    def read(self) -> Model:
+        """The whole model, each array preallocated and filled from the chunks (one copy)."""
+        for name, dtype, shape in self.entries:
+            try:
+                array = np.empty(shape, dtype=dtype)
+            except (MemoryError, ValueError) as exc:
+                raise SerdeError(
+                    f"tensor {name!r} {list(shape)} cannot be allocated: {exc}"
+                ) from None
+            if array.nbytes:
+                self._reader.readinto(
+                    memoryview(array.reshape(-1).view(np.uint8)), f"tensor {name!r}"
+                )
+            self.model.params[name] = array
+        self._finish()
+        return self.model
+
+    def blocks(self, block_bytes: int = CHUNK_SIZE) -> Iterator[tuple[str, int, np.ndarray]]:
+        """Yield ``(name, first element, 1-D block)`` in data order, through one reused buffer:
+        use each block before asking for the next. Ends with the trailing-bytes check."""
+        buffer = np.empty(block_bytes, dtype=np.uint8)
+        for name, dtype, shape in self.entries:
+            total = math.prod(shape) * dtype.itemsize
+            step = max(dtype.itemsize, block_bytes // dtype.itemsize * dtype.itemsize)
+            if step > len(buffer):
+                buffer = np.empty(step, dtype=np.uint8)
+            done = 0
+            while done < total:
+                n = min(step, total - done)
+                block = buffer[:n]
+                self._reader.readinto(memoryview(block), f"tensor {name!r}")
+                yield name, done // dtype.itemsize, block.view(dtype)
+                done += n
+        self._finish()
+
+
+def open_model(chunks: Iterable[bytes | bytearray | memoryview]) -> ModelStream:
+    """Read and validate a model's header; the arrays follow through the returned stream."""
+    return ModelStream(chunks)
+
+
 def decode(chunks: Iterable[bytes | bytearray | memoryview]) -> Model:
     """Rebuild a model from its chunks, filling preallocated arrays (one copy of the data)."""
-    reader = _Reader(chunks)
-    length_bytes = bytearray(8)
-    reader.readinto(memoryview(length_bytes), "the header length")
-    (header_len,) = struct.unpack("<Q", length_bytes)
-    if header_len < 2 or header_len > MAX_HEADER_BYTES:
-        raise SerdeError(
-            f"header length {header_len} is out of bounds (2..{MAX_HEADER_BYTES}); "
-            "is this a safetensors model?"
-        )
-    raw = bytearray(header_len)
-    reader.readinto(memoryview(raw), "the header")
-    entries, metadata = parse_header(bytes(raw))
-    fields = _model_fields(metadata)
-    params: dict[str, np.ndarray] = {}
-    for name, dtype, shape in entries:
-        try:
-            array = np.empty(shape, dtype=dtype)
-        except (MemoryError, ValueError) as exc:
-            raise SerdeError(f"tensor {name!r} {list(shape)} cannot be allocated: {exc}") from None
-        if array.nbytes:
-            reader.readinto(memoryview(array.reshape(-1).view(np.uint8)), f"tensor {name!r}")
-        params[name] = array
-    if not reader.at_end():
-        raise SerdeError(
-            f"payload continues past the last tensor (the header describes {reader.consumed} bytes)"
-        )
-    return Model(params=params, **fields)
+    return ModelStream(chunks).read()
 
 
 # --- files ------------------------------------------------------------------------------------

@@ -127,6 +127,10 @@ class ServerParent:
 def run_forever(kit: Kit, ready_file: Path | None = None) -> int:
     import signal
 
+    from atoll.memory import tune_for_streaming
+
+    tune_for_streaming()
+
     parent = ServerParent(kit)
     parent.start()
     if ready_file is not None:

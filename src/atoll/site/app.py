@@ -107,6 +107,10 @@ class SiteParent:
 def run_forever(kit: Kit, ready_file: Path | None = None) -> int:
     import signal
 
+    from atoll.memory import tune_for_streaming
+
+    tune_for_streaming()
+
     parent = SiteParent(kit)
     parent.start()
     if ready_file is not None:

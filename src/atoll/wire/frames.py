@@ -14,7 +14,7 @@ from typing import Any
 
 from atoll.wire import atoll_pb2 as pb
 
-CHUNK = 2 * 1024 * 1024  # 2 MiB: large enough for throughput, small enough for the 8 MiB cap
+CHUNK = 1024 * 1024  # 1 MiB: cheap per message, and little held in flight at each relay hop
 MAX_MESSAGE = 8 * 1024 * 1024
 
 

@@ -16,8 +16,6 @@ OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    # Bigger flow-control windows keep a 2 MiB-frame stream busy on loopback and LAN.
-    ("grpc.http2.lookahead_bytes", 16 * 1024 * 1024),
 ]
 
 

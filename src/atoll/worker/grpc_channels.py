@@ -44,20 +44,26 @@ class GrpcServerChannel(_Link):
         deadline = None if timeout is None else time.monotonic() + timeout
         left_to_get = self._expected.get(task_id, 0)
         metadata = self.metadata + (("x-atoll-task", task_id),)
-        while left_to_get > 0:
-            wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
-            if wait <= 0:
-                return
-            stream = self.stub.NextReply(pb.PullRequest(job_id=self.job_id, wait_s=wait),
-                                         metadata=metadata)
-            head, chunks = frames.split(iter(stream))
-            if head.get("none"):
-                continue
-            left_to_get -= 1
-            if head.get("error"):
-                yield Reply(site=head["site"], error=head["error"])
-            else:
-                yield Reply(site=head["site"], headers=head.get("headers", {}), chunks=chunks)
+        stream = None
+        try:
+            while left_to_get > 0:
+                wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+                if wait <= 0:
+                    return
+                stream = self.stub.NextReply(pb.PullRequest(job_id=self.job_id, wait_s=wait),
+                                             metadata=metadata)
+                head, chunks = frames.split(iter(stream))
+                if head.get("none"):
+                    continue
+                left_to_get -= 1
+                if head.get("error"):
+                    yield Reply(site=head["site"], error=head["error"])
+                else:
+                    yield Reply(site=head["site"], headers=head.get("headers", {}),
+                                chunks=chunks)
+        finally:
+            if stream is not None:
+                stream.cancel()  # a caller that stops early must not leave a call open
 
 
 class GrpcSiteChannel(_Link):

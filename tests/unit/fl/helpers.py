@@ -13,8 +13,8 @@ from atoll.fl.model import Model
 from atoll.fl.serde import decode, encode
 from atoll.fl.simulator import Federation
 
-# handler(topic, received model) -> the answer, or None to never answer this task
-Handler = Callable[[str, Model], Model | None]
+# handler(topic, received model) -> the answer (a Model, or raw bytes), or None: never answer
+Handler = Callable[[str, Model], Model | bytes | None]
 
 
 class SiteGone(Exception):
@@ -41,7 +41,9 @@ def run_workflow(
             except SiteGone as exc:
                 federation.drop(site, f"{site} dropped out: {exc}")
                 return
-            if answer is not None:
+            if isinstance(answer, bytes):  # raw bytes: for broken or truncated payloads
+                channel.reply(task.task_id, {}, [answer])
+            elif answer is not None:
                 channel.reply(task.task_id, {}, encode(answer))
 
     threads = [threading.Thread(target=loop, args=item, daemon=True) for item in handlers.items()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -10,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from atoll.fl.aggregation import ResultRejected, WeightedMean, weighted_metrics
+from atoll.fl.aggregation import AggregateCorrupted, ResultRejected, WeightedMean, weighted_metrics
 from atoll.fl.app_config import FedAvgArgs
 from atoll.fl.model import Model
-from atoll.fl.serde import load_file
+from atoll.fl.serde import encode, load_file, open_model
 from atoll.fl.workflows import run_fedavg
 
 from .helpers import fixed_result, run_workflow
@@ -42,14 +43,17 @@ def site_results(draw):
 
 
 @settings(max_examples=200, deadline=None)
-@given(site_results())
-def test_weighted_mean_equals_the_example_weighted_mean(case):
+@given(site_results(), st.lists(st.booleans(), min_size=6, max_size=6), st.integers(8, 64))
+def test_weighted_mean_equals_the_example_weighted_mean(case, streamed, block_bytes):
     results, reference = case
     mean = WeightedMean({k: v.copy() for k, v in reference.items()})
-    for params, n, kind in results:
-        mean.add(
-            Model(params={k: v.copy() for k, v in params.items()}, num_examples=n, params_type=kind)
-        )
+    for (params, n, kind), as_stream in zip(results, streamed, strict=False):
+        copy = {k: v.copy() for k, v in params.items()}
+        model = Model(params=copy, num_examples=n, params_type=kind)
+        if as_stream:  # folded in block by block while "arriving", in blocks of a few elements
+            mean.add_stream(open_model(encode(model, chunk_size=7)), block_bytes=block_bytes)
+        else:
+            mean.add(model)
     got = mean.result()
     total = sum(n for _, n, _ in results)
     for key in SHAPES:
@@ -77,6 +81,30 @@ def test_the_fedavg_workflow_produces_the_weighted_mean(tmp_path_factory, sites)
     final = load_file(tmp / "global_model_final.safetensors")
     np.testing.assert_allclose(final.params["w"], expected / total, rtol=1e-6, atol=1e-6)
     assert final.params["w"].dtype == np.float32
+
+
+def test_a_streamed_result_is_never_held_whole():
+    big = {"w": np.ones(8 * 1024 * 1024, np.float32)}  # 32 MiB
+    mean = WeightedMean({"w": np.zeros_like(big["w"])})
+    mean.add_stream(open_model(encode(Model(params=big, num_examples=1))))
+    blob = [bytes(c) for c in encode(Model(params={"w": big["w"] * 3}, num_examples=3))]
+    tracemalloc.start()
+    mean.add_stream(open_model(iter(blob)))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024  # a block buffer, not a 32 MiB copy of the result
+    np.testing.assert_allclose(mean.result()["w"][:3], [2.5, 2.5, 2.5])
+
+
+def test_a_stream_breaking_off_mid_data_corrupts_the_round_loudly():
+    mean = WeightedMean({"w": np.zeros(1000)})
+    blob = b"".join(bytes(c) for c in encode(Model(params={"w": np.ones(1000)}, num_examples=1)))
+    with pytest.raises(
+        AggregateCorrupted, match="broke off while being added .*payload ended early"
+    ):
+        mean.add_stream(open_model(iter([blob[:-100]])), block_bytes=800)
+    with pytest.raises(ResultRejected, match="num_examples=0"):  # header problems come first
+        mean.add_stream(open_model(encode(Model(params={"w": np.ones(1000)}))))
 
 
 def test_integer_params_are_averaged_and_rounded():

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atoll.fl.model import Model
-from atoll.fl.serde import iter_file
+from atoll.fl.serde import ModelStream, iter_file
 from atoll.fl.workflows.rounds import Outcome, gather, send_model
 from atoll.worker.channels import ServerChannel
 
@@ -35,7 +35,8 @@ def _collect(
 ) -> Evaluation:
     evaluation = Evaluation()
 
-    def on_result(site: str, model: Model) -> None:
+    def on_result(site: str, stream: ModelStream) -> None:
+        model = stream.read()
         evaluation.metrics[site] = model.metrics
         evaluation.num_examples[site] = model.num_examples
 

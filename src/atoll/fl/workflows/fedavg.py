@@ -32,7 +32,7 @@ from atoll.fl.aggregation import WeightedMean, weighted_metrics
 from atoll.fl.app_config import FedAvgArgs
 from atoll.fl.metrics_log import MetricsLog
 from atoll.fl.model import Model
-from atoll.fl.serde import save_file
+from atoll.fl.serde import ModelStream, save_file
 from atoll.fl.workflows.evaluation import cross_site_table, evaluate, format_table, save_table
 from atoll.fl.workflows.rounds import (
     Outcome,
@@ -147,15 +147,18 @@ class FedAvgRun:
         mean = WeightedMean(self.global_params)
         train: dict[str, tuple[dict[str, float], int]] = {}
 
-        def on_result(site: str, model: Model) -> None:
-            if keep_site_models:
+        def on_result(site: str, stream: ModelStream) -> None:
+            if keep_site_models:  # the whole model is needed, for its own file
+                model = stream.read()
                 mean.check(model)
                 self._save_site_model(site, model, round_)
-            metrics, n = model.metrics, model.num_examples
-            mean.add(model)  # raises ResultRejected for an unusable result
-            train[site] = (metrics, n)
+                mean.add(model)
+            else:
+                model = mean.add_stream(stream)  # folded in as it arrives, never held whole
+            train[site] = (model.metrics, model.num_examples)
 
-        outcome = gather(self.channel, task_id, self.active, self.args.round_timeout, on_result)
+        outcome = gather(self.channel, task_id, self.active, self.args.round_timeout, on_result,
+                         self.min_clients)
         self._drop(outcome)
         require(outcome, self.min_clients, what)
         averaged = mean.result()

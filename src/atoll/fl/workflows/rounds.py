@@ -2,8 +2,9 @@
 
 A site either answers with a model, answers with an error (``Reply.error``: it dropped out, its
 worker died), sends something unusable (rejected, with the reason), or does not answer within
-the round's timeout. ``gather`` folds every good answer into the caller's callback at once, so a
-workflow never holds more than one site's result, and returns who failed and why. ``require``
+the round's timeout. ``gather`` hands each answer to the caller's callback as soon as its header
+is read (a ``ModelStream``: read it whole, or fold it in block by block), so a workflow never
+holds more than one site's result, and returns who failed and why. ``require``
 turns a shortfall below ``min_clients`` into a ``WorkflowError`` that names every failed site.
 """
 
@@ -14,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from atoll.fl.aggregation import ResultRejected
+from atoll.fl.aggregation import AggregateCorrupted, ResultRejected
 from atoll.fl.model import Model
-from atoll.fl.serde import SerdeError, decode, encode
+from atoll.fl.serde import ModelStream, SerdeError, encode, open_model
 from atoll.worker.channels import ServerChannel
 
 log = logging.getLogger(__name__)
@@ -55,12 +56,16 @@ def gather(
     task_id: str,
     targets: Sequence[str],
     timeout: float | None,
-    on_result: Callable[[str, Model], None],
+    on_result: Callable[[str, ModelStream], None],
+    min_clients: int = 0,
 ) -> Outcome:
-    """Decode each reply and hand it to ``on_result`` as it arrives.
+    """Open each reply and hand it to ``on_result`` as it arrives.
 
-    ``on_result`` may raise ``ResultRejected`` to refuse a result; the site is then counted as
-    failed with that reason. Any other exception is a bug of the workflow and propagates.
+    ``on_result`` may raise ``ResultRejected`` (or ``SerdeError`` from reading the stream) to
+    refuse a result; the site is then counted as failed with that reason. ``AggregateCorrupted``
+    becomes a ``WorkflowError`` naming the site; any other exception (a bug) propagates.
+    Once so many sites failed that ``min_clients`` is out of reach, the round stops waiting:
+    a stalled site must not hold up a round that has failed already.
     """
     outcome = Outcome()
     pending = set(targets)
@@ -72,19 +77,11 @@ def gather(
             )
             continue
         pending.discard(site)
-        if reply.error is not None:
-            outcome.dropped[site] = reply.error
-            continue
-        try:
-            model = decode(reply.chunks if reply.chunks is not None else iter(()))
-            on_result(site, model)
-        except SerdeError as exc:
-            outcome.rejected[site] = f"sent an unreadable model: {exc}"
-            continue
-        except ResultRejected as exc:
-            outcome.rejected[site] = str(exc)
-            continue
-        outcome.ok.append(site)
+        _take(outcome, site, reply, on_result)
+        if len(outcome.ok) + len(pending) < min_clients:
+            for other in sorted(pending):  # the round has failed already: stop waiting
+                outcome.late[other] = "not waited for: the round could no longer reach min_clients"
+            return outcome
     for site in sorted(pending):
         outcome.late[site] = (
             f"no reply within round_timeout={timeout}s"
@@ -92,6 +89,25 @@ def gather(
             else "no reply before the channel closed"
         )
     return outcome
+
+
+def _take(outcome: Outcome, site: str, reply, on_result) -> None:
+    """Count one site's reply into the outcome: a result, a drop-out or a rejection."""
+    if reply.error is not None:
+        outcome.dropped[site] = reply.error
+        return
+    try:
+        stream = open_model(reply.chunks if reply.chunks is not None else iter(()))
+        on_result(site, stream)
+    except SerdeError as exc:
+        outcome.rejected[site] = f"sent an unreadable model: {exc}"
+        return
+    except ResultRejected as exc:
+        outcome.rejected[site] = str(exc)
+        return
+    except AggregateCorrupted as exc:
+        raise WorkflowError(f"{site}: {exc}") from None
+    outcome.ok.append(site)
 
 
 def describe(failed: dict[str, str]) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 
 from atoll.fl.app_config import ScatterGatherArgs
 from atoll.fl.model import Model
+from atoll.fl.serde import ModelStream
 from atoll.fl.workflows.rounds import gather, require, resolve_min_clients, send_model
 from atoll.worker.channels import ServerChannel
 
@@ -46,10 +47,11 @@ def run_scatter_gather(
         task_id = send_model(channel, channel.sites, args.topic, model, headers)
         replies: dict[str, Any] = {}
 
-        def on_result(site: str, reply: Model, replies: dict[str, Any] = replies) -> None:
-            replies[site] = _describe(reply, sent)
+        def on_result(site: str, reply: ModelStream, replies: dict[str, Any] = replies) -> None:
+            replies[site] = _describe(reply.read(), sent)
 
-        outcome = gather(channel, task_id, channel.sites, args.round_timeout, on_result)
+        outcome = gather(channel, task_id, channel.sites, args.round_timeout, on_result,
+                         min_clients)
         entry = {
             "round": round_,
             "seconds": round(time.monotonic() - started, 6),

@@ -1,0 +1,266 @@
+"""The Slurm launcher: each worker is a batch job, submitted with ``sbatch --parsable``.
+
+Slurm is driven through its commands (no pyslurm release matches current Slurm versions), all
+through one injected ``runner`` (argv, timeout) -> CompletedProcess, so tests can record them.
+
+- ``launch``: render (slurm_render.py), write the batch script and the 0600 secrets file into the
+  run folder, submit. A refusal (unknown partition, account or QoS, impossible resources) is a
+  LaunchError naming the directive, where it was configured and sbatch's own message.
+- Watching: one SlurmPoller thread per launcher polls every live job in one ``squeue`` call (and
+  ``sacct`` for jobs squeue has forgotten), maps the state through slurm_states.py, reports
+  ``pending: <Reason>`` / ``running on <nodes>`` to ``on_progress`` and cancels a job pending
+  past its ``pending_timeout``. ``wait`` blocks on it; Slurm's state tells when a worker died
+  silently, the site parent hears the worker's own report on its channel.
+- ``cancel``: ``scancel``; idempotent (a job Slurm no longer knows counts as cancelled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from atoll.launchers.base import (
+    Handle,
+    Launcher,
+    LaunchError,
+    LaunchRequest,
+    ProgressCallback,
+    WorkerExit,
+)
+from atoll.launchers.request import secret_env_values
+from atoll.launchers.slurm_poller import BACKOFF_S, SlurmPoller, Watched
+from atoll.launchers.slurm_render import (
+    LOG_DIR,
+    TOKEN_VAR,
+    render_slurm,
+    secrets_file_text,
+    topology,
+)
+from atoll.launchers.slurm_states import SACCT_FIELDS, SQUEUE_FIELDS, parse_sacct, parse_squeue
+from atoll.spec.errors import SpecError
+from atoll.spec.site_config import SlurmSettings
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
+COMMAND_TIMEOUT_S = 30.0
+# Words of sbatch's refusal -> the directive it is about.
+_REFUSALS = (  # account first: "Invalid account or account/partition combination"
+    ("account", "account"),
+    ("qos", "qos"),
+    ("partition", "partition"),
+    ("reservation", "reservation"),
+    ("feature", "constraint"),
+    ("constraint", "constraint"),
+    ("time limit", "time"),
+)
+_RESOURCE_WORDS = ("node configuration", "memory", "processors", "node count", "gres", "cpu")
+_GONE = ("invalid job id", "already completing or completed", "job has already finished")
+
+
+def run_command(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """The default runner: no shell, no stdin, text output."""
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+class SlurmLauncher(Launcher):
+    name: ClassVar[str] = "slurm"
+
+    def __init__(
+        self,
+        site_config: Any = None,
+        runner: Runner | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        backoff: tuple[float, ...] = BACKOFF_S,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
+    ) -> None:
+        settings = site_config.settings if site_config is not None else SlurmSettings()
+        if not isinstance(settings, SlurmSettings):
+            raise LaunchError(f"site.yaml chooses launcher {site_config.launcher}, not slurm")
+        self._settings = settings
+        self._runner = runner or run_command
+        self._environ = os.environ if environ is None else environ
+        self._timeout = command_timeout_s
+        self._poller = SlurmPoller(self._query, self._scancel, backoff=backoff)
+
+    # ----- pure -----------------------------------------------------------------------------
+
+    def render(self, request: LaunchRequest) -> dict[str, Any]:
+        return render_slurm(request)
+
+    # ----- I/O ------------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest, on_progress: ProgressCallback | None = None) -> Handle:
+        rendered = self.render(request)
+        values = self._secret_values(request)
+        secrets = Path(rendered["secrets_file"]["path"])
+        self._write_files(request.workdir, Path(rendered["script_path"]), rendered["script"])
+        _write_private(secrets, secrets_file_text(values))
+        try:
+            result = self._run(rendered["sbatch_argv"])
+            native_id = result.stdout.strip().split(";")[0]
+            if result.returncode != 0 or not native_id.isdigit():
+                raise LaunchError(refusal_message(request, rendered, result))
+        except BaseException:
+            secrets.unlink(missing_ok=True)
+            raise
+        limits = self._limits(request, rendered)
+        log_file = str(Path(request.workdir) / LOG_DIR / f"slurm-{native_id}.out")
+        handle = Handle(
+            self.name,
+            native_id,
+            request.identity.job_id,
+            extra={**limits, "log_file": log_file, "secrets_file": str(secrets)},
+        )
+        self._watch(handle, on_progress)
+        return handle
+
+    def wait(self, handle: Handle) -> WorkerExit:
+        job = self._watch(handle)
+        job.done.wait()
+        assert job.result is not None
+        return job.result
+
+    def cancel(self, handle: Handle) -> None:
+        job = self._watch(handle)
+        if job.result is not None:
+            return  # already ended: counts as cancelled
+        job.cancelled = True
+        self._scancel(handle.native_id)
+        self._poller.poke()
+
+    def close(self) -> None:
+        self._poller.close()
+
+    # ----- helpers --------------------------------------------------------------------------
+
+    def _watch(self, handle: Handle, on_progress: ProgressCallback | None = None) -> Watched:
+        """The poller's record of ``handle`` (created for a handle from an earlier parent)."""
+        extra = handle.extra
+        secrets = extra.get("secrets_file")
+        return self._poller.watch(
+            Watched(
+                native_id=handle.native_id,
+                pending_timeout=extra.get("pending_timeout"),
+                on_progress=on_progress,
+                on_final=(lambda: Path(secrets).unlink(missing_ok=True)) if secrets else None,
+                mem=extra.get("mem"),
+                time_limit=extra.get("time"),
+                log_file=extra.get("log_file") or "the job's logs",
+            )
+        )
+
+    def _limits(self, request: LaunchRequest, rendered: dict[str, Any]) -> dict[str, Any]:
+        topo = topology(request)
+        asked = request.launcher_spec.get("pending_timeout")
+        site = self._settings.pending_timeout
+        time_arg = next((a for a in rendered["sbatch_argv"] if a.startswith("--time=")), None)
+        return {
+            "pending_timeout": min(asked, site) if asked else site,
+            "mem": f"{topo['mem_mib']}M" if topo["mem_mib"] is not None else None,
+            "time": time_arg.partition("=")[2] if time_arg else None,
+        }
+
+    def _secret_values(self, request: LaunchRequest) -> dict[str, str]:
+        """The study's secret_env (from credentials, else the parent's environment) + token."""
+        entry = request.study_runtime
+        missing = entry is not None and any(n not in request.credentials for n in entry.secret_env)
+        try:
+            values = secret_env_values(entry, self._environ) if missing else {}
+        except SpecError as err:
+            raise LaunchError(
+                f"study {request.identity.study}: " + "; ".join(str(i) for i in err.issues)
+            ) from None
+        values = {**values, **request.credentials}
+        if TOKEN_VAR not in values:
+            raise LaunchError(f"no {TOKEN_VAR} in the launch request's credentials")
+        return values
+
+    @staticmethod
+    def _write_files(workdir: Path, script_path: Path, script: str) -> None:
+        (Path(workdir) / LOG_DIR).mkdir(parents=True, exist_ok=True)
+        script_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        script_path.write_text(script, encoding="utf-8")
+        script_path.chmod(0o700)
+
+    def _run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        try:
+            return self._runner(argv, self._timeout)
+        except FileNotFoundError:
+            raise LaunchError(
+                f"{argv[0]} not found: install Slurm's client commands on the parent's host or "
+                "set their paths in local/site.yaml (slurm.sbatch, slurm.squeue, ...)"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise LaunchError(
+                f"{argv[0]} did not answer within {self._timeout:g} s: is slurmctld up?"
+            ) from None
+
+    def _query(self, ids: list[str]) -> dict[str, Any]:
+        """One squeue call for every id, then sacct for those squeue has forgotten."""
+        joined = ",".join(ids)
+        squeue = [self._settings.squeue, "-h", "--states=all", f"--jobs={joined}"]
+        result = self._run([*squeue, "-O", SQUEUE_FIELDS])
+        if result.returncode != 0 and "invalid job id" not in result.stderr.lower():
+            raise LaunchError(f"squeue failed: {result.stderr.strip() or result.returncode}")
+        states = parse_squeue(result.stdout) if result.returncode == 0 else {}
+        missing = [i for i in ids if i not in states]
+        if missing:
+            sacct = [self._settings.sacct, "-X", "-P", "-n", f"--jobs={','.join(missing)}"]
+            with contextlib.suppress(LaunchError):  # no accounting: squeue is all we have
+                found = self._run([*sacct, f"--format={SACCT_FIELDS}"])
+                if found.returncode == 0:
+                    states.update(parse_sacct(found.stdout))
+        return states
+
+    def _scancel(self, native_id: str) -> None:
+        result = self._run([self._settings.scancel, native_id])
+        if result.returncode != 0 and not any(g in result.stderr.lower() for g in _GONE):
+            raise LaunchError(
+                f"scancel {native_id} failed: {result.stderr.strip() or result.returncode}"
+            )
+
+
+def refusal_message(
+    request: LaunchRequest, rendered: dict[str, Any], result: subprocess.CompletedProcess[str]
+) -> str:
+    """sbatch's refusal, naming the directive, its value and where it was configured."""
+    said = " ".join(result.stderr.split()) or f"exit code {result.returncode}"
+    if result.returncode == 0:
+        said = f"unexpected output {result.stdout.strip()!r}"
+    lower = said.lower()
+    argv = rendered["sbatch_argv"]
+    sources = rendered["directive_sources"]
+    what = ""
+    for word, key in _REFUSALS:
+        if word in lower:
+            value = next((a.partition("=")[2] for a in argv if a.startswith(f"--{key}=")), None)
+            where = sources.get(key, "no setting: Slurm's default")
+            what = f"{key} {value!r} (from {where})" if value else f"{key} (Slurm's default)"
+            break
+    if not what and any(word in lower for word in _RESOURCE_WORDS):
+        asked = [
+            a
+            for a in argv
+            if a.startswith(("--nodes=", "--cpus-per-task=", "--mem=", "--gres=", "--time="))
+        ]
+        what = f"resources {' '.join(asked)} (from the job's resource_spec and launcher_spec)"
+    ident = request.identity
+    head = f"Slurm refused the worker of job {ident.job_id} for {ident.site}"
+    return f"{head}: {what + ': ' if what else ''}sbatch said: {said}"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Create ``path`` with mode 0600 from the start (never readable by others, even briefly)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)

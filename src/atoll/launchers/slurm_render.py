@@ -1,0 +1,350 @@
+"""Pure: a LaunchRequest -> the ``sbatch`` argv and batch script of its worker.
+
+``render_slurm`` returns ``{"sbatch_argv", "script", "script_path", "secrets_file",
+"directive_sources"}``. Nothing here touches Slurm or holds a secret value: the job token and the
+study's ``secret_env`` values are written at launch into ``secrets_file`` (mode 0600, in the run
+folder), which the script sources and deletes before it starts the worker.
+
+Resources (portable values are totals for the target; native ``launcher_spec`` values are per
+node; ``--mem`` and ``--gres`` are per node in Slurm):
+
+- ``--nodes=N --ntasks=N --ntasks-per-node=1``: one worker task per node (``nodes``, default 1).
+- ``--cpus-per-task``: ``cpus_per_node``, else ``num_of_cpus`` spread over the nodes (rounded up).
+- ``--mem=<MiB>M``: ``mem_per_node``, else ``memory`` spread over the nodes; omitted when neither
+  is given (the partition's default applies).
+- ``--gres=gpu:G``: ``gpus_per_node``, else ``num_of_gpus`` (single node); omitted for no GPU.
+- ``--time``: the job's ``launcher_spec.time``, else the site's ``slurm.time``.
+
+Directives: ``partition``, ``account`` and ``qos`` come from the study's ``slurm`` block in
+``study_runtime.yaml`` when it sets them, else from ``site.yaml`` ``slurm``: the operator maps a
+study to its own allocation. ``constraint`` and ``reservation`` are site-only. A job never sets
+any of them. ``sandbox`` and ``python_path`` follow the same study-then-site rule.
+
+Sandboxes: ``none`` runs ``<python_path> <worker_args>`` on the node; ``apptainer`` wraps it in
+``apptainer exec --containall --cleanenv --no-home`` (``--nv`` with GPUs) with the run folder at
+``/atoll/job`` and datasets at ``/data/<study>/<dataset>`` (ro/rw), passing variables as
+``APPTAINERENV_*`` (the only ones ``--cleanenv`` lets in); ``pyxis`` adds ``--container-image``
+and ``--container-mounts`` to ``srun``. Multi-node jobs and pyxis start the worker through
+``srun`` (one task per node) with ``ATOLL_RANK``/``ATOLL_WORLD_SIZE`` from
+``SLURM_PROCID``/``SLURM_NTASKS``; a single bare or apptainer worker runs in the batch step itself
+(rank 0 of 1), which also makes ``scancel`` faster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from atoll.launchers.base import LaunchError, LaunchRequest
+from atoll.spec.names import is_env_name
+from atoll.spec.quantity import memory_to_mib
+from atoll.spec.study_runtime import data_root, dataset_mount_path
+
+CONTAINER_WORKDIR = "/atoll/job"
+SCRIPT_FILE = Path("slurm") / "worker.sbatch"
+SECRETS_FILE = Path("slurm") / "secrets.env"
+LOG_DIR = Path("logs")
+LOG_PATTERN = "slurm-%j.out"  # %j: Slurm's job id
+TOKEN_VAR = "ATOLL_JOB_TOKEN"
+APPTAINER_PREFIX = "APPTAINERENV_"
+APPTAINER_FLAGS = ("--containall", "--cleanenv", "--no-home")
+# Directives the study's slurm block may override; the others are the site's alone.
+STUDY_DIRECTIVES = ("partition", "account", "qos")
+SITE_DIRECTIVES = ("constraint", "reservation")
+_UNSAFE_COMMENT = re.compile(r"[^A-Za-z0-9._-]+")
+RANK_WRAPPER = 'export {p}ATOLL_RANK="$SLURM_PROCID" {p}ATOLL_WORLD_SIZE="$SLURM_NTASKS"; exec "$@"'
+
+
+def render_slurm(request: LaunchRequest) -> dict[str, Any]:
+    """The worker's sbatch argv and batch script; LaunchError names what to fix."""
+    settings = _slurm_settings(request)
+    study_slurm = _study_slurm(request)
+    sandbox = study_slurm.get("sandbox") or settings.sandbox
+    python = study_slurm.get("python_path") or settings.python_path
+    topo = topology(request)
+    directives, sources = _directives(request, settings, study_slurm)
+    workdir = Path(request.workdir)
+    script_path = workdir / SCRIPT_FILE
+    argv = [
+        settings.sbatch,
+        "--parsable",
+        f"--job-name={job_name(request)}",
+        f"--comment={job_comment(request)}",
+        f"--chdir={workdir}",
+        f"--output={workdir / LOG_DIR / LOG_PATTERN}",
+        "--export=NONE",  # the parent's environment may hold other studies' secrets
+        "--no-requeue",  # a one-time job token cannot start a worker twice
+        f"--nodes={topo['nodes']}",
+        f"--ntasks={topo['nodes']}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={topo['cpus_per_task']}",
+    ]
+    if topo["mem_mib"] is not None:
+        argv.append(f"--mem={topo['mem_mib']}M")
+    if topo["gpus_per_node"]:
+        argv.append(f"--gres=gpu:{topo['gpus_per_node']}")
+    argv += [f"--{key}={value}" for key, value in directives.items()]
+    argv.append(str(script_path))
+    secrets = secret_names(request)
+    script = _script(request, sandbox, python, topo, secrets, workdir)
+    return {
+        "sbatch_argv": argv,
+        "script": script,
+        "script_path": str(script_path),
+        "secrets_file": {
+            "path": str(workdir / SECRETS_FILE),
+            "mode": "0600",
+            "variables": secrets,
+        },
+        "directive_sources": sources,
+    }
+
+
+def _slurm_settings(request: LaunchRequest) -> Any:
+    from atoll.spec.site_config import SlurmSettings
+
+    settings = request.site_config.settings if request.site_config is not None else None
+    if not isinstance(settings, SlurmSettings):
+        launcher = getattr(request.site_config, "launcher", None)
+        raise LaunchError(f"local/site.yaml chooses launcher {launcher}, not slurm")
+    return settings
+
+
+def _study_slurm(request: LaunchRequest) -> dict[str, Any]:
+    entry = request.study_runtime
+    block = entry.slurm if entry is not None else None
+    return block.model_dump(exclude_none=True) if block is not None else {}
+
+
+def slurm_memory(memory: str) -> str:
+    """``"64Gi"`` -> ``"65536M"`` (Slurm's M is MiB)."""
+    return f"{memory_to_mib(memory)}M"
+
+
+def topology(request: LaunchRequest) -> dict[str, Any]:
+    """Nodes and per-node CPUs, MiB and GPUs from resources and the job's slurm block."""
+    spec, res = request.launcher_spec, request.resources
+    nodes = spec.get("nodes") or 1
+    cpus = spec.get("cpus_per_node") or -(-res.num_of_cpus // nodes)
+    if spec.get("mem_per_node"):
+        mem_mib = memory_to_mib(spec["mem_per_node"])
+    elif res.memory is not None:
+        mem_mib = -(-memory_to_mib(res.memory) // nodes)
+    else:
+        mem_mib = None
+    gpus = spec.get("gpus_per_node")
+    if gpus is None:
+        if res.num_of_gpus % nodes:
+            raise LaunchError(
+                f"{res.num_of_gpus} GPUs do not split evenly over {nodes} nodes: set "
+                "launcher_spec slurm.gpus_per_node in the job's meta.json"
+            )
+        gpus = res.num_of_gpus // nodes
+    return {"nodes": nodes, "cpus_per_task": cpus, "mem_mib": mem_mib, "gpus_per_node": gpus}
+
+
+def _directives(
+    request: LaunchRequest, settings: Any, study_slurm: dict[str, Any]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``--time`` and the site/study directives, with where each value was configured."""
+    values: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    if request.launcher_spec.get("time"):
+        values["time"] = request.launcher_spec["time"]
+        sources["time"] = "the job's meta.json launcher_spec slurm.time"
+    elif settings.time:
+        values["time"] = settings.time
+        sources["time"] = "local/site.yaml slurm.time"
+    study = request.identity.study
+    for key in (*STUDY_DIRECTIVES, *SITE_DIRECTIVES):
+        if key in study_slurm:
+            values[key] = study_slurm[key]
+            sources[key] = f"local/study_runtime.yaml studies.{study}.slurm.{key}"
+        elif getattr(settings, key):
+            values[key] = getattr(settings, key)
+            sources[key] = f"local/site.yaml slurm.{key}"
+    return values, sources
+
+
+def job_name(request: LaunchRequest) -> str:
+    """Unique per job and participant, like the other launchers' names."""
+    return f"atoll-{request.identity.site}-{request.identity.job_id}"
+
+
+def job_comment(request: LaunchRequest) -> str:
+    """``key=value`` words naming the atoll job; the free-text job name is reduced to safe chars."""
+    ident = request.identity
+    name = _UNSAFE_COMMENT.sub("_", ident.job_name)[:64] or "-"
+    return (
+        f"atoll job_id={ident.job_id} site={ident.site} study={ident.study} "
+        f"role={ident.role} name={name}"
+    )
+
+
+def secret_names(request: LaunchRequest) -> list[str]:
+    """Variables the secrets file carries: credentials and the study's secret_env (names only)."""
+    entry = request.study_runtime
+    study_secrets = list(entry.secret_env) if entry is not None else []
+    return sorted({TOKEN_VAR, *request.credentials, *study_secrets})
+
+
+def _worker_env(request: LaunchRequest, contained: bool) -> dict[str, str]:
+    entry, study = request.study_runtime, request.identity.study
+    env = dict(entry.env) if entry is not None else {}
+    env.update(request.worker_env)
+    env.pop("ATOLL_PARENT_PID", None)  # the parent is on another host
+    env["ATOLL_PARENT"] = request.parent_address
+    datasets = dict(sorted(entry.datasets.items())) if entry is not None else {}
+    if contained:
+        env["ATOLL_WORKDIR"] = CONTAINER_WORKDIR
+        env["ATOLL_DATA_ROOT"] = data_root(study)
+        env["ATOLL_DATASETS"] = json.dumps(
+            {name: dataset_mount_path(study, name) for name in datasets}, sort_keys=True
+        )
+    else:
+        env["ATOLL_WORKDIR"] = str(request.workdir)
+        if datasets:
+            env["ATOLL_DATASETS"] = json.dumps(
+                {name: d.source for name, d in datasets.items()}, sort_keys=True
+            )
+    return dict(sorted(env.items()))
+
+
+def _mounts(request: LaunchRequest) -> list[tuple[str, str, str]]:
+    """(host source, path in the container, ro|rw): run folder, datasets, secret mounts."""
+    entry, study = request.study_runtime, request.identity.study
+    mounts = [(str(request.workdir), CONTAINER_WORKDIR, "rw")]
+    if entry is not None:
+        for name, dataset in sorted(entry.datasets.items()):
+            mounts.append((dataset.source, dataset_mount_path(study, name), dataset.mode))
+        for _name, secret in sorted(entry.secret_mounts.items()):
+            mounts.append((secret.source, secret.mount_path, "ro"))
+    return mounts
+
+
+def _image(request: LaunchRequest) -> tuple[str, str]:
+    entry, study = request.study_runtime, request.identity.study
+    settings = _slurm_settings(request)
+    if entry is not None and entry.container is not None:
+        return entry.container.image, f"studies.{study}.container.image"
+    if settings.container_image:
+        return settings.container_image, "local/site.yaml slurm.container_image"
+    raise LaunchError(
+        f"sandbox needs an image for study {study}: set studies.{study}.container.image in "
+        "local/study_runtime.yaml or slurm.container_image in local/site.yaml"
+    )
+
+
+def apptainer_image(image: str) -> str:
+    """A registry reference becomes ``docker://...``; SIF paths and URIs stay as they are."""
+    if "://" in image or image.startswith(("/", "./", "../")) or image.endswith(".sif"):
+        return image
+    return f"docker://{image}"
+
+
+def pyxis_image(image: str) -> str:
+    """Docker-style ``registry.example.com/team/img:1`` -> enroot's ``registry.example.com#team/img:1``."""
+    if "#" in image or "://" in image or image.startswith(("/", "./")) or image.endswith(".sqsh"):
+        return image
+    first, sep, rest = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return image
+
+
+def _script(
+    request: LaunchRequest,
+    sandbox: str,
+    python: str,
+    topo: dict[str, Any],
+    secrets: list[str],
+    workdir: Path,
+) -> str:
+    ident = request.identity
+    contained = sandbox != "none"
+    prefix = APPTAINER_PREFIX if sandbox == "apptainer" else ""
+    q = shlex.quote
+    lines = [
+        "#!/bin/bash",
+        f"# atoll worker of job {ident.job_id} for {ident.site} (study {ident.study}).",
+        "# Rendered by atoll's slurm launcher; it holds no secret value.",
+        "set -euo pipefail",
+        "",
+        "# Credentials and secret variables: a 0600 file written at submit, read once, deleted.",
+        f"secrets={q(str(workdir / SECRETS_FILE))}",
+        '[ -r "$secrets" ] || { echo "atoll: $secrets is missing (started twice?)" >&2; exit 1; }',
+        'set -a; . "$secrets"; set +a',
+        'rm -f -- "$secrets"',
+    ]
+    if prefix:
+        lines += ["# --cleanenv lets only APPTAINERENV_* variables into the container."]
+        lines += [f'export {prefix}{name}="${{{name}}}"' for name in secrets]
+    lines += ["", "# The worker's environment."]
+    env = _worker_env(request, contained)
+    lines += [f"export {prefix}{key}={q(value)}" for key, value in env.items()]
+    multi = topo["nodes"] > 1 or sandbox == "pyxis"
+    if not multi:
+        lines += [f"export {prefix}ATOLL_RANK=0 {prefix}ATOLL_WORLD_SIZE=1"]
+    if sandbox == "none" and request.study_runtime is not None:
+        if request.study_runtime.secret_mounts:
+            raise LaunchError(
+                f"studies.{ident.study}.secret_mounts in local/study_runtime.yaml needs a "
+                "container: set slurm.sandbox to apptainer or pyxis, or remove secret_mounts"
+            )
+    lines += ["", "# Start the worker."]
+    segments = _launch_segments(request, sandbox, python, topo, multi, prefix)
+    lines.append("exec " + " \\\n    ".join(" ".join(map(q, seg)) for seg in segments))
+    return "\n".join(lines) + "\n"
+
+
+def _launch_segments(
+    request: LaunchRequest,
+    sandbox: str,
+    python: str,
+    topo: dict[str, Any],
+    multi: bool,
+    prefix: str,
+) -> list[list[str]]:
+    """The worker's command line as groups of words, one group per line of the script."""
+    segments: list[list[str]] = []
+    if multi:
+        segments.append(
+            [
+                "srun",
+                f"--nodes={topo['nodes']}",
+                f"--ntasks={topo['nodes']}",
+                "--ntasks-per-node=1",
+                f"--cpus-per-task={topo['cpus_per_task']}",
+                "--export=ALL",  # the batch step runs with SLURM_EXPORT_ENV=NONE
+                "--kill-on-bad-exit=1",
+                "--label",
+            ]
+        )
+        if sandbox == "pyxis":
+            image, _source = _image(request)
+            mounts = ",".join(f"{src}:{dst}:{mode}" for src, dst, mode in _mounts(request))
+            segments += [
+                [f"--container-image={pyxis_image(image)}"],
+                [f"--container-mounts={mounts}"],
+                [f"--container-workdir={CONTAINER_WORKDIR}", "--no-container-mount-home"],
+            ]
+        segments.append(["/bin/sh", "-c", RANK_WRAPPER.format(p=prefix), "atoll-worker"])
+    if sandbox == "apptainer":
+        image, _source = _image(request)
+        gpu = ["--nv"] if topo["gpus_per_node"] else []
+        segments.append(["apptainer", "exec", *APPTAINER_FLAGS, *gpu, f"--pwd={CONTAINER_WORKDIR}"])
+        segments += [[f"--bind={src}:{dst}:{mode}"] for src, dst, mode in _mounts(request)]
+        segments.append([apptainer_image(image)])
+    segments.append([python, *request.worker_args])
+    return segments
+
+
+def secrets_file_text(values: dict[str, str]) -> str:
+    """The secrets file's content (at launch only): one quoted assignment per variable."""
+    bad = sorted(name for name in values if not is_env_name(name))
+    if bad:
+        raise LaunchError(f"not environment variable names: {', '.join(bad)}")
+    return "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(values.items()))
