@@ -286,6 +286,10 @@ class ServerWorkerBackend:
         return {"sites": live.sites,
                 "job_args": {"min_clients": live.record.meta.get("min_clients")}}
 
+    def app_zip(self, job_id: str) -> Path:
+        self._live(job_id)
+        return self.jobs.app_zip(job_id, "server")
+
     def send_task(self, job_id, head, chunks):
         try:
             task_id = self._live(job_id).relay.add_task(

@@ -21,10 +21,11 @@ from atoll.spec.errors import SpecError
 from atoll.spec.meta import load_meta
 from atoll.spec.resources import Resources, resolve_resources
 from atoll.wire import frames
-from atoll.wire.jobzip import Incoming, IntakeError
+from atoll.wire.jobzip import IntakeError, unpack_app
 
 log = logging.getLogger("atoll.site.supervisor")
 
+APP_ZIP = "app.zip"
 END_GRACE_S = 30.0  # after the workflow ends, how long a worker may take to wrap up
 LOG_TAIL = 64 * 1024
 
@@ -107,18 +108,14 @@ class Supervisor:
         self._finish(job, self.parent.launcher.wait(job.handle))
 
     def _fetch(self, job: SiteJob) -> None:
+        """Fetch this site's app; keep the zip for workers that cannot see this folder."""
+        shutil.rmtree(job.workdir, ignore_errors=True)
+        job.workdir.mkdir(parents=True)
         stream = self.parent.stub.FetchJob(frames.pb.JobRef(job_id=job.job_id))
         _, chunks = frames.split(iter(stream))
-        with Incoming(self.parent.workspace / "tmp") as incoming:
-            incoming.receive(chunks, 1 << 31)
-            tree = incoming.extract(1 << 32)
-            meta = load_meta(tree)
-            app = meta.app_for(self.parent.name)
-            if app is None or not (tree / app).is_dir():
-                raise Refused(f"the job deploys no app to {self.parent.name}")
-            shutil.rmtree(job.workdir, ignore_errors=True)
-            job.workdir.mkdir(parents=True)
-            (tree / app).rename(job.workdir / "app")
+        frames.write_chunks(chunks, job.workdir / APP_ZIP, limit=1 << 31)
+        unpack_app(job.workdir / APP_ZIP, self.parent.name, job.workdir / "app",
+                   self.parent.workspace / "tmp")
         (job.workdir / "logs").mkdir(exist_ok=True)
 
     def _finish(self, job: SiteJob, exit: WorkerExit) -> None:

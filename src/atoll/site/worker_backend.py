@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from atoll.site.supervisor import APP_ZIP
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames
 from atoll.wire.worker_endpoint import BackendError
@@ -30,6 +32,9 @@ class SiteWorkerBackend:
         self._job(job_id)
         self.parent.link.send_state(job_id, "RUNNING", "worker connected")
         return {"site": self.parent.name}
+
+    def app_zip(self, job_id: str) -> Path:
+        return self._job(job_id).workdir / APP_ZIP
 
     def next_task(self, job_id: str, wait_s: float) -> Iterator[pb.Frame]:
         job = self._job(job_id)

@@ -456,6 +456,11 @@ class WorkerLinkStub:
                 request_serializer=atoll_dot_wire_dot_atoll__pb2.Json.SerializeToString,
                 response_deserializer=atoll_dot_wire_dot_atoll__pb2.Json.FromString,
                 _registered_method=True)
+        self.FetchApp = channel.unary_stream(
+                '/atoll.v1.WorkerLink/FetchApp',
+                request_serializer=atoll_dot_wire_dot_atoll__pb2.Json.SerializeToString,
+                response_deserializer=atoll_dot_wire_dot_atoll__pb2.Frame.FromString,
+                _registered_method=True)
         self.SendTask = channel.stream_unary(
                 '/atoll.v1.WorkerLink/SendTask',
                 request_serializer=atoll_dot_wire_dot_atoll__pb2.Frame.SerializeToString,
@@ -495,6 +500,13 @@ class WorkerLinkServicer:
 
     def Register(self, request, context):
         """{job_id, token} -> {session, ...}
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchApp(self, request, context):
+        """the worker's app folder, zipped
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -549,6 +561,11 @@ def add_WorkerLinkServicer_to_server(servicer, server):
                     servicer.Register,
                     request_deserializer=atoll_dot_wire_dot_atoll__pb2.Json.FromString,
                     response_serializer=atoll_dot_wire_dot_atoll__pb2.Json.SerializeToString,
+            ),
+            'FetchApp': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchApp,
+                    request_deserializer=atoll_dot_wire_dot_atoll__pb2.Json.FromString,
+                    response_serializer=atoll_dot_wire_dot_atoll__pb2.Frame.SerializeToString,
             ),
             'SendTask': grpc.stream_unary_rpc_method_handler(
                     servicer.SendTask,
@@ -610,6 +627,33 @@ class WorkerLink:
             '/atoll.v1.WorkerLink/Register',
             atoll_dot_wire_dot_atoll__pb2.Json.SerializeToString,
             atoll_dot_wire_dot_atoll__pb2.Json.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchApp(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/atoll.v1.WorkerLink/FetchApp',
+            atoll_dot_wire_dot_atoll__pb2.Json.SerializeToString,
+            atoll_dot_wire_dot_atoll__pb2.Frame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -110,3 +110,21 @@ def zip_folder(folder: Path, out: Path, only: Iterable[str] | None = None) -> Pa
                 continue
             archive.write(path, rel.as_posix())
     return out
+
+
+def unpack_app(archive: Path, target: str, destination: Path, scratch: Path,
+               max_bytes: int = 1 << 32) -> Path:
+    """Unpack the app a participant runs (from a FetchJob/FetchApp zip) into `destination`."""
+    from atoll.spec.meta import load_meta
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    with Incoming(scratch) as incoming:
+        shutil.copyfile(archive, incoming.zip_path)
+        tree = incoming.extract(max_bytes)
+        app = load_meta(tree).app_for(target)
+        if app is None or not (tree / app).is_dir():
+            raise IntakeError(f"the job deploys no app to {target}")
+        shutil.rmtree(destination, ignore_errors=True)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        (tree / app).rename(destination)
+    return destination

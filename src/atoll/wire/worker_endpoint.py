@@ -14,6 +14,7 @@ import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
@@ -28,6 +29,7 @@ SESSION_KEY = "x-atoll-worker"
 
 class WorkerBackend(Protocol):
     def on_register(self, job_id: str) -> dict[str, Any]: ...
+    def app_zip(self, job_id: str) -> Path: ...
     def send_task(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict: ...
     def next_reply(self, job_id: str, task_id: str, wait_s: float) -> Iterator[pb.Frame]: ...
     def next_task(self, job_id: str, wait_s: float) -> Iterator[pb.Frame]: ...
@@ -103,6 +105,13 @@ class WorkerLinkServicer(pb_grpc.WorkerLinkServicer):
                           "job token refused: it is wrong, already used, or for another job")
         info = self._call(context, self.backend.on_register, job_id)
         return pb.Json(body=json.dumps({"session": session, **info}))
+
+    def FetchApp(self, request, context):
+        job_id = self._job(context)
+        path = self._call(context, self.backend.app_zip, job_id)
+        yield frames.header({"size": path.stat().st_size})
+        for chunk in frames.file_chunks(path):
+            yield pb.Frame(data=chunk)
 
     def SendTask(self, request_iterator, context):
         job_id = self._job(context)

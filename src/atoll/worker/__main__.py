@@ -24,13 +24,30 @@ def _env(name: str) -> str:
     return value
 
 
+def _fetch_app(stub, metadata, workdir: Path, target: str) -> None:
+    from atoll.wire import atoll_pb2 as pb
+    from atoll.wire import frames
+    from atoll.wire.jobzip import unpack_app
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    _, chunks = frames.split(iter(stub.FetchApp(pb.Json(body="{}"), metadata=metadata)))
+    archive = workdir / "app.zip"
+    frames.write_chunks(chunks, archive)
+    unpack_app(archive, target, workdir / "app", workdir / "tmp")
+
+
 def main() -> int:
     job_id, role, parent = _env("ATOLL_JOB_ID"), _env("ATOLL_ROLE"), _env("ATOLL_PARENT")
     token = os.environ.pop("ATOLL_JOB_TOKEN", "")  # gone from the environment scripts inherit
     parent_pid = os.environ.get("ATOLL_PARENT_PID")
     workdir = Path(os.environ.get("ATOLL_WORKDIR", os.getcwd()))
 
+    import logging
+
     from atoll.worker.lifeline import tie_to_parent
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     tie_to_parent(int(parent_pid) if parent_pid else None)
 
@@ -54,6 +71,8 @@ def main() -> int:
 
     ok, error = True, ""
     try:
+        if not (workdir / "app").is_dir():  # a container, pod or compute node: fetch the app
+            _fetch_app(stub, meta, workdir, os.environ.get("ATOLL_SITE", role))
         if role == "server":
             from atoll.fl.runner import run_server_app
             from atoll.worker.grpc_channels import GrpcServerChannel
