@@ -13,7 +13,7 @@
 # 127.0.0.1 or a unix socket; slurmdbd, which always binds 0.0.0.0, runs with a bind() shim
 # (slurm/bind_loopback.c). Settings (environment):
 #   ATOLL_SLURM_BASE        all state, logs, configs, env file     (default /tmp/atoll-slurm)
-#   ATOLL_SLURM_PORTS       slurmctld slurmdbd n1 n2 ports          (default "16817 16819 17001 17002")
+#   ATOLL_SLURM_PORTS       slurmctld slurmdbd n1 n2 ports    (default "16817 16819 17001 17002")
 #   ATOLL_SLURM_NODE_MEM    RealMemory of each node in MB           (default 4000)
 set -euo pipefail
 
@@ -24,7 +24,8 @@ read -r CTLD_PORT DBD_PORT N1_PORT N2_PORT <<<"${ATOLL_SLURM_PORTS:-16817 16819 
 NODE_MEM=${ATOLL_SLURM_NODE_MEM:-4000}
 HOST=$(hostname -s)
 NODES=(n1 n2)
-PACKAGES=(slurm-wlm munge slurmdbd mariadb-server)
+# gcc and libc6-dev build the slurmdbd bind() shim (a few lines of C).
+PACKAGES=(slurm-wlm munge slurmdbd mariadb-server gcc libc6-dev)
 
 ETC=$BASE/etc
 RUN=$BASE/run
@@ -92,7 +93,7 @@ write_configs() {
   # Fake GPUs must be character devices: slurmd refuses regular files.
   local i
   for i in 0 1 2 3; do mknod "$BASE/dev/nvidia$i" c 195 "$i"; done
-  gcc -shared -fPIC -O2 -o "$BASE/bind_loopback.so" "$TEMPLATES/bind_loopback.c" -ldl
+  nice gcc -shared -fPIC -O2 -o "$BASE/bind_loopback.so" "$TEMPLATES/bind_loopback.c" -ldl
   printf 'export SLURM_CONF=%q\n' "$SLURM_CONF" >"$BASE/env.sh"
 }
 
@@ -118,7 +119,8 @@ start_mariadb() {
   # mariadbd runs as mysql: its pid file and log live in its own folder.
   setsid mariadbd --no-defaults --user=mysql --datadir="$MYSQL/data" --socket="$MYSQL_SOCKET" \
     --skip-networking --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 \
-    --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --pid-file="$MYSQL/mariadbd.pid" --log-error="$MYSQL/mariadbd.log" \
+    --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 \
+    --pid-file="$MYSQL/mariadbd.pid" --log-error="$MYSQL/mariadbd.log" \
     </dev/null >/dev/null 2>&1 &
   wait_for 30 mariadb-admin --no-defaults --socket="$MYSQL_SOCKET" ping ||
     die "mariadbd did not start: see $MYSQL/mariadbd.log"
@@ -132,7 +134,8 @@ SQL
 start_slurmdbd() {
   # MYSQL_UNIX_PORT points slurmdbd's MariaDB client at our socket (it reads no my.cnf).
   MYSQL_UNIX_PORT=$MYSQL_SOCKET LD_PRELOAD=$BASE/bind_loopback.so slurmdbd
-  wait_for 30 timeout 5 sacctmgr -n list cluster || die "slurmdbd did not answer: see $LOGS/slurmdbd.log"
+  wait_for 30 timeout 5 sacctmgr -n list cluster ||
+    die "slurmdbd did not answer: see $LOGS/slurmdbd.log"
   sacctmgr -i add cluster atoll >/dev/null
   sacctmgr -i add qos high Priority=100 >/dev/null
   sacctmgr -i add account fl,other Cluster=atoll Description=atoll-tests Organization=atoll \
@@ -156,7 +159,6 @@ up() {
   fi
   install_packages
   [[ -d $BASE ]] && { log "stale state in $BASE: cleaning up first"; down; }
-  command -v gcc >/dev/null || die "gcc is needed to build the slurmdbd bind shim"
   write_configs
   start_munge
   start_mariadb
@@ -171,7 +173,8 @@ stop_pid_files() {
   local pids=() file pid name
   for file in "$@"; do
     name=$(basename "$file" .pid)
-    if [[ -f $file ]] && pid=$(cat "$file") && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "${name%%-*}" ]]; then
+    pid=$(cat "$file" 2>/dev/null) || pid=""
+    if [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == "${name%%-*}" ]]; then
       kill "$pid" 2>/dev/null && pids+=("$pid")
     fi
     rm -f "$file"

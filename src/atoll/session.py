@@ -79,8 +79,13 @@ class Session:
     def list_jobs(self, study: str | None = None) -> list[dict[str, Any]]:
         return self.call("list_jobs", study=study)["jobs"]
 
-    def status(self, job_id: str, study: str | None = None) -> dict[str, Any]:
-        return self.call("job_status", study=study, job_id=job_id)
+    def status(self, job_id: str, study: str | None = None, since: int | None = None,
+               wait_s: float = 0.0) -> dict[str, Any]:
+        """A job's status; with `since` (an earlier answer's version) it waits up to wait_s
+        for a change first."""
+        if since is None:
+            return self.call("job_status", study=study, job_id=job_id)
+        return self.call("job_status", study=study, job_id=job_id, since=since, wait_s=wait_s)
 
     def logs(self, job_id: str, study: str | None = None) -> dict[str, Any]:
         return self.call("job_logs", study=study, job_id=job_id)
@@ -115,19 +120,19 @@ class Session:
         return self.wait(job["job_id"], study, timeout, on_update) if wait else job
 
     def wait(self, job_id: str, study: str | None = None, timeout: float | None = None,
-             on_update: Callable[[dict[str, Any]], None] | None = None,
-             poll_s: float = 0.2) -> dict[str, Any]:
+             on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Follow a job until it ends; the server answers as soon as anything changes."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        status = self.status(job_id, study)
         while True:
-            status = self.status(job_id, study)
             if on_update is not None:
                 on_update(status)
             if status["state"] in TERMINAL:
                 return status
-            if deadline is not None and time.monotonic() > deadline:
+            left = 10.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
                 raise AtollError(f"job {job_id} still {status['state']} after {timeout} s")
-            time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, 1.0)
+            status = self.status(job_id, study, since=status["version"], wait_s=min(left, 10.0))
 
     def download(self, job_id: str, destination: str | Path, study: str | None = None) -> Path:
         destination = Path(destination)

@@ -28,6 +28,7 @@ from atoll.wire.jobzip import IntakeError
 
 log = logging.getLogger("atoll.server.admin")
 LOG_TAIL_BYTES = 256 * 1024
+MAX_WAIT_S = 20.0  # a status long-poll answers at least this often
 
 
 class NoSuchJob(Exception):
@@ -113,8 +114,16 @@ class AdminService(pb_grpc.AdminServicer):
         return {"jobs": [job_summary(r) for r in self.parent.store.list_jobs(study=study)]}
 
     def job_status(self, who, study, body):
+        """A job's status. With `since` (the `version` of an earlier answer) and `wait_s`, it
+        first waits up to wait_s for anything to change: watchers need no polling loop."""
+        since, wait_s = body.get("since"), float(body.get("wait_s") or 0)
         record = self._job(study, body.get("job_id"))
+        if isinstance(since, int) and wait_s > 0 and not record.finished:
+            self.parent.store.wait_for_change(since, min(wait_s, MAX_WAIT_S))
+        version = self.parent.store.version  # read before the record: never miss a change
+        record = self._job(study, record.id)
         out = job_summary(record)
+        out["version"] = version
         out["progress"] = self.parent.store.events(record.id)[-50:]
         return out
 

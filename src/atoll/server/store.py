@@ -87,6 +87,9 @@ class JobStore:
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
+        # Every write bumps `version`, so watchers (`job status --wait`) wake on any change.
+        self.version = 0
+        self._changed = threading.Condition()
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -98,7 +101,20 @@ class JobStore:
 
     def _exec(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
         with self._lock:
-            return self._db.execute(sql, tuple(args))
+            cursor = self._db.execute(sql, tuple(args))
+        self._bump()
+        return cursor
+
+    def _bump(self) -> None:
+        with self._changed:
+            self.version += 1
+            self._changed.notify_all()
+
+    def wait_for_change(self, since: int, timeout: float) -> int:
+        """Block until the store changed after version `since` (or timeout); the new version."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.version != since, timeout)
+            return self.version
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -125,6 +141,7 @@ class JobStore:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+        self._bump()
 
     def set_job_state(self, job_id: str, state: str, reason: str = "") -> None:
         self._exec("UPDATE jobs SET state=?, reason=?, updated=? WHERE id=?",

@@ -45,7 +45,8 @@ class SiteParent:
         self.channel = secure_channel(kit.server_address, channel_credentials(kit), None)
         self.stub = pb_grpc.FederationStub(self.channel)
         self.supervisor = Supervisor(self)
-        self.link = ServerLink(self.stub, self._hello, self._on_command)
+        self.link = ServerLink(self.channel, self.stub, self._hello, self._on_command,
+                               kit.server_address)
         self._workers = None
         self.worker_address = ""
         self._stopped = threading.Event()

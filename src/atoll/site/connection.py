@@ -20,12 +20,15 @@ log = logging.getLogger("atoll.site.connection")
 
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 HEARTBEAT_S = 5.0
+READY_WAIT_S = 10.0  # how often "waiting for the server" is logged while it is away
 KEEP_FINAL = 200  # final job states re-sent after a reconnect, in case one was lost
 
 
 class ServerLink:
-    def __init__(self, stub, hello: Callable[[], dict[str, Any]],
-                 on_command: Callable[[str, dict[str, Any]], None]):
+    def __init__(self, channel: grpc.Channel, stub, hello: Callable[[], dict[str, Any]],
+                 on_command: Callable[[str, dict[str, Any]], None], address: str = ""):
+        self.channel = channel
+        self.address = address
         self.stub = stub
         self.hello = hello
         self.on_command = on_command
@@ -47,6 +50,8 @@ class ServerLink:
     def run(self) -> None:
         attempt = 0
         while not self._stop.is_set():
+            if not self._wait_for_server():
+                continue
             self._generation += 1
             try:
                 self._call = self.stub.Connect(self._events(self._generation))
@@ -65,6 +70,16 @@ class ServerLink:
             if self._stop.wait(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]):
                 break
             attempt += 1
+
+    def _wait_for_server(self) -> bool:
+        """Wait until the channel can reach the server; gRPC retries every 0.1 s to 5 s."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=READY_WAIT_S)
+            return True
+        except grpc.FutureTimeoutError:
+            if not self._stop.is_set():
+                log.warning("waiting for the server at %s", self.address or "?")
+            return False
 
     def stop(self) -> None:
         self._stop.set()

@@ -28,7 +28,7 @@ from tests.integration.slurm.conftest import (
     study_entry,
 )
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 WRITE_ENV = """
 import json, os

@@ -1,0 +1,97 @@
+"""atoll admin poller for bench/compare (run with atoll's venv python).
+
+  ctl.py KIT ready N TIMEOUT     -> waits until the server accepts the admin and lists N sites online
+  ctl.py KIT wait JOB_ID TIMEOUT -> waits until the job is FINISHED:*
+
+Both keep one `atoll.session.Session` (one mutual-TLS channel) and poll every 0.1 s, so the
+measured time is atoll's, not the cost of a new `atoll` process per poll. Until the server's
+port accepts a TCP connection the session is not created: a gRPC channel that failed to connect
+backs off for a second or more, which would be charged to atoll's start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+
+from atoll.errors import ConnectionFailed
+from atoll.session import TERMINAL, Session
+
+POLL_S = 0.1
+
+
+def _wait_port(address: str, deadline: float) -> bool:
+    host, port = address.rsplit(":", 1)
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1):
+                return True
+        except OSError:
+            time.sleep(POLL_S)
+    return False
+
+
+def _session(kit: str, deadline: float) -> Session | None:
+    session = Session(kit, timeout=10)
+    if not _wait_port(session.kit.server_address, deadline):
+        session.close()
+        return None
+    return session
+
+
+def ready(kit: str, expected: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    session = _session(kit, deadline)
+    if session is None:
+        print(json.dumps({"ready": False, "last": "the server's port never opened"}))
+        return 1
+    last = ""
+    with session:
+        while time.monotonic() < deadline:
+            try:
+                online = [s["name"] for s in session.sites()["sites"] if s["online"]]
+            except ConnectionFailed as exc:
+                online, last = [], str(exc)
+            if len(online) >= expected:
+                print(json.dumps({"ready": True, "sites": online, "t": time.time()}))
+                return 0
+            last = last or f"online: {online}"
+            time.sleep(POLL_S)
+    print(json.dumps({"ready": False, "last": last}))
+    return 1
+
+
+def wait(kit: str, job_id: str, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    session = _session(kit, deadline)
+    if session is None:
+        print(json.dumps({"finished": False, "last": "the server's port never opened"}))
+        return 1
+    state = ""
+    with session:
+        while time.monotonic() < deadline:
+            status = session.status(job_id)
+            state = status["state"]
+            if state in TERMINAL:
+                print(json.dumps({"finished": True, "status": state, "t": time.time(),
+                                  "reason": status.get("reason", "")}))
+                return 0
+            time.sleep(POLL_S)
+    print(json.dumps({"finished": False, "last": state}))
+    return 1
+
+
+def main() -> int:
+    kit, verb, arg, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    if verb == "ready":
+        return ready(kit, int(arg), timeout)
+    if verb == "wait":
+        return wait(kit, arg, timeout)
+    print(f"ctl.py: unknown verb {verb!r} (use ready, wait)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

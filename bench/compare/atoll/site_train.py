@@ -1,0 +1,40 @@
+"""atoll site script for the benchmark job (client API): adds 1.0 to every weight in place and
+sends the model back. Each round's receive and send times are appended to
+<mark-dir>/<site>.marks so the runner measures per-round time the same way for every system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+import atoll.client as fl
+
+
+def mark(mark_dir: str, site: str, event: str, rnd: int) -> None:
+    if mark_dir:
+        with open(os.path.join(mark_dir, f"{site}.marks"), "a") as f:
+            f.write(f"{event} {rnd} {time.time():.6f}\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mark-dir", default="")
+    args = parser.parse_args()
+    fl.init()
+    site = fl.site_name()
+    while fl.is_running():
+        model = fl.receive()
+        if model is None:
+            break
+        mark(args.mark_dir, site, "recv", model.current_round)
+        for array in model.params.values():
+            np.add(array, 1.0, out=array)  # in place: the decoded arrays are ours
+        fl.send(fl.Model(params=model.params, num_examples=1))
+        mark(args.mark_dir, site, "sent", model.current_round)
+
+
+main()
