@@ -11,6 +11,7 @@ Mutual TLS is always on in atoll; every job worker runs through the process laun
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -88,9 +89,16 @@ class AtollDriver(Driver):
             raise DriverError(f"atoll: provision made no admin kit at {self.admin_kit}")
 
     def start_deployment(self) -> None:
-        self.spawn([self.atoll, "server", "start", str(self.kits / "server")], "server.log")
+        parents = [self.spawn([self.atoll, "server", "start", str(self.kits / "server")],
+                              "server.log")]
         for site in SITES:
-            self.spawn([self.atoll, "site", "start", str(self.kits / site)], f"{site}.log")
+            parents.append(
+                self.spawn([self.atoll, "site", "start", str(self.kits / site)], f"{site}.log")
+            )
+        # Reap each parent as soon as it exits: `atoll site|server stop` waits until the pid is
+        # gone, and an unreaped child of this harness would linger as a zombie until SIGKILL.
+        for proc in parents:
+            threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
 
     def wait_ready(self, timeout: float) -> None:
         answer = self._ctl("ready", str(len(SITES)), timeout)

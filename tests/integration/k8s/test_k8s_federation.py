@@ -1,0 +1,50 @@
+"""A federated job whose site runs its worker in a Pod of the real cluster.
+
+The server and the site parent are real processes with mutual TLS; the site's launcher is k8s.
+The Pod gets the job token from its per-job Secret, dials its parent (host network: the test
+node has no pod network), fetches its app through the parent (the Pod shares no folder with
+it) and trains with the echo script.
+"""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from tests.integration.federation.harness import Federation
+from tests.integration.federation.jobs import make_job
+from tests.integration.k8s.conftest import Cluster, pod_template
+
+ADMIN = "admin@k8s.test"
+USERS = [{"name": ADMIN, "org": "test", "role": "project_admin"}]
+
+
+def test_a_job_completes_with_its_site_worker_in_a_pod(cluster: Cluster, tmp_path) -> None:
+    fed = Federation.provisioned(tmp_path / "fed", ["site-k"], USERS)
+    site_yaml = {
+        "launcher": "k8s",
+        "k8s": {"kubeconfig": cluster.kubeconfig, "namespace": cluster.namespace,
+                "host_network": True, "default_image": cluster.job_image,
+                "python": "python3", "pending_timeout": 120},
+    }
+    (fed.kit("site-k") / "local" / "site.yaml").write_text(yaml.safe_dump(site_yaml))
+    runtime = {"format_version": 2, "studies": {"default": {"pod_template": pod_template()}}}
+    (fed.kit("site-k") / "local" / "study_runtime.yaml").write_text(yaml.safe_dump(runtime))
+    job_dir = make_job(tmp_path / "k8s-echo", rounds=2)
+    meta = json.loads((job_dir / "meta.json").read_text())
+    meta["resource_spec"] = {"@default": {"memory": "512Mi"}}
+    meta["launcher_spec"] = {"site-k": {"k8s": {"cpu_request": "100m"}}}
+    (job_dir / "meta.json").write_text(json.dumps(meta))
+    fed.start_all()
+    try:
+        fed.wait_online(ADMIN)
+        with fed.session(ADMIN) as session:
+            job = session.submit(job_dir, wait=True, timeout=240)
+    finally:
+        fed.stop_all()
+    assert job["state"] == "FINISHED:COMPLETED", (job["reason"], job["parts"], fed.log("site-k"))
+    log = (fed.workspace("site-k") / "jobs" / job["job_id"] / "logs" / "worker.log").read_text()
+    assert "registered with 127.0.0.1" in log  # the Pod's own worker log, kept by the launcher
+    left = cluster.api.list_namespaced_pod(cluster.namespace).items
+    assert not [p.metadata.name for p in left if job["job_id"][:12] in p.metadata.name]
