@@ -1,8 +1,9 @@
 """The real ``python -m atoll.worker`` in a Pod reaches a real WorkerLink endpoint of its parent.
 
 The job token travels only through the per-job Secret (``secretKeyRef``); the endpoint accepts it
-once. The run folder is not shared with the Pod, so the worker finds no app there and reports
-that failure to its parent: the end of the path a federated job takes on a Kubernetes site.
+once. The run folder is not shared with the Pod, so the worker asks its parent for its app; this
+test's parent has none to give, and the worker reports that failure to it. The whole path of a
+federated job on a Kubernetes site is in test_k8s_federation.py.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class RecordingBackend:
     def _refuse(self, *args: Any) -> Any:
         raise BackendError("not part of this test")
 
+    def app_zip(self, job_id: str) -> Any:
+        raise BackendError("this test parent has no app to give")
+
     send_task = next_reply = next_task = send_reply = _refuse
 
 
@@ -62,7 +66,7 @@ def test_worker_in_a_pod_registers_with_its_token(cluster: Cluster, tmp_path: Pa
     job_id = request.identity.job_id
     assert backend.registered == [job_id]
     assert [(j, ok) for j, ok, _ in backend.finished] == [(job_id, False)]
-    assert "app" in backend.finished[0][2]  # the missing app folder, reported by the worker
+    assert "this test parent has no app to give" in backend.finished[0][2]
     assert (result.outcome, result.exit_code) == (Outcome.FAILED, 1)
     log = (tmp_path / "logs" / "worker.log").read_text()
     assert f"job {job_id} role site registered with {address}" in log
