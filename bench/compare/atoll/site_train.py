@@ -1,5 +1,5 @@
 """atoll site script for the benchmark job (client API): adds 1.0 to every weight in place and
-sends the model back. Each round's receive and send times are appended to
+sends the model back, then drops its reference to it before waiting for the next round. Each round's receive and send times are appended to
 <mark-dir>/<site>.marks so the runner measures per-round time the same way for every system.
 """
 
@@ -33,8 +33,12 @@ def main() -> None:
         mark(args.mark_dir, site, "recv", model.current_round)
         for array in model.params.values():
             np.add(array, 1.0, out=array)  # in place: the decoded arrays are ours
+        rnd = model.current_round
         fl.send(fl.Model(params=model.params, num_examples=1))
-        mark(args.mark_dir, site, "sent", model.current_round)
+        mark(args.mark_dir, site, "sent", rnd)
+        # The next is_running() decodes the next round's model: drop this one first, or a
+        # 1 GiB model is held twice while it arrives.
+        del model
 
 
 main()

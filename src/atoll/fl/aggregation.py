@@ -11,6 +11,11 @@ received; both fold into the same sum:
 
 so a diff costs nothing more than a full result. Integer parameters (e.g. BatchNorm's
 ``num_batches_tracked``) are averaged in float64 and rounded back.
+
+With ``reuse_reference=True`` the caller hands the global model over: the first result, when it
+is full weights, is folded straight into the global model's own buffers (float32/float64), so
+the round needs one model's memory, not two. The global model is gone from then on: a later
+``diff`` result in the same round cannot be applied and is rejected (that site misses the round).
 """
 
 from __future__ import annotations
@@ -40,8 +45,12 @@ def _accumulator_dtype(dtype: np.dtype) -> np.dtype:
 class WeightedMean:
     """Running example-weighted mean of models; ``reference`` is the global model sent out."""
 
-    def __init__(self, reference: dict[str, np.ndarray] | None = None):
+    def __init__(
+        self, reference: dict[str, np.ndarray] | None = None, *, reuse_reference: bool = False
+    ):
         self.reference = reference or None
+        self.reuse_reference = reuse_reference  # the caller keeps no other use of `reference`
+        self.reference_consumed = False
         self._sum: dict[str, np.ndarray] = {}
         self._spec: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
         if self.reference is not None:
@@ -62,6 +71,12 @@ class WeightedMean:
             )
         if not shapes:
             raise ResultRejected("sent no params: a train result needs fl.Model(params=...)")
+        if model.params_type == "diff" and self.reference_consumed:
+            raise ResultRejected(
+                "sent params_type='diff' after another site's full weights were folded into the "
+                "global model's memory this round, so there is no global model left to apply the "
+                "diff to: send the same params_type (full or diff) from every site"
+            )
         if model.params_type == "diff" and self.reference is None:
             raise ResultRejected(
                 "sent params_type='diff' but the server had no global model to apply it to "
@@ -94,13 +109,16 @@ class WeightedMean:
         if self._spec is None:
             self._spec = {name: (shape, dtype) for name, dtype, shape in stream.entries}
         weight = float(header.num_examples)
+        overwrite = self._take_reference(header)
         for name, (shape, dtype) in self._spec.items():
             if name not in self._sum:
                 self._sum[name] = np.zeros(shape, dtype=_accumulator_dtype(dtype))
         try:
             for name, start, block in stream.blocks(block_bytes):
                 target = self._sum[name].reshape(-1)[start : start + len(block)]
-                if block.dtype == target.dtype:
+                if name in overwrite:  # the global model's buffer: replaced, not added to
+                    np.multiply(block, weight, out=target, casting="unsafe")
+                elif block.dtype == target.dtype:
                     np.multiply(block, weight, out=block)  # the block buffer is ours to scale
                     target += block
                 else:
@@ -111,6 +129,29 @@ class WeightedMean:
             ) from None
         self._account(header, weight)
         return header
+
+    def _take_reference(self, model: Model) -> set[str]:
+        """With reuse_reference, before the first result is folded in: if it is full weights,
+        make the global model's buffers the sum (to be overwritten by this result) and return
+        their names; otherwise nothing changes."""
+        if (
+            not self.reuse_reference
+            or self.reference is None
+            or self.count
+            or model.params_type == "diff"
+        ):
+            return set()
+        names = {
+            name
+            for name, array in self.reference.items()
+            if array.dtype == _accumulator_dtype(array.dtype)
+            and array.flags.c_contiguous  # reshape(-1) must be a view of the buffer itself
+            and array.flags.writeable
+        }
+        for name in names:
+            self._sum[name] = self.reference[name]
+        self.reference, self.reference_consumed = None, True
+        return names
 
     def _account(self, model: Model, weight: float) -> None:
         self.total_weight += weight
@@ -124,7 +165,11 @@ class WeightedMean:
         weight = float(model.num_examples)
         if self._spec is None:  # first result without an initial model fixes names and shapes
             self._spec = {k: (v.shape, v.dtype) for k, v in model.params.items()}
+        overwrite = self._take_reference(model)
         for name, array in model.params.items():
+            if name in overwrite:  # the global model's buffer: replaced, not added to
+                np.multiply(array, weight, out=self._sum[name], casting="unsafe")
+                continue
             acc_dtype = _accumulator_dtype(self._spec[name][1])
             total = self._sum.get(name)
             if array.dtype != acc_dtype or not array.flags.writeable:

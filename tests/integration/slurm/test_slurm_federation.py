@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -48,9 +49,15 @@ def test_a_job_completes_over_a_slurm_site_and_a_process_site(slurm_federation, 
         job = session.submit(job_dir, wait=True, timeout=240)
     assert job["state"] == "FINISHED:COMPLETED", (job, slurm_federation.log("site-s"))
     assert job["parts"]["site-s"]["state"] == "FINISHED:COMPLETED"
-    # The worker really ran as a Slurm job: accounting knows it by the atoll job's name.
-    accounted = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-o", "JobName,State,Comment", "-S", "now-1hours"],
-        capture_output=True, text=True, env={"SLURM_CONF": str(BASE / "etc" / "slurm.conf"),
-                                             "PATH": "/usr/bin:/bin"}).stdout
-    assert job["job_id"] in accounted or job["job_id"][:12] in accounted, accounted
+    # The worker really ran as a Slurm job: accounting knows it by the atoll job's id (slurmdbd
+    # records a finished job a moment later, so ask a few times).
+    env = {"SLURM_CONF": str(BASE / "etc" / "slurm.conf"), "PATH": "/usr/bin:/bin"}
+    deadline = time.monotonic() + 20
+    while True:
+        accounted = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-o", "JobName,State", "-S", "now-1hours"],
+            capture_output=True, text=True, env=env).stdout
+        if f"atoll-site-s-{job['job_id']}|COMPLETED" in accounted or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert f"atoll-site-s-{job['job_id']}|COMPLETED" in accounted, accounted

@@ -7,6 +7,13 @@ becomes the new global model. Every ``evaluate_every`` rounds and after the last
 evaluate the new global model (a ``validate`` task); its example-weighted ``key_metric`` picks the
 best model. At the end, cross-site evaluation, then the results.
 
+Memory: the workflow takes the initial model's arrays over (the caller's ``initial.params`` is
+emptied). Once a round's task is uploaded, the global model is needed again only for ``diff``
+results, a server optimizer (FedOpt) or saving site models; without those it is handed to the
+round's running sum, whose first full result overwrites it in place: one model in memory, not
+two. A site that sends a diff in such a round is rejected for that round, and later rounds keep
+the global model aside again.
+
 Drop-outs: a site whose reply is an error (its worker is gone) is removed from later rounds; a
 site that sends an unusable result or misses ``round_timeout`` only misses that round. A round
 or evaluation with fewer than ``min_clients`` usable answers fails the workflow with a
@@ -90,6 +97,9 @@ class FedAvgRun:
         self.active = list(channel.sites)
         self.dropped: dict[str, str] = {}
         self.global_params: Params = dict(initial.params) if initial else {}
+        if initial is not None:
+            initial.params.clear()  # ours now: one copy of the model, updated in place
+        self.saw_diff = False  # a site sent a diff: keep the global model aside in every round
         self.last_validation: dict[str, float] = {}
         self.best: tuple[int, float] | None = None
         self.metrics = MetricsLog(self.results)
@@ -144,10 +154,16 @@ class FedAvgRun:
         outgoing = self._global_model(round_)
         headers = {"round": round_, "total_rounds": self.args.num_rounds}
         task_id = send_model(self.channel, self.active, "train", outgoing, headers)
-        mean = WeightedMean(self.global_params)
+        del outgoing  # uploaded: the channel holds no view of our buffers any more
+        reuse = self.server_update is None and not keep_site_models and not self.saw_diff
+        mean = WeightedMean(self.global_params, reuse_reference=reuse)
+        if reuse:
+            self.global_params = {}  # the mean's now: its first full result overwrites it
         train: dict[str, tuple[dict[str, float], int]] = {}
 
         def on_result(site: str, stream: ModelStream) -> None:
+            if stream.model.params_type == "diff":
+                self.saw_diff = True
             if keep_site_models:  # the whole model is needed, for its own file
                 model = stream.read()
                 mean.check(model)
