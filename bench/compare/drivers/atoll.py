@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+from proctree import Proc, ProcessTable, _stat
+
 from drivers.base import (
     COMPARE_DIR,
     REPO,
@@ -25,7 +27,6 @@ from drivers.base import (
     layer_elems,
 )
 from drivers.flare import _last_json
-from proctree import Proc, ProcessTable, _stat
 
 ATOLL_DIR = COMPARE_DIR / "atoll"
 VENV = REPO / ".venv"

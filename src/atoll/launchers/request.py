@@ -117,6 +117,7 @@ def build_request(
     credentials: Mapping[str, str] | None = None,
     worker_args: tuple[str, ...] = WORKER_ARGS,
     check_capacity: bool = True,
+    parent_cert: str | None = None,
 ) -> LaunchRequest:
     """Resolve everything for ``identity.site`` on this site's launcher; SpecError lists all."""
     target = identity.site
@@ -145,7 +146,9 @@ def build_request(
         site_config=site_config,
         workdir=Path(workdir),
         parent_address=parent_address,
-        worker_env=worker_env(identity, parent_address),
+        worker_env={**worker_env(identity, parent_address),
+                    # The parent's endpoint certificate (public) when it speaks TLS.
+                    **({"ATOLL_PARENT_CERT": parent_cert} if parent_cert else {})},
         credentials=dict(credentials or {}),
         worker_args=tuple(worker_args),
     )

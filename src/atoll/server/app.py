@@ -65,6 +65,7 @@ class ServerParent:
         self._stopped = threading.Event()
         self._grpc = None
         self._workers = None
+        self._endpoint = None
         self.port = 0
         self.worker_address = ""
 
@@ -83,12 +84,15 @@ class ServerParent:
             identity=JobIdentity(record.id, record.name, record.study, target, "server"),
             site_config=self.site_config, study_runtime=None, workdir=run_dir,
             parent_address=self.worker_address, credentials={"ATOLL_JOB_TOKEN": token},
-            check_capacity=False)
+            parent_cert=self._endpoint.cert_pem, check_capacity=False)
 
     def start(self) -> None:
         self.jobs.recover()
-        self._workers, self.worker_address = start_worker_endpoint(
-            self.tokens, ServerWorkerBackend(self.jobs), "127.0.0.1", 0)
+        endpoint = self.site_config.worker_endpoint
+        self._endpoint = start_worker_endpoint(
+            self.tokens, ServerWorkerBackend(self.jobs), endpoint.host, endpoint.port,
+            endpoint.dial_host, endpoint.uses_tls)
+        self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         server = new_server()
         pb_grpc.add_FederationServicer_to_server(FederationService(self), server)
         pb_grpc.add_AdminServicer_to_server(AdminService(self), server)

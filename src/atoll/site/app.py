@@ -48,6 +48,7 @@ class SiteParent:
         self.link = ServerLink(self.channel, self.stub, self._hello, self._on_command,
                                kit.server_address)
         self._workers = None
+        self._endpoint = None
         self.worker_address = ""
         self._stopped = threading.Event()
 
@@ -70,7 +71,8 @@ class SiteParent:
             identity=JobIdentity(str(body["job_id"]), str(body.get("name", "")), study,
                                  self.name, "site"),
             site_config=self.site_config, study_runtime=runtime, workdir=workdir,
-            parent_address=self.worker_address, credentials=credentials)
+            parent_address=self.worker_address, credentials=credentials,
+            parent_cert=self._endpoint.cert_pem)
 
     def _hello(self) -> dict[str, Any]:
         return {"version": __version__, "launcher": self.site_config.launcher,
@@ -88,8 +90,10 @@ class SiteParent:
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:
         endpoint = self.site_config.worker_endpoint
-        self._workers, self.worker_address = start_worker_endpoint(
-            self.tokens, SiteWorkerBackend(self), endpoint.host, endpoint.port)
+        self._endpoint = start_worker_endpoint(
+            self.tokens, SiteWorkerBackend(self), endpoint.host, endpoint.port,
+            endpoint.dial_host, endpoint.uses_tls)
+        self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         threading.Thread(target=self.link.run, name="server-link", daemon=True).start()
         log.info("site %s started; workers dial %s", self.name, self.worker_address)
 

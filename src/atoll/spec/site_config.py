@@ -7,6 +7,7 @@ that. A block for a launcher other than the chosen one is an error: it would be 
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -212,10 +213,45 @@ class Capacity(NoNullModel):
 
 
 class WorkerEndpoint(NoNullModel):
-    """Where the site parent listens for its own workers."""
+    """Where the site parent listens for its own workers.
 
-    host: str = Field("127.0.0.1", min_length=1, description="Address workers dial")
+    Off loopback the endpoint speaks TLS with a certificate the parent makes at start; workers
+    get it (public, in ATOLL_PARENT_CERT) and verify the parent with it.
+    """
+
+    host: str = Field("127.0.0.1", min_length=1, description="Address to listen on")
     port: int = Field(0, ge=0, le=65535, description="0: any free port")
+    advertise: str | None = Field(
+        None, min_length=1,
+        description="Host name or address workers dial, when it differs from host "
+                    "(required when host is 0.0.0.0 or ::)")
+    tls: Literal["auto", "always"] = Field(
+        "auto", description="auto: TLS unless host is loopback; always: TLS on loopback too")
+
+    @model_validator(mode="after")
+    def _dialable(self) -> WorkerEndpoint:
+        if self.host in ("0.0.0.0", "::") and self.advertise is None:
+            raise IssuesError([Issue("advertise", (
+                f"host {self.host} listens on every address; set advertise to the name or "
+                "address your workers dial (e.g. this node's host name)"))])
+        return self
+
+    @property
+    def dial_host(self) -> str:
+        return self.advertise or self.host
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls == "always" or not is_loopback(self.dial_host)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _SETTINGS = {

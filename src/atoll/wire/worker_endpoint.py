@@ -163,13 +163,41 @@ class WorkerLinkServicer(pb_grpc.WorkerLinkServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
 
-def start_worker_endpoint(tokens: WorkerTokens, backend: WorkerBackend, host: str,
-                          port: int) -> tuple[grpc.Server, str]:
-    """Start the WorkerLink server; returns it and the address workers should dial."""
+@dataclass(frozen=True)
+class Endpoint:
+    server: grpc.Server
+    address: str  # host:port workers dial
+    cert_pem: str | None  # the endpoint's certificate when it speaks TLS; workers trust it
+
+
+def start_worker_endpoint(tokens: WorkerTokens, backend: WorkerBackend, host: str, port: int,
+                          dial_host: str | None = None, tls: bool = False) -> Endpoint:
+    """Start the WorkerLink server. With tls, it serves a certificate made now for dial_host."""
     server = new_server()
     pb_grpc.add_WorkerLinkServicer_to_server(WorkerLinkServicer(tokens, backend), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    dial_host = dial_host or host
+    cert_pem = None
+    if tls:
+        from atoll.pki.ephemeral import self_signed
+
+        cert, key = self_signed(dial_host)
+        bound = server.add_secure_port(f"{host}:{port}",
+                                       grpc.ssl_server_credentials([(key, cert)]))
+        cert_pem = cert.decode()
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen for workers on {host}:{port}")
     server.start()
-    return server, f"{host}:{bound}"
+    address = f"[{dial_host}]:{bound}" if ":" in dial_host else f"{dial_host}:{bound}"
+    return Endpoint(server, address, cert_pem)
+
+
+def worker_channel(address: str, cert_pem: str | None) -> grpc.Channel:
+    """The worker's channel to its parent: TLS pinned to the parent's certificate if it has one."""
+    from atoll.wire.grpc_setup import OPTIONS
+
+    if cert_pem:
+        creds = grpc.ssl_channel_credentials(root_certificates=cert_pem.encode())
+        return grpc.secure_channel(address, creds, options=OPTIONS)
+    return grpc.insecure_channel(address, options=OPTIONS)

@@ -55,9 +55,9 @@ def main() -> int:
 
     from atoll.wire import atoll_pb2 as pb
     from atoll.wire import atoll_pb2_grpc as pb_grpc
-    from atoll.wire.grpc_setup import insecure_channel
+    from atoll.wire.worker_endpoint import worker_channel
 
-    stub = pb_grpc.WorkerLinkStub(insecure_channel(parent))
+    stub = pb_grpc.WorkerLinkStub(worker_channel(parent, os.environ.get("ATOLL_PARENT_CERT")))
     try:
         answer = stub.Register(pb.Json(body=json.dumps({"job_id": job_id, "token": token})),
                                timeout=30)

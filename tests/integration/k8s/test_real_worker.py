@@ -47,7 +47,8 @@ class RecordingBackend:
 
 def test_worker_in_a_pod_registers_with_its_token(cluster: Cluster, tmp_path: Path) -> None:
     tokens, backend = WorkerTokens(), RecordingBackend()
-    server, address = start_worker_endpoint(tokens, backend, "127.0.0.1", 0)
+    endpoint = start_worker_endpoint(tokens, backend, "127.0.0.1", 0)
+    server, address = endpoint.server, endpoint.address
     try:
         launcher = make_launcher(cluster, python="python3", default_image=cluster.job_image)
         request = make_request(launcher, "", tmp_path)

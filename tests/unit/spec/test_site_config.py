@@ -155,3 +155,16 @@ def test_relative_paths_are_relative_to_the_kit(tmp_path):
     assert cfg.kit_dir == (tmp_path / "kit").resolve()
     assert cfg.resolve_path(cfg.settings.workdir) == (tmp_path / "kit").resolve() / "runs"
     assert cfg.resolve_path("/abs") == Path("/abs")
+
+
+def test_worker_endpoint_listening_everywhere_needs_an_advertised_address():
+    from atoll.spec.errors import SpecError
+    from atoll.spec.site_config import parse_site_config
+
+    with pytest.raises(SpecError, match="worker_endpoint.advertise: host 0.0.0.0 listens"):
+        parse_site_config({"launcher": "process", "worker_endpoint": {"host": "0.0.0.0"}})
+    endpoint = parse_site_config({"launcher": "process", "worker_endpoint": {
+        "host": "0.0.0.0", "advertise": "node-7.cluster"}}).worker_endpoint
+    assert (endpoint.dial_host, endpoint.uses_tls) == ("node-7.cluster", True)
+    loopback = parse_site_config({"launcher": "process"}).worker_endpoint
+    assert not loopback.uses_tls
