@@ -21,6 +21,10 @@ OPTIONS = [
     # gRPC also uses it as the connect timeout, and a loaded machine needs more than 100 ms.)
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 5_000),
+    # A fixed 2 MiB flow-control window per stream instead of BDP probing, which grew windows
+    # (and so what each relay hop buffers) to tens of MiB while a 100 MB payload passed.
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 2 * 1024 * 1024),
 ]
 
 
