@@ -8,13 +8,13 @@ import click
 
 from atoll.cli.common import (
     emit,
-    fail,
     format_option,
     handle_errors,
     kit_option,
     open_session,
     study_option,
 )
+from atoll.cli.parents import start_options, start_parent, stop_parent
 
 kit_arg = click.argument("kit", type=click.Path(exists=True, file_okay=False, path_type=Path))
 
@@ -25,38 +25,11 @@ def site_group() -> None:
 
 
 @site_group.command("start")
-@kit_arg
-@click.option("--detach", is_flag=True, help="Run in the background; return once it is ready.")
-@click.option("--ready-file", type=click.Path(path_type=Path), hidden=True)
-@click.option("-v", "--verbose", is_flag=True, help="Log debug lines.")
+@start_options
 @handle_errors
 def start(kit: Path, detach: bool, ready_file: Path | None, verbose: bool) -> None:
     """Start the site parent of KIT (a site startup kit)."""
-    from atoll import daemon
-    from atoll.pki.kit import load_kit
-
-    loaded = load_kit(kit)
-    if loaded.kind != "site":
-        fail(f"{kit} is a {loaded.kind} kit; `atoll site start` needs a site's kit")
-    running = daemon.read_pid(loaded.workspace, "site")
-    if running:
-        fail(f"site {loaded.name} already runs (pid {running}); `atoll site stop {kit}`")
-    if detach:
-        try:
-            pid = daemon.start_detached(["site", "start", str(kit)], loaded.workspace, "site")
-        except RuntimeError as exc:
-            fail(str(exc), 3)
-        click.echo(f"site {loaded.name} started (pid {pid}), dialing {loaded.server_address}; "
-                   f"log: {loaded.workspace / 'site.log'}")
-        return
-    from atoll.site.app import run_forever
-
-    daemon.setup_logging(verbose)
-    daemon.write_pid(loaded.workspace, "site")
-    try:
-        raise SystemExit(run_forever(loaded, ready_file))
-    finally:
-        daemon.pid_file(loaded.workspace, "site").unlink(missing_ok=True)
+    start_parent(kit, "site", detach, ready_file, verbose)
 
 
 @site_group.command("stop")
@@ -64,14 +37,7 @@ def start(kit: Path, detach: bool, ready_file: Path | None, verbose: bool) -> No
 @handle_errors
 def stop(kit: Path) -> None:
     """Stop the site parent of KIT; its job workers stop with it."""
-    from atoll import daemon
-    from atoll.pki.kit import load_kit
-
-    loaded = load_kit(kit)
-    if daemon.stop(loaded.workspace, "site"):
-        click.echo(f"site {loaded.name} stopped")
-    else:
-        click.echo(f"site {loaded.name} was not running")
+    stop_parent(kit, "site")
 
 
 @site_group.command("list")
