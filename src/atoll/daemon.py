@@ -31,7 +31,10 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a detached parent that exited is a zombie until init reaps it: that is gone too
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def read_pid(workspace: Path, role: str) -> int | None:

@@ -106,7 +106,7 @@ def run(workspace: Path) -> int:
                 return 1
             out = session.download(job["job_id"], workspace / "results")
     finally:
-        for role, kit in reversed(parents):
+        for role, kit in reversed(parents):  # sites first, then the server
             daemon.stop(kit / "workspace", role)
     console.print(demo_data.format_comparison(
         demo_data.compare(out / "results", workspace / "data")), markup=False)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import logging
+import os
+import sys
 from pathlib import Path
 
 import click
@@ -39,11 +42,16 @@ def start_parent(kit: Path, role: str, detach: bool, ready_file: Path | None,
     daemon.setup_logging(verbose)
     daemon.write_pid(loaded.workspace, role)
     try:
-        raise SystemExit(run_forever(loaded, ready_file))
+        code = run_forever(loaded, ready_file)
     except OSError as exc:
         fail(f"cannot start the {role} parent: {exc}", 3)
     finally:
         daemon.pid_file(loaded.workspace, role).unlink(missing_ok=True)
+    # The parent stopped in order: state saved, workers stopped. RPC threads still parked in
+    # long polls would hold the interpreter's exit for up to 30 s, so leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def stop_parent(kit: Path, role: str) -> None:

@@ -98,8 +98,11 @@ def job_settings(job_dir: str | Path = JOB_DIR) -> tuple[dict[str, Any], int]:
 def baselines(data_dir: str | Path, job_dir: str | Path = JOB_DIR) -> dict[str, float]:
     """Test accuracy of the same model trained for as many epochs on each site alone and on all
     sites' training data together (centralized)."""
+    import torch
+
     from atoll.fl.demo_task import TrainSettings, evaluate, make_model, train
 
+    torch.set_num_threads(1)  # like each site's worker (num_of_cpus 1): a tiny model, no gain
     config, rounds = job_settings(job_dir)
     settings = TrainSettings.from_config(config)
     epochs = rounds * settings.epochs

@@ -3,7 +3,8 @@
 - Own session and process group (``start_new_session``), so cancel reaches the whole tree.
 - GPUs: ``num_of_gpus`` exclusive ids from ``process.gpu_ids`` as ``CUDA_VISIBLE_DEVICES``
   (an empty value when the job asks none, so it sees no GPU); never two jobs on one GPU.
-- CPUs: ``num_of_cpus`` as CPU affinity, the least-used CPUs (see allocation.py).
+- CPUs: ``num_of_cpus`` as CPU affinity, the least-used CPUs (see allocation.py), and as
+  ``OMP_NUM_THREADS`` unless the study's env sets it.
 - Memory: a cgroup limit where the host allows one, else ``RLIMIT_AS`` (memory_limit.py).
 - Environment: atoll's variables, the study's ``env``, ``ATOLL_DATASETS`` (JSON name -> host path),
   a few harmless variables of the parent (PATH, HOME, locale...) and, only in the child's
@@ -124,6 +125,10 @@ class ProcessLauncher(Launcher):
         env["ATOLL_WORKDIR"] = str(request.workdir)
         env["ATOLL_PARENT_PID"] = str(self._parent_pid)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        # Math libraries (OpenMP, BLAS, PyTorch) size their thread pools from the host's cores,
+        # not from the CPUs the worker is pinned to; oversubscribed, a small model runs 10x
+        # slower. The study's env may still choose otherwise.
+        env.setdefault("OMP_NUM_THREADS", str(res.num_of_cpus))
         if entry is not None and entry.datasets:
             datasets = {name: d.source for name, d in sorted(entry.datasets.items())}
             env["ATOLL_DATASETS"] = json.dumps(datasets, sort_keys=True)

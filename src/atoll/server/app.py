@@ -111,7 +111,7 @@ class ServerParent:
                 log.warning("site %s missed its heartbeats; dropping its link", link.name)
                 link.close()
 
-    def stop(self, grace: float = 2.0) -> None:
+    def stop(self, grace: float = 0.2) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()

@@ -104,7 +104,7 @@ class SiteParent:
         self.supervisor.stop_all()
         self.link.stop()
         if self._workers is not None:
-            self._workers.stop(1).wait(2)
+            self._workers.stop(0.2).wait(1)
         self.launcher.close()
         self.channel.close()
 
