@@ -24,7 +24,7 @@ from atoll.server.studies import DEFAULT, SUBMIT_ROLES, Denied
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import atoll_pb2_grpc as pb_grpc
 from atoll.wire import frames
-from atoll.wire.jobzip import IntakeError
+from atoll.wire.jobzip import IntakeError, add_file
 
 log = logging.getLogger("atoll.server.admin")
 LOG_TAIL_BYTES = 256 * 1024
@@ -211,7 +211,8 @@ class AdminService(pb_grpc.AdminServicer):
                                      (folder / "run" / "server" / "logs", "logs/server")]:
                     for path in sorted(base.rglob("*")) if base.exists() else []:
                         if path.is_file() and not path.is_symlink():
-                            archive.write(path, f"{prefix}/{path.relative_to(base).as_posix()}")
+                            add_file(archive, path,
+                                     f"{prefix}/{path.relative_to(base).as_posix()}")
                 archive.writestr("job.json", json.dumps(job_summary(record), indent=2))
             yield frames.header({"job_id": record.id, "size": out.stat().st_size})
             for chunk in frames.file_chunks(out):

@@ -108,8 +108,18 @@ def zip_folder(folder: Path, out: Path, only: Iterable[str] | None = None) -> Pa
                 raise IntakeError(f"{rel} is a symbolic link; job folders hold plain files only")
             if path.is_dir():
                 continue
-            archive.write(path, rel.as_posix())
+            add_file(archive, path, rel.as_posix())
     return out
+
+
+STORE_FROM_BYTES = 1 << 20
+
+
+def add_file(archive: zipfile.ZipFile, path: Path, name: str) -> None:
+    """Add a file; large ones (models, mostly incompressible) are stored, not deflated, which
+    would cost seconds of CPU per GB for almost nothing."""
+    big = path.stat().st_size >= STORE_FROM_BYTES
+    archive.write(path, name, compress_type=zipfile.ZIP_STORED if big else zipfile.ZIP_DEFLATED)
 
 
 def unpack_app(archive: Path, target: str, destination: Path, scratch: Path,
