@@ -266,12 +266,15 @@ cmd_down() {
     [[ -z $ids ]] || "$DOCKER" rmi -f $ids >/dev/null
     "$DOCKER" image prune -f >/dev/null
   fi
-  local pid
-  if [[ -f $BASE/dockerd.pid ]] && pid=$(cat "$BASE/dockerd.pid") && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid"
+  # Every dockerd serving this socket, not only the one in the pid file: a pid file lost to an
+  # interrupted run must not leave an engine behind.
+  local pids pid
+  pids=$( { cat "$BASE/dockerd.pid" 2>/dev/null || true; pgrep -f -- "dockerd -H unix://$SOCK( |$)" || true; } | sort -u)
+  for pid in $pids; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in $pids; do
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then log "dockerd did not stop in 20 s: killing it"; kill -KILL "$pid"; fi
-  fi
+    if kill -0 "$pid" 2>/dev/null; then log "dockerd $pid did not stop in 20 s: killing it"; kill -KILL "$pid"; fi
+  done
   rm -f "$BASE/dockerd.pid" "$BASE/env"
   log "down (engine stopped; cached root filesystem and wheels kept in $CACHE)"
 }
