@@ -63,6 +63,52 @@ def _parse(data: bytes) -> Identity:
     kind = field(NameOID.ORGANIZATIONAL_UNIT_NAME, "kind (OU)")
     role = field(NameOID.TITLE, "role (title)", required=False)
     assert name is not None and org is not None and kind is not None
+    return _checked(name, org, kind, role)
+
+
+# RFC 2253 attribute types as gRPC prints a verified peer's subject (`x509_subject`).
+_SUBJECT_KEYS = {"CN": "common name (CN)", "O": "organization (O)", "OU": "kind (OU)",
+                 "title": "role (title)"}
+
+
+@lru_cache(maxsize=256)
+def identity_from_subject(subject: str) -> Identity:
+    """Identity from the RFC 2253 subject gRPC reports for a verified peer
+    (``title=lead,OU=admin,O=org,CN=name``). It spares the server parent the cryptography
+    import (about 9 MiB of memory) that parsing the certificate itself would need."""
+    fields: dict[str, list[str]] = {}
+    for part in _split_rdns(subject):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise IdentityError(f"malformed certificate subject {subject!r}")
+        fields.setdefault(key.strip(), []).append(value)
+    values: dict[str, str | None] = {}
+    for key, label in _SUBJECT_KEYS.items():
+        found = fields.get(key, [])
+        if len(found) > 1:
+            raise IdentityError(f"certificate subject has {len(found)} {label} fields")
+        if not found and key != "title":
+            raise IdentityError(f"certificate subject has no {label}")
+        values[key] = found[0] if found else None
+    return _checked(values["CN"], values["O"], values["OU"], values["title"])
+
+
+def _split_rdns(subject: str) -> list[str]:
+    """Split on the commas that separate attributes, undoing RFC 2253 backslash escapes."""
+    parts, current, chars = [], [], iter(subject)
+    for char in chars:
+        if char == "\\":
+            current.append(next(chars, ""))
+        elif char == ",":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
+def _checked(name: str, org: str, kind: str, role: str | None) -> Identity:
     if kind not in KINDS:
         raise IdentityError(f"certificate kind (OU) {kind!r} is not one of {', '.join(KINDS)}")
     if kind == "admin" and role not in ROLES:

@@ -224,3 +224,22 @@ def test_identity_refuses_certificates_atoll_did_not_issue(ca, attributes, expec
 def test_identity_refuses_garbage() -> None:
     with pytest.raises(IdentityError, match="not a certificate"):
         identity_from_cert(b"not a certificate at all")
+
+
+def test_identity_from_the_subject_grpc_reports_matches_the_certificate(ca) -> None:
+    from atoll.pki.identity import identity_from_subject
+
+    cases = [issue_cert(ca, "lead@a.org", "org-a", "admin", "lead"),
+             issue_cert(ca, "site-1", "Hospital, Inc.", "site")]
+    # What gRPC puts in auth_context()["x509_subject"] (seen on grpcio 1.85), per case.
+    subjects = ["title=lead,OU=admin,O=org-a,CN=lead@a.org",
+                r"OU=site,O=Hospital\, Inc.,CN=site-1"]
+    for issued, subject in zip(cases, subjects, strict=True):
+        assert identity_from_subject(subject) == identity_from_cert(issued.cert_pem())
+    assert identity_from_subject(r"OU=site,O=Hospital\, Inc.,CN=site-1").org == "Hospital, Inc."
+    with pytest.raises(IdentityError, match="no kind"):
+        identity_from_subject("O=x,CN=y")
+    with pytest.raises(IdentityError, match="2 common name"):
+        identity_from_subject("OU=site,O=x,CN=y,CN=z")
+    with pytest.raises(IdentityError, match="carries no role"):
+        identity_from_subject("title=lead,OU=site,O=x,CN=y")
