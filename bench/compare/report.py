@@ -33,6 +33,7 @@ ROWS = [  # (metric, label, unit)
     ("e_abort_s", "(e) abort → every job process gone", "s"),
     ("f_list_s", "(f) one admin command: list jobs (CLI)", "s"),
 ]
+KEYS = {key for key, _, _ in ROWS}
 
 
 def fmt(value: float | None, unit: str) -> str:

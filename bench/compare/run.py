@@ -6,6 +6,9 @@ environments (bench/compare/setup_peers.sh makes them); nothing is installed int
 
   python3 bench/compare/run.py                        # all systems, all workloads, 3 repeats
   python3 bench/compare/run.py --systems flare,flower --workloads a,c,d,e,f,b100 --repeats 3
+  python3 bench/compare/run.py --systems atoll --merge-from bench/compare/last_run.json
+      # debugging only: one system measured now, the others' columns copied from an earlier
+      # run; writes bench/compare/merged_run.json and prints the table, BENCHMARKS.md untouched
 
 Workloads (issue 9): a = 2 clients x 3 rounds of FedAvg on a 4 KiB model, submit -> finished
 and per-round time; b100 / b1000 (or b for both) = the same with a 100 MiB / 1 GiB model,
@@ -83,16 +86,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--output",
-        default=str(REPO / "BENCHMARKS.md"),
-        help="Markdown file to update between the compare markers",
+        default=None,
+        help="Markdown file to update between the compare markers (default: BENCHMARKS.md; "
+        "none with --merge-from)",
     )
     p.add_argument(
         "--json",
-        default=str(REPO / "bench" / "compare" / "last_run.json"),
-        help="where to write every raw measurement",
+        default=None,
+        help="where to write every raw measurement (default: bench/compare/last_run.json; "
+        "bench/compare/merged_run.json with --merge-from)",
     )
     p.add_argument("--no-write", action="store_true", help="print the table, write no file")
+    p.add_argument(
+        "--merge-from",
+        default=None,
+        help="debugging only: take the systems not in --systems from this earlier run's JSON "
+        "(the table says so); the official table comes from one run of all three systems",
+    )
     args = p.parse_args(argv)
+    merging = args.merge_from is not None
+    if args.json is None:
+        name = "merged_run.json" if merging else "last_run.json"
+        args.json = str(REPO / "bench" / "compare" / name)
+    if args.output is None and not merging:
+        args.output = str(REPO / "BENCHMARKS.md")
     args.systems = _split(args.systems, list(DRIVERS), "--systems")
     wl = [
         w
@@ -171,13 +188,38 @@ def main(argv: list[str]) -> int:
         + ([""] + [f"{titles[s]} not run: {why}" for s, why in skipped.items()] if skipped else []),
     }
     rows = set(workloads.metric_keys(args.workloads))
+    if args.merge_from:
+        results, rows = _merge(Path(args.merge_from), results, rows, meta, titles)
     block = report.render(results, titles, rows, meta)
     print(block)
     if not args.no_write:
-        report.write(Path(args.output), block)
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-        log(f"wrote {args.output} and {args.json}")
+        written = [args.json]
+        if args.output:
+            report.write(Path(args.output), block)
+            written.insert(0, args.output)
+        log(f"wrote {' and '.join(written)}")
     return 0
+
+
+def _merge(path: Path, results: dict, rows: set[str], meta: dict, titles: dict):
+    """Add the systems this run did not measure from an earlier run's JSON (debugging only)."""
+    earlier = json.loads(path.read_text())
+    taken = [s for s in earlier["results"] if s not in results]
+    merged = dict(results)
+    for system in taken:
+        merged[system] = earlier["results"][system]
+        for run in merged[system]:
+            rows |= {k for k in run if k in report.KEYS}
+    if taken:
+        meta["notes"] = [
+            f"MERGED, for debugging only: {', '.join(titles[s] for s in taken)} from "
+            f"{path.name} (measured {earlier['meta']['date']} by `{earlier['meta']['command']}`), "
+            "not from this run; ratios across runs are not comparable.",
+            "",
+            *meta["notes"],
+        ]
+    return merged, rows
 
 
 def _interrupt(*_) -> None:

@@ -30,6 +30,8 @@ _fmt = click.option(
 )
 
 
+TLS_PLACEHOLDER = "<the worker endpoint certificate, made when the parent starts>"
+
 def _problems_exit(problems: list[dict[str, str]], fmt: str) -> NoReturn:
     if fmt == "json":
         click.echo(json.dumps({"ok": False, "errors": problems}, indent=2))
@@ -141,7 +143,8 @@ def render_command(
             site_config=config,
             study_runtime=runtime,
             workdir=job_run_folder(config, job_id),
-            parent_address=f"{endpoint.host}:{endpoint.port}",
+            parent_address=f"{endpoint.dial_host}:{endpoint.port}",
+            parent_cert=TLS_PLACEHOLDER if endpoint.uses_tls else None,
         )
         rendered = get_launcher(config.launcher, config).render(request)
     except SpecError as err:

@@ -1,0 +1,91 @@
+"""The scale run's table for BENCHMARKS.md, between `<!-- scale:begin -->` and `<!-- scale:end -->`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from pathlib import Path
+
+BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
+
+
+def _s(value) -> str:
+    return "—" if value is None else f"{value:.2f} s"
+
+
+def _mib(value) -> str:
+    return "—" if not value else f"{value / 2**20:.0f} MiB"
+
+
+def _pct(value) -> str:
+    return "—" if value is None else f"{value:.0f} %"
+
+
+def _get(result: dict, phase: str, key: str):
+    return (result.get(phase) or {}).get(key)
+
+
+def render(results: list[dict], command: str) -> str:
+    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017
+    lines = [
+        BEGIN,
+        f"Measured {date} on this machine ({os.cpu_count()} CPUs, shared), one run of:",
+        "",
+        f"    .venv/bin/{command}",
+        "",
+        "One real server parent (`atoll server start`, mutual TLS on 127.0.0.1) and N simulated "
+        "sites (bench/scale_sites.py: each its own certificate from the project's CA and its own "
+        "TLS connection, hello + a heartbeat every 5 s, and for the job the calls a site parent "
+        "and its worker make: FetchJob, STARTING/RUNNING, PullTask -> PushReply echoing the "
+        "payload, FINISHED). The job: scatter_gather to `@ALL`, min_clients N, "
+        f"{results[0].get('payload_bytes', '?')} B payload, {results[0].get('rounds', '?')} "
+        "rounds. The simulated sites run in up to 4 processes on the same 2 CPUs as the server.",
+        "",
+        "| sites | connect (all online) | deploy (submit → all RUNNING) | time per round | "
+        "server CPU idle | server CPU during job | server RSS idle | server RSS peak | "
+        "server worker RSS peak |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        if r.get("error") and "round_s" not in r:
+            welcomed = r.get("sites_welcomed")
+            extra = f"; {welcomed} sites got the server's welcome" if welcomed is not None else ""
+            lines.append(f"| {r['sites']} | failed: {_short(r['error'] + extra, 120)} |"
+                         + " — |" * 7)
+            continue
+        job_cpu = _get(r, "job", "server_cpu_s")
+        job_wall = _get(r, "job", "seconds")
+        lines.append(
+            f"| {r['sites']} | {_s(r.get('connect_s'))} | {_s(r.get('deploy_s'))} | "
+            f"{_s(r.get('round_s'))} | {_pct(_get(r, 'idle', 'server_cpu_pct'))} | "
+            + (f"{job_cpu:.1f} CPU-s in {job_wall:.1f} s | " if job_cpu is not None else "— | ")
+            + f"{_mib(_get(r, 'idle', 'server_rss_peak'))} | "
+            f"{_mib(max(_get(r, p, 'server_rss_peak') or 0 for p in ('idle', 'job')))} | "
+            f"{_mib(_get(r, 'job', 'worker_rss_peak'))} |"
+        )
+    lines += [
+        "",
+        "connect: simulated sites started → the admin's `Session.sites()` lists all N online. "
+        "deploy: from the submit call until the last site reported RUNNING (seen at the site). "
+        "Time per round: mean interval between consecutive rounds' first task arrival at any "
+        "site. CPU % = CPU-seconds per wall second of the server parent (100 % = one core); "
+        "RSS and CPU from /proc at 5 Hz.",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, block: str) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip("\n") + "\n\n## Scale: one server, many sites\n\n" + block + "\n"
+    path.write_text(text if text.endswith("\n") else text + "\n")
+
+
+def _short(text: str, n: int = 80) -> str:
+    text = " ".join(str(text).split()).replace("|", "/")
+    return text if len(text) <= n else text[: n - 1] + "…"

@@ -1,0 +1,211 @@
+"""Simulated sites for the scale run (bench/scale.py): many sites in one process, real protocol.
+
+Each simulated site is what a site parent looks like to the server, without a parent process,
+a launcher or a worker: its own mutual-TLS channel with its own certificate (issued by the
+project's CA), the `Federation.Connect` control stream with hello and a heartbeat every 5 s,
+and, when a job is dispatched to it, the same calls a site parent and its worker make: fetch the
+app (`FetchJob`), report STARTING and RUNNING, then `PullTask` -> `PushReply` (the payload echoed
+back) until the task stream says end, then FINISHED:COMPLETED. All sites of a process share one
+asyncio event loop (grpc.aio), so a thousand of them fit in a few processes.
+
+    .venv/bin/python -m bench.scale_sites MANIFEST.json --first 0 --count 500 --events OUT.jsonl
+
+MANIFEST.json: {"address": "127.0.0.1:PORT", "ca": PATH, "sites": [[name, cert, key], ...]}.
+Every event (connected, dispatch, STARTING, RUNNING, task, reply, end, FINISHED) is written to
+OUT.jsonl as {"site", "event", "job_id", "round", "t"} when the process stops (SIGTERM/SIGINT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from atoll import __version__
+from atoll.wire import atoll_pb2 as pb
+from atoll.wire import atoll_pb2_grpc as pb_grpc
+from atoll.wire.grpc_setup import OPTIONS
+
+HEARTBEAT_S = 5.0
+PULL_WAIT_S = 30.0
+BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class SimSite:
+    def __init__(self, name: str, creds: grpc.ChannelCredentials, address: str, log: list):
+        self.name = name
+        self.creds = creds
+        self.address = address
+        self.log = log
+        self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.jobs: dict[str, asyncio.Task] = {}
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: pb_grpc.FederationStub | None = None
+
+    def record(self, event: str, job_id: str = "", round_: int | None = None) -> None:
+        self.log.append((self.name, event, job_id, round_, time.time()))
+
+    # -- the control stream, as atoll.site.connection does it -----------------------------------
+    async def run(self) -> None:
+        # a private subchannel pool: one TLS connection per simulated site, as with real parents
+        options = [*OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+        self.channel = grpc.aio.secure_channel(self.address, self.creds, options=options)
+        self.stub = pb_grpc.FederationStub(self.channel)
+        attempt = 0
+        while True:
+            call = self.stub.Connect(self._events())
+            try:
+                async for command in call:
+                    kind = command.WhichOneof("kind")
+                    if kind == "welcome":
+                        attempt = 0
+                        self.record("connected")
+                    else:
+                        self._on_command(kind, json.loads(getattr(command, kind)))
+            except grpc.aio.AioRpcError as exc:
+                self.record(f"link broken: {exc.code().name}")
+            await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+            attempt += 1
+
+    async def _events(self):
+        yield pb.SiteEvent(
+            hello=json.dumps(
+                {
+                    "version": __version__,
+                    "launcher": "process",
+                    "capacity": {"gpus": None, "cpus": None, "memory": None},
+                    "running_jobs": list(self.jobs),
+                }
+            )
+        )
+        while True:
+            try:
+                body = await asyncio.wait_for(self.outbox.get(), HEARTBEAT_S)
+            except TimeoutError:
+                yield pb.SiteEvent(heartbeat=json.dumps({"running_jobs": list(self.jobs)}))
+                continue
+            if body is None:
+                return
+            yield pb.SiteEvent(job_state=json.dumps(body))
+
+    def _state(self, job_id: str, state: str, reason: str = "") -> None:
+        self.outbox.put_nowait({"job_id": job_id, "state": state, "reason": reason})
+        self.record(state, job_id)
+
+    def _on_command(self, kind: str, body: dict[str, Any]) -> None:
+        job_id = str(body.get("job_id", ""))
+        self.record(kind, job_id)
+        if kind == "dispatch" and job_id not in self.jobs:
+            self.jobs[job_id] = asyncio.create_task(self._job(job_id))
+        elif kind == "abort" and job_id in self.jobs:
+            self.jobs.pop(job_id).cancel()
+            self._state(job_id, "FINISHED:ABORTED", str(body.get("reason", "")))
+
+    # -- a job, as a site parent plus its worker would run it -----------------------------------
+    async def _job(self, job_id: str) -> None:
+        assert self.stub is not None
+        try:
+            async for _ in self.stub.FetchJob(pb.JobRef(job_id=job_id)):
+                pass  # the app zip: a real site unpacks it for its worker
+            self._state(job_id, "STARTING", "simulated worker")
+            self._state(job_id, "RUNNING", "simulated worker connected")
+            while True:
+                head, data = await self._pull(job_id)
+                if head.get("end"):
+                    break
+                if head.get("none"):
+                    continue
+                headers = head.get("headers") or {}
+                round_ = headers.get("round")
+                self.record("task", job_id, round_)
+                await self.stub.PushReply(_reply_frames(job_id, head, data))
+                self.record("reply", job_id, round_)
+            self._state(job_id, "FINISHED:COMPLETED")
+        except grpc.aio.AioRpcError as exc:
+            self._state(job_id, "FINISHED:FAILED", f"{exc.code().name}: {exc.details()}")
+        finally:
+            self.jobs.pop(job_id, None)
+
+    async def _pull(self, job_id: str) -> tuple[dict[str, Any], list[bytes]]:
+        assert self.stub is not None
+        head: dict[str, Any] | None = None
+        data: list[bytes] = []
+        async for frame in self.stub.PullTask(pb.PullRequest(job_id=job_id, wait_s=PULL_WAIT_S)):
+            if head is None:
+                head = json.loads(frame.header)
+            else:
+                data.append(frame.data)
+        return head or {"none": True}, data
+
+
+async def _reply_frames(job_id: str, head: dict[str, Any], data: list[bytes]):
+    headers = {"topic": head.get("topic"), "round": (head.get("headers") or {}).get("round")}
+    yield pb.Frame(
+        header=json.dumps({"job_id": job_id, "task_id": head["task_id"], "headers": headers})
+    )
+    for chunk in data:  # the task's payload echoed back, as the echo site script does
+        yield pb.Frame(data=chunk)
+
+
+def raise_fd_limit(wanted: int) -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted:
+        soft = min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return soft
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    manifest = json.loads(Path(args.manifest).read_text())
+    ca = Path(manifest["ca"]).read_bytes()
+    chosen = manifest["sites"][args.first : args.first + args.count]
+    raise_fd_limit(4 * len(chosen) + 256)
+    log: list = []
+    sites = []
+    for name, cert, key in chosen:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=ca,
+            private_key=Path(key).read_bytes(),
+            certificate_chain=Path(cert).read_bytes(),
+        )
+        sites.append(SimSite(name, creds, manifest["address"], log))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(site.run()) for site in sites]
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(
+        *(s.channel.close() for s in sites if s.channel is not None), return_exceptions=True
+    )
+    with open(args.events, "w") as out:
+        for name, event, job_id, round_, t in log:
+            out.write(
+                json.dumps({"site": name, "event": event, "job_id": job_id, "round": round_,
+                            "t": t}) + "\n"
+            )
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("manifest")
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--events", required=True)
+    return asyncio.run(main_async(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
