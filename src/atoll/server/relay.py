@@ -54,7 +54,12 @@ class JobRelay:
         folder.mkdir(parents=True, exist_ok=True)
         self.sites = list(sites)
         self.max_payload = max_payload
+        # One lock, and a condition per waiter: a new task wakes only its targets and a reply
+        # only the workflow. (One shared condition woke all N sites for every event: N² work
+        # per round at a thousand sites.)
         self._cond = threading.Condition()
+        self._site_ready = {s: threading.Condition(self._cond) for s in self.sites}
+        self._reply_ready = threading.Condition(self._cond)
         self._ids = itertools.count(1)
         self._tasks: dict[str, TaskEntry] = {}
         self._queues: dict[str, deque[str]] = {s: deque() for s in self.sites}
@@ -80,7 +85,7 @@ class JobRelay:
                     self._owe_error(entry, site, self._dropped[site])
                 else:
                     self._queues[site].append(task_id)
-            self._cond.notify_all()
+                    self._site_ready[site].notify()
         return task_id
 
     def next_reply(self, task_id: str, wait_s: float) -> ReplyEntry | None:
@@ -92,7 +97,7 @@ class JobRelay:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._ended:
                     return None
-                self._cond.wait(left)
+                self._reply_ready.wait(left)
             return self._replies[task_id].popleft()
 
     # -- site side ----------------------------------------------------------------------------
@@ -109,7 +114,7 @@ class JobRelay:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
-                self._cond.wait(left)
+                self._site_ready[site].wait(left)
 
     def pulled(self, site: str, entry: TaskEntry) -> None:
         with self._cond:
@@ -134,7 +139,7 @@ class JobRelay:
             raise
         with self._cond:
             self._replies[task_id].append(ReplyEntry(task_id, site, headers, path))
-            self._cond.notify_all()
+            self._reply_ready.notify_all()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def drop_site(self, site: str, reason: str) -> None:
@@ -148,12 +153,13 @@ class JobRelay:
                     self._owe_error(entry, site, reason)
                     entry.unpulled.discard(site)
                     self._collect(entry)
-            self._cond.notify_all()
+            self._site_ready[site].notify_all()
 
     def end(self) -> None:
         with self._cond:
             self._ended = True
-            self._cond.notify_all()
+            for ready in (*self._site_ready.values(), self._reply_ready):
+                ready.notify_all()
 
     @property
     def ended(self) -> bool:
@@ -162,6 +168,7 @@ class JobRelay:
     def _owe_error(self, entry: TaskEntry, site: str, reason: str) -> None:
         entry.replied.add(site)
         self._replies[entry.task_id].append(ReplyEntry(entry.task_id, site, {}, None, reason))
+        self._reply_ready.notify_all()
 
     def _collect(self, entry: TaskEntry) -> None:
         # The task payload is only needed until every target has pulled it.
