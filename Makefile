@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint proto proto-check unit bench bench-compare bench-compare-peers clean
+.PHONY: demo test lint proto proto-check unit bench bench-scale bench-compare bench-compare-peers clean
 
 $(STAMP): pyproject.toml tests/requirements-helm.txt
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,9 @@ bench: $(STAMP)
 bench-compare: $(STAMP)
 	bash bench/compare/setup_peers.sh
 	$(BIN)/python bench/compare/run.py
+
+bench-scale: $(STAMP)
+	$(BIN)/python -m bench.scale --sites 100,300,1000
 
 bench-compare-peers:
 	bash bench/compare/setup_peers.sh

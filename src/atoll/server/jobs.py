@@ -247,8 +247,9 @@ class JobManager:
             if not self.parent.links.send(site, "abort", {"job_id": job_id, "reason": reason}):
                 self.site_state(site, {"job_id": job_id, "state": "FINISHED:ABORTED",
                                        "reason": f"{reason} (site offline)"})
-        if live.handle is not None:
-            self.parent.launcher.cancel(live.handle)
+        if live.handle is not None:  # in the background: the admin's call returns at once
+            threading.Thread(target=self.parent.launcher.cancel, args=(live.handle,),
+                             name=f"cancel-{job_id[:8]}", daemon=True).start()
 
     def recover(self) -> None:
         """After a restart: jobs that were running lost their server worker with the parent."""
