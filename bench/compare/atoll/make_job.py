@@ -3,11 +3,15 @@
 Run with atoll's venv python:
   make_job.py --out DIR --name NAME --rounds 3 --layers 1024,1024 --mark-dir DIR
 
-The job has two apps: `server` (the workflow and the initial model, float32 layers drawn like
-the other systems' models) and `site` (site_train.py). The initial model ships with the server's
-app only, so a site does not download a model file it never reads; every round's model still
-travels to both sites. Validation and cross-site evaluation are off, so every system runs the
-same workload: train rounds only.
+One app for `@ALL` (the server and both sites), min_clients 2, validation and cross-site
+evaluation off, so every system runs the same workload: train rounds only. No model file ships
+with the job (atoll refuses job uploads over 1 GiB, and no peer ships its model with the job
+either: FLARE's persistor and Flower's ServerApp make it in place on the server). FedAvg starts
+without a global model, so round 0 hands each site an empty model and the site makes the float32
+layers of `--layers` in place (site.config.layers); from round 1 on the global model travels to
+both sites and back every round, as in the other systems. Per-round time is measured between
+arrivals of consecutive rounds' models at a site, so each interval holds one upload, one
+aggregation and one download in every system.
 """
 
 from __future__ import annotations
@@ -17,14 +21,9 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
-
-from atoll.fl.model import Model
-from atoll.fl.serde import save_file
-
 HERE = Path(__file__).resolve().parent
 
-APP_YAML_SERVER = """\
+APP_YAML = """\
 server:
   workflow: fedavg
   args:
@@ -33,13 +32,10 @@ server:
     round_timeout: 3600
     evaluate_every: 0
     cross_site_eval: none
-  initial_model: model.safetensors
-"""
-
-APP_YAML_SITE = """\
 site:
   script: train.py
   args: {args}
+  config: {{layers: {layers}}}
 """
 
 
@@ -51,30 +47,21 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--layers", required=True, help="comma-separated float32 counts per layer")
     parser.add_argument("--mark-dir", default="")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     layers = [int(x) for x in args.layers.split(",")]
     job = Path(args.out) / args.name
     if job.exists():
         shutil.rmtree(job)
-    (job / "server").mkdir(parents=True)
-    (job / "site").mkdir()
-    sites = [f"site-{i}" for i in range(1, args.clients + 1)]
-    meta = {
-        "name": args.name,
-        "deploy_map": {"server": ["server"], "site": sites},
-        "min_clients": args.clients,
-    }
+    (job / "app").mkdir(parents=True)
+    meta = {"name": args.name, "deploy_map": {"app": ["@ALL"]}, "min_clients": args.clients}
     (job / "meta.json").write_text(json.dumps(meta, indent=1))
-    (job / "server" / "app.yaml").write_text(
-        APP_YAML_SERVER.format(rounds=args.rounds, clients=args.clients)
-    )
     site_args = json.dumps(["--mark-dir", args.mark_dir] if args.mark_dir else [])
-    (job / "site" / "app.yaml").write_text(APP_YAML_SITE.format(args=site_args))
-    shutil.copyfile(HERE / "site_train.py", job / "site" / "train.py")
-    rng = np.random.default_rng(args.seed)
-    params = {f"layer{i}": rng.random(n, dtype=np.float32) for i, n in enumerate(layers)}
-    save_file(Model(params=params), job / "server" / "model.safetensors")
+    (job / "app" / "app.yaml").write_text(
+        APP_YAML.format(
+            rounds=args.rounds, clients=args.clients, args=site_args, layers=json.dumps(layers)
+        )
+    )
+    shutil.copyfile(HERE / "site_train.py", job / "app" / "train.py")
     print(job)
 
 
