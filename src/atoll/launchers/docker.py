@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,20 @@ class DockerLauncher(Launcher):
         except errors.APIError:
             pass  # already stopping or gone: removal below settles it
         _remove_quietly(container)
+        self._await_gone(handle.native_id)
+
+    def _await_gone(self, container_id: str, timeout: float = 5.0) -> None:
+        """Return once the container no longer exists: `wait` may be removing it right now,
+        and cancel promises the container is gone when it returns."""
+        import docker.errors as errors
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.client.containers.get(container_id)
+            except errors.NotFound:
+                return
+            time.sleep(0.02)
 
     def _was_cancelled(self, handle: Handle) -> bool:
         with self._lock:
