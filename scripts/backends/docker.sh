@@ -269,7 +269,7 @@ cmd_down() {
   # Every dockerd serving this socket, not only the one in the pid file: a pid file lost to an
   # interrupted run must not leave an engine behind.
   local pids pid
-  pids=$( { cat "$BASE/dockerd.pid" 2>/dev/null || true; pgrep -f -- "dockerd -H unix://$SOCK( |$)" || true; } | sort -u)
+  pids=$( { cat "$BASE/dockerd.pid" 2>/dev/null || true; echo; pgrep -f -- "dockerd -H unix://$SOCK( |$)" || true; } | sort -u)
   for pid in $pids; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in $pids; do
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
