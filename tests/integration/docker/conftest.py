@@ -26,6 +26,7 @@ from atoll.launchers.docker import DockerLauncher
 from atoll.spec.resources import Resources
 from atoll.spec.site_config import parse_site_config
 from atoll.spec.study_runtime import parse_study_runtime
+from tests.integration.backend_env import read_env_file
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "backends" / "docker.sh"
@@ -36,13 +37,7 @@ STUDY = "imaging"
 
 def _engine_env() -> dict[str, str]:
     """The env file `docker.sh up` wrote (DOCKER_HOST and the test image names)."""
-    base = Path(os.environ.get("ATOLL_DOCKER_BASE", "/tmp/atoll-docker"))
-    env: dict[str, str] = {}
-    for line in (base / "env").read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            env[key.strip()] = value.strip()
-    return env
+    return read_env_file("ATOLL_DOCKER_BASE", "/tmp/atoll-docker")
 
 
 @dataclass

@@ -24,6 +24,7 @@ from atoll.launchers.kubernetes import KubernetesLauncher
 from atoll.spec.resources import Resources
 from atoll.spec.site_config import parse_site_config
 from atoll.spec.study_runtime import parse_study_runtime
+from tests.integration.backend_env import read_env_file
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "backends" / "k8s.sh"
@@ -42,13 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _cluster_env() -> dict[str, str]:
-    base = Path(os.environ.get("ATOLL_K8S_BASE", "/tmp/atoll-k8s"))
-    env: dict[str, str] = {}
-    for line in (base / "env").read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            env[key.strip()] = value.strip()
-    return env
+    return read_env_file("ATOLL_K8S_BASE", "/tmp/atoll-k8s")
 
 
 @dataclass
