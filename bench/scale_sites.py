@@ -31,7 +31,7 @@ import grpc
 
 from atoll import __version__
 from atoll.wire import atoll_pb2 as pb
-from atoll.wire import atoll_pb2_grpc as pb_grpc
+from atoll.wire import frames, rpc
 from atoll.wire.grpc_setup import OPTIONS
 
 HEARTBEAT_S = 5.0
@@ -48,7 +48,7 @@ class SimSite:
         self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.jobs: dict[str, asyncio.Task] = {}
         self.channel: grpc.aio.Channel | None = None
-        self.stub: pb_grpc.FederationStub | None = None
+        self.stub: object | None = None
 
     def record(self, event: str, job_id: str = "", round_: int | None = None) -> None:
         self.log.append((self.name, event, job_id, round_, time.time()))
@@ -58,7 +58,7 @@ class SimSite:
         # a private subchannel pool: one TLS connection per simulated site, as with real parents
         options = [*OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
         self.channel = grpc.aio.secure_channel(self.address, self.creds, options=options)
-        self.stub = pb_grpc.FederationStub(self.channel)
+        self.stub = rpc.stub(self.channel, "Federation")
         attempt = 0
         while True:
             call = self.stub.Connect(self._events())
@@ -136,23 +136,19 @@ class SimSite:
 
     async def _pull(self, job_id: str) -> tuple[dict[str, Any], list[bytes]]:
         assert self.stub is not None
-        head: dict[str, Any] | None = None
-        data: list[bytes] = []
-        async for frame in self.stub.PullTask(pb.PullRequest(job_id=job_id, wait_s=PULL_WAIT_S)):
-            if head is None:
-                head = json.loads(frame.header)
-            else:
-                data.append(frame.data)
-        return head or {"none": True}, data
+        raw = [frame async for frame in self.stub.PullTask(
+            pb.PullRequest(job_id=job_id, wait_s=PULL_WAIT_S))]
+        if not raw:
+            return {"none": True}, []
+        head, payload = frames.split(iter(raw))
+        return head, list(payload.frames())
 
 
 async def _reply_frames(job_id: str, head: dict[str, Any], data: list[bytes]):
     headers = {"topic": head.get("topic"), "round": (head.get("headers") or {}).get("round")}
-    yield pb.Frame(
-        header=json.dumps({"job_id": job_id, "task_id": head["task_id"], "headers": headers})
-    )
-    for chunk in data:  # the task's payload echoed back, as the echo site script does
-        yield pb.Frame(data=chunk)
+    yield frames.header({"job_id": job_id, "task_id": head["task_id"], "headers": headers})
+    for frame in data:  # the task's payload echoed back, as the echo site script does
+        yield frame
 
 
 def raise_fd_limit(wanted: int) -> int:

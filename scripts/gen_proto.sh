@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates src/atoll/wire/atoll_pb2*.py from atoll.proto.
+# Regenerates src/atoll/wire/atoll_pb2.py from atoll.proto (stubs: wire/rpc.py, from its descriptors).
 # With --check: regenerates into a scratch folder and fails if the committed code differs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,8 +7,8 @@ PY=${PYTHON:-.venv/bin/python}
 if [ "${1:-}" = "--check" ]; then
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
   mkdir -p "$tmp/atoll/wire" && cp src/atoll/wire/atoll.proto "$tmp/atoll/wire/"
-  "$PY" -m grpc_tools.protoc -I"$tmp" --python_out="$tmp" --grpc_python_out="$tmp" "$tmp/atoll/wire/atoll.proto"
-  for f in atoll_pb2.py atoll_pb2_grpc.py; do
+  "$PY" -m grpc_tools.protoc -I"$tmp" --python_out="$tmp" "$tmp/atoll/wire/atoll.proto"
+  for f in atoll_pb2.py; do
     if ! diff -u "src/atoll/wire/$f" "$tmp/atoll/wire/$f"; then
       echo "generated protobuf code is stale: run 'make proto' and commit the result" >&2
       exit 1
@@ -16,5 +16,5 @@ if [ "${1:-}" = "--check" ]; then
   done
   echo "protobuf code is up to date"
 else
-  "$PY" -m grpc_tools.protoc -Isrc --python_out=src --grpc_python_out=src src/atoll/wire/atoll.proto
+  "$PY" -m grpc_tools.protoc -Isrc --python_out=src src/atoll/wire/atoll.proto
 fi

@@ -45,16 +45,19 @@ def read_pid(workspace: Path, role: str) -> int | None:
     return pid if alive(pid) else None
 
 
-def start_detached(argv: list[str], workspace: Path, role: str, timeout: float = 30.0) -> int:
-    """Start `python -m atoll ARGV --ready-file F` in its own session; wait until it is ready."""
+def start_detached(role: str, kit: Path, workspace: Path, timeout: float = 30.0) -> int:
+    """Start the `role` parent of `kit` (atoll.run_parent) in its own session; wait until it
+    is ready."""
+    from atoll.run_parent import command
+
     workspace.mkdir(parents=True, exist_ok=True)
     ready = workspace / f"{role}.ready"
     ready.unlink(missing_ok=True)
     log_path = workspace / f"{role}.log"
     with open(log_path, "ab") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "atoll", *argv, "--ready-file", str(ready)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            command(role, kit, ready), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ready.exists() and ready.stat().st_size:
@@ -67,12 +70,13 @@ def start_detached(argv: list[str], workspace: Path, role: str, timeout: float =
     raise RuntimeError(f"{role} was not ready within {timeout:.0f} s; see {log_path}")
 
 
-def start_many(specs: list[tuple[list[str], Path, str]], timeout: float = 30.0) -> list[int]:
-    """Start several parents at once (each as in start_detached) and wait for all of them."""
+def start_many(specs: list[tuple[str, Path, Path]], timeout: float = 30.0) -> list[int]:
+    """Start several parents at once, each (role, kit, workspace) as in start_detached, and
+    wait for all of them."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
-        futures = [pool.submit(start_detached, argv, ws, role, timeout) for argv, ws, role in specs]
+        futures = [pool.submit(start_detached, role, kit, ws, timeout) for role, kit, ws in specs]
         return [f.result() for f in futures]
 
 

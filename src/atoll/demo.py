@@ -87,7 +87,7 @@ def run(workspace: Path) -> int:
     parents = [("server", project / "server")] + [("site", project / s) for s in demo_data.SITES]
     console.print(f"provisioned a PKI and {len(parents)} startup kits in {project}")
     try:
-        daemon.start_many([([role, "start", str(kit)], kit / "workspace", role)
+        daemon.start_many([(role, kit, kit / "workspace")
                            for role, kit in parents])
         with Session(project / RESEARCHER, study=STUDY) as session:
             while not all(s["online"] for s in session.sites()["sites"]):

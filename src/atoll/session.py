@@ -9,9 +9,7 @@
 from __future__ import annotations
 
 import json
-import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,8 +20,7 @@ from atoll.errors import AtollError, Refused, from_rpc_error
 from atoll.pki.kit import Kit, load_kit
 from atoll.pki.tls import channel_credentials
 from atoll.wire import atoll_pb2 as pb
-from atoll.wire import atoll_pb2_grpc as pb_grpc
-from atoll.wire import frames
+from atoll.wire import frames, rpc
 from atoll.wire.grpc_setup import secure_channel
 
 TERMINAL = ("FINISHED:COMPLETED", "FINISHED:FAILED", "FINISHED:ABORTED")
@@ -37,7 +34,7 @@ class Session:
             raise Refused(f"{self.kit.kit_dir} is a {self.kit.kind} kit; use an admin's kit")
         self.timeout = timeout
         self.channel = secure_channel(self.kit.server_address, channel_credentials(self.kit), None)
-        self.stub = pb_grpc.AdminStub(self.channel)
+        self.stub = rpc.stub(self.channel, "Admin")
         self.token = token
         self.study = study
         if study is not None and token is None:
@@ -99,6 +96,8 @@ class Session:
     def submit(self, job_dir: str | Path, study: str | None = None, wait: bool = False,
                timeout: float | None = None,
                on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        import tempfile
+
         from atoll.spec.meta import load_meta
         from atoll.wire.jobzip import IntakeError, zip_folder
 
@@ -135,6 +134,8 @@ class Session:
             status = self.status(job_id, study, since=status["version"], wait_s=min(left, 10.0))
 
     def download(self, job_id: str, destination: str | Path, study: str | None = None) -> Path:
+        import zipfile  # here, not at the top: every CLI call imports this module
+
         destination = Path(destination)
         destination.mkdir(parents=True, exist_ok=True)
         body = {"job_id": job_id, **({"study": study} if study else {})}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 import sys
@@ -34,6 +35,25 @@ def save_session(data: dict[str, Any]) -> Path:
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh)
     return path
+
+
+class LazyCommands(click.Group):
+    """A group some of whose commands live in modules imported only when that command runs
+    (or for --help), so that the group's other commands do not pay for them."""
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]] | None = None,
+                 **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy or {}  # name -> (module, attribute)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy and name not in self.commands:
+            module, attr = self.lazy[name]
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
 
 
 def fail(message: str, code: int = 2) -> None:

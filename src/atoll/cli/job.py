@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from atoll.cli.common import (
+    LazyCommands,
     emit,
     format_option,
     handle_errors,
@@ -20,7 +21,7 @@ from atoll.cli.common import (
 job_arg = click.argument("job_id")
 
 
-@click.group("job")
+@click.group("job", cls=LazyCommands, lazy={"init": ("atoll.cli.job_init", "init_command")})
 def job_group() -> None:
     """Jobs of the session's study."""
 
@@ -177,14 +178,3 @@ def download(job_id: str, kit: Path | None, study: str | None, out: Path) -> Non
     with open_session(kit) as session:
         path = session.download(job_id, out, study)
     click.echo(f"results of job {job_id} in {path}")
-
-
-def _mount_init() -> None:
-    try:
-        from atoll.cli.job_init import init_command
-    except ImportError:
-        return
-    job_group.add_command(init_command, "init")
-
-
-_mount_init()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import logging
 import os
 import sys
 from pathlib import Path
@@ -12,14 +10,13 @@ import click
 
 from atoll.cli.common import fail
 
-RUNNERS = {"server": "atoll.server.app", "site": "atoll.site.app"}
-
 
 def start_parent(kit: Path, role: str, detach: bool, ready_file: Path | None,
                  verbose: bool) -> None:
     """Run the `role` parent of KIT in the foreground, or detached until it is ready."""
     from atoll import daemon
     from atoll.pki.kit import load_kit
+    from atoll.run_parent import command
 
     loaded = load_kit(kit)
     if loaded.kind != role:
@@ -30,7 +27,7 @@ def start_parent(kit: Path, role: str, detach: bool, ready_file: Path | None,
              f"`atoll {role} stop {kit}`")
     if detach:
         try:
-            pid = daemon.start_detached([role, "start", str(kit)], loaded.workspace, role)
+            pid = daemon.start_detached(role, kit, loaded.workspace)
         except RuntimeError as exc:
             fail(str(exc), 3)
         where = (f"listening on {loaded.listen_address}" if role == "server"
@@ -38,20 +35,12 @@ def start_parent(kit: Path, role: str, detach: bool, ready_file: Path | None,
         click.echo(f"{role} {loaded.name} started (pid {pid}), {where}; "
                    f"log: {loaded.workspace / f'{role}.log'}")
         return
-    run_forever = importlib.import_module(RUNNERS[role]).run_forever
-    daemon.setup_logging(verbose)
-    daemon.write_pid(loaded.workspace, role)
-    try:
-        code = run_forever(loaded, ready_file)
-    except OSError as exc:
-        fail(f"cannot start the {role} parent: {exc}", 3)
-    finally:
-        daemon.pid_file(loaded.workspace, role).unlink(missing_ok=True)
-    # The parent stopped in order: state saved, workers stopped. RPC threads still parked in
-    # long polls would hold the interpreter's exit for up to 30 s, so leave now.
-    logging.shutdown()
+    # The parent runs for months: this process becomes it (same pid, same output), without
+    # the CLI's modules in memory.
     sys.stdout.flush()
-    os._exit(code)
+    sys.stderr.flush()
+    argv = command(role, kit, ready_file, verbose)
+    os.execv(argv[0], argv)
 
 
 def stop_parent(kit: Path, role: str) -> None:

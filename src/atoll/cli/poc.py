@@ -77,7 +77,7 @@ def up(n_sites: int, workspace: Path | None) -> None:
     roles = [("server", found["server"])] + [("site", k) for n, k in found.items()
                                              if n.startswith("site-")]
     try:
-        daemon.start_many([([role, "start", str(kit)], kit / "workspace", role)
+        daemon.start_many([(role, kit, kit / "workspace")
                            for role, kit in roles])
         with Session(found["admin"]) as session:
             deadline = time.monotonic() + 30

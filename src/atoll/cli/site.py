@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from atoll.cli.common import (
+    LazyCommands,
     emit,
     format_option,
     handle_errors,
@@ -19,7 +20,9 @@ from atoll.cli.parents import start_options, start_parent, stop_parent
 kit_arg = click.argument("kit", type=click.Path(exists=True, file_okay=False, path_type=Path))
 
 
-@click.group("site")
+@click.group("site", cls=LazyCommands, lazy={
+    "render": ("atoll.cli.site_render", "render_command"),
+    "validate": ("atoll.cli.site_render", "validate_command")})
 def site_group() -> None:
     """A site parent: dials the server, starts this site's job workers through its launcher."""
 
@@ -55,15 +58,3 @@ def list_sites(kit: Path | None, study: str | None, fmt: str) -> None:
         extra = f"  {site['launcher']}  running {site['running_jobs']}" if site["online"] else ""
         lines.append(f"  {site['name']:<24} {state}{extra}")
     emit(answer, fmt, "\n".join(lines))
-
-
-def _mount_contract_commands() -> None:
-    try:
-        from atoll.cli.site_render import render_command, validate_command
-    except ImportError:
-        return
-    site_group.add_command(render_command, "render")
-    site_group.add_command(validate_command, "validate")
-
-
-_mount_contract_commands()

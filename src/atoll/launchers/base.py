@@ -18,9 +18,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from atoll.spec.resources import Resources
+if TYPE_CHECKING:  # the spec models import pydantic, which parents load only for a job
+    from atoll.spec.resources import Resources
 
 
 class LaunchError(Exception):

@@ -16,6 +16,8 @@ certificate, private key 0600, root CA, ``kit.yaml``) and, for the server and si
     workspace: workspace             # server and sites; relative to the kit folder
 
 ``load_kit`` is on every CLI call's path, so it reads YAML and checks files, nothing heavier.
+PyYAML is imported only by the functions that use it: a parent reads its kit in a forked child
+(atoll.forked) and keeps the ``Kit``, not PyYAML.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 KIT_FILE = "kit.yaml"
 CA_FILE = "rootCA.pem"
@@ -105,6 +105,8 @@ def render_kit_yaml(
     role: str | None = None,
     listen: tuple[str, int] | None = None,
 ) -> str:
+    import yaml
+
     doc: dict[str, Any] = {"project": project, "name": name, "kind": kind, "org": org}
     if role is not None:
         doc["role"] = role
@@ -131,6 +133,8 @@ def _find_kit_dir(path: Path) -> Path:
 
 def load_kit(path: str | Path) -> Kit:
     """Read the kit in ``path`` (the kit folder, its ``startup/`` or its ``kit.yaml``)."""
+    import yaml
+
     kit_dir = _find_kit_dir(Path(path))
     kit_file = kit_dir / "startup" / KIT_FILE
     if not kit_dir.is_dir():

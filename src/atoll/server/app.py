@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.launchers.registry import get_launcher
-from atoll.launchers.request import build_request
+from atoll.local_config import load_local_config
 from atoll.pki.kit import Kit
 from atoll.pki.tls import server_credentials
 from atoll.server.admin_service import AdminService
@@ -28,9 +27,7 @@ from atoll.server.sessions import SessionSigner
 from atoll.server.site_links import SiteLinks
 from atoll.server.store import JobRecord, JobStore
 from atoll.server.studies import Studies
-from atoll.spec.meta import load_meta
-from atoll.spec.site_config import load_site_config
-from atoll.wire import atoll_pb2_grpc as pb_grpc
+from atoll.wire import rpc
 from atoll.wire.grpc_setup import new_server
 from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint
 
@@ -52,6 +49,8 @@ class ServerParent:
         self.kit = kit
         self.limits = limits or Limits()
         self.workspace = kit.workspace
+        # First, while this is the only thread: the check runs in a forked child (local_config).
+        self.local = load_local_config(kit.local_dir, study_runtime=False)
         (self.workspace / "tmp").mkdir(parents=True, exist_ok=True)
         self.store = JobStore(self.workspace / "atoll.db")
         self.studies = Studies(self.store)
@@ -62,8 +61,6 @@ class ServerParent:
         self.signer = SessionSigner(self.workspace / "session.key")
         self.links = SiteLinks()
         self.tokens = WorkerTokens()
-        self.site_config = load_site_config(kit.local_dir / "site.yaml")
-        self.launcher = get_launcher(self.site_config.launcher, self.site_config)
         self.jobs = JobManager(self)
         self.scheduler = Scheduler(self)
         self._stopped = threading.Event()
@@ -72,6 +69,10 @@ class ServerParent:
         self._endpoint = None
         self.port = 0
         self.worker_address = ""
+
+    @property
+    def launcher(self):
+        return self.local.launcher
 
     def study_ops(self) -> dict:
         try:
@@ -82,17 +83,20 @@ class ServerParent:
 
     def launch_request(self, record: JobRecord, target: str, run_dir: Path,
                        token: str) -> LaunchRequest:
+        from atoll.launchers.request import build_request
+        from atoll.spec.meta import load_meta
+
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         return build_request(
             meta=load_meta(record.meta),
             identity=JobIdentity(record.id, record.name, record.study, target, "server"),
-            site_config=self.site_config, study_runtime=None, workdir=run_dir,
+            site_config=self.local.site_config, study_runtime=None, workdir=run_dir,
             parent_address=self.worker_address, credentials={"ATOLL_JOB_TOKEN": token},
             parent_cert=self._endpoint.cert_pem, check_capacity=False)
 
     def start(self) -> None:
         self.jobs.recover()
-        endpoint = self.site_config.worker_endpoint
+        endpoint = self.local.endpoint
         self._endpoint = start_worker_endpoint(
             self.tokens, ServerWorkerBackend(self.jobs), endpoint.host, endpoint.port,
             endpoint.dial_host, endpoint.uses_tls)
@@ -100,8 +104,8 @@ class ServerParent:
         # Synchronous gRPC holds one thread per open stream, and every connected site keeps its
         # control stream open: the pool bounds how many sites the server can hold at once.
         server = new_server(max_workers=SERVER_THREADS)
-        pb_grpc.add_FederationServicer_to_server(FederationService(self), server)
-        pb_grpc.add_AdminServicer_to_server(AdminService(self), server)
+        rpc.add_servicer(server, "Federation", FederationService(self))
+        rpc.add_servicer(server, "Admin", AdminService(self))
         self.port = server.add_secure_port(self.kit.listen_address, server_credentials(self.kit))
         if self.port == 0:
             raise OSError(f"cannot listen on {self.kit.listen_address}")
@@ -126,7 +130,7 @@ class ServerParent:
         for server in (self._grpc, self._workers):
             if server is not None:
                 server.stop(grace).wait(grace + 1)
-        self.launcher.close()
+        self.local.close()
         self.store.close()
 
     def wait(self) -> None:

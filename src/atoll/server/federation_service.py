@@ -13,14 +13,14 @@ import grpc
 from atoll.server.auth import peer_identity
 from atoll.server.relay import END, RelayError
 from atoll.server.site_links import HEARTBEAT_S, SiteLink
+from atoll.server.spool import SpoolError
 from atoll.wire import atoll_pb2 as pb
-from atoll.wire import atoll_pb2_grpc as pb_grpc
 from atoll.wire import frames
 
 log = logging.getLogger("atoll.server.federation")
 
 
-class FederationService(pb_grpc.FederationServicer):
+class FederationService:
     def __init__(self, parent):
         self.parent = parent
 
@@ -91,8 +91,7 @@ class FederationService(pb_grpc.FederationServicer):
         self._live(context, request.job_id, site)
         path = self.parent.jobs.app_zip(request.job_id, site)
         yield frames.header({"size": path.stat().st_size})
-        for chunk in frames.file_chunks(path):
-            yield pb.Frame(data=chunk)
+        yield from frames.file_frames(path)
 
     def PullTask(self, request, context):
         site = self._site(context)
@@ -111,10 +110,11 @@ class FederationService(pb_grpc.FederationServicer):
             yield frames.header({"none": True})
             return
         yield frames.header({"task_id": entry.task_id, "topic": entry.topic,
-                             "headers": entry.headers, "size": entry.size})
-        for chunk in frames.file_chunks(entry.path):
-            yield pb.Frame(data=chunk)
-        live.relay.pulled(site, entry)
+                             "headers": entry.headers})
+        try:
+            yield from entry.spool.read(site)
+        except SpoolError as exc:
+            context.abort(grpc.StatusCode.ABORTED, f"task {entry.task_id} broke off: {exc}")
 
     def PushReply(self, request_iterator, context):
         site = self._site(context)
@@ -125,7 +125,7 @@ class FederationService(pb_grpc.FederationServicer):
         live = self._live(context, str(head.get("job_id")), site)
         try:
             live.relay.add_reply(site, str(head.get("task_id")), dict(head.get("headers") or {}),
-                                 chunks)
+                                 chunks.frames())
         except (RelayError, frames.FrameError) as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.Json(body="{}")

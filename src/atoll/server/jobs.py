@@ -21,9 +21,9 @@ from typing import Any
 
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.server.relay import JobRelay, RelayError
+from atoll.server.spool import Budget
 from atoll.server.store import JobRecord
 from atoll.spec.errors import SpecError
-from atoll.spec.meta import load_meta
 from atoll.wire import frames
 from atoll.wire.jobzip import Incoming, IntakeError, zip_folder
 from atoll.wire.worker_endpoint import BackendError
@@ -31,6 +31,8 @@ from atoll.wire.worker_endpoint import BackendError
 log = logging.getLogger("atoll.server.jobs")
 
 END_GRACE_S = 60.0  # how long sites get to wrap up after the workflow completed
+# Payload bytes the relays of all jobs keep in memory; the rest spills to the jobs' folders.
+RELAY_MEMORY = 4 * 1024 * 1024
 
 
 @dataclass
@@ -54,6 +56,8 @@ class LiveJob:
 
 def _read_meta(tree: Path):
     """The job's meta.json, with errors that name the file as the user knows it."""
+    from atoll.spec.meta import load_meta  # pydantic: loaded by the first job, not at rest
+
     try:
         data = json.loads((tree / "meta.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -75,6 +79,7 @@ class JobManager:
         self.live: dict[str, LiveJob] = {}
         self._lock = threading.RLock()
         self._zip_lock = threading.Lock()
+        self.relay_budget = Budget(RELAY_MEMORY)
 
     # -- intake -------------------------------------------------------------------------------
     def submit(self, who, study: str, chunks: Iterator[bytes]) -> JobRecord:
@@ -105,6 +110,8 @@ class JobManager:
 
     def app_zip(self, job_id: str, target: str) -> Path:
         """The zipped app folder (plus meta.json) a participant runs; built once per app."""
+        from atoll.spec.meta import load_meta
+
         folder = self.jobs_dir / job_id
         meta = load_meta(folder / "job")
         app = meta.app_for(target)
@@ -121,7 +128,7 @@ class JobManager:
     def dispatch(self, record: JobRecord, sites: list[str], skipped: dict[str, str],
                  resources: dict[str, Any]) -> None:
         folder = self.jobs_dir / record.id
-        relay = JobRelay(record.id, folder / "relay", sites)
+        relay = JobRelay(record.id, folder / "relay", sites, self.relay_budget)
         live = LiveJob(record, sites, relay, folder, resources=resources)
         with self._lock:
             self.live[record.id] = live
@@ -138,6 +145,8 @@ class JobManager:
                          name=f"server-worker-{record.id[:8]}", daemon=True).start()
 
     def _run_server_worker(self, live: LiveJob) -> None:
+        from atoll.spec.meta import load_meta
+
         run_dir = live.folder / "run" / "server"
         try:
             app = load_meta(live.folder / "job").app_for("server")
@@ -225,6 +234,7 @@ class JobManager:
             reason = "sites that dropped out: " + "; ".join(failed)
         self.store.set_job_state(live.id, f"FINISHED:{live.server_state}", reason)
         self.parent.tokens.revoke(live.id)
+        live.relay.close()
         shutil.rmtree(live.relay.folder, ignore_errors=True)
         self.parent.scheduler.wake()
         log.info("job %s finished: %s %s", live.id, live.server_state, reason)
@@ -295,7 +305,7 @@ class ServerWorkerBackend:
         try:
             task_id = self._live(job_id).relay.add_task(
                 list(head.get("targets") or []), str(head.get("topic", "")),
-                dict(head.get("headers") or {}), chunks)
+                dict(head.get("headers") or {}), chunks.frames())
         except RelayError as exc:
             raise BackendError(str(exc)) from None
         return {"task_id": task_id}
@@ -312,9 +322,7 @@ class ServerWorkerBackend:
             yield frames.header({"site": entry.site, "error": entry.error})
         else:
             yield frames.header({"site": entry.site, "headers": entry.headers})
-            for chunk in frames.file_chunks(entry.path):
-                yield frames.pb.Frame(data=chunk)
-            entry.path.unlink(missing_ok=True)
+            yield from entry.spool.read("workflow")
 
     def next_task(self, job_id, wait_s):
         raise BackendError("the server worker runs the workflow; it takes no tasks")

@@ -1,8 +1,10 @@
 """The server-side relay of one running job: tasks for sites and their replies.
 
-Payloads are written once to the job's folder and streamed from there; nothing here holds a
-payload in memory. A site that drops out gets an error reply on each task it still owed, so the
-workflow never waits on a site that cannot answer.
+Each payload is a Spool (server/spool.py): a task reaches the sites that are waiting for it as
+it arrives, without touching the disk; a reply reaches the workflow once complete. Memory is
+bounded by the server's budget, the rest spills to the job's folder. A site that drops out gets
+an error reply on each task it still owed, so the workflow never waits on a site that cannot
+answer.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atoll.wire.frames import write_chunks
+from atoll.server.spool import Budget, SpillFiles, Spool
 
 END = object()  # returned by next_task once the job is over
 
@@ -26,10 +28,8 @@ class TaskEntry:
     task_id: str
     topic: str
     headers: dict[str, Any]
-    path: Path
-    size: int
+    spool: Spool
     targets: set[str]
-    unpulled: set[str]
     replied: set[str] = field(default_factory=set)
 
 
@@ -38,7 +38,7 @@ class ReplyEntry:
     task_id: str
     site: str
     headers: dict[str, Any]
-    path: Path | None
+    spool: Spool | None
     error: str | None = None
 
 
@@ -47,13 +47,15 @@ class RelayError(Exception):
 
 
 class JobRelay:
-    def __init__(self, job_id: str, folder: Path, sites: Iterable[str],
+    def __init__(self, job_id: str, folder: Path, sites: Iterable[str], budget: Budget,
                  max_payload: int | None = None):
         self.job_id = job_id
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.sites = list(sites)
         self.max_payload = max_payload
+        self.budget = budget
+        self.files = SpillFiles(folder)
         # One lock, and a condition per waiter: a new task wakes only its targets and a reply
         # only the workflow. (One shared condition woke all N sites for every event: N² work
         # per round at a thousand sites.)
@@ -69,23 +71,25 @@ class JobRelay:
 
     # -- server worker side ---------------------------------------------------------------
     def add_task(self, targets: list[str], topic: str, headers: dict[str, Any],
-                 chunks: Iterable[bytes]) -> str:
+                 frames: Iterable[bytes]) -> str:
+        """Announce the task to its sites at once, then take its frames as they come."""
         unknown = [t for t in targets if t not in self._queues]
         if unknown or not targets:
             raise RelayError(f"task targets must be sites of this job {self.sites}; got {targets}")
         task_id = f"t{next(self._ids)}"
-        path = self.folder / f"{task_id}.task"
-        size = write_chunks(chunks, path, self.max_payload)
-        entry = TaskEntry(task_id, topic, headers, path, size, set(targets), set(targets))
+        spool = Spool(self.files, targets, self.budget, live=True)
+        entry = TaskEntry(task_id, topic, headers, spool, set(targets))
         with self._cond:
             self._tasks[task_id] = entry
             self._replies[task_id] = deque()
             for site in targets:
                 if site in self._dropped:
                     self._owe_error(entry, site, self._dropped[site])
+                    spool.drop(site)
                 else:
                     self._queues[site].append(task_id)
                     self._site_ready[site].notify()
+        spool.write(frames, self.max_payload)
         return task_id
 
     def next_reply(self, task_id: str, wait_s: float) -> ReplyEntry | None:
@@ -116,13 +120,8 @@ class JobRelay:
                     return None
                 self._site_ready[site].wait(left)
 
-    def pulled(self, site: str, entry: TaskEntry) -> None:
-        with self._cond:
-            entry.unpulled.discard(site)
-            self._collect(entry)
-
     def add_reply(self, site: str, task_id: str, headers: dict[str, Any],
-                  chunks: Iterable[bytes]) -> None:
+                  frames: Iterable[bytes]) -> None:
         with self._cond:
             entry = self._tasks.get(task_id)
             if entry is None or site not in entry.targets:
@@ -130,15 +129,16 @@ class JobRelay:
             if site in entry.replied:
                 raise RelayError(f"{site} already replied to task {task_id}")
             entry.replied.add(site)
-        path = self.folder / f"{task_id}.{site}.reply"
+        spool = Spool(self.files, ["workflow"], self.budget, live=False)
         try:
-            write_chunks(chunks, path, self.max_payload)
+            spool.write(frames, self.max_payload)
         except BaseException:
+            spool.close()
             with self._cond:
                 entry.replied.discard(site)
             raise
         with self._cond:
-            self._replies[task_id].append(ReplyEntry(task_id, site, headers, path))
+            self._replies[task_id].append(ReplyEntry(task_id, site, headers, spool))
             self._reply_ready.notify_all()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -149,10 +149,10 @@ class JobRelay:
             self._dropped[site] = reason
             self._queues[site].clear()
             for entry in self._tasks.values():
-                if site in entry.targets and site not in entry.replied:
-                    self._owe_error(entry, site, reason)
-                    entry.unpulled.discard(site)
-                    self._collect(entry)
+                if site in entry.targets:
+                    entry.spool.drop(site)
+                    if site not in entry.replied:
+                        self._owe_error(entry, site, reason)
             self._site_ready[site].notify_all()
 
     def end(self) -> None:
@@ -160,6 +160,15 @@ class JobRelay:
             self._ended = True
             for ready in (*self._site_ready.values(), self._reply_ready):
                 ready.notify_all()
+
+    def close(self) -> None:
+        """Free every payload still held (the job is over)."""
+        with self._cond:
+            spools = [e.spool for e in self._tasks.values()]
+            spools += [r.spool for q in self._replies.values() for r in q if r.spool]
+        for spool in spools:
+            spool.close()
+        self.files.close()
 
     @property
     def ended(self) -> bool:
@@ -169,8 +178,3 @@ class JobRelay:
         entry.replied.add(site)
         self._replies[entry.task_id].append(ReplyEntry(entry.task_id, site, {}, None, reason))
         self._reply_ready.notify_all()
-
-    def _collect(self, entry: TaskEntry) -> None:
-        # The task payload is only needed until every target has pulled it.
-        if not entry.unpulled:
-            entry.path.unlink(missing_ok=True)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from atoll.spec.capacity import fits
 from atoll.spec.errors import SpecError
-from atoll.spec.meta import load_meta
-from atoll.spec.resources import Resources, resolve_resources
+
+if TYPE_CHECKING:
+    from atoll.spec.resources import Resources
 
 log = logging.getLogger("atoll.server.scheduler")
 
@@ -64,6 +66,10 @@ class Scheduler:
 
     def _try(self, record) -> str | None:
         """Dispatch the job if it can run now; otherwise return what it waits for."""
+        # The spec models import pydantic: only once there is a job, not in a parent at rest.
+        from atoll.spec.meta import load_meta
+        from atoll.spec.resources import resolve_resources
+
         try:
             meta = load_meta(record.meta)
         except SpecError as exc:

@@ -16,16 +16,13 @@ from typing import Any
 
 from atoll import __version__
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.launchers.registry import get_launcher
-from atoll.launchers.request import build_request, secret_env_values
+from atoll.local_config import load_local_config
 from atoll.pki.kit import Kit
 from atoll.pki.tls import channel_credentials
 from atoll.site.connection import ServerLink
 from atoll.site.supervisor import Supervisor
 from atoll.site.worker_backend import SiteWorkerBackend
-from atoll.spec.site_config import load_site_config
-from atoll.spec.study_runtime import load_study_runtime
-from atoll.wire import atoll_pb2_grpc as pb_grpc
+from atoll.wire import rpc
 from atoll.wire.grpc_setup import secure_channel
 from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint
 
@@ -38,12 +35,12 @@ class SiteParent:
         self.name = kit.name
         self.workspace = kit.workspace
         (self.workspace / "tmp").mkdir(parents=True, exist_ok=True)
-        self.site_config = load_site_config(kit.local_dir / "site.yaml")
-        load_study_runtime(kit.local_dir, self.site_config.launcher)  # fail fast at start
-        self.launcher = get_launcher(self.site_config.launcher, self.site_config)
+        # Before any thread exists: the check runs in a forked child (local_config). It also
+        # checks study_runtime.yaml, to fail fast; each launch reads that file again.
+        self.local = load_local_config(kit.local_dir, study_runtime=True)
         self.tokens = WorkerTokens()
         self.channel = secure_channel(kit.server_address, channel_credentials(kit), None)
-        self.stub = pb_grpc.FederationStub(self.channel)
+        self.stub = rpc.stub(self.channel, "Federation")
         self.supervisor = Supervisor(self)
         self.link = ServerLink(self.channel, self.stub, self._hello, self._on_command,
                                kit.server_address)
@@ -52,30 +49,40 @@ class SiteParent:
         self.worker_address = ""
         self._stopped = threading.Event()
 
+    @property
+    def launcher(self):
+        return self.local.launcher
+
     # -- configuration, re-read at every launch --------------------------------------------------
+    def study_runtime(self):
+        from atoll.spec.study_runtime import load_study_runtime
+
+        return load_study_runtime(self.kit.local_dir, self.local.launcher_name)
+
     def study_entry(self, study: str):
-        return load_study_runtime(self.kit.local_dir, self.site_config.launcher).entry(study)
+        return self.study_runtime().entry(study)
 
     def capacity(self) -> dict[str, Any]:
-        cap = self.site_config.capacity
-        return {"gpus": cap.gpus, "cpus": cap.cpus, "memory": cap.memory}
+        return dict(self.local.capacity)
 
     def launch_request(self, body: dict[str, Any], meta, workdir: Path,
                        token: str) -> LaunchRequest:
+        from atoll.launchers.request import build_request, secret_env_values
+
         study = str(body["study"])
-        runtime = load_study_runtime(self.kit.local_dir, self.site_config.launcher)
+        runtime = self.study_runtime()
         credentials = {"ATOLL_JOB_TOKEN": token,
                        **secret_env_values(runtime.entry(study), os.environ)}
         return build_request(
             meta=meta,
             identity=JobIdentity(str(body["job_id"]), str(body.get("name", "")), study,
                                  self.name, "site"),
-            site_config=self.site_config, study_runtime=runtime, workdir=workdir,
+            site_config=self.local.site_config, study_runtime=runtime, workdir=workdir,
             parent_address=self.worker_address, credentials=credentials,
             parent_cert=self._endpoint.cert_pem)
 
     def _hello(self) -> dict[str, Any]:
-        return {"version": __version__, "launcher": self.site_config.launcher,
+        return {"version": __version__, "launcher": self.local.launcher_name,
                 "capacity": self.capacity(), "running_jobs": self.supervisor.running_jobs()}
 
     def _on_command(self, kind: str, body: dict[str, Any]) -> None:
@@ -89,7 +96,7 @@ class SiteParent:
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:
-        endpoint = self.site_config.worker_endpoint
+        endpoint = self.local.endpoint
         self._endpoint = start_worker_endpoint(
             self.tokens, SiteWorkerBackend(self), endpoint.host, endpoint.port,
             endpoint.dial_host, endpoint.uses_tls)
@@ -105,7 +112,7 @@ class SiteParent:
         self.link.stop()
         if self._workers is not None:
             self._workers.stop(0.2).wait(1)
-        self.launcher.close()
+        self.local.close()
         self.channel.close()
 
 

@@ -10,18 +10,19 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.spec.capacity import fits
 from atoll.spec.errors import SpecError
-from atoll.spec.meta import load_meta
-from atoll.spec.resources import Resources, resolve_resources
+from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames
 from atoll.wire.jobzip import IntakeError, unpack_app
+
+if TYPE_CHECKING:
+    from atoll.spec.resources import Resources
 
 log = logging.getLogger("atoll.site.supervisor")
 
@@ -64,6 +65,8 @@ class Supervisor:
         self.parent.link.send_state(job_id, state, reason, **extra)
 
     def _admit(self, job_id: str, study: str, meta) -> SiteJob:
+        from atoll.spec.resources import resolve_resources
+
         site = self.parent.name
         entry = self.parent.study_entry(study)
         if entry is None:
@@ -82,6 +85,12 @@ class Supervisor:
         return job
 
     def _run(self, body: dict[str, Any]) -> None:
+        # The spec models import pydantic, and zipfile weighs ~1 MiB: both are loaded by the
+        # first job, not in a parent at rest.
+        import zipfile
+
+        from atoll.spec.meta import load_meta
+
         job_id, study, site = str(body["job_id"]), str(body["study"]), self.parent.name
         job = None
         try:
@@ -111,7 +120,7 @@ class Supervisor:
         """Fetch this site's app; keep the zip for workers that cannot see this folder."""
         shutil.rmtree(job.workdir, ignore_errors=True)
         job.workdir.mkdir(parents=True)
-        stream = self.parent.stub.FetchJob(frames.pb.JobRef(job_id=job.job_id))
+        stream = self.parent.stub.FetchJob(pb.JobRef(job_id=job.job_id))
         _, chunks = frames.split(iter(stream))
         frames.write_chunks(chunks, job.workdir / APP_ZIP, limit=1 << 31)
         unpack_app(job.workdir / APP_ZIP, self.parent.name, job.workdir / "app",

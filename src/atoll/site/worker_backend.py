@@ -36,7 +36,7 @@ class SiteWorkerBackend:
     def app_zip(self, job_id: str) -> Path:
         return self._job(job_id).workdir / APP_ZIP
 
-    def next_task(self, job_id: str, wait_s: float) -> Iterator[pb.Frame]:
+    def next_task(self, job_id: str, wait_s: float) -> Iterator[bytes]:
         job = self._job(job_id)
         if job.ended.is_set():
             yield frames.header({"end": True})
@@ -48,15 +48,14 @@ class SiteWorkerBackend:
         except grpc.RpcError as exc:
             raise BackendError(f"the server did not deliver the task: {exc.details()}") from None
 
-    def send_reply(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict:
+    def send_reply(self, job_id: str, head: dict[str, Any], chunks: frames.Payload) -> dict:
         self._job(job_id)
         upstream = {"job_id": job_id, "task_id": head.get("task_id"),
                     "headers": head.get("headers") or {}}
 
-        def relay() -> Iterator[pb.Frame]:
+        def relay() -> Iterator[bytes]:
             yield frames.header(upstream)
-            for chunk in chunks:
-                yield pb.Frame(data=chunk)
+            yield from chunks.frames()  # forwarded as received: no copy here
 
         try:
             answer = self.parent.stub.PushReply(relay())

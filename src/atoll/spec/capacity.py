@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atoll.spec.quantity import memory_to_bytes
-from atoll.spec.resources import Resources
+
+if TYPE_CHECKING:  # spec.resources imports pydantic; parents import this module at rest
+    from atoll.spec.resources import Resources
 
 
 def fits(capacity: dict[str, Any], used: list[Resources], asked: Resources) -> str | None:

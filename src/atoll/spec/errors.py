@@ -8,6 +8,9 @@ Pydantic's own errors are translated at one boundary, ``issues_from_validation_e
 paths, plain sentences, no pydantic URLs. Validators that find several problems at once raise
 ``IssuesError`` (a ``ValueError``, so pydantic collects it with its sibling errors); the
 translation expands it back into one Issue per problem under the validator's location.
+
+Only that translation needs pydantic, and imports it when called: parents and the CLI import
+``SpecError`` at rest, and pydantic alone adds ~10 MiB to a process.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import types
 import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, RootModel, ValidationError
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
 
 _INTERNAL_LOC = re.compile(r"[a-z][a-z-]*\[.*\]")
 
@@ -42,6 +46,10 @@ class SpecError(Exception):
         self.issues: list[Issue] = list(issues)
         self.source = source
         super().__init__(str(self))
+
+    def __reduce__(self):
+        # Rebuilt from its issues (not its text) when it crosses a process boundary.
+        return (type(self), (self.issues, self.source))
 
     def __str__(self) -> str:
         lines = [str(issue) for issue in self.issues]
@@ -167,6 +175,8 @@ def _message(err: Any, loc: list[str | int], model: type[BaseModel] | None) -> s
 
 def _allowed_keys(model: type[BaseModel] | None, loc: list[str | int]) -> list[str] | None:
     """Walk ``model``'s annotations along ``loc`` to the mapping that rejected a key."""
+    from pydantic import BaseModel, RootModel
+
     current: Any = model
     for part in loc:
         current = _unwrap(current)
@@ -189,6 +199,8 @@ def _allowed_keys(model: type[BaseModel] | None, loc: list[str | int]) -> list[s
 
 def _unwrap(annotation: Any) -> Any:
     """Strip Optional[...] and Annotated[...] to the model or container type."""
+    from pydantic import BaseModel
+
     while True:
         origin = typing.get_origin(annotation)
         if origin is typing.Annotated:

@@ -1,7 +1,14 @@
 """Frames: one JSON header, then raw data chunks. The only payload format on atoll's wire.
 
-Payloads are streamed and never assembled in memory by a relay: a parent forwards frames as
-they arrive, and gRPC's HTTP/2 flow control pushes back on a fast sender.
+A frame travels as the protobuf encoding of atoll.proto's `Frame` message, but atoll's own code
+handles it as raw bytes (wire/rpc.py registers the Frame streams without a protobuf codec):
+decoding a data frame is a view into the received message, and a relaying parent forwards the
+bytes it received as they are. Through protobuf, every byte of a 1 GiB model was copied twice
+more at each hop (parse on receive, serialize on send); measured on one gRPC stream here, raw
+frames take 0.84 CPU-s per GiB instead of 1.40 (1.41 instead of 2.24 over TLS).
+
+Payloads are streamed and never assembled in memory by a relay: gRPC's HTTP/2 flow control
+pushes back on a fast sender.
 """
 
 from __future__ import annotations
@@ -12,55 +19,105 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from atoll.wire import atoll_pb2 as pb
-
 CHUNK = 1024 * 1024  # 1 MiB: cheap per message, and little held in flight at each relay hop
 MAX_MESSAGE = 8 * 1024 * 1024
+
+HEADER_TAG = 0x0A  # field 1 (header), length-delimited
+DATA_TAG = 0x12  # field 2 (data), length-delimited
 
 
 class FrameError(Exception):
     """A stream did not follow the header-then-data shape."""
 
 
-def header(body: dict[str, Any]) -> pb.Frame:
-    return pb.Frame(header=json.dumps(body, separators=(",", ":")))
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
-def data_frames(chunks: Iterable[bytes | bytearray | memoryview]) -> Iterator[pb.Frame]:
-    """Re-slice arbitrary chunks into frames of at most CHUNK bytes."""
+def _parse(raw: bytes | memoryview) -> tuple[int, int]:
+    """(tag, offset of the value) of one encoded Frame; the value must fill the rest exactly."""
+    if len(raw) < 2 or raw[0] not in (HEADER_TAG, DATA_TAG):
+        raise FrameError("not a frame: expected a header or a data field")
+    size, shift, pos = 0, 0, 1
+    while True:
+        if pos >= len(raw) or shift > 35:
+            raise FrameError("not a frame: bad length")
+        byte = raw[pos]
+        size |= (byte & 0x7F) << shift
+        pos += 1
+        if not byte & 0x80:
+            break
+        shift += 7
+    if pos + size != len(raw):
+        raise FrameError("not a frame: its length does not match the message")
+    return raw[0], pos
+
+
+def header(body: dict[str, Any]) -> bytes:
+    text = json.dumps(body, separators=(",", ":")).encode()
+    return bytes((HEADER_TAG,)) + _varint(len(text)) + text
+
+
+def data(chunk: bytes | bytearray | memoryview) -> bytes:
+    """One data frame (the one copy of the chunk a sender makes)."""
+    return b"".join((bytes((DATA_TAG,)), _varint(len(chunk)), chunk))
+
+
+def data_frames(chunks: Iterable[bytes | bytearray | memoryview]) -> Iterator[bytes]:
+    """Re-slice arbitrary chunks into data frames of at most CHUNK bytes."""
     for chunk in chunks:
         view = memoryview(chunk).cast("B")
         for start in range(0, len(view), CHUNK):
-            yield pb.Frame(data=bytes(view[start : start + CHUNK]))
+            yield data(view[start : start + CHUNK])
 
 
-def payload_frames(head: dict[str, Any], chunks: Iterable[Any] = ()) -> Iterator[pb.Frame]:
+def payload_frames(head: dict[str, Any], chunks: Iterable[Any] = ()) -> Iterator[bytes]:
     yield header(head)
     yield from data_frames(chunks)
 
 
-def split(frames: Iterator[pb.Frame]) -> tuple[dict[str, Any], Iterator[bytes]]:
-    """Read the header; return it with an iterator over the remaining data chunks."""
+class Payload:
+    """The data frames after a header: iterate for the chunks (views, no copy), or take
+    `frames()` to forward the encoded frames unchanged. Either way, once."""
+
+    def __init__(self, frames: Iterator[bytes]):
+        self._frames = frames
+
+    def frames(self) -> Iterator[bytes]:
+        for raw in self._frames:
+            if _parse(raw)[0] != DATA_TAG:
+                raise FrameError("a second header frame inside a payload")
+            yield raw
+
+    def __iter__(self) -> Iterator[memoryview]:
+        for raw in self._frames:
+            tag, start = _parse(raw)
+            if tag != DATA_TAG:
+                raise FrameError("a second header frame inside a payload")
+            yield memoryview(raw)[start:]
+
+
+def split(frames: Iterator[bytes]) -> tuple[dict[str, Any], Payload]:
+    """Read the header; return it with the rest of the stream as a Payload."""
     try:
         first = next(frames)
     except StopIteration:
         raise FrameError("empty stream: expected a header frame") from None
-    if first.WhichOneof("kind") != "header":
+    tag, start = _parse(first)
+    if tag != HEADER_TAG:
         raise FrameError("stream must start with a header frame")
     try:
-        head = json.loads(first.header)
+        head = json.loads(bytes(memoryview(first)[start:]))
     except ValueError as exc:
         raise FrameError(f"header is not JSON: {exc}") from None
     if not isinstance(head, dict):
         raise FrameError("header must be a JSON object")
-
-    def rest() -> Iterator[bytes]:
-        for frame in frames:
-            if frame.WhichOneof("kind") != "data":
-                raise FrameError("a second header frame inside a payload")
-            yield frame.data
-
-    return head, rest()
+    return head, Payload(frames)
 
 
 def file_chunks(path: Path, chunk: int = CHUNK) -> Iterator[bytes]:
@@ -69,7 +126,12 @@ def file_chunks(path: Path, chunk: int = CHUNK) -> Iterator[bytes]:
             yield block
 
 
-def write_chunks(chunks: Iterable[bytes], path: Path, limit: int | None = None) -> int:
+def file_frames(path: Path) -> Iterator[bytes]:
+    """A file's bytes as data frames."""
+    return data_frames(file_chunks(path))
+
+
+def write_chunks(chunks: Iterable[Any], path: Path, limit: int | None = None) -> int:
     """Write chunks to path (via a temporary name); enforce a size limit. Returns the size."""
     tmp = path.with_name(path.name + ".part")
     size = 0

@@ -4,16 +4,22 @@ Refused, with a message naming the entry: paths that escape the folder (absolute
 symbolic links, device files, more than MAX_ENTRIES entries, more than the size limit
 uncompressed. Anything refused leaves nothing behind: work happens in a scratch folder that is
 removed on every failure and renamed into place only when the job is accepted.
+
+zipfile (~1 MiB once imported) is imported where used: parents import this module at rest, and
+need it only when a job comes or goes.
 """
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import stat
-import uuid
-import zipfile
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import zipfile
 
 from atoll.wire.frames import FrameError, write_chunks
 
@@ -28,7 +34,7 @@ class Incoming:
     """A scratch folder for one upload; use as a context manager so failures clean up."""
 
     def __init__(self, root: Path):
-        self.dir = root / f"incoming-{uuid.uuid4().hex}"
+        self.dir = root / f"incoming-{secrets.token_hex(16)}"
         self.dir.mkdir(parents=True)
         self.zip_path = self.dir / "job.zip"
         self.tree = self.dir / "job"
@@ -48,6 +54,8 @@ class Incoming:
             raise IntakeError(f"job upload refused: {exc}") from None
 
     def extract(self, max_bytes: int) -> Path:
+        import zipfile
+
         try:
             archive = zipfile.ZipFile(self.zip_path)
         except zipfile.BadZipFile:
@@ -97,6 +105,8 @@ def _check_entry(info: zipfile.ZipInfo) -> None:
 
 def zip_folder(folder: Path, out: Path, only: Iterable[str] | None = None) -> Path:
     """Zip a job folder (or only some top-level names of it), refusing links that leave it."""
+    import zipfile
+
     folder = folder.resolve()
     names = None if only is None else set(only)
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
@@ -118,6 +128,8 @@ STORE_FROM_BYTES = 1 << 20
 def add_file(archive: zipfile.ZipFile, path: Path, name: str) -> None:
     """Add a file; large ones (models, mostly incompressible) are stored, not deflated, which
     would cost seconds of CPU per GB for almost nothing."""
+    import zipfile
+
     big = path.stat().st_size >= STORE_FROM_BYTES
     archive.write(path, name, compress_type=zipfile.ZIP_STORED if big else zipfile.ZIP_DEFLATED)
 

@@ -20,8 +20,7 @@ from typing import Any, Protocol
 import grpc
 
 from atoll.wire import atoll_pb2 as pb
-from atoll.wire import atoll_pb2_grpc as pb_grpc
-from atoll.wire import frames
+from atoll.wire import frames, rpc
 from atoll.wire.grpc_setup import new_server
 
 SESSION_KEY = "x-atoll-worker"
@@ -31,8 +30,8 @@ class WorkerBackend(Protocol):
     def on_register(self, job_id: str) -> dict[str, Any]: ...
     def app_zip(self, job_id: str) -> Path: ...
     def send_task(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict: ...
-    def next_reply(self, job_id: str, task_id: str, wait_s: float) -> Iterator[pb.Frame]: ...
-    def next_task(self, job_id: str, wait_s: float) -> Iterator[pb.Frame]: ...
+    def next_reply(self, job_id: str, task_id: str, wait_s: float) -> Iterator[bytes]: ...
+    def next_task(self, job_id: str, wait_s: float) -> Iterator[bytes]: ...
     def send_reply(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict: ...
     def report(self, job_id: str, body: dict[str, Any]) -> None: ...
     def finish(self, job_id: str, ok: bool, error: str) -> None: ...
@@ -84,7 +83,7 @@ class WorkerTokens:
                 del self._sessions[session]
 
 
-class WorkerLinkServicer(pb_grpc.WorkerLinkServicer):
+class WorkerLinkServicer:
     def __init__(self, tokens: WorkerTokens, backend: WorkerBackend):
         self.tokens = tokens
         self.backend = backend
@@ -110,8 +109,7 @@ class WorkerLinkServicer(pb_grpc.WorkerLinkServicer):
         job_id = self._job(context)
         path = self._call(context, self.backend.app_zip, job_id)
         yield frames.header({"size": path.stat().st_size})
-        for chunk in frames.file_chunks(path):
-            yield pb.Frame(data=chunk)
+        yield from frames.file_frames(path)
 
     def SendTask(self, request_iterator, context):
         job_id = self._job(context)
@@ -174,7 +172,7 @@ def start_worker_endpoint(tokens: WorkerTokens, backend: WorkerBackend, host: st
                           dial_host: str | None = None, tls: bool = False) -> Endpoint:
     """Start the WorkerLink server. With tls, it serves a certificate made now for dial_host."""
     server = new_server()
-    pb_grpc.add_WorkerLinkServicer_to_server(WorkerLinkServicer(tokens, backend), server)
+    rpc.add_servicer(server, "WorkerLink", WorkerLinkServicer(tokens, backend))
     dial_host = dial_host or host
     cert_pem = None
     if tls:

@@ -54,10 +54,10 @@ def main() -> int:
     import grpc
 
     from atoll.wire import atoll_pb2 as pb
-    from atoll.wire import atoll_pb2_grpc as pb_grpc
+    from atoll.wire import rpc
     from atoll.wire.worker_endpoint import worker_channel
 
-    stub = pb_grpc.WorkerLinkStub(worker_channel(parent, os.environ.get("ATOLL_PARENT_CERT")))
+    stub = rpc.stub(worker_channel(parent, os.environ.get("ATOLL_PARENT_CERT")), "WorkerLink")
     try:
         answer = stub.Register(pb.Json(body=json.dumps({"job_id": job_id, "token": token})),
                                timeout=30)

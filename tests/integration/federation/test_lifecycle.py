@@ -16,8 +16,7 @@ from atoll.errors import Refused
 from atoll.pki.kit import load_kit
 from atoll.pki.tls import channel_credentials
 from atoll.wire import atoll_pb2 as pb
-from atoll.wire import atoll_pb2_grpc as pb_grpc
-from atoll.wire import frames
+from atoll.wire import frames, rpc
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation, pids_with_env
 from tests.integration.federation.jobs import CRASH, STALL, make_job
@@ -96,7 +95,7 @@ def test_reused_and_foreign_worker_tokens_are_refused(federation, tmp_path):
                   if b"ATOLL_SITE=site-1" in open(f"/proc/{p}/environ", "rb").read()][0]
         env = dict(kv.split(b"=", 1) for kv in open(f"/proc/{worker}/environ", "rb").read()
                    .split(b"\0") if b"=" in kv)
-        stub = pb_grpc.WorkerLinkStub(grpc.insecure_channel(env[b"ATOLL_PARENT"].decode()))
+        stub = rpc.stub(grpc.insecure_channel(env[b"ATOLL_PARENT"].decode()), "WorkerLink")
         token = env[b"ATOLL_JOB_TOKEN"].decode()
         codes = []
         for body in ({"job_id": job_id, "token": token},  # already spent by the worker
@@ -115,7 +114,7 @@ def _raw_submit(federation, archive: bytes, head: dict | None = None):
     kit = load_kit(federation.kit(ADMIN))
     channel = grpc.secure_channel(kit.server_address, channel_credentials(kit))
     try:
-        stub = pb_grpc.AdminStub(channel)
+        stub = rpc.stub(channel, "Admin")
         return stub.Submit(frames.payload_frames(head or {}, [archive]), timeout=30)
     finally:
         channel.close()

@@ -15,7 +15,7 @@ from atoll.pki.kit import load_kit
 from atoll.pki.tls import channel_credentials
 from atoll.session import Session
 from atoll.wire import atoll_pb2 as pb
-from atoll.wire import atoll_pb2_grpc as pb_grpc
+from atoll.wire import rpc
 from tests.integration.federation.conftest import ADMIN
 
 
@@ -29,7 +29,7 @@ def _site_kit_with(federation, tmp_path, name, issued):
 
 def _hello(kit) -> grpc.RpcError | list:
     channel = grpc.secure_channel(kit.server_address, channel_credentials(kit))
-    stub = pb_grpc.FederationStub(channel)
+    stub = rpc.stub(channel, "Federation")
 
     def events():
         yield pb.SiteEvent(hello=json.dumps({"capacity": {}, "running_jobs": []}))
@@ -66,7 +66,7 @@ def test_client_without_certificate_is_refused(federation):
     creds = grpc.ssl_channel_credentials(root_certificates=kit.ca.read_bytes())
     channel = grpc.secure_channel(kit.server_address, creds)
     with pytest.raises(grpc.RpcError) as err:
-        pb_grpc.AdminStub(channel).Call(pb.Json(body='{"op": "whoami"}'), timeout=5)
+        rpc.stub(channel, "Admin").Call(pb.Json(body='{"op": "whoami"}'), timeout=5)
     channel.close()
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
 
@@ -86,7 +86,7 @@ def test_a_site_is_who_its_certificate_says(federation, tmp_path):
                                              "capacity": {}, "running_jobs": []}))
         stop.wait(10)
 
-    stream = pb_grpc.FederationStub(channel).Connect(events(), timeout=15)
+    stream = rpc.stub(channel, "Federation").Connect(events(), timeout=15)
     assert next(stream).WhichOneof("kind") == "welcome"
     with Session(federation.kit(ADMIN)) as admin:
         seen = {s["name"]: s["launcher"] for s in admin.sites()["sites"]}
@@ -97,7 +97,7 @@ def test_a_site_is_who_its_certificate_says(federation, tmp_path):
     # A site certificate cannot call admin operations either.
     channel = grpc.secure_channel(kit.server_address, channel_credentials(kit))
     with pytest.raises(grpc.RpcError) as err:
-        pb_grpc.AdminStub(channel).Call(pb.Json(body='{"op": "whoami"}'), timeout=5)
+        rpc.stub(channel, "Admin").Call(pb.Json(body='{"op": "whoami"}'), timeout=5)
     channel.close()
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "site certificate" in err.value.details()
@@ -107,7 +107,7 @@ def test_a_site_is_who_its_certificate_says(federation, tmp_path):
 def test_admin_certificate_cannot_act_as_a_site(federation):
     kit = load_kit(federation.kit(ADMIN))
     channel = grpc.secure_channel(kit.server_address, channel_credentials(kit))
-    stream = pb_grpc.FederationStub(channel).Connect(
+    stream = rpc.stub(channel, "Federation").Connect(
         iter([pb.SiteEvent(hello="{}")]), timeout=5)
     with pytest.raises(grpc.RpcError) as err:
         list(stream)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from atoll.wire import atoll_pb2 as pb
-from atoll.wire import atoll_pb2_grpc as pb_grpc
+from atoll.wire import rpc
 from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint, worker_channel
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation
@@ -31,11 +31,11 @@ def test_tls_endpoint_refuses_plaintext_and_other_certificates():
         for channel in (grpc.insecure_channel(endpoint.address),
                         worker_channel(endpoint.address, other.cert_pem)):
             with pytest.raises(grpc.RpcError) as err:
-                pb_grpc.WorkerLinkStub(channel).Register(body, timeout=5)
+                rpc.stub(channel, "WorkerLink").Register(body, timeout=5)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             channel.close()
         channel = worker_channel(endpoint.address, endpoint.cert_pem)
-        answer = pb_grpc.WorkerLinkStub(channel).Register(body, timeout=5)
+        answer = rpc.stub(channel, "WorkerLink").Register(body, timeout=5)
         assert json.loads(answer.body)["session"]
         channel.close()
     finally:

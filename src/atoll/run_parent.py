@@ -1,0 +1,91 @@
+"""``python -m atoll.run_parent server|site KIT [--ready-file FILE] [--verbose]``: a parent's
+own process.
+
+``atoll server|site start`` checks its arguments, then replaces itself with this entry (or, with
+``--detach``, spawns it), so that a parent that runs for months carries none of the CLI (click
+and atoll.cli, ~1.5 MiB). Its kit is read in a forked child, which keeps PyYAML (~1 MiB) out of
+the parent too. Errors and exit codes are those of ``atoll server|site start``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+RUNNERS = {"server": "atoll.server.app", "site": "atoll.site.app"}
+
+
+def command(role: str, kit: Path, ready_file: Path | None = None,
+            verbose: bool = False) -> list[str]:
+    """The argv that runs the ``role`` parent of ``kit`` in a process of its own."""
+    argv = [sys.executable, "-m", "atoll.run_parent", role, str(kit)]
+    if ready_file is not None:
+        argv += ["--ready-file", str(ready_file)]
+    return argv + (["--verbose"] if verbose else [])
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> int:
+    from atoll import daemon
+    from atoll.errors import AtollError
+    from atoll.forked import run_forked
+    from atoll.pki.kit import KitError, load_kit
+    from atoll.spec.errors import SpecError
+
+    try:
+        kit = run_forked(load_kit, kit_path)
+    except KitError as exc:
+        return _fail(str(exc), 2)
+    if kit.kind != role:
+        return _fail(f"{kit_path} is a {kit.kind} kit; `atoll {role} start` needs a {role}'s kit",
+                     2)
+    run_forever = importlib.import_module(RUNNERS[role]).run_forever
+    daemon.setup_logging(verbose)
+    daemon.write_pid(kit.workspace, role)
+    try:
+        return run_forever(kit, ready_file)
+    except OSError as exc:
+        return _fail(f"cannot start the {role} parent: {exc}", 3)
+    except AtollError as exc:
+        return _fail(str(exc), exc.exit_code)
+    except SpecError as exc:
+        return _fail(str(exc), 2)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    finally:
+        daemon.pid_file(kit.workspace, role).unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> None:
+    args = list(argv)
+    verbose = "--verbose" in args
+    if verbose:
+        args.remove("--verbose")
+    ready_file = None
+    if "--ready-file" in args:
+        at = args.index("--ready-file")
+        ready_file = Path(args[at + 1])
+        del args[at:at + 2]
+    if len(args) != 2 or args[0] not in RUNNERS:
+        sys.exit(_fail("usage: python -m atoll.run_parent server|site KIT "
+                       "[--ready-file FILE] [--verbose]", 2))
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")  # as atoll.cli.main sets them
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    code = run(args[0], Path(args[1]), ready_file, verbose)
+    # The parent stopped in order: state saved, workers stopped. RPC threads still parked in
+    # long polls would hold the interpreter's exit for up to 30 s, so leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,18 @@
+"""Parents at rest keep pydantic and PyYAML out of their memory: the kit and local/ files are
+read in a forked child (run_parent.py, local_config.py), the spec models load with a job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Native parts of each package: mapped into a process exactly when the package is imported.
+NOT_AT_REST = {"pydantic": "pydantic_core/_pydantic_core", "PyYAML": "yaml/_yaml"}
+
+
+def test_parents_at_rest_load_neither_pydantic_nor_yaml(federation):
+    assert set(federation.procs) == {"server", "site-1", "site-2"}
+    for name, proc in federation.procs.items():
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "grpc/_cython/cygrpc" in maps  # the parent itself, not a wrapper process
+        loaded = [package for package, so in NOT_AT_REST.items() if so in maps]
+        assert not loaded, f"{name} parent at rest has loaded {loaded}"

@@ -1,0 +1,129 @@
+"""Spools: a payload held by the server between one writer and its readers."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from atoll.server import spool as spool_mod
+from atoll.server.spool import Budget, SpillFiles, Spool, SpoolError
+from atoll.wire import frames
+
+FRAME = 1024
+
+
+def _payload(n):
+    return [frames.data(bytes([i % 251]) * FRAME) for i in range(n)]
+
+
+class WatchedBudget(Budget):
+    """Remembers the most it ever lent out."""
+
+    def __init__(self, limit):
+        super().__init__(limit)
+        self.peak = 0
+
+    def take(self, n):
+        ok = super().take(n)
+        self.peak = max(self.peak, self.used)
+        return ok
+
+
+def _reader(spool, name, out):
+    def run():
+        out[name] = b"".join(spool.read(name))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_readers_that_keep_up_get_a_live_payload_without_any_disk(tmp_path):
+    budget = WatchedBudget(8 * (FRAME + 8))  # room for 8 frames, the payload is 200
+    spool = Spool(SpillFiles(tmp_path), ["a", "b"], budget, live=True)
+    payload = _payload(200)
+    got = {}
+    readers = [_reader(spool, name, got) for name in ("a", "b")]
+    spool.write(payload)
+    for thread in readers:
+        thread.join(10)
+    assert got == {"a": b"".join(payload), "b": b"".join(payload)}
+    assert spool.spilled_bytes == 0 and spool.files.made == 0
+    assert budget.peak <= budget.limit and budget.used == 0
+
+
+def test_a_reader_that_is_late_makes_the_rest_spill_and_still_gets_everything(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(spool_mod, "PATIENCE_S", 0.1)
+    budget = Budget(4 * (FRAME + 8))
+    spool = Spool(SpillFiles(tmp_path), ["a"], budget, live=True)
+    payload = _payload(50)
+    spool.write(payload)  # returns: nobody read, the writer did not wait for long
+    assert spool.spilled_bytes > 0 and spool.files.made == 1
+    assert b"".join(spool.read("a")) == b"".join(payload)
+    assert budget.used == 0
+
+
+def test_a_complete_only_spool_spills_at_once_when_memory_is_taken(tmp_path):
+    budget = Budget(10 * (FRAME + 8))
+    assert budget.take(10 * (FRAME + 8))  # another payload holds all of it
+    spool = Spool(SpillFiles(tmp_path), ["workflow"], budget, live=False)
+    payload = _payload(20)
+    spool.write(payload)
+    assert spool.spilled_bytes == len(b"".join(payload))
+    assert b"".join(spool.read("workflow")) == b"".join(payload)
+
+
+def test_a_broken_upload_reaches_the_reader_as_an_error(tmp_path):
+    spool = Spool(SpillFiles(tmp_path), ["a"], Budget(1 << 20), live=True)
+
+    def broken():
+        yield from _payload(3)
+        raise ConnectionError("worker went away")
+
+    with pytest.raises(ConnectionError):
+        spool.write(broken())
+    with pytest.raises(SpoolError, match="worker went away"):
+        list(spool.read("a"))
+
+
+def test_a_payload_over_the_limit_is_refused(tmp_path):
+    spool = Spool(SpillFiles(tmp_path), ["a"], Budget(1 << 20), live=True)
+    with pytest.raises(frames.FrameError, match="limit"):
+        spool.write(_payload(10), limit=5 * FRAME)
+
+
+def test_readers_that_stop_early_or_are_dropped_give_memory_back(tmp_path):
+    budget = Budget(1 << 20)
+    spool = Spool(SpillFiles(tmp_path), ["a", "b"], budget, live=True)
+    spool.write(_payload(10))
+    assert budget.used > 0
+    stream = spool.read("a")
+    next(stream)
+    stream.close()  # e.g. the site's call was cancelled
+    spool.drop("b")  # e.g. the site dropped out
+    assert budget.used == 0
+
+
+def test_close_frees_memory_and_file_and_ends_waiting_readers(tmp_path, monkeypatch):
+    monkeypatch.setattr(spool_mod, "PATIENCE_S", 0.05)
+    budget = Budget(2 * (FRAME + 8))
+    spool = Spool(SpillFiles(tmp_path), ["a", "b"], budget, live=True)
+    spool.write(_payload(10))
+    assert spool.spilled_bytes > 0
+    spool.close()
+    assert budget.used == 0
+    assert list(spool.read("a")) == []
+
+
+def test_spill_files_are_reused_from_payload_to_payload(tmp_path):
+    files = SpillFiles(tmp_path)
+    budget = Budget(0)  # everything spills
+    big, small = _payload(30), [frames.data(b"x" * 10), frames.data(b"y" * 5)]
+    for payload in (big, small, big):  # a shorter payload over a longer one's stale bytes too
+        spool = Spool(files, ["workflow"], budget, live=False)
+        spool.write(payload)
+        assert b"".join(spool.read("workflow")) == b"".join(payload)
+    assert files.made == 1 and [p.name for p in tmp_path.iterdir()] == ["spill-1"]
+    files.close()
