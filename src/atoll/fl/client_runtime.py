@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.fl.model import Model
-from atoll.fl.serde import decode, encode
+from atoll.fl.serde import ModelStream, encode
 from atoll.worker.channels import SiteChannel, Task
 
 TRAIN, VALIDATE = "train", "validate"
@@ -44,6 +44,9 @@ class ClientSession:
         self.finished = False
         self._task: Task | None = None  # received, not answered yet
         self._model: Model | None = None  # its decoded model
+        # The arrays of the model last sent: the next model is decoded into them if the
+        # script let go of them (fresh memory for a 1 GiB model costs seconds per round).
+        self._spare: dict[str, Any] = {}
 
     # --- tasks --------------------------------------------------------------------------------
 
@@ -56,7 +59,8 @@ class ClientSession:
             if task is None:
                 self.finished = True
                 return False
-            model = decode(task.chunks)
+            model = ModelStream(task.chunks).read(spare=self._spare)
+            self._spare = {}
             model.meta = {**model.meta, "task": task.topic}
             if model.round is None and isinstance(task.headers.get("round"), int):
                 model.round = task.headers["round"]
@@ -101,6 +105,7 @@ class ClientSession:
         headers = {"topic": task.topic, "round": task.headers.get("round")}
         self._task, self._model = None, None
         self.channel.reply(task.task_id, headers, encode(model))
+        self._spare = dict(model.params)
 
     @property
     def topic(self) -> str | None:

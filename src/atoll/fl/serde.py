@@ -21,6 +21,7 @@ import json
 import math
 import os
 import struct
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -307,11 +308,18 @@ class ModelStream:
                 f"(the header describes {self._reader.consumed} bytes)"
             )
 
-    def read(self) -> Model:
-        """The whole model, each array preallocated and filled from the chunks (one copy)."""
+    def read(self, spare: dict[str, np.ndarray] | None = None) -> Model:
+        """The whole model, each array preallocated and filled from the chunks (one copy).
+
+        ``spare``: arrays of an earlier model to fill again instead of allocating new ones,
+        each only if its name, shape and dtype match and nothing else references it any more.
+        """
+        spare = spare if spare is not None else {}
         for name, dtype, shape in self.entries:
+            array = _unused(spare.pop(name, None), shape, dtype)
             try:
-                array = np.empty(shape, dtype=dtype)
+                if array is None:
+                    array = np.empty(shape, dtype=dtype)
             except (MemoryError, ValueError) as exc:
                 raise SerdeError(
                     f"tensor {name!r} {list(shape)} cannot be allocated: {exc}"
@@ -341,6 +349,23 @@ class ModelStream:
                 yield name, done // dtype.itemsize, block.view(dtype)
                 done += n
         self._finish()
+
+
+def _unused(array: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    """``array`` if it is ours to overwrite: it owns its memory and the only references left
+    are this parameter and getrefcount's own (numpy's resize makes the same check before it
+    reallocates). A variable anywhere, a view or a torch tensor from_numpy holds one more: such
+    an array is left alone (tests/unit/fl/test_serde_spare.py pins this down)."""
+    if (
+        not isinstance(array, np.ndarray)
+        or array.shape != tuple(shape)
+        or array.dtype != dtype
+        or not array.flags.owndata
+        or not array.flags.writeable
+        or sys.getrefcount(array) > 2
+    ):
+        return None
+    return array
 
 
 def open_model(chunks: Iterable[bytes | bytearray | memoryview]) -> ModelStream:
