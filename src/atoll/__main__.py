@@ -1,3 +1,3 @@
-from atoll.cli.main import main
+from atoll.cli.entry import main
 
 main()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atoll.forked import run_forked
+from atoll.forked import Forked, start_forked
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
@@ -43,24 +43,36 @@ class Checked:
 
 
 class LocalConfig:
-    """Plain values at rest; the SiteConfig model and the launcher on first use."""
+    """Plain values at rest; the SiteConfig model and the launcher on first use. The check may
+    still be running in its child: the first value asked for waits for it (and raises its
+    SpecError)."""
 
-    def __init__(self, checked: Checked):
-        self.launcher_name = checked.launcher
-        self.capacity = checked.capacity
-        self.endpoint = checked.endpoint
-        self._pickled: bytes | None = checked.site_config
+    def __init__(self, checking: Forked[Checked]):
+        self._checking = checking
         self._site_config: SiteConfig | None = None
         self._launcher: Launcher | None = None
         self._lock = threading.Lock()
+
+    def _checked(self) -> Checked:
+        return self._checking.result()
+
+    @property
+    def launcher_name(self) -> str:
+        return self._checked().launcher
+
+    @property
+    def capacity(self) -> dict[str, Any]:
+        return self._checked().capacity
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._checked().endpoint
 
     @property
     def site_config(self) -> SiteConfig:
         with self._lock:
             if self._site_config is None:
-                assert self._pickled is not None
-                self._site_config = pickle.loads(self._pickled)
-                self._pickled = None
+                self._site_config = pickle.loads(self._checked().site_config)
             return self._site_config
 
     @property
@@ -81,8 +93,12 @@ class LocalConfig:
 
 
 def load_local_config(local_dir: Path, study_runtime: bool) -> LocalConfig:
-    """Validate ``local_dir``'s site.yaml (and study_runtime.yaml); SpecError lists problems."""
-    return LocalConfig(run_forked(_check, local_dir, study_runtime))
+    """Start validating ``local_dir``'s site.yaml (and study_runtime.yaml) in a forked child.
+
+    Call it before this process starts threads (gRPC's among them): then the check runs while
+    the parent goes on importing and starting up. Values wait for it; SpecError lists problems.
+    """
+    return LocalConfig(start_forked(_check, local_dir, study_runtime))
 
 
 def _check(local_dir: Path, study_runtime: bool) -> Checked:

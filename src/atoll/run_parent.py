@@ -46,11 +46,20 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> in
     if kit.kind != role:
         return _fail(f"{kit_path} is a {kit.kind} kit; `atoll {role} start` needs a {role}'s kit",
                      2)
+    running = daemon.read_pid(kit.workspace, role)
+    if running:
+        return _fail(f"the {role} parent of {kit_path} already runs (pid {running}); "
+                     f"`atoll {role} stop {kit_path}`", 2)
+    # The check of local/ starts now, in a child forked before gRPC's threads exist, and runs
+    # while this process imports and starts listening.
+    from atoll.local_config import load_local_config
+
+    local = load_local_config(kit.local_dir, study_runtime=role == "site")
     run_forever = importlib.import_module(RUNNERS[role]).run_forever
     daemon.setup_logging(verbose)
     daemon.write_pid(kit.workspace, role)
     try:
-        return run_forever(kit, ready_file)
+        return run_forever(kit, ready_file, local)
     except OSError as exc:
         return _fail(f"cannot start the {role} parent: {exc}", 3)
     except AtollError as exc:

@@ -63,3 +63,16 @@ def test_errors_are_sentences_not_tracebacks(cli, tmp_path):
     offline = cli("job", "list", check=False)
     assert offline.returncode in (2, 3)
     assert "Traceback" not in offline.stderr
+
+
+def test_starting_a_parent_in_the_foreground_checks_its_kit_first(cli, tmp_path):
+    cli("poc", "up", "--sites", "1")
+    poc = tmp_path / "poc" / "poc"
+    twice = cli("server", "start", str(poc / "server"), check=False)
+    assert twice.returncode == 2 and "already runs" in twice.stderr
+    wrong = cli("site", "start", str(poc / "server"), check=False)
+    assert wrong.returncode == 2 and "is a server kit" in wrong.stderr
+    missing = cli("site", "start", str(tmp_path / "nowhere"), check=False)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    for proc in (twice, wrong, missing):
+        assert "Traceback" not in proc.stderr

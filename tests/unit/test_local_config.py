@@ -56,6 +56,7 @@ def test_a_bad_study_runtime_fails_the_start(tmp_path):
     local.mkdir()
     (local / "site.yaml").write_text("launcher: process\n")
     (local / "study_runtime.yaml").write_text("format_version: 2\nstudies: 7\n")
+    config = load_local_config(local, study_runtime=True)  # the check runs meanwhile
     with pytest.raises(SpecError, match="study_runtime.yaml"):
-        load_local_config(local, study_runtime=True)
+        _ = config.launcher_name  # the first value the parent needs: its start fails here
     assert load_local_config(local, study_runtime=False).launcher_name == "process"

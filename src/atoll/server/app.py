@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.local_config import load_local_config
+from atoll.local_config import LocalConfig, load_local_config
 from atoll.pki.kit import Kit
 from atoll.pki.tls import server_credentials
 from atoll.server.admin_service import AdminService
@@ -45,12 +45,12 @@ class Limits:
 
 
 class ServerParent:
-    def __init__(self, kit: Kit, limits: Limits | None = None):
+    def __init__(self, kit: Kit, limits: Limits | None = None, local: LocalConfig | None = None):
         self.kit = kit
         self.limits = limits or Limits()
         self.workspace = kit.workspace
         # First, while this is the only thread: the check runs in a forked child (local_config).
-        self.local = load_local_config(kit.local_dir, study_runtime=False)
+        self.local = local or load_local_config(kit.local_dir, study_runtime=False)
         (self.workspace / "tmp").mkdir(parents=True, exist_ok=True)
         self.store = JobStore(self.workspace / "atoll.db")
         self.studies = Studies(self.store)
@@ -96,11 +96,6 @@ class ServerParent:
 
     def start(self) -> None:
         self.jobs.recover()
-        endpoint = self.local.endpoint
-        self._endpoint = start_worker_endpoint(
-            self.tokens, ServerWorkerBackend(self.jobs), endpoint.host, endpoint.port,
-            endpoint.dial_host, endpoint.uses_tls)
-        self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         # Synchronous gRPC holds one thread per open stream, and every connected site keeps its
         # control stream open: the pool bounds how many sites the server can hold at once.
         server = new_server(max_workers=SERVER_THREADS)
@@ -111,6 +106,13 @@ class ServerParent:
             raise OSError(f"cannot listen on {self.kit.listen_address}")
         server.start()
         self._grpc = server
+        # Sites may connect now; jobs wait for the scheduler, which needs the worker endpoint,
+        # which needs local/'s check (started before this process imported gRPC).
+        endpoint = self.local.endpoint
+        self._endpoint = start_worker_endpoint(
+            self.tokens, ServerWorkerBackend(self.jobs), endpoint.host, endpoint.port,
+            endpoint.dial_host, endpoint.uses_tls)
+        self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         self.scheduler.start()
         threading.Thread(target=self._watch_links, name="liveness", daemon=True).start()
         log.info("server %s listening on %s", self.kit.name, self.kit.listen_address)
@@ -138,14 +140,15 @@ class ServerParent:
             pass
 
 
-def run_forever(kit: Kit, ready_file: Path | None = None) -> int:
+def run_forever(kit: Kit, ready_file: Path | None = None,
+                local: LocalConfig | None = None) -> int:
     import signal
 
     from atoll.memory import tune_for_streaming
 
     tune_for_streaming()
 
-    parent = ServerParent(kit)
+    parent = ServerParent(kit, local=local)
     parent.start()
     if ready_file is not None:
         ready_file.write_text(json.dumps({"pid": os.getpid(), "port": parent.port,
@@ -153,6 +156,9 @@ def run_forever(kit: Kit, ready_file: Path | None = None) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    # A signal can land on any of gRPC's threads; Python runs its handler only when the main
+    # thread next wakes up, so wake up now and then (an untimed wait missed SIGTERMs).
+    while not done.wait(0.5):
+        pass
     parent.stop()
     return 0

@@ -16,7 +16,7 @@ from typing import Any
 
 from atoll import __version__
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.local_config import load_local_config
+from atoll.local_config import LocalConfig, load_local_config
 from atoll.pki.kit import Kit
 from atoll.pki.tls import channel_credentials
 from atoll.site.connection import ServerLink
@@ -30,14 +30,14 @@ log = logging.getLogger("atoll.site")
 
 
 class SiteParent:
-    def __init__(self, kit: Kit):
+    def __init__(self, kit: Kit, local: LocalConfig | None = None):
         self.kit = kit
         self.name = kit.name
         self.workspace = kit.workspace
         (self.workspace / "tmp").mkdir(parents=True, exist_ok=True)
         # Before any thread exists: the check runs in a forked child (local_config). It also
         # checks study_runtime.yaml, to fail fast; each launch reads that file again.
-        self.local = load_local_config(kit.local_dir, study_runtime=True)
+        self.local = local or load_local_config(kit.local_dir, study_runtime=True)
         self.tokens = WorkerTokens()
         self.channel = secure_channel(kit.server_address, channel_credentials(kit), None)
         self.stub = rpc.stub(self.channel, "Federation")
@@ -48,6 +48,7 @@ class SiteParent:
         self._endpoint = None
         self.worker_address = ""
         self._stopped = threading.Event()
+        self._serving = threading.Event()
 
     @property
     def launcher(self):
@@ -82,6 +83,7 @@ class SiteParent:
             parent_cert=self._endpoint.cert_pem)
 
     def _hello(self) -> dict[str, Any]:
+        self._serving.wait()  # no job may arrive before its workers have an endpoint to dial
         return {"version": __version__, "launcher": self.local.launcher_name,
                 "capacity": self.capacity(), "running_jobs": self.supervisor.running_jobs()}
 
@@ -96,12 +98,15 @@ class SiteParent:
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:
+        # The link dials at once: its TLS handshake overlaps local/'s check, which its hello
+        # (launcher, capacity) and the worker endpoint then wait for.
+        threading.Thread(target=self.link.run, name="server-link", daemon=True).start()
         endpoint = self.local.endpoint
         self._endpoint = start_worker_endpoint(
             self.tokens, SiteWorkerBackend(self), endpoint.host, endpoint.port,
             endpoint.dial_host, endpoint.uses_tls)
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
-        threading.Thread(target=self.link.run, name="server-link", daemon=True).start()
+        self._serving.set()
         log.info("site %s started; workers dial %s", self.name, self.worker_address)
 
     def stop(self) -> None:
@@ -116,20 +121,24 @@ class SiteParent:
         self.channel.close()
 
 
-def run_forever(kit: Kit, ready_file: Path | None = None) -> int:
+def run_forever(kit: Kit, ready_file: Path | None = None,
+                local: LocalConfig | None = None) -> int:
     import signal
 
     from atoll.memory import tune_for_streaming
 
     tune_for_streaming()
 
-    parent = SiteParent(kit)
+    parent = SiteParent(kit, local)
     parent.start()
     if ready_file is not None:
         ready_file.write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    # A signal can land on any of gRPC's threads; Python runs its handler only when the main
+    # thread next wakes up, so wake up now and then (an untimed wait missed SIGTERMs).
+    while not done.wait(0.5):
+        pass
     parent.stop()
     return 0
