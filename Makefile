@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint proto proto-check unit bench bench-scale bench-compare bench-compare-peers clean
+.PHONY: bytecode demo test lint proto proto-check unit bench bench-scale bench-compare bench-compare-peers clean
 
 $(STAMP): pyproject.toml tests/requirements-helm.txt
 	$(PY) -m venv $(VENV)
@@ -16,8 +16,13 @@ $(STAMP): pyproject.toml tests/requirements-helm.txt
 
 venv: $(STAMP)
 
+# src/ is installed editable: byte-compile it as pip does a wheel (a no-op when up to date), so
+# parents and workers start without compiling atoll where PYTHONDONTWRITEBYTECODE is set.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q src
+
 ## demo: a local federation of three hospitals trains a model with FedAvg (mutual TLS)
-demo: $(STAMP)
+demo: $(STAMP) bytecode
 	$(BIN)/python -m atoll.demo
 
 ## test: lint, then the whole suite with real backends (Slurm, Docker, Kubernetes)
@@ -37,14 +42,14 @@ proto-check: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
-bench: $(STAMP)
+bench: $(STAMP) bytecode
 	$(BIN)/python -m bench.federation
 
-bench-compare: $(STAMP)
+bench-compare: $(STAMP) bytecode
 	bash bench/compare/setup_peers.sh
 	$(BIN)/python bench/compare/run.py
 
-bench-scale: $(STAMP)
+bench-scale: $(STAMP) bytecode
 	$(BIN)/python -m bench.scale --sites 100,300,1000
 
 bench-compare-peers:

@@ -6,6 +6,10 @@ only a few plain values: its launcher's name, its capacity and its worker endpoi
 while the parent still runs one thread, the files are validated in a forked child, which sends
 back those values and the validated ``SiteConfig``, pickled. The parent unpickles the model, and
 makes its launcher, when a job first needs them; only then is pydantic imported.
+
+A folder that passed the check before, unchanged since, is not checked again: its record in the
+workspace (local_record.py) gives the values, and the model is parsed from the bytes of
+``site.yaml`` that were fingerprinted, on first use.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atoll.forked import Forked, start_forked
+from atoll.local_record import fingerprint, read_record, write_record
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
@@ -39,7 +44,15 @@ class Checked:
     launcher: str
     capacity: dict[str, Any]
     endpoint: Endpoint
-    site_config: bytes  # the validated SiteConfig, pickled
+    site_config: bytes | None = None  # the validated SiteConfig, pickled by the check's child
+    site_yaml: bytes | None = None  # or site.yaml as fingerprinted, when a record vouched for it
+
+    def values(self) -> dict[str, Any]:
+        """What a record keeps (local_record.py)."""
+        ep = self.endpoint
+        return {"launcher": self.launcher, "capacity": self.capacity,
+                "endpoint": {"host": ep.host, "port": ep.port, "dial_host": ep.dial_host,
+                             "uses_tls": ep.uses_tls}}
 
 
 class LocalConfig:
@@ -47,13 +60,16 @@ class LocalConfig:
     still be running in its child: the first value asked for waits for it (and raises its
     SpecError)."""
 
-    def __init__(self, checking: Forked[Checked]):
+    def __init__(self, local_dir: Path, checking: Forked[Checked] | Checked):
+        self._local_dir = local_dir
         self._checking = checking
         self._site_config: SiteConfig | None = None
         self._launcher: Launcher | None = None
         self._lock = threading.Lock()
 
     def _checked(self) -> Checked:
+        if isinstance(self._checking, Checked):
+            return self._checking
         return self._checking.result()
 
     @property
@@ -72,7 +88,14 @@ class LocalConfig:
     def site_config(self) -> SiteConfig:
         with self._lock:
             if self._site_config is None:
-                self._site_config = pickle.loads(self._checked().site_config)
+                checked = self._checked()
+                if checked.site_config is not None:
+                    self._site_config = pickle.loads(checked.site_config)
+                else:
+                    from atoll.spec.site_config import parse_site_yaml
+
+                    self._site_config = parse_site_yaml(checked.site_yaml or b"",
+                                                        self._local_dir / "site.yaml")
             return self._site_config
 
     @property
@@ -92,16 +115,34 @@ class LocalConfig:
             launcher.close()
 
 
-def load_local_config(local_dir: Path, study_runtime: bool) -> LocalConfig:
+def load_local_config(local_dir: Path, study_runtime: bool,
+                      workspace: Path | None = None) -> LocalConfig:
     """Start validating ``local_dir``'s site.yaml (and study_runtime.yaml) in a forked child.
 
     Call it before this process starts threads (gRPC's among them): then the check runs while
     the parent goes on importing and starting up. Values wait for it; SpecError lists problems.
+    With a ``workspace``, a record there for these very contents stands for the check, and a
+    check that passes leaves one.
     """
-    return LocalConfig(start_forked(_check, local_dir, study_runtime))
+    found = fingerprint(local_dir, study_runtime) if workspace is not None else None
+    if found is not None:
+        checked = _from_record(read_record(workspace, found[0]), found[1])
+        if checked is not None:
+            return LocalConfig(local_dir, checked)
+    return LocalConfig(local_dir, start_forked(_check, local_dir, study_runtime, workspace,
+                                               found[0] if found else None))
 
 
-def _check(local_dir: Path, study_runtime: bool) -> Checked:
+def record_local_config(local_dir: Path, study_runtime: bool, workspace: Path) -> None:
+    """Check ``local_dir`` here and now and record it (``atoll provision``, for the files it
+    wrote); SpecError if it does not pass."""
+    found = fingerprint(local_dir, study_runtime)
+    if found is not None:
+        _check(local_dir, study_runtime, workspace, found[0])
+
+
+def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
+           print_: str | None = None) -> Checked:
     from atoll.spec.site_config import load_site_config
     from atoll.spec.study_runtime import load_study_runtime
 
@@ -109,5 +150,26 @@ def _check(local_dir: Path, study_runtime: bool) -> Checked:
     if study_runtime:
         load_study_runtime(local_dir, config.launcher)
     cap, ep = config.capacity, config.worker_endpoint
-    return Checked(config.launcher, {"gpus": cap.gpus, "cpus": cap.cpus, "memory": cap.memory},
-                   Endpoint(ep.host, ep.port, ep.dial_host, ep.uses_tls), pickle.dumps(config))
+    checked = Checked(config.launcher,
+                      {"gpus": cap.gpus, "cpus": cap.cpus, "memory": cap.memory},
+                      Endpoint(ep.host, ep.port, ep.dial_host, ep.uses_tls), pickle.dumps(config))
+    if workspace is not None and print_ is not None:
+        again = fingerprint(local_dir, study_runtime)
+        if again is not None and again[0] == print_:  # nothing changed while it was checked
+            write_record(workspace, print_, checked.values())
+    return checked
+
+
+def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | None:
+    """The record's values, if they have the shape the check gives; else None (check again)."""
+    if values is None:
+        return None
+    try:
+        launcher, capacity, ep = values["launcher"], values["capacity"], values["endpoint"]
+        endpoint = Endpoint(str(ep["host"]), int(ep["port"]), str(ep["dial_host"]),
+                            bool(ep["uses_tls"]))
+        ok = (isinstance(launcher, str) and isinstance(capacity, dict)
+              and set(capacity) == {"gpus", "cpus", "memory"})
+    except (KeyError, TypeError, ValueError):
+        return None
+    return Checked(launcher, capacity, endpoint, site_yaml=site_yaml) if ok else None

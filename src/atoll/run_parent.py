@@ -54,7 +54,8 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> in
     # while this process imports and starts listening.
     from atoll.local_config import load_local_config
 
-    local = load_local_config(kit.local_dir, study_runtime=role == "site")
+    local = load_local_config(kit.local_dir, study_runtime=role == "site",
+                              workspace=kit.workspace)
     run_forever = importlib.import_module(RUNNERS[role]).run_forever
     daemon.setup_logging(verbose)
     daemon.write_pid(kit.workspace, role)

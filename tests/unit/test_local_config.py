@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
+from atoll import local_record
 from atoll.forked import _single_threaded, run_forked
 from atoll.local_config import load_local_config
+from atoll.local_record import RECORD_FILE
 from atoll.spec.errors import Issue, SpecError
 from atoll.spec.site_config import load_site_config
 
@@ -60,3 +63,83 @@ def test_a_bad_study_runtime_fails_the_start(tmp_path):
     with pytest.raises(SpecError, match="study_runtime.yaml"):
         _ = config.launcher_name  # the first value the parent needs: its start fails here
     assert load_local_config(local, study_runtime=False).launcher_name == "process"
+
+
+# -- the record of a check that passed (local_record.py) ---------------------------------------
+
+SITE_YAML = ("launcher: process\ncapacity: {gpus: 0, memory: 8Gi}\n"
+             "worker_endpoint: {host: 127.0.0.1, port: 0}\n")
+
+
+def _site_kit(tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "site.yaml").write_text(SITE_YAML)
+    (local / "study_runtime.yaml").write_text("format_version: 2\nstudies:\n  default: {}\n")
+    return local, tmp_path / "workspace"
+
+
+def _forge(workspace, **capacity):
+    """Change the values of the record in place, keeping its fingerprint: if a later load
+    reports them, it took the record instead of checking."""
+    path = workspace / RECORD_FILE
+    record = json.loads(path.read_text())
+    record["values"]["capacity"].update(capacity)
+    path.write_text(json.dumps(record))
+
+
+def test_a_passed_check_is_recorded_and_stands_for_the_next(tmp_path):
+    local, workspace = _site_kit(tmp_path)
+    assert load_local_config(local, True, workspace).capacity["memory"] == "8Gi"
+    assert (workspace / RECORD_FILE).is_file()
+    _forge(workspace, memory="99Gi")
+    config = load_local_config(local, True, workspace)
+    assert config.capacity["memory"] == "99Gi"  # from the record: no check this time
+    # The model comes from the bytes that were fingerprinted, not from a later edit.
+    (local / "site.yaml").write_text("launcher: process\ncapacity: {gpus: 5}\n")
+    assert config.site_config.capacity.memory == "8Gi"
+    assert config.site_config.kit_dir == tmp_path
+
+
+@pytest.mark.parametrize("edit", ["site.yaml", "study_runtime.yaml", "new file", "atoll upgrade"])
+def test_any_change_means_a_full_check(tmp_path, edit, monkeypatch):
+    local, workspace = _site_kit(tmp_path)
+    load_local_config(local, True, workspace).launcher_name  # noqa: B018 - waits for the check
+    _forge(workspace, memory="99Gi")
+    if edit == "site.yaml":
+        (local / "site.yaml").write_text(SITE_YAML + "# a comment\n")
+    elif edit == "study_runtime.yaml":
+        (local / "study_runtime.yaml").write_text("format_version: 2\nstudies: 7\n")
+    elif edit == "new file":
+        (local / "templates").mkdir()
+        (local / "templates" / "pod.yaml").write_text("kind: Pod\n")
+    else:
+        monkeypatch.setattr(local_record, "__version__", "99.0")
+    config = load_local_config(local, True, workspace)
+    if edit == "study_runtime.yaml":
+        with pytest.raises(SpecError, match="study_runtime.yaml"):
+            _ = config.capacity
+        return
+    assert config.capacity["memory"] == "8Gi"  # checked again, not the forged record
+
+
+@pytest.mark.parametrize("record", ["not json", "[]", '{"fingerprint": "x"}', "WRONG_SHAPE"])
+def test_a_bad_record_is_ignored(tmp_path, record):
+    local, workspace = _site_kit(tmp_path)
+    load_local_config(local, True, workspace).launcher_name  # noqa: B018 - waits for the check
+    if record == "WRONG_SHAPE":
+        doc = json.loads((workspace / RECORD_FILE).read_text())
+        doc["values"]["endpoint"] = {"host": "h"}
+        record = json.dumps(doc)
+    (workspace / RECORD_FILE).write_text(record)
+    config = load_local_config(local, True, workspace)
+    assert config.capacity["memory"] == "8Gi"
+    assert config.endpoint.port == 0
+
+
+def test_a_failed_check_leaves_no_record(tmp_path):
+    local, workspace = _site_kit(tmp_path)
+    (local / "site.yaml").write_text("launcher: process\ncapacity: {gpus: -1}\n")
+    with pytest.raises(SpecError, match="capacity.gpus"):
+        _ = load_local_config(local, True, workspace).launcher_name
+    assert not (workspace / RECORD_FILE).exists()

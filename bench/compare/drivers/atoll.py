@@ -46,6 +46,7 @@ users:
 class AtollDriver(Driver):
     name = "atoll"
     title = "atoll"
+    _compiled = False  # src/ byte-compiled once per run
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -72,6 +73,7 @@ class AtollDriver(Driver):
 
     # -- deployment --------------------------------------------------------------------
     def prepare(self) -> None:
+        self._byte_compile()
         (self.workdir / "home").mkdir(parents=True, exist_ok=True)
         self.port = free_port_block(1, start=30000)
         project = self.workdir / "project.yaml"
@@ -173,6 +175,14 @@ class AtollDriver(Driver):
         return "-m atoll.worker" in cmdline
 
     # -- helpers -------------------------------------------------------------------------
+    def _byte_compile(self) -> None:
+        """atoll runs from an editable install (src/), the peers from wheels that pip
+        byte-compiled at install. Compile src/ the same way (a no-op when up to date), or where
+        PYTHONDONTWRITEBYTECODE is set every atoll process compiles atoll anew at each start."""
+        if not AtollDriver._compiled:
+            self.run_cmd([self.python, "-m", "compileall", "-q", str(REPO / "src")], timeout=300)
+            AtollDriver._compiled = True
+
     def _ctl(self, verb: str, arg: str, timeout: float) -> dict:
         res = self.run_cmd(
             [self.python, str(ATOLL_DIR / "ctl.py"), str(self.admin_kit), verb, arg, str(timeout)],

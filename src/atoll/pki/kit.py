@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+DEFAULT_WORKSPACE = "workspace"  # kit.yaml's `workspace`, relative to the kit folder
+
 KIT_FILE = "kit.yaml"
 CA_FILE = "rootCA.pem"
 PROJECT_FILE = "project.json"  # server kit only: the validated project it seeds its store from
@@ -114,7 +116,7 @@ def render_kit_yaml(
     if listen is not None:
         doc["listen"] = {"host": listen[0], "port": listen[1]}
     if kind in ("server", "site"):
-        doc["workspace"] = "workspace"
+        doc["workspace"] = DEFAULT_WORKSPACE
     header = (
         "# atoll startup kit, written by `atoll provision`. Identity comes from the certificate\n"
         "# next to this file; only `server`, `listen` and `workspace` may be edited here.\n"
@@ -179,7 +181,7 @@ def load_kit(path: str | Path) -> Kit:
     role = text("role", required=kind == "admin")
     server = endpoint("server")
     listen = endpoint("listen") if kind == "server" else None
-    workspace = text("workspace", required=False) or "workspace"
+    workspace = text("workspace", required=False) or DEFAULT_WORKSPACE
     if errors:
         lines = "; ".join(errors)
         raise KitError(f"corrupt startup kit {kit_file}: {lines}; re-provision this participant")

@@ -27,10 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atoll.local_config import record_local_config
 from atoll.pki.ca import CertificateAuthority, create_ca, load_ca, save_ca
 from atoll.pki.certs import IssuedCert, Kind, issue_cert
 from atoll.pki.files import PUBLIC, write_atomic
-from atoll.pki.kit import CA_FILE, KIT_FILE, PROJECT_FILE, cert_file_names, render_kit_yaml
+from atoll.pki.kit import (
+    CA_FILE,
+    DEFAULT_WORKSPACE,
+    KIT_FILE,
+    PROJECT_FILE,
+    cert_file_names,
+    render_kit_yaml,
+)
 from atoll.pki.project import (
     Project,
     ProjectError,
@@ -114,6 +122,9 @@ def _write_kit(
         (dest / "local").mkdir()
         for file_name, text in local.items():
             write_atomic(dest / "local" / file_name, text, PUBLIC)
+        # The files just written pass the check (a test holds the templates to it); recording
+        # that spares the parent's first start the check (local_record.py).
+        record_local_config(dest / "local", kind == "site", dest / DEFAULT_WORKSPACE)
     return issued
 
 

@@ -50,7 +50,8 @@ class ServerParent:
         self.limits = limits or Limits()
         self.workspace = kit.workspace
         # First, while this is the only thread: the check runs in a forked child (local_config).
-        self.local = local or load_local_config(kit.local_dir, study_runtime=False)
+        self.local = local or load_local_config(kit.local_dir, study_runtime=False,
+                                                workspace=kit.workspace)
         (self.workspace / "tmp").mkdir(parents=True, exist_ok=True)
         self.store = JobStore(self.workspace / "atoll.db")
         self.studies = Studies(self.store)

@@ -37,7 +37,8 @@ class SiteParent:
         (self.workspace / "tmp").mkdir(parents=True, exist_ok=True)
         # Before any thread exists: the check runs in a forked child (local_config). It also
         # checks study_runtime.yaml, to fail fast; each launch reads that file again.
-        self.local = local or load_local_config(kit.local_dir, study_runtime=True)
+        self.local = local or load_local_config(kit.local_dir, study_runtime=True,
+                                                workspace=kit.workspace)
         self.tokens = WorkerTokens()
         self.channel = secure_channel(kit.server_address, channel_credentials(kit), None)
         self.stub = rpc.stub(self.channel, "Federation")

@@ -333,6 +333,16 @@ def load_site_config(path: str | Path) -> SiteConfig:
     return parse_site_config(data, str(path), kit_dir=path.resolve().parent.parent)
 
 
+def parse_site_yaml(text: bytes, path: Path) -> SiteConfig:
+    """``site.yaml``'s bytes, read from ``path`` earlier (a parent keeps the bytes its start
+    vouched for, so a later edit of the file cannot slip in unchecked)."""
+    try:
+        data = yaml.safe_load(text.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as err:
+        raise SpecError([Issue("", f"not valid YAML: {err}")], source=str(path)) from None
+    return parse_site_config(data, str(path), kit_dir=path.resolve().parent.parent)
+
+
 def read_yaml(path: Path) -> Any:
     """One YAML document; a read or syntax problem becomes a SpecError naming the file."""
     try:

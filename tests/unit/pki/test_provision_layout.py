@@ -13,6 +13,7 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from atoll.local_record import fingerprint, read_record
 from atoll.pki import certs
 from atoll.pki import provision as provision_module
 from atoll.pki.identity import Identity, identity_from_cert
@@ -45,11 +46,12 @@ def test_layout(provisioned: ProvisionResult) -> None:
         "ca/rootCA.pem", "ca/rootCA.key", "ca/state.json",
         "server/startup/server.crt", "server/startup/server.key", "server/startup/rootCA.pem",
         "server/startup/kit.yaml", "server/startup/project.json", "server/local/site.yaml",
+        "server/workspace/local-checked.json",
     }  # fmt: skip
     for site in ("hospital-a", "hospital-b", "university"):
         expected |= {f"{site}/startup/{f}" for f in ("client.crt", "client.key", "rootCA.pem")}
         expected |= {f"{site}/startup/kit.yaml", f"{site}/local/site.yaml"}
-        expected |= {f"{site}/local/study_runtime.yaml"}
+        expected |= {f"{site}/local/study_runtime.yaml", f"{site}/workspace/local-checked.json"}
     for user in ("admin@consortium.org", "lead@hospital-a.org"):
         expected |= {f"{user}/startup/{f}" for f in ("client.crt", "client.key", "rootCA.pem")}
         expected |= {f"{user}/startup/kit.yaml"}
@@ -63,6 +65,19 @@ def test_layout(provisioned: ProvisionResult) -> None:
         ("lead@hospital-a.org", "admin"),
     ]
     assert not list(root.parent.glob(".*")), "a temporary folder was left behind"
+
+
+def test_each_parent_kit_records_that_its_local_files_pass(provisioned: ProvisionResult) -> None:
+    """A parent started from a fresh kit skips the check of local/ (atoll.local_record)."""
+    for kit in provisioned.kits:
+        if kit.kind == "admin":
+            continue
+        found = fingerprint(kit.path / "local", study_runtime=kit.kind == "site")
+        assert found is not None
+        values = read_record(kit.path / "workspace", found[0])
+        assert values is not None, kit.name
+        assert values["launcher"] == "process"
+        assert read_record(kit.path / "workspace", "0" * 64) is None
 
 
 def test_private_keys_are_0600_and_private_folders_0700(provisioned: ProvisionResult) -> None:
@@ -232,6 +247,7 @@ def test_add_site_writes_only_its_kit_and_the_state(fresh: Path) -> None:
         "clinic-c/startup/client.crt", "clinic-c/startup/client.key",
         "clinic-c/startup/rootCA.pem", "clinic-c/startup/kit.yaml",
         "clinic-c/local/site.yaml", "clinic-c/local/study_runtime.yaml",
+        "clinic-c/workspace/", "clinic-c/workspace/local-checked.json",
     }  # fmt: skip
     assert kit.path == fresh / "clinic-c"
     assert stat.S_IMODE((kit.path / "startup" / "client.key").stat().st_mode) == 0o600
