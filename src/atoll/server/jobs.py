@@ -335,7 +335,10 @@ class ServerWorkerBackend:
         self.jobs.store.add_event(job_id, "server", body)
 
     def finish(self, job_id, ok, error):
-        self._live(job_id).report = (ok, error)
+        live = self._live(job_id)
+        live.report = (ok, error)
+        if ok:  # the workflow is over: the sites wind down while its process exits
+            live.relay.end()
 
 
 def job_summary(record: JobRecord) -> dict[str, Any]:

@@ -106,5 +106,21 @@ def main() -> int:
     return 0 if ok else EXIT_FAILED
 
 
+def _exit_now(code: int) -> None:
+    """Leave without tearing the interpreter down module by module (numpy, gRPC, the job's
+    own: 0.1-0.3 s here), which the parent waits for before the part is finished. What a normal
+    exit would still do for the job's code is done first: unreachable objects are collected
+    (a script's open files are flushed and closed) and atexit functions run (loggers,
+    writers)."""
+    import atexit
+    import gc
+
+    gc.collect()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())

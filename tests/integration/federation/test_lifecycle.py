@@ -15,6 +15,8 @@ import pytest
 from atoll.errors import Refused
 from atoll.pki.kit import load_kit
 from atoll.pki.tls import channel_credentials
+from atoll.session import CHECK_BEFORE_UPLOAD
+from atoll.spec.errors import SpecError
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames, rpc
 from tests.integration.federation.conftest import ADMIN, USERS
@@ -179,6 +181,29 @@ def test_client_refuses_symlinks_before_upload(federation, tmp_path):
     (job / "app" / "secret").symlink_to("/etc/hostname")
     with federation.session(ADMIN) as s, pytest.raises(Refused, match="symbolic link"):
         s.submit(job)
+
+
+def test_an_invalid_meta_is_refused_with_every_problem_large_folder_or_small(federation,
+                                                                              tmp_path):
+    bad = {"name": "x", "min_clients": -3}  # and no deploy_map
+    small = make_job(tmp_path / "small")
+    large = make_job(tmp_path / "large")
+    for job in (small, large):
+        (job / "meta.json").write_text(json.dumps(bad))
+    (large / "app" / "weights.bin").write_bytes(b"\0" * CHECK_BEFORE_UPLOAD)
+    jobs_dir = federation.workspace("server") / "jobs"
+    before = sorted(jobs_dir.iterdir())
+    with federation.session(ADMIN) as s:
+        with pytest.raises(Refused) as by_server:  # small: the server's check answers
+            s.submit(small)
+        with pytest.raises(SpecError) as here:  # large: checked here, nothing uploaded
+            s.submit(large)
+        with pytest.raises(Refused, match="not a job folder"):
+            s.submit(tmp_path / "nowhere")
+    for err in (str(by_server.value), str(here.value)):
+        assert "2 problems" in err and "deploy_map" in err and "min_clients" in err
+    assert str(large / "meta.json") in str(here.value)
+    assert sorted(jobs_dir.iterdir()) == before
 
 
 @pytest.fixture
