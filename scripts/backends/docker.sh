@@ -257,14 +257,19 @@ cmd_status() {
   log "engine up on $SOCK with $IMAGES images; env in $BASE/env"
 }
 
+remove_labelled() {
+  local ids
+  ids=$("$DOCKER" ps -aq --filter "label=$LABEL")
+  [[ -z $ids ]] || "$DOCKER" rm -f $ids >/dev/null
+  ids=$("$DOCKER" images -q --filter "label=$LABEL" | sort -u)
+  [[ -z $ids ]] || "$DOCKER" rmi -f $ids >/dev/null
+  "$DOCKER" image prune -f >/dev/null
+}
+
 cmd_down() {
-  if engine_up; then
-    local ids
-    ids=$("$DOCKER" ps -aq --filter "label=$LABEL")
-    [[ -z $ids ]] || "$DOCKER" rm -f $ids >/dev/null
-    ids=$("$DOCKER" images -q --filter "label=$LABEL" | sort -u)
-    [[ -z $ids ]] || "$DOCKER" rmi -f $ids >/dev/null
-    "$DOCKER" image prune -f >/dev/null
+  # A failed clean-up (an image still in use, say) must not leave the engine running.
+  if engine_up && ! remove_labelled; then
+    log "some labelled containers or images could not be removed; stopping the engine anyway"
   fi
   # Every dockerd serving this socket, not only the one in the pid file: a pid file lost to an
   # interrupted run must not leave an engine behind.

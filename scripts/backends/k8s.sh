@@ -367,8 +367,8 @@ cmd_down() {
     ids=$(docker_cli ps -aq 2>/dev/null || true)
     # shellcheck disable=SC2086  # a list of container ids
     [[ -z $ids ]] || docker_cli rm -f $ids >/dev/null 2>&1 || true
-    docker_sh down || true
   fi
+  docker_sh down || true  # also when the socket is gone: it stops any engine left on it
   local c
   for c in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
   # Volumes the kubelet mounted (Secret volumes are tmpfs) must go before the files.
