@@ -49,3 +49,34 @@ def make_job(path: Path, script: str = ECHO, sites: list[str] | None = None,
     if min_clients is not None:
         meta["min_clients"] = min_clients
     return job_folder(path, meta, app_yaml(**app), {"train.py": script})
+
+
+# Leaves work for the interpreter's exit: a file never closed, an atexit function and a
+# non-daemon thread still running. OUT is replaced with a folder the test reads.
+LEFT_FOR_EXIT = '''
+import atexit
+import threading
+import time
+
+import atoll.client as fl
+
+fl.init()
+site = fl.site_name()
+unclosed = open(f"OUT/{site}-unclosed.txt", "w")
+unclosed.write("flushed at exit\\n")
+
+
+def late():
+    time.sleep(0.5)
+    with open(f"OUT/{site}-thread.txt", "w") as out:
+        out.write("waited for\\n")
+
+
+atexit.register(lambda: open(f"OUT/{site}-atexit.txt", "w").write("ran\\n"))
+threading.Thread(target=late).start()
+while fl.is_running():
+    model = fl.receive()
+    if model is None:
+        break
+    fl.send(fl.Model(params=model.params, num_examples=1))
+'''

@@ -21,7 +21,7 @@ from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames, rpc
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation, pids_with_env
-from tests.integration.federation.jobs import CRASH, STALL, make_job
+from tests.integration.federation.jobs import CRASH, LEFT_FOR_EXIT, STALL, make_job
 
 
 def _wait_for(predicate, timeout=30.0, what="condition"):
@@ -49,6 +49,23 @@ def test_submit_complete_download(federation, tmp_path):
     summary = json.loads((out / "job.json").read_text())
     assert summary["state"] == "FINISHED:COMPLETED"
     assert (out / "logs" / "site-1.log").exists() and (out / "logs" / "server").is_dir()
+
+
+def test_a_worker_leaving_quickly_still_does_what_exit_would(federation, tmp_path):
+    """Workers end with os._exit (atoll.worker): a script's unclosed file, atexit function and
+    non-daemon thread must still get what a normal interpreter exit gives them."""
+    out = tmp_path / "left"
+    out.mkdir()
+    script = LEFT_FOR_EXIT.replace("OUT", str(out))
+    with federation.session(ADMIN) as s:
+        job = s.submit(make_job(tmp_path / "exit", script=script), wait=True, timeout=120)
+    assert job["state"] == "FINISHED:COMPLETED", job
+    sites = [p for p in job["parts"] if p != "server"]
+    assert sites
+    for site in sites:
+        assert (out / f"{site}-unclosed.txt").read_text() == "flushed at exit\n"
+        assert (out / f"{site}-atexit.txt").read_text() == "ran\n"
+        assert (out / f"{site}-thread.txt").read_text() == "waited for\n"
 
 
 def test_abort_mid_job_leaves_no_worker(federation, tmp_path):
