@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +65,11 @@ def read_record(workspace: Path, print_: str) -> dict[str, Any] | None:
 def write_record(workspace: Path, print_: str, values: dict[str, Any]) -> None:
     """Record that the contents with fingerprint ``print_`` passed the check. Best effort: a
     parent that cannot write its workspace checks in full at the next start."""
+    from atoll.pki.files import write_atomic
+
     text = json.dumps({"fingerprint": print_, "values": values}, indent=2) + "\n"
-    tmp = workspace / f".{RECORD_FILE}.{os.getpid()}"
     try:
         workspace.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, workspace / RECORD_FILE)
+        write_atomic(workspace / RECORD_FILE, text)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
