@@ -41,14 +41,6 @@ ROOT = Path(__file__).resolve().parent.parent
 ATOLL = str(ROOT / ".venv" / "bin" / "atoll")
 ADMIN = "admin@scale.local"
 SITES_PER_PROCESS = 250
-WHAT_IF_THREADS = (
-    "import sys\n"
-    "import atoll.wire.grpc_setup as g\n"
-    "g.new_server.__defaults__ = (int(sys.argv[1]),)\n"
-    "from atoll.cli.main import main\n"
-    "sys.argv = ['atoll', *sys.argv[2:]]\n"
-    "sys.exit(main())\n"
-)
 
 
 def log(msg: str) -> None:
@@ -63,15 +55,13 @@ def free_port() -> int:
 
 # -- one run ----------------------------------------------------------------------------------
 class ScaleRun:
-    def __init__(self, n: int, rounds: int, payload: int, work: Path, server_threads: int = 0):
+    def __init__(self, n: int, rounds: int, payload: int, work: Path):
         self.n, self.rounds, self.payload, self.work = n, rounds, payload, work
-        self.server_threads = server_threads
         self.profile = False
         self.idle_s = 10.0  # how long the server is measured idle with every site connected
         self.procs: list[subprocess.Popen] = []
         self.server: subprocess.Popen | None = None
-        self.result: dict = {"sites": n, "rounds": rounds, "payload_bytes": payload,
-                             "server_threads": server_threads or "atoll's default"}
+        self.result: dict = {"sites": n, "rounds": rounds, "payload_bytes": payload}
 
     def provision(self) -> None:
         from atoll.pki.ca import load_ca
@@ -115,10 +105,6 @@ class ScaleRun:
     def start_server(self) -> None:
         logf = open(self.work / "server.log", "ab")
         argv = [ATOLL, "server", "start", str(self.kits / "server")]
-        if self.server_threads:
-            # What-if only: the same server with a bigger gRPC thread pool (atoll's code is not
-            # changed; its default pool size is replaced before the server starts).
-            argv = [sys.executable, "-c", WHAT_IF_THREADS, str(self.server_threads), *argv[1:]]
         self.server = subprocess.Popen(
             argv,
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -328,11 +314,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--payload-bytes", type=int, default=4096)
     parser.add_argument("--workdir", default=None, help="default: a fresh temporary folder")
     parser.add_argument("--no-write", action="store_true", help="print only, write no file")
-    parser.add_argument(
-        "--server-threads", type=int, default=0,
-        help="what-if: start the server with this gRPC thread pool instead of atoll's default "
-        "(the code is not changed); written to BENCHMARKS.md's scale-whatif section",
-    )
     parser.add_argument("--profile", action="store_true",
                         help="py-spy the server parent during each job (raw stacks in the workdir)")
     args = parser.parse_args(argv)
@@ -347,7 +328,7 @@ def main(argv: list[str]) -> int:
         work.mkdir(parents=True, exist_ok=True)
         log(f"{n} simulated sites, {args.rounds} rounds of {args.payload_bytes} B in {work}")
         try:
-            run = ScaleRun(n, args.rounds, args.payload_bytes, work, args.server_threads)
+            run = ScaleRun(n, args.rounds, args.payload_bytes, work)
             run.profile = args.profile
             result = run.run(Session)
         except Exception as exc:  # noqa: BLE001 - record and go on with the next size
@@ -355,15 +336,14 @@ def main(argv: list[str]) -> int:
         log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
         results.append(result)
     command = "python -m bench.scale " + " ".join(argv)
-    block = render(results, command.strip(), args.server_threads)
+    block = render(results, command.strip())
     print(block)
     (root / "results.json").write_text(json.dumps(results, indent=1))
     log(f"raw results: {root / 'results.json'}")
     if not args.no_write:
         write_section(ROOT / "BENCHMARKS.md", block)
-        raw = "scale_whatif_run.json" if args.server_threads else "scale_last_run.json"
-        (ROOT / "bench" / raw).write_text(json.dumps(results, indent=1))
-        log(f"wrote BENCHMARKS.md and bench/{raw}")
+        (ROOT / "bench" / "scale_last_run.json").write_text(json.dumps(results, indent=1))
+        log("wrote BENCHMARKS.md and bench/scale_last_run.json")
     return 0
 
 

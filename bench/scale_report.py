@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
-WHAT_IF_BEGIN, WHAT_IF_END = "<!-- scale-whatif:begin -->", "<!-- scale-whatif:end -->"
 
 
 def _s(value) -> str:
@@ -27,22 +26,10 @@ def _get(result: dict, phase: str, key: str):
     return (result.get(phase) or {}).get(key)
 
 
-def render(results: list[dict], command: str, what_if_threads: int = 0) -> str:
+def render(results: list[dict], command: str) -> str:
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017
-    what_if = (
-        [
-            f"**What-if, not atoll as shipped:** the same server code started with a gRPC thread "
-            f"pool of {what_if_threads} instead of its default (bench/scale.py replaces the pool "
-            "size before the server starts; nothing else changes). It shows how the server grows "
-            "once the thread pool is not the limit.",
-            "",
-        ]
-        if what_if_threads
-        else []
-    )
     lines = [
-        WHAT_IF_BEGIN if what_if_threads else BEGIN,
-        *what_if,
+        BEGIN,
         f"Measured {date} on this machine ({os.cpu_count()} CPUs, shared), one run of:",
         "",
         f"    .venv/bin/{command}",
@@ -84,22 +71,19 @@ def render(results: list[dict], command: str, what_if_threads: int = 0) -> str:
         "Time per round: mean interval between consecutive rounds' first task arrival at any "
         "site. CPU % = CPU-seconds per wall second of the server parent (100 % = one core); "
         "RSS and CPU from /proc at 5 Hz.",
-        WHAT_IF_END if what_if_threads else END,
+        END,
     ]
     return "\n".join(lines)
 
 
 def write_section(path: Path, block: str) -> None:
-    """Replace the block's own section (official or what-if); a new one goes at the end."""
-    begin, end = (WHAT_IF_BEGIN, WHAT_IF_END) if block.startswith(WHAT_IF_BEGIN) else (BEGIN, END)
+    """Replace the scale section; without one, it goes at the end."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)
-    elif begin == BEGIN:
-        text = text.rstrip("\n") + "\n\n## Scale: one server, many sites\n\n" + block + "\n"
     else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
+        text = text.rstrip("\n") + "\n\n## Scale: one server, many sites\n\n" + block + "\n"
     path.write_text(text if text.endswith("\n") else text + "\n")
 
 

@@ -28,14 +28,13 @@ from atoll.server.site_links import SiteLinks
 from atoll.server.store import JobRecord, JobStore
 from atoll.server.studies import Studies
 from atoll.wire import rpc
-from atoll.wire.grpc_setup import new_server
 from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint
 
 log = logging.getLogger("atoll.server")
 
-# Sites (one control stream each) plus relay and admin calls in flight. Threads are made only
-# when needed and an idle one costs little memory (bench/scale.py: 1,000 sites, ~210 MiB).
-SERVER_THREADS = 4096
+# Threads for the calls served on threads (admin calls, some of them long polls; FetchJob;
+# Report). Sites' control streams and relay calls are served on the event loop and need none.
+HANDLER_THREADS = 64
 
 
 @dataclass(frozen=True)
@@ -97,16 +96,16 @@ class ServerParent:
 
     def start(self) -> None:
         self.jobs.recover()
-        # Synchronous gRPC holds one thread per open stream, and every connected site keeps its
-        # control stream open: the pool bounds how many sites the server can hold at once.
-        server = new_server(max_workers=SERVER_THREADS)
-        rpc.add_servicer(server, "Federation", FederationService(self))
-        rpc.add_servicer(server, "Admin", AdminService(self))
+        from atoll.wire.aio_server import LoopServer
+
+        server = LoopServer(HANDLER_THREADS)
+        self._grpc = server
+        rpc.add_servicer(server.server, "Federation", FederationService(self))
+        rpc.add_servicer(server.server, "Admin", AdminService(self))
         self.port = server.add_secure_port(self.kit.listen_address, server_credentials(self.kit))
         if self.port == 0:
             raise OSError(f"cannot listen on {self.kit.listen_address}")
         server.start()
-        self._grpc = server
         # Sites may connect now; jobs wait for the scheduler, which needs the worker endpoint,
         # which needs local/'s check (started before this process imported gRPC).
         endpoint = self.local.endpoint
@@ -130,9 +129,10 @@ class ServerParent:
         self._stopped.set()
         self.scheduler.stop()
         self.jobs.stop_all()
-        for server in (self._grpc, self._workers):
-            if server is not None:
-                server.stop(grace).wait(grace + 1)
+        if self._grpc is not None:
+            self._grpc.stop(grace)
+        if self._workers is not None:
+            self._workers.stop(grace).wait(grace + 1)
         self.local.close()
         self.store.close()
 

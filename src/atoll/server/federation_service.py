@@ -1,16 +1,21 @@
-"""The Federation service: what site parents call, over mutual TLS, as themselves."""
+"""The Federation service: what site parents call, over mutual TLS, as themselves.
+
+It is served on the server's event loop (wire/aio_server.py). The calls every connected site
+keeps open (its control stream and its task long-poll), its fetch of the job and each reply are
+`async`: they wait as tasks, not threads. What blocks (SQLite, building a zip) goes to the
+loop's executor. Report, rare, stays a plain handler on a thread.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import queue
-import threading
 import time
 
 import grpc
 
-from atoll.server.auth import peer_identity
+from atoll.server.auth import peer_identity, peer_identity_async
 from atoll.server.relay import END, RelayError
 from atoll.server.site_links import HEARTBEAT_S, SiteLink
 from atoll.server.spool import SpoolError
@@ -28,81 +33,87 @@ class FederationService:
         return peer_identity(context, "site").name
 
     def _live(self, context, job_id: str, site: str):
-        live = self.parent.jobs.live.get(job_id)
-        if live is None or site not in live.sites:
+        live = self._running(job_id, site)
+        if live is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} is not running at {site}")
         return live
 
-    def Connect(self, request_iterator, context):
-        who = peer_identity(context, "site")
+    def _running(self, job_id: str, site: str):
+        live = self.parent.jobs.live.get(job_id)
+        return live if live is not None and site in live.members else None
+
+    async def Connect(self, request_iterator, context):
+        who = await peer_identity_async(context, "site")
+        events = request_iterator.__aiter__()
         try:
-            first = next(request_iterator)
-        except StopIteration:
+            first = await events.__anext__()
+        except StopAsyncIteration:
             return
         if first.WhichOneof("kind") != "hello":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a site must start with hello")
-        link = SiteLink(who.name, who.org, json.loads(first.hello))
-        self.parent.studies.remember_site(who.name, who.org)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a site must start with hello")
+        loop = asyncio.get_running_loop()
+        link = SiteLink(who.name, who.org, json.loads(first.hello), loop)
+        await loop.run_in_executor(None, self.parent.studies.remember_site, who.name, who.org)
         self.parent.links.attach(link)
         log.info("site %s connected (%s)", who.name, link.hello.get("launcher", "?"))
-        reader = threading.Thread(target=self._read, args=(link, request_iterator), daemon=True,
-                                  name=f"site-{who.name}")
-        reader.start()
+        reader = asyncio.create_task(self._read(link, events), name=f"site-{who.name}")
         try:
             yield pb.ServerCommand(welcome=json.dumps({"heartbeat_s": HEARTBEAT_S,
                                                        "server_time": time.time()}))
             for job_id in link.running_jobs:  # reconcile after a reconnect
-                live = self.parent.jobs.live.get(job_id)
-                if live is None or who.name not in live.sites:
+                if self._running(job_id, who.name) is None:
                     link.send("abort", {"job_id": job_id,
                                         "reason": "the server no longer runs this job"})
             self.parent.scheduler.wake()
-            while not link.closed.is_set() and context.is_active():
-                try:
-                    command = link.outbox.get(timeout=1.0)
-                except queue.Empty:
-                    continue
-                if command is None:
-                    break
+            while (command := await link.outbox.get()) is not None:
                 yield command
         finally:
+            reader.cancel()
             if self.parent.links.detach(link):
                 log.info("site %s disconnected", who.name)
-                self.parent.jobs.site_offline(who.name)
+                loop.run_in_executor(None, self.parent.jobs.site_offline, who.name)
 
-    def _read(self, link: SiteLink, events) -> None:
+    async def _read(self, link: SiteLink, events) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            for event in events:
+            async for event in events:
                 link.last_seen = time.monotonic()
                 kind = event.WhichOneof("kind")
                 if kind == "heartbeat":
                     link.hello["running_jobs"] = json.loads(event.heartbeat).get("running_jobs", [])
                 elif kind == "job_state":
-                    self.parent.jobs.site_state(link.name, json.loads(event.job_state))
-        except grpc.RpcError:
+                    # one site's states stay in order: the next waits for this one
+                    await loop.run_in_executor(None, self.parent.jobs.site_state, link.name,
+                                               json.loads(event.job_state))
+        except (grpc.RpcError, asyncio.CancelledError):
             pass
         except Exception:  # noqa: BLE001
             log.exception("bad event from site %s", link.name)
         finally:
             link.close()
 
-    def FetchJob(self, request, context):
-        site = self._site(context)
-        self._live(context, request.job_id, site)
-        path = self.parent.jobs.app_zip(request.job_id, site)
+    async def FetchJob(self, request, context):
+        site = (await peer_identity_async(context, "site")).name
+        if self._running(request.job_id, site) is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"job {request.job_id} is not running at {site}")
+        loop = asyncio.get_running_loop()
+        # the first fetch builds the zip; the rest find it (a page-cache read, chunk by chunk)
+        path = await loop.run_in_executor(None, self.parent.jobs.app_zip, request.job_id, site)
         yield frames.header({"size": path.stat().st_size})
-        yield from frames.file_frames(path)
+        for raw in frames.file_frames(path):
+            yield raw
 
-    def PullTask(self, request, context):
-        site = self._site(context)
-        live = self.parent.jobs.live.get(request.job_id)
-        if live is None or site not in live.sites:
+    async def PullTask(self, request, context):
+        site = (await peer_identity_async(context, "site")).name
+        live = self._running(request.job_id, site)
+        if live is None:
             yield frames.header({"end": True})
             return
         try:
-            entry = live.relay.next_task(site, min(max(request.wait_s, 0.0), 30.0))
+            entry = await live.relay.wait_task(site, min(max(request.wait_s, 0.0), 30.0))
         except RelayError as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if entry is END:
             yield frames.header({"end": True})
             return
@@ -112,22 +123,40 @@ class FederationService:
         yield frames.header({"task_id": entry.task_id, "topic": entry.topic,
                              "headers": entry.headers})
         try:
-            yield from entry.spool.read(site)
+            async for raw in entry.spool.aread(site):
+                yield raw
         except SpoolError as exc:
-            context.abort(grpc.StatusCode.ABORTED, f"task {entry.task_id} broke off: {exc}")
+            await context.abort(grpc.StatusCode.ABORTED, f"task {entry.task_id} broke off: {exc}")
 
-    def PushReply(self, request_iterator, context):
-        site = self._site(context)
+    async def PushReply(self, request_iterator, context):
+        site = (await peer_identity_async(context, "site")).name
+        stream = request_iterator.__aiter__()
         try:
-            head, chunks = frames.split(request_iterator)
+            head = frames.read_header(await stream.__anext__())
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "empty stream: expected a header frame")
         except frames.FrameError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        live = self._live(context, str(head.get("job_id")), site)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        job_id = str(head.get("job_id"))
+        live = self._running(job_id, site)
+        if live is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} is not running at {site}")
         try:
-            live.relay.add_reply(site, str(head.get("task_id")), dict(head.get("headers") or {}),
-                                 chunks.frames())
-        except (RelayError, frames.FrameError) as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            reply = live.relay.open_reply(site, str(head.get("task_id")),
+                                          dict(head.get("headers") or {}))
+        except RelayError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        try:
+            async for raw in stream:
+                reply.append(frames.data_only(raw))
+        except frames.FrameError as exc:
+            reply.abandon()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except BaseException:  # the site went away mid-reply: it may send it again
+            reply.abandon()
+            raise
+        reply.commit()
         return pb.Json(body="{}")
 
     def Report(self, request, context):

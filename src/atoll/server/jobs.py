@@ -48,6 +48,10 @@ class LiveJob:
     aborting: str | None = None
     site_states: dict[str, tuple[str, str]] = field(default_factory=dict)
     resources: dict[str, Any] = field(default_factory=dict)
+    meta: Any = None  # the job's Meta, loaded once for the app zips sites fetch
+
+    def __post_init__(self) -> None:
+        self.members = frozenset(self.sites)  # `site in live.sites` on every relay call
 
     @property
     def id(self) -> str:
@@ -112,8 +116,13 @@ class JobManager:
         """The zipped app folder (plus meta.json) a participant runs; built once per app."""
         from atoll.spec.meta import load_meta
 
+        live = self.live.get(job_id)
         folder = self.jobs_dir / job_id
-        meta = load_meta(folder / "job")
+        meta = live.meta if live is not None else None
+        if meta is None:  # a thousand sites fetch at once: read meta.json once, not each time
+            meta = load_meta(folder / "job")
+            if live is not None:
+                live.meta = meta
         app = meta.app_for(target)
         out = folder / "apps" / f"{app}.zip"
         with self._zip_lock:  # sites fetch at the same moment; build each app's zip once
@@ -196,7 +205,7 @@ class JobManager:
         job_id, state = str(body.get("job_id")), str(body.get("state"))
         reason = str(body.get("reason", ""))
         live = self.live.get(job_id)
-        if live is None or site not in live.sites or site in live.site_states:
+        if live is None or site not in live.members or site in live.site_states:
             return
         if body.get("log_tail"):
             logs = live.folder / "logs"
@@ -214,7 +223,7 @@ class JobManager:
 
     def site_offline(self, site: str) -> None:
         for live in list(self.live.values()):
-            if site in live.sites and site not in live.site_states:
+            if site in live.members and site not in live.site_states:
                 self.site_state(site, {"job_id": live.id, "state": "FINISHED:FAILED",
                                        "reason": "site parent disconnected"})
 
@@ -310,7 +319,7 @@ class ServerWorkerBackend:
             raise BackendError(str(exc)) from None
         return {"task_id": task_id}
 
-    def next_reply(self, job_id, task_id, wait_s):
+    def next_reply(self, job_id, task_id, wait_s, many=False):
         relay = self._live(job_id).relay
         try:
             entry = relay.next_reply(task_id, min(max(wait_s, 0.0), 30.0))
@@ -318,11 +327,15 @@ class ServerWorkerBackend:
             raise BackendError(str(exc)) from None
         if entry is None:
             yield frames.header({"none": True})
-        elif entry.error is not None:
-            yield frames.header({"site": entry.site, "error": entry.error})
-        else:
-            yield frames.header({"site": entry.site, "headers": entry.headers})
-            yield from entry.spool.read("workflow")
+        while entry is not None:
+            if entry.error is not None:
+                yield frames.header({"site": entry.site, "error": entry.error})
+            else:
+                yield frames.header({"site": entry.site, "headers": entry.headers})
+                yield from entry.spool.read("workflow")
+            # replies already waiting follow in the same call: at a thousand sites, a call
+            # per reply cost the workflow more than the replies did
+            entry = relay.next_reply(task_id, 0) if many else None
 
     def next_task(self, job_id, wait_s):
         raise BackendError("the server worker runs the workflow; it takes no tasks")

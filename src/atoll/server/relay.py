@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.server.spool import Budget, SpillFiles, Spool
+from atoll.server.waiters import AsyncWaiters, until
 
 END = object()  # returned by next_task once the job is over
 
@@ -61,6 +62,7 @@ class JobRelay:
         # per round at a thousand sites.)
         self._cond = threading.Condition()
         self._site_ready = {s: threading.Condition(self._cond) for s in self.sites}
+        self._site_tasks = {s: AsyncWaiters() for s in self.sites}  # PullTask on the event loop
         self._reply_ready = threading.Condition(self._cond)
         self._ids = itertools.count(1)
         self._tasks: dict[str, TaskEntry] = {}
@@ -88,7 +90,7 @@ class JobRelay:
                     spool.drop(site)
                 else:
                     self._queues[site].append(task_id)
-                    self._site_ready[site].notify()
+                    self._wake_site(site)
         spool.write(frames, self.max_payload)
         return task_id
 
@@ -108,20 +110,48 @@ class JobRelay:
     def next_task(self, site: str, wait_s: float) -> TaskEntry | object | None:
         deadline = time.monotonic() + wait_s
         with self._cond:
-            if site not in self._queues:
-                raise RelayError(f"{site} is not a site of job {self.job_id}")
-            while True:
-                if self._ended or site in self._dropped:
-                    return END
-                if self._queues[site]:
-                    return self._tasks[self._queues[site].popleft()]
+            while (found := self._task_for(site)) is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
                 self._site_ready[site].wait(left)
+            return found
+
+    async def wait_task(self, site: str, wait_s: float) -> TaskEntry | object | None:
+        """next_task for a caller on the event loop: it waits without holding a thread."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._cond:
+                found = self._task_for(site)
+                left = deadline - time.monotonic()
+                if found is not None or left <= 0:
+                    return found
+                woken = self._site_tasks[site].future()
+            await until(woken, left)
+
+    def _task_for(self, site: str) -> TaskEntry | object | None:
+        """The site's next task, END, or None for nothing yet (lock held)."""
+        if site not in self._queues:
+            raise RelayError(f"{site} is not a site of job {self.job_id}")
+        if self._ended or site in self._dropped:
+            return END
+        if self._queues[site]:
+            return self._tasks[self._queues[site].popleft()]
+        return None
 
     def add_reply(self, site: str, task_id: str, headers: dict[str, Any],
                   frames: Iterable[bytes]) -> None:
+        reply = self.open_reply(site, task_id, headers)
+        try:
+            for raw in frames:
+                reply.append(raw)
+        except BaseException:
+            reply.abandon()
+            raise
+        reply.commit()
+
+    def open_reply(self, site: str, task_id: str, headers: dict[str, Any]) -> ReplyWriter:
+        """Start taking a site's reply; the workflow sees it once committed."""
         with self._cond:
             entry = self._tasks.get(task_id)
             if entry is None or site not in entry.targets:
@@ -129,17 +159,17 @@ class JobRelay:
             if site in entry.replied:
                 raise RelayError(f"{site} already replied to task {task_id}")
             entry.replied.add(site)
-        spool = Spool(self.files, ["workflow"], self.budget, live=False)
-        try:
-            spool.write(frames, self.max_payload)
-        except BaseException:
-            spool.close()
-            with self._cond:
-                entry.replied.discard(site)
-            raise
+        return ReplyWriter(self, entry, site, headers,
+                           Spool(self.files, ["workflow"], self.budget, live=False))
+
+    def _deliver(self, reply: ReplyEntry) -> None:
         with self._cond:
-            self._replies[task_id].append(ReplyEntry(task_id, site, headers, spool))
+            self._replies[reply.task_id].append(reply)
             self._reply_ready.notify_all()
+
+    def _take_back(self, entry: TaskEntry, site: str) -> None:
+        with self._cond:
+            entry.replied.discard(site)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def drop_site(self, site: str, reason: str) -> None:
@@ -153,13 +183,14 @@ class JobRelay:
                     entry.spool.drop(site)
                     if site not in entry.replied:
                         self._owe_error(entry, site, reason)
-            self._site_ready[site].notify_all()
+            self._wake_site(site)
 
     def end(self) -> None:
         with self._cond:
             self._ended = True
-            for ready in (*self._site_ready.values(), self._reply_ready):
-                ready.notify_all()
+            for site in self.sites:
+                self._wake_site(site)
+            self._reply_ready.notify_all()
 
     def close(self) -> None:
         """Free every payload still held (the job is over)."""
@@ -174,7 +205,33 @@ class JobRelay:
     def ended(self) -> bool:
         return self._ended
 
+    def _wake_site(self, site: str) -> None:
+        """Something for the site to pick up (lock held)."""
+        self._site_ready[site].notify_all()
+        self._site_tasks[site].wake()
+
     def _owe_error(self, entry: TaskEntry, site: str, reason: str) -> None:
         entry.replied.add(site)
         self._replies[entry.task_id].append(ReplyEntry(entry.task_id, site, {}, None, reason))
         self._reply_ready.notify_all()
+
+
+class ReplyWriter:
+    """One site's reply on its way in: frames appended as they arrive, then committed (the
+    workflow sees it) or abandoned (the site may send it again)."""
+
+    def __init__(self, relay: JobRelay, entry: TaskEntry, site: str, headers: dict[str, Any],
+                 spool: Spool):
+        self.relay, self.entry, self.site, self.headers, self.spool = (
+            relay, entry, site, headers, spool)
+
+    def append(self, raw: bytes) -> None:
+        self.spool.append(raw, self.relay.max_payload)
+
+    def commit(self) -> None:
+        self.spool.finish()
+        self.relay._deliver(ReplyEntry(self.entry.task_id, self.site, self.headers, self.spool))
+
+    def abandon(self) -> None:
+        self.spool.close()
+        self.relay._take_back(self.entry, self.site)

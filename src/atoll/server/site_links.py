@@ -1,9 +1,13 @@
-"""The server's view of connected site parents: one control stream each, and liveness."""
+"""The server's view of connected site parents: one control stream each, and liveness.
+
+A link's control stream is served on the server's event loop (federation_service.py); anything
+may send on it from any thread.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,17 +24,24 @@ class SiteLink:
     name: str
     org: str
     hello: dict[str, Any]
+    loop: asyncio.AbstractEventLoop  # the one that serves the control stream
     connected_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
-    outbox: queue.Queue = field(default_factory=queue.Queue)
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # None ends the stream
     closed: threading.Event = field(default_factory=threading.Event)
 
     def send(self, kind: str, body: dict[str, Any]) -> None:
-        self.outbox.put(pb.ServerCommand(**{kind: json.dumps(body)}))
+        self._put(pb.ServerCommand(**{kind: json.dumps(body)}))
 
     def close(self) -> None:
         self.closed.set()
-        self.outbox.put(None)
+        self._put(None)
+
+    def _put(self, item: pb.ServerCommand | None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.outbox.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the server is stopping
+            pass
 
     @property
     def capacity(self) -> dict[str, Any]:

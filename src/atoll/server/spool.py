@@ -15,14 +15,16 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Iterable, Iterator
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from atoll.server.waiters import AsyncWaiters
 from atoll.wire.frames import FrameError
 
 PATIENCE_S = 2.0  # how long a live writer waits for a lagging reader before spilling
+_WAIT = object()  # Spool._step: the reader is ahead of the writer
 
 
 class SpoolError(Exception):
@@ -95,6 +97,7 @@ class Spool:
         self.live = live
         self.size = 0  # payload bytes written so far
         self._cond = threading.Condition()
+        self._tasks = AsyncWaiters()  # readers on the event loop (aread)
         self._memory: deque[bytes] = deque()  # frames [_base, _base + len) still in memory
         self._memory_bytes = 0
         self._base = 0
@@ -104,6 +107,10 @@ class Spool:
         self._file = None
         self.spilled_bytes = 0  # how much of the payload went to the file
         self._cursor = {reader: 0 for reader in readers}
+        # How many readers stand at each frame, and the lowest such frame: finding what every
+        # reader has passed stays O(1) with a thousand readers of one task.
+        self._readers_at = Counter({0: len(self._cursor)})
+        self._lowest = 0
         self._done = False
         self._error: str | None = None
 
@@ -112,20 +119,30 @@ class Spool:
         """Take every frame of the payload; returns its size. On failure, readers see it."""
         try:
             for raw in frames:
-                self.size += len(raw)
-                if limit is not None and self.size > limit:
-                    raise FrameError(f"payload larger than the limit of {limit} bytes")
-                self._append(raw)
+                self.append(raw, limit)
         except BaseException as exc:
             self.fail(str(exc) or type(exc).__name__)
             raise
+        self.finish()
+        return self.size
+
+    def append(self, raw: bytes, limit: int | None = None) -> None:
+        """One more frame; a payload that outgrows limit fails (FrameError)."""
+        self.size += len(raw)
+        if limit is not None and self.size > limit:
+            error = FrameError(f"payload larger than the limit of {limit} bytes")
+            self.fail(str(error))
+            raise error
+        self._append(raw)
+
+    def finish(self) -> None:
+        """The payload is complete."""
         with self._cond:
             self._done = True
             self._trim()
             if not self._cursor:
                 self._release()
-            self._cond.notify_all()
-        return self.size
+            self._notify()
 
     def _append(self, raw: bytes) -> None:
         with self._cond:
@@ -137,7 +154,7 @@ class Spool:
                     self._memory.append(raw)
                     self._memory_bytes += len(raw)
                     self._count += 1
-                    self._cond.notify_all()
+                    self._notify()
                     return
                 self._spilled_at = self._count
                 self._file = self.files.take()
@@ -150,7 +167,7 @@ class Spool:
             self._offsets.append((self.spilled_bytes, len(raw)))
             self.spilled_bytes += len(raw)
             self._count += 1
-            self._cond.notify_all()
+            self._notify()
 
     def _hold(self, n: int) -> bool:
         """Make room for n more bytes in memory (lock held); False when the rest must spill."""
@@ -177,7 +194,7 @@ class Spool:
                 self._done = True
                 if not self._cursor:
                     self._release()
-                self._cond.notify_all()
+                self._notify()
 
     # -- readers ------------------------------------------------------------------------------
     def read(self, reader: str) -> Iterator[bytes]:
@@ -187,26 +204,55 @@ class Spool:
         try:
             while True:
                 with self._cond:
-                    while position >= self._count and not self._done:
+                    while (raw := self._step(reader, position)) is _WAIT:
                         self._cond.wait()
-                    if reader not in self._cursor:
-                        return
-                    if position >= self._count:
-                        if self._error is not None:
-                            raise SpoolError(self._error)
-                        self._leave(reader)
-                        return
-                    if self._spilled_at is None or position < self._spilled_at:
-                        raw = self._memory[position - self._base]
-                    else:  # under the lock: close() may not shut the file mid-read
-                        offset, length = self._offsets[position - self._spilled_at]
-                        raw = os.pread(self._file.fileno(), length, offset)
-                    position += 1
-                    self._cursor[reader] = position
-                    self._trim()
+                if raw is None:
+                    return
+                position += 1
                 yield raw
         finally:
             self.drop(reader)
+
+    async def aread(self, reader: str) -> AsyncIterator[bytes]:
+        """read() for a reader on the event loop: it waits without holding a thread."""
+        position = 0
+        try:
+            while True:
+                with self._cond:
+                    raw = self._step(reader, position)
+                    if raw is _WAIT:
+                        more = self._tasks.future()
+                if raw is _WAIT:
+                    await more
+                    continue
+                if raw is None:
+                    return
+                position += 1
+                yield raw
+        finally:
+            self.drop(reader)
+
+    def _step(self, reader: str, position: int) -> bytes | object | None:
+        """Frame `position` for reader (lock held): _WAIT if not written yet, None at the end."""
+        if position >= self._count and not self._done:
+            return _WAIT
+        if reader not in self._cursor:
+            return None
+        if position >= self._count:
+            if self._error is not None:
+                raise SpoolError(self._error)
+            self._leave(reader)
+            return None
+        if self._spilled_at is None or position < self._spilled_at:
+            raw = self._memory[position - self._base]
+        else:  # under the lock: close() may not shut the file mid-read
+            offset, length = self._offsets[position - self._spilled_at]
+            raw = os.pread(self._file.fileno(), length, offset)
+        self._cursor[reader] = position + 1
+        self._readers_at[position] -= 1
+        self._readers_at[position + 1] += 1
+        self._trim()
+        return raw
 
     def drop(self, reader: str) -> None:
         """A reader that will not read (any more)."""
@@ -215,15 +261,21 @@ class Spool:
                 self._leave(reader)
 
     def _leave(self, reader: str) -> None:
-        del self._cursor[reader]
+        self._readers_at[self._cursor.pop(reader)] -= 1
         self._trim()
         if not self._cursor and self._done:
             self._release()
-        self._cond.notify_all()
+        self._notify()
 
     def _trim(self) -> None:
         """Give back the frames every remaining reader has passed (lock held)."""
-        low = min(self._cursor.values(), default=self._count if self._done else self._base)
+        if self._cursor:
+            while not self._readers_at[self._lowest]:
+                del self._readers_at[self._lowest]
+                self._lowest += 1
+            low = self._lowest
+        else:
+            low = self._count if self._done else self._base
         freed = 0
         while self._base < low and self._memory:
             freed += len(self._memory.popleft())
@@ -231,7 +283,7 @@ class Spool:
         if freed:
             self._memory_bytes -= freed
             self.budget.give(freed)
-            self._cond.notify_all()
+            self._notify()
 
     def _release(self) -> None:
         if self._memory_bytes:
@@ -249,7 +301,12 @@ class Spool:
             self._done = True
             self._cursor.clear()
             self._release()
-            self._cond.notify_all()
+            self._notify()
+
+    def _notify(self) -> None:
+        """Wake every waiting reader and writer, threads and tasks (lock held)."""
+        self._cond.notify_all()
+        self._tasks.wake()
 
     @property
     def complete(self) -> bool:

@@ -90,9 +90,7 @@ class Payload:
 
     def frames(self) -> Iterator[bytes]:
         for raw in self._frames:
-            if _parse(raw)[0] != DATA_TAG:
-                raise FrameError("a second header frame inside a payload")
-            yield raw
+            yield data_only(raw)
 
     def __iter__(self) -> Iterator[memoryview]:
         for raw in self._frames:
@@ -102,12 +100,45 @@ class Payload:
             yield memoryview(raw)[start:]
 
 
+def data_only(raw: bytes) -> bytes:
+    """raw itself, if it is a data frame: what may follow a payload's header."""
+    if _parse(raw)[0] != DATA_TAG:
+        raise FrameError("a second header frame inside a payload")
+    return raw
+
+
 def split(frames: Iterator[bytes]) -> tuple[dict[str, Any], Payload]:
     """Read the header; return it with the rest of the stream as a Payload."""
     try:
         first = next(frames)
     except StopIteration:
         raise FrameError("empty stream: expected a header frame") from None
+    return read_header(first), Payload(frames)
+
+
+def split_many(frames: Iterable[bytes]) -> Iterator[tuple[dict[str, Any], Payload]]:
+    """Several header-then-data messages in one stream, one after the other. Read each Payload
+    (or leave it) before taking the next message: what it leaves unread is skipped."""
+    frames = iter(frames)
+    pushed_back: list[bytes] = []
+
+    def data() -> Iterator[bytes]:
+        for raw in frames:
+            if _parse(raw)[0] != DATA_TAG:
+                pushed_back.append(raw)  # the next message's header
+                return
+            yield raw
+
+    raw = next(frames, None)
+    while raw is not None:
+        yield read_header(raw), Payload(data())
+        raw = pushed_back.pop() if pushed_back else next(frames, None)
+        while raw is not None and _parse(raw)[0] == DATA_TAG:  # the last payload's unread rest
+            raw = next(frames, None)
+
+
+def read_header(first: bytes) -> dict[str, Any]:
+    """The JSON object in a stream's first frame, which must be a header."""
     tag, start = _parse(first)
     if tag != HEADER_TAG:
         raise FrameError("stream must start with a header frame")
@@ -117,7 +148,7 @@ def split(frames: Iterator[bytes]) -> tuple[dict[str, Any], Payload]:
         raise FrameError(f"header is not JSON: {exc}") from None
     if not isinstance(head, dict):
         raise FrameError("header must be a JSON object")
-    return head, Payload(frames)
+    return head
 
 
 def file_chunks(path: Path, chunk: int = CHUNK) -> Iterator[bytes]:

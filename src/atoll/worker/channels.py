@@ -51,7 +51,8 @@ class ServerChannel(Protocol):
         ...
 
     def replies(self, task_id: str, timeout: float | None = None) -> Iterator[Reply]:
-        """Yield replies as they arrive until every target answered or dropped, or timeout."""
+        """Yield replies as they arrive until every target answered or dropped, or timeout.
+        Read a reply's chunks before taking the next: replies may share one stream."""
         ...
 
     def report(self, event: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames
+from atoll.wire.worker_endpoint import MANY_REPLIES_KEY
 from atoll.worker.channels import Chunk, Reply, Task
 
 POLL_S = 5.0  # long-poll slice: short enough to notice a dead parent, long enough to be idle
@@ -43,7 +44,7 @@ class GrpcServerChannel(_Link):
     def replies(self, task_id: str, timeout: float | None = None) -> Iterator[Reply]:
         deadline = None if timeout is None else time.monotonic() + timeout
         left_to_get = self._expected.get(task_id, 0)
-        metadata = self.metadata + (("x-atoll-task", task_id),)
+        metadata = self.metadata + (("x-atoll-task", task_id), (MANY_REPLIES_KEY, "1"))
         stream = None
         try:
             while left_to_get > 0:
@@ -52,15 +53,15 @@ class GrpcServerChannel(_Link):
                     return
                 stream = self.stub.NextReply(pb.PullRequest(job_id=self.job_id, wait_s=wait),
                                              metadata=metadata)
-                head, chunks = frames.split(iter(stream))
-                if head.get("none"):
-                    continue
-                left_to_get -= 1
-                if head.get("error"):
-                    yield Reply(site=head["site"], error=head["error"])
-                else:
-                    yield Reply(site=head["site"], headers=head.get("headers", {}),
-                                chunks=chunks)
+                for head, chunks in frames.split_many(stream):
+                    if head.get("none"):
+                        break
+                    left_to_get -= 1
+                    if head.get("error"):
+                        yield Reply(site=head["site"], error=head["error"])
+                    else:
+                        yield Reply(site=head["site"], headers=head.get("headers", {}),
+                                    chunks=chunks)
         finally:
             if stream is not None:
                 stream.cancel()  # a caller that stops early must not leave a call open
