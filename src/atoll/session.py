@@ -102,13 +102,14 @@ class Session:
                on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         import tempfile
 
-        from atoll.spec.meta import load_meta
         from atoll.wire.jobzip import IntakeError, zip_folder
 
         job_dir = Path(job_dir)
         if not job_dir.is_dir():
             raise Refused(f"{job_dir} is not a job folder (a folder with meta.json at its top)")
         if _folder_bytes(job_dir, CHECK_BEFORE_UPLOAD) >= CHECK_BEFORE_UPLOAD:
+            from atoll.spec.meta import load_meta  # pydantic: only for a long upload
+
             load_meta(job_dir)  # fail here, with every issue, before a long upload
         with tempfile.TemporaryDirectory() as tmp:
             try:
