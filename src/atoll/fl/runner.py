@@ -26,7 +26,6 @@ from atoll.fl.app_config import APP_FILE, AppConfigError, SiteSection, load_app_
 from atoll.fl.client_runtime import ClientSession, bind, unbind
 from atoll.fl.model import Model
 from atoll.fl.serde import SerdeError, load_file
-from atoll.fl.workflows import WORKFLOWS
 from atoll.worker.channels import ServerChannel, SiteChannel
 
 
@@ -67,6 +66,8 @@ def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, An
     initial = None
     if config.server.initial_model:
         initial = load_initial_model(app_dir, config.server.initial_model)
+    from atoll.fl.workflows import WORKFLOWS  # the server's alone: site workers skip it
+
     WORKFLOWS[config.server.workflow](channel, args, initial, dict(job_args or {}))
 
 
