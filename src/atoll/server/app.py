@@ -71,6 +71,10 @@ class ServerParent:
         self.worker_address = ""
 
     @property
+    def stopping(self) -> bool:
+        return self._stopped.is_set()
+
+    @property
     def launcher(self):
         return self.local.launcher
 

@@ -69,9 +69,16 @@ class FederationService:
                 yield command
         finally:
             reader.cancel()
-            if self.parent.links.detach(link):
+            # (a server that is stopping has stopped its jobs and closes its store)
+            if self.parent.links.detach(link) and not self.parent.stopping:
                 log.info("site %s disconnected", who.name)
-                loop.run_in_executor(None, self.parent.jobs.site_offline, who.name)
+                loop.run_in_executor(None, self._offline, who.name)
+
+    def _offline(self, site: str) -> None:
+        try:
+            self.parent.jobs.site_offline(site)
+        except Exception:  # noqa: BLE001 - nobody awaits this; say what went wrong
+            log.exception("could not mark the jobs of %s as failed", site)
 
     async def _read(self, link: SiteLink, events) -> None:
         loop = asyncio.get_running_loop()
