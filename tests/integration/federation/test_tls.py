@@ -15,7 +15,7 @@ from atoll.pki.kit import load_kit
 from atoll.pki.tls import channel_credentials
 from atoll.session import Session
 from atoll.wire import atoll_pb2 as pb
-from atoll.wire import rpc
+from atoll.wire import frames, rpc
 from tests.integration.federation.conftest import ADMIN
 
 
@@ -107,9 +107,17 @@ def test_a_site_is_who_its_certificate_says(federation, tmp_path):
 def test_admin_certificate_cannot_act_as_a_site(federation):
     kit = load_kit(federation.kit(ADMIN))
     channel = grpc.secure_channel(kit.server_address, channel_credentials(kit))
-    stream = rpc.stub(channel, "Federation").Connect(
-        iter([pb.SiteEvent(hello="{}")]), timeout=5)
-    with pytest.raises(grpc.RpcError) as err:
-        list(stream)
+    stub = rpc.stub(channel, "Federation")
+    calls = {  # every site call; most run on the server's event loop, where abort is awaited
+        "Connect": lambda: list(stub.Connect(iter([pb.SiteEvent(hello="{}")]), timeout=5)),
+        "FetchJob": lambda: list(stub.FetchJob(pb.JobRef(job_id="x"), timeout=5)),
+        "PullTask": lambda: list(stub.PullTask(pb.PullRequest(job_id="x"), timeout=5)),
+        "PushReply": lambda: stub.PushReply(iter([frames.header({"job_id": "x"})]), timeout=5),
+        "Report": lambda: stub.Report(pb.Json(body='{"job_id": "x"}'), timeout=5),
+    }
+    for name, call in calls.items():
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, name
+        assert "admin certificate" in err.value.details(), name
     channel.close()
-    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
