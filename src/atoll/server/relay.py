@@ -21,7 +21,7 @@ from typing import Any
 from atoll.server.spool import Budget, SpillFiles, Spool
 from atoll.server.waiters import AsyncWaiters, until
 
-END = object()  # returned by next_task once the job is over
+END = object()  # returned by wait_task once the job is over
 
 
 @dataclass
@@ -57,11 +57,10 @@ class JobRelay:
         self.max_payload = max_payload
         self.budget = budget
         self.files = SpillFiles(folder)
-        # One lock, and a condition per waiter: a new task wakes only its targets and a reply
-        # only the workflow. (One shared condition woke all N sites for every event: N² work
-        # per round at a thousand sites.)
+        # One lock, and a wake-up per waiter: a new task wakes only its targets (tasks on the
+        # event loop) and a reply only the workflow (a thread). (One shared condition woke all
+        # N sites for every event: N² work per round at a thousand sites.)
         self._cond = threading.Condition()
-        self._site_ready = {s: threading.Condition(self._cond) for s in self.sites}
         self._site_tasks = {s: AsyncWaiters() for s in self.sites}  # PullTask on the event loop
         self._reply_ready = threading.Condition(self._cond)
         self._ids = itertools.count(1)
@@ -107,18 +106,9 @@ class JobRelay:
             return self._replies[task_id].popleft()
 
     # -- site side ----------------------------------------------------------------------------
-    def next_task(self, site: str, wait_s: float) -> TaskEntry | object | None:
-        deadline = time.monotonic() + wait_s
-        with self._cond:
-            while (found := self._task_for(site)) is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._site_ready[site].wait(left)
-            return found
-
     async def wait_task(self, site: str, wait_s: float) -> TaskEntry | object | None:
-        """next_task for a caller on the event loop: it waits without holding a thread."""
+        """The site's next task, END once the job is over or the site dropped out, or None
+        after wait_s. Sites call it on the server's event loop: it waits without a thread."""
         deadline = time.monotonic() + wait_s
         while True:
             with self._cond:
@@ -138,17 +128,6 @@ class JobRelay:
         if self._queues[site]:
             return self._tasks[self._queues[site].popleft()]
         return None
-
-    def add_reply(self, site: str, task_id: str, headers: dict[str, Any],
-                  frames: Iterable[bytes]) -> None:
-        reply = self.open_reply(site, task_id, headers)
-        try:
-            for raw in frames:
-                reply.append(raw)
-        except BaseException:
-            reply.abandon()
-            raise
-        reply.commit()
 
     def open_reply(self, site: str, task_id: str, headers: dict[str, Any]) -> ReplyWriter:
         """Start taking a site's reply; the workflow sees it once committed."""
@@ -207,7 +186,6 @@ class JobRelay:
 
     def _wake_site(self, site: str) -> None:
         """Something for the site to pick up (lock held)."""
-        self._site_ready[site].notify_all()
         self._site_tasks[site].wake()
 
     def _owe_error(self, entry: TaskEntry, site: str, reason: str) -> None:

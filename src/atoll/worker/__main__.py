@@ -119,7 +119,6 @@ def _exit_now(code: int) -> None:
     (gc.freeze in main): scanning and collecting it took 0.3 s per worker here, and none of it
     is the job's."""
     import atexit
-    import gc
     import threading
 
     for thread in threading.enumerate():
@@ -133,7 +132,6 @@ def _exit_now(code: int) -> None:
 
 
 def _flush_open_files() -> None:
-    import gc
     import io
 
     for obj in gc.get_objects():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 from atoll.server.relay import END, JobRelay
@@ -17,6 +18,17 @@ def _frames(*parts):
     return [frames.data(p) for p in parts]
 
 
+def _next_task(relay, site, wait_s):
+    return asyncio.run(relay.wait_task(site, wait_s))
+
+
+def _reply(relay, site, task_id, headers, frames_):
+    reply = relay.open_reply(site, task_id, headers)
+    for raw in frames_:
+        reply.append(raw)
+    reply.commit()
+
+
 def _read(spool, reader):
     return b"".join(bytes(chunk) for chunk in frames.Payload(spool.read(reader)))
 
@@ -25,12 +37,12 @@ def test_a_task_reaches_each_target_and_replies_reach_the_workflow(tmp_path):
     relay = _relay(tmp_path, ["a", "b", "c"])
     task_id = relay.add_task(["a", "b"], "train", {"round": 0}, _frames(b"pay", b"load"))
     for site in ("a", "b"):
-        entry = relay.next_task(site, 1)
+        entry = _next_task(relay, site, 1)
         got = _read(entry.spool, site)
         assert (entry.task_id, entry.topic, got) == (task_id, "train", b"payload")
-    assert relay.next_task("c", 0.05) is None  # not a target: nothing for it
+    assert _next_task(relay, "c", 0.05) is None  # not a target: nothing for it
     assert relay.budget.used == 0  # read by every target: the payload's memory is back
-    relay.add_reply("b", task_id, {"n": 1}, _frames(b"B"))
+    _reply(relay, "b", task_id, {"n": 1}, _frames(b"B"))
     reply = relay.next_reply(task_id, 1)
     assert (reply.site, reply.headers, _read(reply.spool, "workflow")) == ("b", {"n": 1}, b"B")
     assert relay.budget.used == 0
@@ -41,7 +53,7 @@ def test_a_waiting_site_is_woken_by_its_task_only(tmp_path):
     got = {}
 
     def wait(site):
-        got[site] = relay.next_task(site, 2)
+        got[site] = _next_task(relay, site, 2)
 
     threads = [threading.Thread(target=wait, args=(s,)) for s in ("a", "b")]
     for t in threads:
@@ -62,4 +74,4 @@ def test_a_dropped_site_owes_an_error_reply_for_every_open_task(tmp_path):
     assert (reply.site, reply.error) == ("b", "b dropped out: killed by signal 9")
     later = relay.add_task(["a", "b"], "train", {}, _frames(b"y"))  # a task after the drop
     assert relay.next_reply(later, 1).error == "b dropped out: killed by signal 9"
-    assert relay.next_task("b", 1) is END
+    assert _next_task(relay, "b", 1) is END

@@ -84,7 +84,7 @@ def test_a_reply_reaches_the_workflow_only_when_committed_and_an_abandoned_one_m
         tmp_path):
     relay = _relay(tmp_path, ["a"], budget=1024)  # small: most of the reply spills
     task_id = relay.add_task(["a"], "train", {}, [frames.data(b"x")])
-    list(relay.next_task("a", 1).spool.read("a"))
+    list(asyncio.run(relay.wait_task("a", 1)).spool.read("a"))
     half = relay.open_reply("a", task_id, {})
     half.append(frames.data(b"y" * 4000))
     assert relay.next_reply(task_id, 0.05) is None  # half a reply is not a reply
