@@ -32,7 +32,28 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _without_system_openssl() -> None:
+    """Keep the system's OpenSSL (libcrypto, ~4.5 MiB resident once loaded) out of a parent.
+
+    A parent speaks TLS through gRPC, which carries its own BoringSSL; what maps libcrypto is
+    only Python's bindings: hashlib and hmac (the parents' SHA-256 digests, which CPython also
+    has built in, and hashlib then uses), and `ssl`, which asyncio imports as gRPC loads it
+    (asyncio's own TLS, which nothing in a parent uses). So hashlib is told OpenSSL is absent,
+    and `ssl` is absent only while gRPC loads: a launcher's client library that needs TLS
+    (kubernetes, docker) imports the real module later.
+    """
+    sys.modules.setdefault("_hashlib", None)
+    if "ssl" in sys.modules or "grpc" in sys.modules:
+        return
+    sys.modules["ssl"] = None
+    try:
+        import grpc  # noqa: F401 - loaded here, with asyncio, while `ssl` is absent
+    finally:
+        del sys.modules["ssl"]
+
+
 def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> int:
+    _without_system_openssl()
     from atoll import daemon
     from atoll.errors import AtollError
     from atoll.forked import run_forked

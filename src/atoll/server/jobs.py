@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import threading
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +54,19 @@ class LiveJob:
     @property
     def id(self) -> str:
         return self.record.id
+
+
+def _shutil():
+    """shutil, loaded by the first job: it brings bz2 and lzma (~0.5 MiB) into a parent."""
+    import shutil
+
+    return shutil
+
+
+def _new_job_id() -> str:
+    import uuid  # with the first job: uuid loads platform and libuuid
+
+    return uuid.uuid4().hex
 
 
 def _read_meta(tree: Path):
@@ -104,7 +115,7 @@ class JobManager:
                     problems.append(f"deploy_map: app folder {app!r} is missing from the job")
             if problems:
                 raise IntakeError("job refused:\n" + "\n".join(f"- {p}" for p in problems))
-            job_id = uuid.uuid4().hex
+            job_id = _new_job_id()
             meta = meta.with_server_fields(study, who.name)
             incoming.keep(self.jobs_dir / job_id / "job")
         record_meta = meta.model_dump(mode="json")
@@ -159,7 +170,7 @@ class JobManager:
         run_dir = live.folder / "run" / "server"
         try:
             app = load_meta(live.folder / "job").app_for("server")
-            shutil.copytree(live.folder / "job" / app, run_dir / "app", dirs_exist_ok=True)
+            _shutil().copytree(live.folder / "job" / app, run_dir / "app", dirs_exist_ok=True)
             token = self.parent.tokens.issue(live.id)
             request = self.parent.launch_request(live.record, "server", run_dir, token)
             self.store.set_part_state(live.id, "server", "STARTING")
@@ -244,7 +255,7 @@ class JobManager:
         self.store.set_job_state(live.id, f"FINISHED:{live.server_state}", reason)
         self.parent.tokens.revoke(live.id)
         live.relay.close()
-        shutil.rmtree(live.relay.folder, ignore_errors=True)
+        _shutil().rmtree(live.relay.folder, ignore_errors=True)
         self.parent.scheduler.wake()
         log.info("job %s finished: %s %s", live.id, live.server_state, reason)
 

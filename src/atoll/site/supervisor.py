@@ -8,7 +8,6 @@ worker is created through the site's launcher.
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,6 @@ from atoll.spec.capacity import fits
 from atoll.spec.errors import SpecError
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames
-from atoll.wire.jobzip import IntakeError, unpack_app
 
 if TYPE_CHECKING:
     from atoll.spec.resources import Resources
@@ -85,11 +83,12 @@ class Supervisor:
         return job
 
     def _run(self, body: dict[str, Any]) -> None:
-        # The spec models import pydantic, and zipfile weighs ~1 MiB: both are loaded by the
-        # first job, not in a parent at rest.
+        # The spec models import pydantic, zipfile weighs ~1 MiB, and shutil brings bz2 and
+        # lzma: all are loaded by the first job, not in a parent at rest.
         import zipfile
 
         from atoll.spec.meta import load_meta
+        from atoll.wire.jobzip import IntakeError
 
         job_id, study, site = str(body["job_id"]), str(body["study"]), self.parent.name
         job = None
@@ -118,6 +117,10 @@ class Supervisor:
 
     def _fetch(self, job: SiteJob) -> None:
         """Fetch this site's app; keep the zip for workers that cannot see this folder."""
+        import shutil
+
+        from atoll.wire.jobzip import unpack_app
+
         shutil.rmtree(job.workdir, ignore_errors=True)
         job.workdir.mkdir(parents=True)
         stream = self.parent.stub.FetchJob(pb.JobRef(job_id=job.job_id))

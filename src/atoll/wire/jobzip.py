@@ -5,14 +5,13 @@ symbolic links, device files, more than MAX_ENTRIES entries, more than the size 
 uncompressed. Anything refused leaves nothing behind: work happens in a scratch folder that is
 removed on every failure and renamed into place only when the job is accepted.
 
-zipfile (~1 MiB once imported) is imported where used: parents import this module at rest, and
-need it only when a job comes or goes.
+zipfile (~1 MiB once imported) and shutil (which loads bz2 and lzma) are imported where used:
+parents import this module at rest, and need them only when a job comes or goes.
 """
 
 from __future__ import annotations
 
 import secrets
-import shutil
 import stat
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
@@ -44,6 +43,8 @@ class Incoming:
         return self
 
     def __exit__(self, *exc) -> None:
+        import shutil
+
         if not self.kept:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -54,6 +55,7 @@ class Incoming:
             raise IntakeError(f"job upload refused: {exc}") from None
 
     def extract(self, max_bytes: int) -> Path:
+        import shutil
         import zipfile
 
         try:
@@ -84,6 +86,8 @@ class Incoming:
         return self.tree
 
     def keep(self, destination: Path) -> Path:
+        import shutil
+
         destination.parent.mkdir(parents=True, exist_ok=True)
         self.tree.rename(destination)
         self.kept = True
@@ -137,6 +141,8 @@ def add_file(archive: zipfile.ZipFile, path: Path, name: str) -> None:
 def unpack_app(archive: Path, target: str, destination: Path, scratch: Path,
                max_bytes: int = 1 << 32) -> Path:
     """Unpack the app a participant runs (from a FetchJob/FetchApp zip) into `destination`."""
+    import shutil
+
     from atoll.spec.meta import load_meta
 
     scratch.mkdir(parents=True, exist_ok=True)
