@@ -90,6 +90,9 @@ ProgressCallback = Callable[[str], None]
 
 class Launcher(ABC):
     name: ClassVar[str]
+    # Its workers run on the parent's host and see the parent's folders at the same paths:
+    # the server parent then hands replies to its worker as files (wire/handoff.py).
+    shares_host: ClassVar[bool] = False
 
     @abstractmethod
     def render(self, request: LaunchRequest) -> dict[str, Any]:

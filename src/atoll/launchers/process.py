@@ -80,6 +80,7 @@ def signal_text(number: int) -> str:
 
 class ProcessLauncher(Launcher):
     name: ClassVar[str] = "process"
+    shares_host: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from atoll.server.relay import JobRelay, RelayError
 from atoll.server.spool import Budget
 from atoll.server.store import JobRecord
 from atoll.spec.errors import SpecError
-from atoll.wire import frames
+from atoll.wire import frames, handoff
 from atoll.wire.jobzip import Incoming, IntakeError, zip_folder
 from atoll.wire.worker_endpoint import BackendError
 
@@ -148,7 +148,8 @@ class JobManager:
     def dispatch(self, record: JobRecord, sites: list[str], skipped: dict[str, str],
                  resources: dict[str, Any]) -> None:
         folder = self.jobs_dir / record.id
-        relay = JobRelay(record.id, folder / "relay", sites, self.relay_budget)
+        relay = JobRelay(record.id, folder / "relay", sites, self.relay_budget,
+                         handoff=self.parent.launcher.shares_host)
         live = LiveJob(record, sites, relay, folder, resources=resources)
         with self._lock:
             self.live[record.id] = live
@@ -314,8 +315,11 @@ class ServerWorkerBackend:
         if live.record.state == "DISPATCHED":
             live.record.state = "RUNNING"
             self.jobs.store.set_job_state(job_id, "RUNNING")
-        return {"sites": live.sites,
+        info = {"sites": live.sites,
                 "job_args": {"min_clients": live.record.meta.get("min_clients")}}
+        if live.relay.handoff is not None:
+            info["handoff"] = str(live.relay.handoff.path)
+        return info
 
     def app_zip(self, job_id: str) -> Path:
         self._live(job_id)
@@ -330,8 +334,9 @@ class ServerWorkerBackend:
             raise BackendError(str(exc)) from None
         return {"task_id": task_id}
 
-    def next_reply(self, job_id, task_id, wait_s, many=False):
+    def next_reply(self, job_id, task_id, wait_s, many=False, as_files=False):
         relay = self._live(job_id).relay
+        as_files = as_files and relay.handoff is not None
         try:
             entry = relay.next_reply(task_id, min(max(wait_s, 0.0), 30.0))
         except RelayError as exc:
@@ -341,6 +346,9 @@ class ServerWorkerBackend:
         while entry is not None:
             if entry.error is not None:
                 yield frames.header({"site": entry.site, "error": entry.error})
+            elif as_files:  # the worker reads the reply's own file (wire/handoff.py)
+                yield frames.header({"site": entry.site, "headers": entry.headers,
+                                     handoff.KEY: entry.spool.hand_over()})
             else:
                 yield frames.header({"site": entry.site, "headers": entry.headers})
                 yield from entry.spool.read("workflow")

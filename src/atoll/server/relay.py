@@ -20,6 +20,7 @@ from typing import Any
 
 from atoll.server.spool import Budget, SpillFiles, Spool
 from atoll.server.waiters import AsyncWaiters, until
+from atoll.wire.handoff import HandoffDir
 
 END = object()  # returned by wait_task once the job is over
 
@@ -49,10 +50,12 @@ class RelayError(Exception):
 
 class JobRelay:
     def __init__(self, job_id: str, folder: Path, sites: Iterable[str], budget: Budget,
-                 max_payload: int | None = None):
+                 max_payload: int | None = None, handoff: bool = False):
         self.job_id = job_id
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
+        # Replies go whole into files of their own here, for a server worker on this host.
+        self.handoff = HandoffDir(folder / "handoff", create=True) if handoff else None
         self.sites = list(sites)
         self.max_payload = max_payload
         self.budget = budget
@@ -138,8 +141,10 @@ class JobRelay:
             if site in entry.replied:
                 raise RelayError(f"{site} already replied to task {task_id}")
             entry.replied.add(site)
+        own_file = self.handoff.create() if self.handoff is not None else None
         return ReplyWriter(self, entry, site, headers,
-                           Spool(self.files, ["workflow"], self.budget, live=False))
+                           Spool(self.files, ["workflow"], self.budget, live=False,
+                                 own_file=own_file))
 
     def _deliver(self, reply: ReplyEntry) -> None:
         with self._cond:
@@ -179,6 +184,8 @@ class JobRelay:
         for spool in spools:
             spool.close()
         self.files.close()
+        if self.handoff is not None:
+            self.handoff.close()
 
     @property
     def ended(self) -> bool:

@@ -7,7 +7,8 @@ the frames as they arrive and nothing touches the disk; the writer waits up to P
 reader that lags (or has not come yet) before the rest spills to the file, so a slow or absent
 site never holds the workflow for long and memory stays bounded. A spool that is not live (a
 reply) is only handed to its reader once complete: a site that dies mid-upload then leaves no
-half reply for the workflow to fold into its average.
+half reply for the workflow to fold into its average. A reply may also go whole into a file of
+its own (wire/handoff.py), which the parent then hands to a server worker on its host by name.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from atoll.server.waiters import AsyncWaiters
 from atoll.wire.frames import FrameError
+
+if TYPE_CHECKING:
+    from atoll.wire.handoff import HandoffFile
 
 PATIENCE_S = 2.0  # how long a live writer waits for a lagging reader before spilling
 _WAIT = object()  # Spool._step: the reader is ahead of the writer
@@ -91,7 +95,8 @@ class SpillFiles:
 
 
 class Spool:
-    def __init__(self, files: SpillFiles, readers: Iterable[str], budget: Budget, live: bool):
+    def __init__(self, files: SpillFiles, readers: Iterable[str], budget: Budget, live: bool,
+                 own_file: HandoffFile | None = None):
         self.files = files
         self.budget = budget
         self.live = live
@@ -113,6 +118,9 @@ class Spool:
         self._lowest = 0
         self._done = False
         self._error: str | None = None
+        self._own = own_file  # every frame goes to this file, which the spool hands over
+        if own_file is not None:
+            self._file, self._spilled_at = own_file.handle, 0
 
     # -- writer -------------------------------------------------------------------------------
     def write(self, frames: Iterable[bytes], limit: int | None = None) -> int:
@@ -290,9 +298,24 @@ class Spool:
             self.budget.give(self._memory_bytes)
             self._memory.clear()
             self._memory_bytes = 0
-        if self._file is not None:
+        if self._own is not None:
+            self._own.remove()
+            self._own = self._file = None
+        elif self._file is not None:
             self.files.give(self._file)
             self._file = None
+
+    def hand_over(self) -> str:
+        """The name of the complete payload's own file, now its reader's to read and delete."""
+        with self._cond:
+            if not self.complete or self._own is None or not self._cursor:
+                raise SpoolError("only a complete payload in a file of its own, not yet read, "
+                                 "can be handed over")
+            name = self._own.hand_over()
+            self._own = self._file = None
+            self._cursor.clear()
+            self._notify()
+            return name
 
     def close(self) -> None:
         """Free everything now (the job is over)."""

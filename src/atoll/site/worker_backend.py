@@ -66,7 +66,7 @@ class SiteWorkerBackend:
     def send_task(self, job_id, head, chunks):
         raise BackendError("a site worker cannot send tasks; the server worker runs the workflow")
 
-    def next_reply(self, job_id, task_id, wait_s, many=False):
+    def next_reply(self, job_id, task_id, wait_s, many=False, as_files=False):
         raise BackendError("a site worker receives tasks, not replies")
 
     def report(self, job_id: str, body: dict[str, Any]) -> None:

@@ -39,8 +39,8 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _parse(raw: bytes | memoryview) -> tuple[int, int]:
-    """(tag, offset of the value) of one encoded Frame; the value must fill the rest exactly."""
+def _lead(raw: bytes | memoryview) -> tuple[int, int, int]:
+    """(tag, offset of the value, value length) from the start of one encoded Frame."""
     if len(raw) < 2 or raw[0] not in (HEADER_TAG, DATA_TAG):
         raise FrameError("not a frame: expected a header or a data field")
     size, shift, pos = 0, 0, 1
@@ -53,9 +53,23 @@ def _parse(raw: bytes | memoryview) -> tuple[int, int]:
         if not byte & 0x80:
             break
         shift += 7
+    return raw[0], pos, size
+
+
+def _parse(raw: bytes | memoryview) -> tuple[int, int]:
+    """(tag, offset of the value) of one encoded Frame; the value must fill the rest exactly."""
+    tag, pos, size = _lead(raw)
     if pos + size != len(raw):
         raise FrameError("not a frame: its length does not match the message")
-    return raw[0], pos
+    return tag, pos
+
+
+def frame_size(start: bytes) -> int:
+    """The whole length of the frame that begins with these bytes (its first 11 or more)."""
+    _, pos, size = _lead(start)
+    if size > MAX_MESSAGE:
+        raise FrameError(f"not a frame: {size} bytes is over the {MAX_MESSAGE} limit")
+    return pos + size
 
 
 def header(body: dict[str, Any]) -> bytes:

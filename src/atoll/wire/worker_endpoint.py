@@ -27,14 +27,17 @@ SESSION_KEY = "x-atoll-worker"
 # NextReply: a workflow that sends this ("1") takes every reply already waiting in one call,
 # one header-then-data message after the other (frames.split_many); else one reply per call.
 MANY_REPLIES_KEY = "x-atoll-replies"
+# NextReply: a workflow that sends this ("1") takes replies as files in the handoff folder its
+# parent offered at registration (wire/handoff.py), each header naming its file.
+HANDOFF_KEY = "x-atoll-handoff"
 
 
 class WorkerBackend(Protocol):
     def on_register(self, job_id: str) -> dict[str, Any]: ...
     def app_zip(self, job_id: str) -> Path: ...
     def send_task(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict: ...
-    def next_reply(self, job_id: str, task_id: str, wait_s: float,
-                   many: bool = False) -> Iterator[bytes]: ...
+    def next_reply(self, job_id: str, task_id: str, wait_s: float, many: bool = False,
+                   as_files: bool = False) -> Iterator[bytes]: ...
     def next_task(self, job_id: str, wait_s: float) -> Iterator[bytes]: ...
     def send_reply(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict: ...
     def report(self, job_id: str, body: dict[str, Any]) -> None: ...
@@ -126,8 +129,9 @@ class WorkerLinkServicer:
         metadata = dict(context.invocation_metadata())
         task_id = metadata.get("x-atoll-task", "")
         many = metadata.get(MANY_REPLIES_KEY) == "1"
+        as_files = metadata.get(HANDOFF_KEY) == "1"
         yield from self._stream(context, self.backend.next_reply, job_id, task_id, request.wait_s,
-                                many)
+                                many, as_files)
 
     def NextTask(self, request, context):
         job_id = self._job(context)

@@ -37,6 +37,23 @@ def _fetch_app(stub, metadata, workdir: Path, target: str) -> None:
     unpack_app(archive, target, workdir / "app", workdir / "tmp")
 
 
+def _handoff(info: dict):
+    """The handoff folder the parent offered, if this worker sees it (wire/handoff.py)."""
+    from atoll.wire.handoff import HandoffDir
+
+    path = info.get("handoff")
+    if not path:
+        return None
+    try:
+        folder = HandoffDir(Path(path))
+        print(f"atoll worker: replies come as files through {path}", flush=True)
+        return folder
+    except OSError as exc:
+        print(f"atoll worker: handoff folder {path} is not usable here ({exc.strerror}); "
+              "replies come through the worker link", file=sys.stderr)
+        return None
+
+
 def main() -> int:
     job_id, role, parent = _env("ATOLL_JOB_ID"), _env("ATOLL_ROLE"), _env("ATOLL_PARENT")
     token = os.environ.pop("ATOLL_JOB_TOKEN", "")  # gone from the environment scripts inherit
@@ -80,7 +97,8 @@ def main() -> int:
 
             results = workdir / "results"
             results.mkdir(parents=True, exist_ok=True)
-            channel = GrpcServerChannel(stub, session, job_id, info["sites"], results)
+            channel = GrpcServerChannel(stub, session, job_id, info["sites"], results,
+                                        _handoff(info))
             gc.freeze()  # see _exit_now
             run_server_app(channel, workdir / "app", info.get("job_args", {}))
         else:

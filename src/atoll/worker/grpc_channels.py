@@ -10,7 +10,8 @@ from typing import Any
 
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames
-from atoll.wire.worker_endpoint import MANY_REPLIES_KEY
+from atoll.wire.handoff import KEY, HandoffDir
+from atoll.wire.worker_endpoint import HANDOFF_KEY, MANY_REPLIES_KEY
 from atoll.worker.channels import Chunk, Reply, Task
 
 POLL_S = 5.0  # long-poll slice: short enough to notice a dead parent, long enough to be idle
@@ -27,11 +28,13 @@ class _Link:
 
 
 class GrpcServerChannel(_Link):
-    def __init__(self, stub, session: str, job_id: str, sites: list[str], results_dir: Path):
+    def __init__(self, stub, session: str, job_id: str, sites: list[str], results_dir: Path,
+                 handoff: HandoffDir | None = None):
         super().__init__(stub, session, job_id)
         self.sites = list(sites)
         self.results_dir = results_dir
         self._expected: dict[str, int] = {}
+        self.handoff = handoff  # replies come as files in it (wire/handoff.py)
 
     def send(self, targets: Sequence[str], topic: str, headers: dict[str, Any],
              payload: Iterable[Chunk]) -> str:
@@ -45,6 +48,8 @@ class GrpcServerChannel(_Link):
         deadline = None if timeout is None else time.monotonic() + timeout
         left_to_get = self._expected.get(task_id, 0)
         metadata = self.metadata + (("x-atoll-task", task_id), (MANY_REPLIES_KEY, "1"))
+        if self.handoff is not None:
+            metadata += ((HANDOFF_KEY, "1"),)
         stream = None
         try:
             while left_to_get > 0:
@@ -60,8 +65,10 @@ class GrpcServerChannel(_Link):
                     if head.get("error"):
                         yield Reply(site=head["site"], error=head["error"])
                     else:
+                        if KEY in head and self.handoff is not None:
+                            chunks = frames.Payload(self.handoff.read(head[KEY]))
                         yield Reply(site=head["site"], headers=head.get("headers", {}),
-                                    chunks=chunks)
+                                    chunks=iter(chunks))
         finally:
             if stream is not None:
                 stream.cancel()  # a caller that stops early must not leave a call open

@@ -51,6 +51,18 @@ def test_submit_complete_download(federation, tmp_path):
     assert (out / "logs" / "site-1.log").exists() and (out / "logs" / "server").is_dir()
 
 
+def test_the_server_worker_on_the_servers_host_takes_replies_as_files(federation, tmp_path):
+    """The process launcher shares the parent's host: replies reach the workflow through the
+    job's handoff folder (wire/handoff.py), which goes with the job."""
+    with federation.session(ADMIN) as s:
+        job = s.submit(make_job(tmp_path / "files", rounds=3), wait=True, timeout=120)
+        logs = s.logs(job["job_id"])["logs"]
+    assert job["state"] == "FINISHED:COMPLETED", job
+    assert "replies come as files through" in logs["server"]
+    relay = federation.workspace("server") / "jobs" / job["job_id"] / "relay"
+    assert not relay.exists()
+
+
 def test_a_worker_leaving_quickly_still_does_what_exit_would(federation, tmp_path):
     """Workers end with os._exit (atoll.worker): a script's unclosed file, atexit function and
     non-daemon thread must still get what a normal interpreter exit gives them."""

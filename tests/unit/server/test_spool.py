@@ -127,3 +127,40 @@ def test_spill_files_are_reused_from_payload_to_payload(tmp_path):
         assert b"".join(spool.read("workflow")) == b"".join(payload)
     assert files.made == 1 and [p.name for p in tmp_path.iterdir()] == ["spill-1"]
     files.close()
+
+
+def test_a_reply_in_its_own_file_takes_no_memory_and_is_handed_over_by_name(tmp_path):
+    from atoll.wire.handoff import HandoffDir
+
+    budget = WatchedBudget(1 << 20)
+    folder = HandoffDir(tmp_path / "handoff", create=True)
+    spool = Spool(SpillFiles(tmp_path), ["workflow"], budget, live=False,
+                  own_file=folder.create())
+    payload = _payload(5)
+    spool.append(payload[0])
+    with pytest.raises(SpoolError, match="complete"):
+        spool.hand_over()  # not while the site is still sending
+    for raw in payload[1:]:
+        spool.append(raw)
+    spool.finish()
+    assert budget.peak == 0 and spool.spilled_bytes == len(b"".join(payload))
+    name = spool.hand_over()
+    assert b"".join(HandoffDir(tmp_path / "handoff").read(name)) == b"".join(payload)
+    spool.close()  # the job ends later: nothing left to free, nothing removed twice
+    assert list((tmp_path / "handoff").iterdir()) == []
+
+
+def test_a_reply_in_its_own_file_read_through_the_spool_or_dropped_is_removed(tmp_path):
+    from atoll.wire.handoff import HandoffDir
+
+    folder = HandoffDir(tmp_path / "handoff", create=True)
+    payload = _payload(3)
+    read = Spool(SpillFiles(tmp_path), ["workflow"], Budget(1 << 20), live=False,
+                 own_file=folder.create())
+    read.write(payload)
+    assert b"".join(read.read("workflow")) == b"".join(payload)  # a worker that reads frames
+    abandoned = Spool(SpillFiles(tmp_path), ["workflow"], Budget(1 << 20), live=False,
+                      own_file=folder.create())
+    abandoned.append(payload[0])
+    abandoned.close()  # the site broke off mid-reply
+    assert list((tmp_path / "handoff").iterdir()) == []
