@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -101,6 +102,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--no-write", action="store_true", help="print the table, write no file")
     p.add_argument(
+        "--keep-work",
+        action="store_true",
+        help="keep every deployment's folder (default: removed after a cycle that measured "
+        "everything; a failed cycle's folder is always kept, logs included)",
+    )
+    p.add_argument(
         "--merge-from",
         default=None,
         help="debugging only: take the systems not in --systems from this earlier run's JSON "
@@ -175,6 +182,11 @@ def main(argv: list[str]) -> int:
                 log(f"{system} repeat {r}/{args.repeats}")
                 metrics = workloads.run_cycle(driver, args.workloads, opts)
                 results[system].append(metrics)
+                failed = any(str(v).startswith("failed") for v in metrics.values())
+                if not (args.keep_work or failed):
+                    # 1 GiB models, checkpoints and spill files pile up to tens of GB over a
+                    # run: the page cache fills, and every later deployment pays for it
+                    shutil.rmtree(driver.workdir, ignore_errors=True)
                 log(
                     f"{system} repeat {r}: "
                     + ", ".join(f"{k}={_show(v)}" for k, v in metrics.items())
