@@ -56,19 +56,6 @@ class LiveJob:
         return self.record.id
 
 
-def _shutil():
-    """shutil, loaded by the first job: it brings bz2 and lzma (~0.5 MiB) into a parent."""
-    import shutil
-
-    return shutil
-
-
-def _new_job_id() -> str:
-    import uuid  # with the first job: uuid loads platform and libuuid
-
-    return uuid.uuid4().hex
-
-
 def _read_meta(tree: Path):
     """The job's meta.json, with errors that name the file as the user knows it."""
     from atoll.spec.meta import load_meta  # pydantic: loaded by the first job, not at rest
@@ -115,7 +102,9 @@ class JobManager:
                     problems.append(f"deploy_map: app folder {app!r} is missing from the job")
             if problems:
                 raise IntakeError("job refused:\n" + "\n".join(f"- {p}" for p in problems))
-            job_id = _new_job_id()
+            import uuid  # with the first job, not at rest: it loads platform and libuuid
+
+            job_id = uuid.uuid4().hex
             meta = meta.with_server_fields(study, who.name)
             incoming.keep(self.jobs_dir / job_id / "job")
         record_meta = meta.model_dump(mode="json")
@@ -166,12 +155,14 @@ class JobManager:
                          name=f"server-worker-{record.id[:8]}", daemon=True).start()
 
     def _run_server_worker(self, live: LiveJob) -> None:
+        import shutil  # with the first job, not at rest: it loads bz2 and lzma
+
         from atoll.spec.meta import load_meta
 
         run_dir = live.folder / "run" / "server"
         try:
             app = load_meta(live.folder / "job").app_for("server")
-            _shutil().copytree(live.folder / "job" / app, run_dir / "app", dirs_exist_ok=True)
+            shutil.copytree(live.folder / "job" / app, run_dir / "app", dirs_exist_ok=True)
             token = self.parent.tokens.issue(live.id)
             request = self.parent.launch_request(live.record, "server", run_dir, token)
             self.store.set_part_state(live.id, "server", "STARTING")
@@ -256,7 +247,9 @@ class JobManager:
         self.store.set_job_state(live.id, f"FINISHED:{live.server_state}", reason)
         self.parent.tokens.revoke(live.id)
         live.relay.close()
-        _shutil().rmtree(live.relay.folder, ignore_errors=True)
+        import shutil
+
+        shutil.rmtree(live.relay.folder, ignore_errors=True)
         self.parent.scheduler.wake()
         log.info("job %s finished: %s %s", live.id, live.server_state, reason)
 

@@ -46,12 +46,12 @@ def _handoff(info: dict):
         return None
     try:
         folder = HandoffDir(Path(path))
-        print(f"atoll worker: replies come as files through {path}", flush=True)
-        return folder
     except OSError as exc:
         print(f"atoll worker: handoff folder {path} is not usable here ({exc.strerror}); "
               "replies come through the worker link", file=sys.stderr)
         return None
+    print(f"atoll worker: replies come as files through {path}", flush=True)
+    return folder
 
 
 def main() -> int:
