@@ -30,8 +30,8 @@ from typing import Any
 import grpc
 
 from atoll import __version__
-from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames, rpc
+from atoll.wire import messages as msg
 from atoll.wire.grpc_setup import OPTIONS
 
 HEARTBEAT_S = 5.0
@@ -76,7 +76,7 @@ class SimSite:
             attempt += 1
 
     async def _events(self):
-        yield pb.SiteEvent(
+        yield msg.SiteEvent(
             hello=json.dumps(
                 {
                     "version": __version__,
@@ -90,11 +90,11 @@ class SimSite:
             try:
                 body = await asyncio.wait_for(self.outbox.get(), HEARTBEAT_S)
             except TimeoutError:
-                yield pb.SiteEvent(heartbeat=json.dumps({"running_jobs": list(self.jobs)}))
+                yield msg.SiteEvent(heartbeat=json.dumps({"running_jobs": list(self.jobs)}))
                 continue
             if body is None:
                 return
-            yield pb.SiteEvent(job_state=json.dumps(body))
+            yield msg.SiteEvent(job_state=json.dumps(body))
 
     def _state(self, job_id: str, state: str, reason: str = "") -> None:
         self.outbox.put_nowait({"job_id": job_id, "state": state, "reason": reason})
@@ -113,7 +113,7 @@ class SimSite:
     async def _job(self, job_id: str) -> None:
         assert self.stub is not None
         try:
-            async for _ in self.stub.FetchJob(pb.JobRef(job_id=job_id)):
+            async for _ in self.stub.FetchJob(msg.JobRef(job_id=job_id)):
                 pass  # the app zip: a real site unpacks it for its worker
             self._state(job_id, "STARTING", "simulated worker")
             self._state(job_id, "RUNNING", "simulated worker connected")
@@ -137,7 +137,7 @@ class SimSite:
     async def _pull(self, job_id: str) -> tuple[dict[str, Any], list[bytes]]:
         assert self.stub is not None
         raw = [frame async for frame in self.stub.PullTask(
-            pb.PullRequest(job_id=job_id, wait_s=PULL_WAIT_S))]
+            msg.PullRequest(job_id=job_id, wait_s=PULL_WAIT_S))]
         if not raw:
             return {"none": True}, []
         head, payload = frames.split(iter(raw))

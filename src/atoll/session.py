@@ -19,8 +19,8 @@ import grpc
 from atoll.errors import AtollError, Refused, from_rpc_error
 from atoll.pki.kit import Kit, load_kit
 from atoll.pki.tls import channel_credentials
-from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames, rpc
+from atoll.wire import messages as msg
 from atoll.wire.grpc_setup import secure_channel
 
 TERMINAL = ("FINISHED:COMPLETED", "FINISHED:FAILED", "FINISHED:ABORTED")
@@ -61,7 +61,7 @@ class Session:
         if study:
             body["study"] = study
         try:
-            answer = self.stub.Call(pb.Json(body=json.dumps(body)), metadata=self._metadata(),
+            answer = self.stub.Call(msg.Json(body=json.dumps(body)), metadata=self._metadata(),
                                     timeout=self.timeout)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self.kit.server_address) from None
@@ -148,7 +148,7 @@ class Session:
         destination.mkdir(parents=True, exist_ok=True)
         body = {"job_id": job_id, **({"study": study} if study else {})}
         try:
-            stream = self.stub.Download(pb.Json(body=json.dumps(body)), metadata=self._metadata(),
+            stream = self.stub.Download(msg.Json(body=json.dumps(body)), metadata=self._metadata(),
                                         timeout=max(self.timeout, 600))
             _, chunks = frames.split(iter(stream))
             archive = destination / f"{job_id}.zip"

@@ -19,8 +19,8 @@ from atoll.server.auth import peer_identity
 from atoll.server.jobs import job_summary
 from atoll.server.store import JobRecord
 from atoll.server.studies import DEFAULT, SUBMIT_ROLES, Denied
-from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames
+from atoll.wire import messages as msg
 from atoll.wire.jobzip import IntakeError, add_file
 
 log = logging.getLogger("atoll.server.admin")
@@ -67,7 +67,7 @@ class AdminService:
         try:
             if body.get("op") != "login":
                 self.parent.studies.require_member(who, study)
-            return pb.Json(body=json.dumps(op(who, study, body)))
+            return msg.Json(body=json.dumps(op(who, study, body)))
         except NoSuchJob as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no such job: {exc}")
         except Denied as exc:
@@ -184,7 +184,7 @@ class AdminService:
             self._audit(who, study, "submit", "-", "refused", str(exc)[:500])
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         self._audit(who, study, "submit", record.id, "ok")
-        return pb.Json(body=json.dumps(job_summary(record)))
+        return msg.Json(body=json.dumps(job_summary(record)))
 
     def Download(self, request, context):
         import tempfile  # with zipfile: when results are fetched, not in a parent at rest

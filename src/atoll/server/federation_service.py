@@ -19,8 +19,8 @@ from atoll.server.auth import peer_identity, peer_identity_async
 from atoll.server.relay import END, RelayError
 from atoll.server.site_links import HEARTBEAT_S, SiteLink
 from atoll.server.spool import SpoolError
-from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames
+from atoll.wire import messages as msg
 
 log = logging.getLogger("atoll.server.federation")
 
@@ -58,7 +58,7 @@ class FederationService:
         log.info("site %s connected (%s)", who.name, link.hello.get("launcher", "?"))
         reader = asyncio.create_task(self._read(link, events), name=f"site-{who.name}")
         try:
-            yield pb.ServerCommand(welcome=json.dumps({"heartbeat_s": HEARTBEAT_S,
+            yield msg.ServerCommand(welcome=json.dumps({"heartbeat_s": HEARTBEAT_S,
                                                        "server_time": time.time()}))
             for job_id in link.running_jobs:  # reconcile after a reconnect
                 if self._running(job_id, who.name) is None:
@@ -164,11 +164,11 @@ class FederationService:
             reply.abandon()
             raise
         reply.commit()
-        return pb.Json(body="{}")
+        return msg.Json(body="{}")
 
     def Report(self, request, context):
         site = self._site(context)
         body = json.loads(request.body or "{}")
         self._live(context, str(body.get("job_id")), site)
         self.parent.store.add_event(str(body["job_id"]), site, dict(body.get("event") or {}))
-        return pb.Json(body="{}")
+        return msg.Json(body="{}")

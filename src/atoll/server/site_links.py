@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from atoll.wire import atoll_pb2 as pb
+from atoll.wire import messages as msg
 
 HEARTBEAT_S = 5.0
 STALE_S = 20.0  # a site silent this long is treated as gone
@@ -31,13 +31,13 @@ class SiteLink:
     closed: threading.Event = field(default_factory=threading.Event)
 
     def send(self, kind: str, body: dict[str, Any]) -> None:
-        self._put(pb.ServerCommand(**{kind: json.dumps(body)}))
+        self._put(msg.ServerCommand(**{kind: json.dumps(body)}))
 
     def close(self) -> None:
         self.closed.set()
         self._put(None)
 
-    def _put(self, item: pb.ServerCommand | None) -> None:
+    def _put(self, item: msg.ServerCommand | None) -> None:
         try:
             self.loop.call_soon_threadsafe(self.outbox.put_nowait, item)
         except RuntimeError:  # the loop is closed: the server is stopping

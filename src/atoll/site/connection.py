@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from atoll.wire import atoll_pb2 as pb
+from atoll.wire import messages as msg
 
 log = logging.getLogger("atoll.site.connection")
 
@@ -87,20 +87,20 @@ class ServerLink:
         if self._call is not None:
             self._call.cancel()
 
-    def _events(self, generation: int) -> Iterator[pb.SiteEvent]:
-        yield pb.SiteEvent(hello=json.dumps(self.hello()))
+    def _events(self, generation: int) -> Iterator[msg.SiteEvent]:
+        yield msg.SiteEvent(hello=json.dumps(self.hello()))
         for body in list(self._final.values()):
-            yield pb.SiteEvent(job_state=json.dumps(body))
+            yield msg.SiteEvent(job_state=json.dumps(body))
         while not self._stop.is_set() and generation == self._generation:
             try:
                 body = self._outbox.get(timeout=HEARTBEAT_S)
             except queue.Empty:
-                yield pb.SiteEvent(heartbeat=json.dumps(
+                yield msg.SiteEvent(heartbeat=json.dumps(
                     {"running_jobs": self.hello().get("running_jobs", [])}))
                 continue
             if body is None:
                 return
-            yield pb.SiteEvent(job_state=json.dumps(body))
+            yield msg.SiteEvent(job_state=json.dumps(body))
 
 
 def _describe(exc: grpc.RpcError) -> str:

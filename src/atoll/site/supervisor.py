@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.spec.capacity import fits
 from atoll.spec.errors import SpecError
-from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames
+from atoll.wire import messages as msg
 
 if TYPE_CHECKING:
     from atoll.spec.resources import Resources
@@ -123,7 +123,7 @@ class Supervisor:
 
         shutil.rmtree(job.workdir, ignore_errors=True)
         job.workdir.mkdir(parents=True)
-        stream = self.parent.stub.FetchJob(pb.JobRef(job_id=job.job_id))
+        stream = self.parent.stub.FetchJob(msg.JobRef(job_id=job.job_id))
         _, chunks = frames.split(iter(stream))
         frames.write_chunks(chunks, job.workdir / APP_ZIP, limit=1 << 31)
         unpack_app(job.workdir / APP_ZIP, self.parent.name, job.workdir / "app",

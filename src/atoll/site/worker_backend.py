@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 
 from atoll.site.supervisor import APP_ZIP
-from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames
+from atoll.wire import messages as msg
 from atoll.wire.worker_endpoint import BackendError
 
 
@@ -43,7 +43,7 @@ class SiteWorkerBackend:
             return
         try:
             yield from self.parent.stub.PullTask(
-                pb.PullRequest(job_id=job_id, wait_s=min(max(wait_s, 0.0), 30.0)),
+                msg.PullRequest(job_id=job_id, wait_s=min(max(wait_s, 0.0), 30.0)),
                 timeout=max(wait_s, 0.0) + 600)
         except grpc.RpcError as exc:
             raise BackendError(f"the server did not deliver the task: {exc.details()}") from None
@@ -72,7 +72,7 @@ class SiteWorkerBackend:
     def report(self, job_id: str, body: dict[str, Any]) -> None:
         self._job(job_id)
         try:
-            self.parent.stub.Report(pb.Json(body=json.dumps({"job_id": job_id, "event": body})))
+            self.parent.stub.Report(msg.Json(body=json.dumps({"job_id": job_id, "event": body})))
         except grpc.RpcError as exc:
             raise BackendError(f"the server did not take the report: {exc.details()}") from None
 

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames, rpc
+from atoll.wire import messages as msg
 from atoll.wire.grpc_setup import new_server
 
 SESSION_KEY = "x-atoll-worker"
@@ -110,7 +110,7 @@ class WorkerLinkServicer:
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           "job token refused: it is wrong, already used, or for another job")
         info = self._call(context, self.backend.on_register, job_id)
-        return pb.Json(body=json.dumps({"session": session, **info}))
+        return msg.Json(body=json.dumps({"session": session, **info}))
 
     def FetchApp(self, request, context):
         job_id = self._job(context)
@@ -121,7 +121,7 @@ class WorkerLinkServicer:
     def SendTask(self, request_iterator, context):
         job_id = self._job(context)
         head, chunks = frames.split(request_iterator)
-        return pb.Json(body=json.dumps(self._call(context, self.backend.send_task, job_id, head,
+        return msg.Json(body=json.dumps(self._call(context, self.backend.send_task, job_id, head,
                                                   chunks)))
 
     def NextReply(self, request, context):
@@ -140,20 +140,20 @@ class WorkerLinkServicer:
     def SendReply(self, request_iterator, context):
         job_id = self._job(context)
         head, chunks = frames.split(request_iterator)
-        return pb.Json(body=json.dumps(self._call(context, self.backend.send_reply, job_id, head,
+        return msg.Json(body=json.dumps(self._call(context, self.backend.send_reply, job_id, head,
                                                   chunks)))
 
     def Report(self, request, context):
         job_id = self._job(context)
         self._call(context, self.backend.report, job_id, json.loads(request.body or "{}"))
-        return pb.Json(body="{}")
+        return msg.Json(body="{}")
 
     def Finish(self, request, context):
         job_id = self._job(context)
         body = json.loads(request.body or "{}")
         self._call(context, self.backend.finish, job_id, bool(body.get("ok")),
                    str(body.get("error", "")))
-        return pb.Json(body="{}")
+        return msg.Json(body="{}")
 
     @staticmethod
     def _call(context, fn, *args):

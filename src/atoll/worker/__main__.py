@@ -26,12 +26,12 @@ def _env(name: str) -> str:
 
 
 def _fetch_app(stub, metadata, workdir: Path, target: str) -> None:
-    from atoll.wire import atoll_pb2 as pb
     from atoll.wire import frames
+    from atoll.wire import messages as msg
     from atoll.wire.jobzip import unpack_app
 
     workdir.mkdir(parents=True, exist_ok=True)
-    _, chunks = frames.split(iter(stub.FetchApp(pb.Json(body="{}"), metadata=metadata)))
+    _, chunks = frames.split(iter(stub.FetchApp(msg.Json(body="{}"), metadata=metadata)))
     archive = workdir / "app.zip"
     frames.write_chunks(chunks, archive)
     unpack_app(archive, target, workdir / "app", workdir / "tmp")
@@ -71,13 +71,13 @@ def main() -> int:
 
     import grpc
 
-    from atoll.wire import atoll_pb2 as pb
+    from atoll.wire import messages as msg
     from atoll.wire import rpc
     from atoll.wire.worker_endpoint import worker_channel
 
     stub = rpc.stub(worker_channel(parent, os.environ.get("ATOLL_PARENT_CERT")), "WorkerLink")
     try:
-        answer = stub.Register(pb.Json(body=json.dumps({"job_id": job_id, "token": token})),
+        answer = stub.Register(msg.Json(body=json.dumps({"job_id": job_id, "token": token})),
                                timeout=30)
     except grpc.RpcError as exc:
         print(f"atoll worker: parent refused registration: {exc.details()}", file=sys.stderr)
@@ -118,7 +118,7 @@ def main() -> int:
             traceback.print_exc()
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     try:
-        stub.Finish(pb.Json(body=json.dumps({"ok": ok, "error": error[-2000:]})), metadata=meta,
+        stub.Finish(msg.Json(body=json.dumps({"ok": ok, "error": error[-2000:]})), metadata=meta,
                     timeout=10)
     except grpc.RpcError:
         pass

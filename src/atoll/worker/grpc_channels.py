@@ -8,8 +8,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames
+from atoll.wire import messages as msg
 from atoll.wire.handoff import KEY, HandoffDir
 from atoll.wire.worker_endpoint import HANDOFF_KEY, MANY_REPLIES_KEY
 from atoll.worker.channels import Chunk, Reply, Task
@@ -24,7 +24,7 @@ class _Link:
         self.metadata = (("x-atoll-worker", session),)
 
     def report(self, event: dict[str, Any]) -> None:
-        self.stub.Report(pb.Json(body=json.dumps(event)), metadata=self.metadata)
+        self.stub.Report(msg.Json(body=json.dumps(event)), metadata=self.metadata)
 
 
 class GrpcServerChannel(_Link):
@@ -56,7 +56,7 @@ class GrpcServerChannel(_Link):
                 wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
                 if wait <= 0:
                     return
-                stream = self.stub.NextReply(pb.PullRequest(job_id=self.job_id, wait_s=wait),
+                stream = self.stub.NextReply(msg.PullRequest(job_id=self.job_id, wait_s=wait),
                                              metadata=metadata)
                 for head, chunks in frames.split_many(stream):
                     if head.get("none"):
@@ -85,7 +85,7 @@ class GrpcSiteChannel(_Link):
             wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             if wait <= 0:
                 raise TimeoutError(f"no task from the server within {timeout} s")
-            stream = self.stub.NextTask(pb.PullRequest(job_id=self.job_id, wait_s=wait),
+            stream = self.stub.NextTask(msg.PullRequest(job_id=self.job_id, wait_s=wait),
                                         metadata=self.metadata)
             head, chunks = frames.split(iter(stream))
             if head.get("end"):

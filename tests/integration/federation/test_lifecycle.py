@@ -17,8 +17,8 @@ from atoll.pki.kit import load_kit
 from atoll.pki.tls import channel_credentials
 from atoll.session import CHECK_BEFORE_UPLOAD
 from atoll.spec.errors import SpecError
-from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames, rpc
+from atoll.wire import messages as msg
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation, pids_with_env
 from tests.integration.federation.jobs import CRASH, LEFT_FOR_EXIT, STALL, make_job
@@ -142,7 +142,7 @@ def test_reused_and_foreign_worker_tokens_are_refused(federation, tmp_path):
                      {"job_id": job_id, "token": "not-the-token"},
                      {"job_id": "f" * 32, "token": token}):  # another job's id
             with pytest.raises(grpc.RpcError) as err:
-                stub.Register(pb.Json(body=json.dumps(body)), timeout=5)
+                stub.Register(msg.Json(body=json.dumps(body)), timeout=5)
             codes.append((err.value.code(), err.value.details()))
         s.abort(job_id)
         s.wait(job_id, timeout=30)

@@ -14,8 +14,8 @@ from atoll.pki.certs import issue_cert
 from atoll.pki.kit import load_kit
 from atoll.pki.tls import channel_credentials
 from atoll.session import Session
-from atoll.wire import atoll_pb2 as pb
 from atoll.wire import frames, rpc
+from atoll.wire import messages as msg
 from tests.integration.federation.conftest import ADMIN
 
 
@@ -32,7 +32,7 @@ def _hello(kit) -> grpc.RpcError | list:
     stub = rpc.stub(channel, "Federation")
 
     def events():
-        yield pb.SiteEvent(hello=json.dumps({"capacity": {}, "running_jobs": []}))
+        yield msg.SiteEvent(hello=json.dumps({"capacity": {}, "running_jobs": []}))
 
     try:
         return list(stub.Connect(events(), timeout=5))
@@ -66,7 +66,7 @@ def test_client_without_certificate_is_refused(federation):
     creds = grpc.ssl_channel_credentials(root_certificates=kit.ca.read_bytes())
     channel = grpc.secure_channel(kit.server_address, creds)
     with pytest.raises(grpc.RpcError) as err:
-        rpc.stub(channel, "Admin").Call(pb.Json(body='{"op": "whoami"}'), timeout=5)
+        rpc.stub(channel, "Admin").Call(msg.Json(body='{"op": "whoami"}'), timeout=5)
     channel.close()
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
 
@@ -82,7 +82,7 @@ def test_a_site_is_who_its_certificate_says(federation, tmp_path):
     stop = threading.Event()
 
     def events():
-        yield pb.SiteEvent(hello=json.dumps({"name": "site-2", "launcher": "impostor",
+        yield msg.SiteEvent(hello=json.dumps({"name": "site-2", "launcher": "impostor",
                                              "capacity": {}, "running_jobs": []}))
         stop.wait(10)
 
@@ -97,7 +97,7 @@ def test_a_site_is_who_its_certificate_says(federation, tmp_path):
     # A site certificate cannot call admin operations either.
     channel = grpc.secure_channel(kit.server_address, channel_credentials(kit))
     with pytest.raises(grpc.RpcError) as err:
-        rpc.stub(channel, "Admin").Call(pb.Json(body='{"op": "whoami"}'), timeout=5)
+        rpc.stub(channel, "Admin").Call(msg.Json(body='{"op": "whoami"}'), timeout=5)
     channel.close()
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "site certificate" in err.value.details()
@@ -109,11 +109,11 @@ def test_admin_certificate_cannot_act_as_a_site(federation):
     channel = grpc.secure_channel(kit.server_address, channel_credentials(kit))
     stub = rpc.stub(channel, "Federation")
     calls = {  # every site call; most run on the server's event loop, where abort is awaited
-        "Connect": lambda: list(stub.Connect(iter([pb.SiteEvent(hello="{}")]), timeout=5)),
-        "FetchJob": lambda: list(stub.FetchJob(pb.JobRef(job_id="x"), timeout=5)),
-        "PullTask": lambda: list(stub.PullTask(pb.PullRequest(job_id="x"), timeout=5)),
+        "Connect": lambda: list(stub.Connect(iter([msg.SiteEvent(hello="{}")]), timeout=5)),
+        "FetchJob": lambda: list(stub.FetchJob(msg.JobRef(job_id="x"), timeout=5)),
+        "PullTask": lambda: list(stub.PullTask(msg.PullRequest(job_id="x"), timeout=5)),
         "PushReply": lambda: stub.PushReply(iter([frames.header({"job_id": "x"})]), timeout=5),
-        "Report": lambda: stub.Report(pb.Json(body='{"job_id": "x"}'), timeout=5),
+        "Report": lambda: stub.Report(msg.Json(body='{"job_id": "x"}'), timeout=5),
     }
     for name, call in calls.items():
         with pytest.raises(grpc.RpcError) as err:

@@ -8,7 +8,7 @@ import grpc
 import pytest
 import yaml
 
-from atoll.wire import atoll_pb2 as pb
+from atoll.wire import messages as msg
 from atoll.wire import rpc
 from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint, worker_channel
 from tests.integration.federation.conftest import ADMIN, USERS
@@ -27,7 +27,7 @@ def test_tls_endpoint_refuses_plaintext_and_other_certificates():
     other = start_worker_endpoint(WorkerTokens(), _NoBackend(), "127.0.0.1", 0, tls=True)
     try:
         token = tokens.issue("j1")
-        body = pb.Json(body=json.dumps({"job_id": "j1", "token": token}))
+        body = msg.Json(body=json.dumps({"job_id": "j1", "token": token}))
         for channel in (grpc.insecure_channel(endpoint.address),
                         worker_channel(endpoint.address, other.cert_pem)):
             with pytest.raises(grpc.RpcError) as err:
