@@ -3,7 +3,8 @@ own process.
 
 ``atoll server|site start`` checks its arguments, then replaces itself with this entry (or, with
 ``--detach``, spawns it), so that a parent that runs for months carries none of the CLI (click
-and atoll.cli, ~1.5 MiB). Its kit is read in a forked child, which keeps PyYAML (~1 MiB) out of
+and atoll.cli, ~1.5 MiB). Its kit is read here from the kit.json that provision wrote next to
+kit.yaml; a kit.yaml edited since is parsed in a forked child, which keeps PyYAML (~1 MiB) out of
 the parent too. Errors and exit codes are those of ``atoll server|site start``.
 """
 
@@ -57,11 +58,15 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> in
     from atoll import daemon
     from atoll.errors import AtollError
     from atoll.forked import run_forked
-    from atoll.pki.kit import KitError, load_kit
+    from atoll.pki.kit import KitError, load_kit, load_kit_without_yaml
     from atoll.spec.errors import SpecError
 
     try:
-        kit = run_forked(load_kit, kit_path)
+        # The fork and the child's import of PyYAML cost 35-45 ms of start; only an edited
+        # kit.yaml (or a kit without kit.json) needs them.
+        kit = load_kit_without_yaml(kit_path)
+        if kit is None:
+            kit = run_forked(load_kit, kit_path)
     except KitError as exc:
         return _fail(str(exc), 2)
     if kit.kind != role:

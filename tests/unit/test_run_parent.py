@@ -1,10 +1,16 @@
 """A parent process keeps the system's OpenSSL out (run_parent._without_system_openssl), and
-everything that needs a digest, an HMAC or Python's ssl still works in it."""
+everything that needs a digest, an HMAC or Python's ssl still works in it. It reads a kit as
+provisioned in its own process, from kit.json, and an edited one in a forked child: PyYAML stays
+out either way."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+from atoll.pki.project import parse_project
+from atoll.pki.provision import provision
 
 PROBE = r"""
 import sys
@@ -44,3 +50,40 @@ def test_parent_runs_without_system_openssl_and_ssl_still_imports_later():
     # RFC 2104 HMAC-SHA256 of "message" with key "key", computed with OpenSSL elsewhere
     assert mac == "6e9ef29b75fffc5b7abae527d58fdadb2fe42e7219011976917343065f58ed4a"
     assert ok == "ok"
+
+
+KIT_PROBE = r"""
+import sys
+from pathlib import Path
+import atoll.forked
+forked = []
+def run_forked(fn, *args):
+    forked.append(fn.__name__)
+    return real(fn, *args)
+real, atoll.forked.run_forked = atoll.forked.run_forked, run_forked
+from atoll.run_parent import run
+code = run("server", Path(sys.argv[1]), None, False)  # a site kit: refused once it is read
+print(code, forked, "yaml" in sys.modules)
+"""
+
+
+def test_a_parent_reads_a_provisioned_kit_itself_and_an_edited_one_in_a_child(tmp_path: Path):
+    project = parse_project({"name": "p", "server": {"name": "server", "host": "127.0.0.1",
+                                                     "port": 8443},
+                             "sites": [{"name": "site-1", "org": "o"}]})
+    kit = provision(project, tmp_path).project_dir / "site-1"
+
+    def start() -> tuple[str, str]:
+        out = subprocess.run([sys.executable, "-c", KIT_PROBE, str(kit)], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip(), out.stderr
+
+    stdout, stderr = start()
+    assert stdout == "2 [] False"  # read in this process, no fork, no PyYAML
+    assert "is a site kit; `atoll server start` needs a server's kit" in stderr
+    kit_yaml = kit / "startup" / "kit.yaml"
+    kit_yaml.write_text(kit_yaml.read_text().replace("port: 8443", "port: 9443"))
+    stdout, stderr = start()
+    assert stdout == "2 ['load_kit'] False"  # parsed in a forked child; PyYAML stayed there
+    assert "is a site kit" in stderr

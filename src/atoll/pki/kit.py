@@ -1,8 +1,8 @@
 """Startup kits: what one participant needs to join the federation, and how it is read back.
 
 A kit folder ``<kit>/`` holds ``startup/`` (written by ``atoll provision``, not to be edited:
-certificate, private key 0600, root CA, ``kit.yaml``) and, for the server and sites, ``local/``
-(the operator's own ``site.yaml`` and ``study_runtime.yaml``).
+certificate, private key 0600, root CA, ``kit.yaml``, ``kit.json``) and, for the server and
+sites, ``local/`` (the operator's own ``site.yaml`` and ``study_runtime.yaml``).
 
 ``kit.yaml``::
 
@@ -15,13 +15,18 @@ certificate, private key 0600, root CA, ``kit.yaml``) and, for the server and si
     listen: {host: 0.0.0.0, port: 8443}   # server only
     workspace: workspace             # server and sites; relative to the kit folder
 
-``load_kit`` is on every CLI call's path, so it reads YAML and checks files, nothing heavier.
-PyYAML is imported only by the functions that use it: a parent reads its kit in a forked child
-(atoll.forked) and keeps the ``Kit``, not PyYAML.
+``load_kit`` is on every CLI call's path and every parent's start, so it checks files and
+parses as little as it can. ``kit.json`` is provision's cache of kit.yaml: its document and the
+text of kit.yaml. While kit.yaml is as provision wrote it, the document comes from
+kit.json and PyYAML (~25 ms of import) is never loaded; a kit.yaml edited since, or a kit.json
+missing, corrupt or foreign, is parsed as YAML. Both documents pass the same checks. A parent
+reads its kit in its own process only when no YAML is needed (``load_kit_without_yaml``), else
+in a forked child (atoll.forked), and keeps the ``Kit``, not PyYAML.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,7 @@ from typing import Any
 DEFAULT_WORKSPACE = "workspace"  # kit.yaml's `workspace`, relative to the kit folder
 
 KIT_FILE = "kit.yaml"
+KIT_CACHE_FILE = "kit.json"  # {"kit_yaml": kit.yaml's text, "doc": its document}
 CA_FILE = "rootCA.pem"
 PROJECT_FILE = "project.json"  # server kit only: the validated project it seeds its store from
 _KINDS = ("server", "site", "admin")
@@ -124,6 +130,17 @@ def render_kit_yaml(
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
 
 
+def render_kit_json(kit_yaml: str) -> str:
+    """The kit.json of a kit.yaml written as ``kit_yaml`` (UTF-8, as write_atomic writes it)."""
+    import yaml
+
+    # The document is what kit.yaml parses to, so either path of load_kit sees the same one.
+    doc = yaml.safe_load(kit_yaml)
+    cache = {"kit_yaml": kit_yaml, "doc": doc}
+    return json.dumps(cache, indent=2) + "\n"
+
+
+
 def _find_kit_dir(path: Path) -> Path:
     path = path.expanduser().resolve()
     if path.name == KIT_FILE:
@@ -135,18 +152,64 @@ def _find_kit_dir(path: Path) -> Path:
 
 def load_kit(path: str | Path) -> Kit:
     """Read the kit in ``path`` (the kit folder, its ``startup/`` or its ``kit.yaml``)."""
-    import yaml
+    kit_dir, kit_file, data = _read_kit_file(Path(path))
+    doc = _cached_doc(kit_file, data)
+    if doc is None:
+        doc = _parse_yaml(kit_file, data)
+    return _checked_kit(kit_dir, kit_file, doc)
 
-    kit_dir = _find_kit_dir(Path(path))
+
+def load_kit_without_yaml(path: str | Path) -> Kit | None:
+    """``load_kit`` where kit.json spares the YAML parse; None where only PyYAML can read it.
+
+    Errors are load_kit's. A parent calls this in its own process and, on None, runs load_kit
+    in a forked child: one read of the files decides, so PyYAML never loads in the parent.
+    """
+    kit_dir, kit_file, data = _read_kit_file(Path(path))
+    doc = _cached_doc(kit_file, data)
+    return None if doc is None else _checked_kit(kit_dir, kit_file, doc)
+
+
+def _read_kit_file(path: Path) -> tuple[Path, Path, bytes]:
+    kit_dir = _find_kit_dir(path)
     kit_file = kit_dir / "startup" / KIT_FILE
     if not kit_dir.is_dir():
         raise KitError(f"not a startup kit: {kit_dir} does not exist; {_PROVISION_HINT}")
     if not kit_file.is_file():
         raise KitError(f"not a startup kit: {kit_file} missing; {_PROVISION_HINT}")
     try:
-        doc = yaml.safe_load(kit_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        return kit_dir, kit_file, kit_file.read_bytes()
+    except OSError as exc:
         raise KitError(f"corrupt startup kit: cannot read {kit_file}: {exc}") from None
+
+
+def _cached_doc(kit_file: Path, data: bytes) -> dict[str, Any] | None:
+    """kit.json's document if it was written for exactly these kit.yaml bytes, else None.
+
+    Whatever is wrong with kit.json only sends load_kit back to the YAML: it is a cache.
+    """
+    try:
+        cache = json.loads(kit_file.with_name(KIT_CACHE_FILE).read_bytes())
+    except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON, too deep
+        return None
+    # The whole text, not a digest: it is a few hundred bytes, and hashlib would load OpenSSL
+    # into every CLI call.
+    if not isinstance(cache, dict) or cache.get("kit_yaml") != data.decode("utf-8", "replace"):
+        return None
+    doc = cache.get("doc")
+    return doc if isinstance(doc, dict) else None
+
+
+def _parse_yaml(kit_file: Path, data: bytes) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(data.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise KitError(f"corrupt startup kit: cannot read {kit_file}: {exc}") from None
+
+
+def _checked_kit(kit_dir: Path, kit_file: Path, doc: Any) -> Kit:
     if not isinstance(doc, dict):
         raise KitError(f"corrupt startup kit: {kit_file} is not a mapping")
     errors: list[str] = []

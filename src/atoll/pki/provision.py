@@ -3,9 +3,10 @@
 ``DIR/<project>/`` after provisioning::
 
     ca/            rootCA.pem, rootCA.key (0600), state.json: kept by the project admin only
-    server/        startup/{server.crt, server.key, rootCA.pem, kit.yaml, project.json}, local/
-    <site>/        startup/{client.crt, client.key, rootCA.pem, kit.yaml}, local/
-    <user>/        startup/{client.crt, client.key, rootCA.pem, kit.yaml}
+    server/        startup/{server.crt, server.key, rootCA.pem, kit.yaml, kit.json, project.json},
+                   local/
+    <site>/        startup/{client.crt, client.key, rootCA.pem, kit.yaml, kit.json}, local/
+    <user>/        startup/{client.crt, client.key, rootCA.pem, kit.yaml, kit.json}
 
 Everything is written into a temporary folder next to the target and renamed into place at the
 end, so a failure leaves nothing half-written. ``add_site`` / ``add_user`` sign one more
@@ -34,9 +35,11 @@ from atoll.pki.files import PUBLIC, write_atomic
 from atoll.pki.kit import (
     CA_FILE,
     DEFAULT_WORKSPACE,
+    KIT_CACHE_FILE,
     KIT_FILE,
     PROJECT_FILE,
     cert_file_names,
+    render_kit_json,
     render_kit_yaml,
 )
 from atoll.pki.project import (
@@ -116,6 +119,8 @@ def _write_kit(
         listen=listen,
     )
     write_atomic(startup / KIT_FILE, kit_yaml, PUBLIC)
+    # Spares every load_kit of this kit the YAML parse, until kit.yaml is edited (kit.py).
+    write_atomic(startup / KIT_CACHE_FILE, render_kit_json(kit_yaml), PUBLIC)
     for file_name, text in (startup_extra or {}).items():
         write_atomic(startup / file_name, text, PUBLIC)
     if local:

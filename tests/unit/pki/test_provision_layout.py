@@ -45,16 +45,18 @@ def test_layout(provisioned: ProvisionResult) -> None:
     expected = {
         "ca/rootCA.pem", "ca/rootCA.key", "ca/state.json",
         "server/startup/server.crt", "server/startup/server.key", "server/startup/rootCA.pem",
-        "server/startup/kit.yaml", "server/startup/project.json", "server/local/site.yaml",
+        "server/startup/kit.yaml", "server/startup/kit.json", "server/startup/project.json",
+        "server/local/site.yaml",
         "server/workspace/local-checked.json",
     }  # fmt: skip
     for site in ("hospital-a", "hospital-b", "university"):
         expected |= {f"{site}/startup/{f}" for f in ("client.crt", "client.key", "rootCA.pem")}
-        expected |= {f"{site}/startup/kit.yaml", f"{site}/local/site.yaml"}
+        expected |= {f"{site}/startup/{f}" for f in ("kit.yaml", "kit.json")}
+        expected |= {f"{site}/local/site.yaml"}
         expected |= {f"{site}/local/study_runtime.yaml", f"{site}/workspace/local-checked.json"}
     for user in ("admin@consortium.org", "lead@hospital-a.org"):
         expected |= {f"{user}/startup/{f}" for f in ("client.crt", "client.key", "rootCA.pem")}
-        expected |= {f"{user}/startup/kit.yaml"}
+        expected |= {f"{user}/startup/kit.yaml", f"{user}/startup/kit.json"}
     assert files == expected
     assert [(k.name, k.kind) for k in provisioned.kits] == [
         ("server", "server"),
@@ -245,7 +247,7 @@ def test_add_site_writes_only_its_kit_and_the_state(fresh: Path) -> None:
     assert added == {
         "clinic-c/", "clinic-c/startup/", "clinic-c/local/",
         "clinic-c/startup/client.crt", "clinic-c/startup/client.key",
-        "clinic-c/startup/rootCA.pem", "clinic-c/startup/kit.yaml",
+        "clinic-c/startup/rootCA.pem", "clinic-c/startup/kit.yaml", "clinic-c/startup/kit.json",
         "clinic-c/local/site.yaml", "clinic-c/local/study_runtime.yaml",
         "clinic-c/workspace/", "clinic-c/workspace/local-checked.json",
     }  # fmt: skip
