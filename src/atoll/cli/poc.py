@@ -69,11 +69,9 @@ def up(n_sites: int, workspace: Path | None) -> None:
         fail(f"a federation already runs in {workspace}; `atoll poc down` first")
     project = parse_project(poc_project(n_sites, _free_port()), "poc")
     provision(project, workspace, force=True)
+    # Each site's provisioned study_runtime.yaml already takes the default study's jobs, and
+    # provision recorded its local/ as checked: the parents start without checking it again.
     found = kits(workspace)
-    for name, kit in found.items():
-        if name.startswith("site-"):
-            (kit / "local" / "study_runtime.yaml").write_text(
-                "format_version: 2\nstudies:\n  default: {}\n")
     roles = [("server", found["server"])] + [("site", k) for n, k in found.items()
                                              if n.startswith("site-")]
     try:
