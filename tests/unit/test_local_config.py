@@ -143,3 +143,17 @@ def test_a_failed_check_leaves_no_record(tmp_path):
     with pytest.raises(SpecError, match="capacity.gpus"):
         _ = load_local_config(local, True, workspace).launcher_name
     assert not (workspace / RECORD_FILE).exists()
+
+
+def test_a_local_federation_starts_on_the_records_provision_wrote(tmp_path):
+    """`atoll poc up` hands its parents kits whose local/ provision recorded as checked: an
+    edit of local/ after provisioning (as poc up once made to study_runtime.yaml) would make
+    every site parent check it with pydantic before it is ready."""
+    from atoll.cli.poc import provision_poc
+
+    found = provision_poc(2, tmp_path)
+    for name in ("server", "site-1", "site-2"):
+        workspace = found[name] / "workspace"
+        _forge(workspace, memory="77Gi")
+        config = load_local_config(found[name] / "local", name != "server", workspace)
+        assert config.capacity["memory"] == "77Gi", f"{name} checked local/ again"

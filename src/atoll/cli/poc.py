@@ -38,6 +38,20 @@ def poc_project(sites: int, port: int) -> dict:
     }
 
 
+def provision_poc(n_sites: int, workspace: Path) -> dict[str, Path]:
+    """Provision the local federation's kits into ``workspace``; returns them by name.
+
+    Each site's provisioned study_runtime.yaml already takes the default study's jobs, and
+    provision recorded every local/ as checked, so the parents start without checking it again:
+    keep it that way (editing local/ here would void the record).
+    """
+    from atoll.pki.project import parse_project
+    from atoll.pki.provision import provision
+
+    provision(parse_project(poc_project(n_sites, _free_port()), "poc"), workspace, force=True)
+    return kits(workspace)
+
+
 def kits(workspace: Path) -> dict[str, Path]:
     root = workspace / "poc"
     out = {"server": root / "server", "admin": root / ADMIN}
@@ -58,8 +72,6 @@ def poc_group() -> None:
 def up(n_sites: int, workspace: Path | None) -> None:
     """Provision and start a local federation; log the admin in."""
     from atoll import daemon
-    from atoll.pki.project import parse_project
-    from atoll.pki.provision import provision
     from atoll.session import Session
 
     started = time.monotonic()
@@ -67,11 +79,7 @@ def up(n_sites: int, workspace: Path | None) -> None:
     if (workspace / "poc").exists() and daemon.read_pid(kits(workspace)["server"] / "workspace",
                                                         "server"):
         fail(f"a federation already runs in {workspace}; `atoll poc down` first")
-    project = parse_project(poc_project(n_sites, _free_port()), "poc")
-    provision(project, workspace, force=True)
-    # Each site's provisioned study_runtime.yaml already takes the default study's jobs, and
-    # provision recorded its local/ as checked: the parents start without checking it again.
-    found = kits(workspace)
+    found = provision_poc(n_sites, workspace)
     roles = [("server", found["server"])] + [("site", k) for n, k in found.items()
                                              if n.startswith("site-")]
     try:
