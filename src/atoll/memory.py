@@ -14,8 +14,7 @@ the top and allocates the next one takes the pages back one fault at a time: a s
 took 600-700 k page faults (2.5 GiB of fresh pages) while a job moved a 1 GiB model three times
 through it. Keeping 4 MiB of padding cut that to 14-21 k, and the site parents' kernel time by
 a third. The server parent does not keep it: there the padding raised the RSS growth over
-100 MB round trips from about 26 to 31-33 MiB, past issue 3's 32 MiB (bench/federation.py),
-for a smaller gain (190 k faults).
+100 MB round trips from about 26 to 31-33 MiB, past issue 3's 32 MiB (bench/federation.py).
 """
 
 from __future__ import annotations
