@@ -30,7 +30,8 @@ class FrameError(Exception):
     """A stream did not follow the header-then-data shape."""
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """protobuf's base-128 encoding of a non-negative integer."""
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -39,20 +40,28 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+def read_varint(data: bytes | memoryview, pos: int, max_bytes: int = 10) -> tuple[int, int] | None:
+    """(value, position after it) of the varint at ``data[pos]``; None if it is cut short or
+    longer than ``max_bytes``."""
+    value = 0
+    for i in range(max_bytes):
+        if pos + i >= len(data):
+            return None
+        byte = data[pos + i]
+        value |= (byte & 0x7F) << (7 * i)
+        if not byte & 0x80:
+            return value, pos + i + 1
+    return None
+
+
 def _lead(raw: bytes | memoryview) -> tuple[int, int, int]:
     """(tag, offset of the value, value length) from the start of one encoded Frame."""
     if len(raw) < 2 or raw[0] not in (HEADER_TAG, DATA_TAG):
         raise FrameError("not a frame: expected a header or a data field")
-    size, shift, pos = 0, 0, 1
-    while True:
-        if pos >= len(raw) or shift > 35:
-            raise FrameError("not a frame: bad length")
-        byte = raw[pos]
-        size |= (byte & 0x7F) << shift
-        pos += 1
-        if not byte & 0x80:
-            break
-        shift += 7
+    found = read_varint(raw, 1, max_bytes=6)  # 42 bits: far past any frame's length
+    if found is None:
+        raise FrameError("not a frame: bad length")
+    size, pos = found
     return raw[0], pos, size
 
 
@@ -74,12 +83,12 @@ def frame_size(start: bytes) -> int:
 
 def header(body: dict[str, Any]) -> bytes:
     text = json.dumps(body, separators=(",", ":")).encode()
-    return bytes((HEADER_TAG,)) + _varint(len(text)) + text
+    return bytes((HEADER_TAG,)) + varint(len(text)) + text
 
 
 def data(chunk: bytes | bytearray | memoryview) -> bytes:
     """One data frame (the one copy of the chunk a sender makes)."""
-    return b"".join((bytes((DATA_TAG,)), _varint(len(chunk)), chunk))
+    return b"".join((bytes((DATA_TAG,)), varint(len(chunk)), chunk))
 
 
 def data_frames(chunks: Iterable[bytes | bytearray | memoryview]) -> Iterator[bytes]:

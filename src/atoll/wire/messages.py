@@ -21,6 +21,8 @@ from __future__ import annotations
 import struct
 from typing import Any, ClassVar
 
+from atoll.wire.frames import read_varint, varint
+
 _STRING, _DOUBLE = "string", "double"
 _LEN, _FIXED64, _VARINT, _FIXED32 = 2, 1, 0, 5  # protobuf wire types
 _DEFAULTS = {_STRING: "", _DOUBLE: 0.0}
@@ -30,26 +32,11 @@ class DecodeError(ValueError):
     """Bytes that are not an encoding of the message they were read as."""
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise DecodeError("truncated or overlong varint")
-        byte = data[pos]
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
+    found = read_varint(data, pos)
+    if found is None:
+        raise DecodeError("truncated or overlong varint")
+    return found
 
 
 def _fields(data: bytes):
@@ -125,12 +112,12 @@ class Message:
                 if not value and self.ONEOF is None:  # proto3: defaults are not sent
                     continue
                 raw = value.encode("utf-8")
-                out += _varint(number << 3 | _LEN) + _varint(len(raw)) + raw
+                out += varint(number << 3 | _LEN) + varint(len(raw)) + raw
             else:
                 raw = struct.pack("<d", value)
                 if raw == bytes(8) and self.ONEOF is None:  # 0.0 (but not -0.0) is the default
                     continue
-                out += _varint(number << 3 | _FIXED64) + raw
+                out += varint(number << 3 | _FIXED64) + raw
         return bytes(out)
 
     @classmethod
