@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates src/atoll/wire/atoll_pb2.py from atoll.proto (stubs: wire/rpc.py, from its descriptors).
+# Regenerates src/atoll/wire/atoll_pb2.py from atoll.proto. atoll does not load it at run time
+# (wire/messages.py and wire/rpc.py speak the proto themselves); tests check both against it.
 # With --check: regenerates into a scratch folder and fails if the committed code differs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
