@@ -40,7 +40,8 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def _fields(data: bytes):
-    """(field number, wire type, value) of each field; values of unknown types are skipped."""
+    """(field number, wire type, value) of each field; a wire type proto3 does not use (the
+    groups) is a DecodeError."""
     pos = 0
     while pos < len(data):
         key, pos = _read_varint(data, pos)
@@ -69,14 +70,19 @@ class Message:
 
     FIELDS: ClassVar[tuple[tuple[str, int, str], ...]] = ()
     ONEOF: ClassVar[str | None] = None
-    __slots__ = ("_values", "_which")
+    _TYPES: ClassVar[dict[str, str]] = {}  # name -> type, from FIELDS
+    _BY_NUMBER: ClassVar[dict[int, tuple[str, str]]] = {}  # number -> (name, type)
+    __slots__ = ("_values",)  # what was set; a oneof's holds at most its one member
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        cls._TYPES = {name: kind for name, _, kind in cls.FIELDS}
+        cls._BY_NUMBER = {number: (name, kind) for name, number, kind in cls.FIELDS}
 
     def __init__(self, **values: Any):
         self._values: dict[str, Any] = {}
-        self._which: str | None = None
-        types = {name: kind for name, _, kind in self.FIELDS}
         for name, value in values.items():
-            kind = types.get(name)
+            kind = self._TYPES.get(name)
             if kind is None:
                 raise TypeError(f"{type(self).__name__} has no field {name!r}")
             if kind == _STRING and not isinstance(value, str):
@@ -88,19 +94,18 @@ class Message:
                 value = float(value)
             if self.ONEOF is not None:  # setting a member clears the others
                 self._values.clear()
-                self._which = name
             self._values[name] = value
 
     def __getattr__(self, name: str) -> Any:
-        for field, _, kind in type(self).FIELDS:
-            if field == name:
-                return self._values.get(name, _DEFAULTS[kind])
-        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+        kind = type(self)._TYPES.get(name)
+        if kind is None:
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+        return self._values.get(name, _DEFAULTS[kind])
 
     def WhichOneof(self, group: str) -> str | None:  # noqa: N802 - protobuf's name
         if group != self.ONEOF:
             raise ValueError(f"{type(self).__name__} has no oneof {group!r}")
-        return self._which
+        return next(iter(self._values), None)
 
     def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name
         out = bytearray()
@@ -122,10 +127,9 @@ class Message:
 
     @classmethod
     def FromString(cls, data: bytes) -> Message:  # noqa: N802 - protobuf's name
-        by_number = {number: (name, kind) for name, number, kind in cls.FIELDS}
         values: dict[str, Any] = {}
         for number, wire, value in _fields(bytes(data)):
-            name, kind = by_number.get(number, (None, None))
+            name, kind = cls._BY_NUMBER.get(number, (None, None))
             if kind == _STRING and wire == _LEN:
                 try:
                     values[name] = value.decode("utf-8")
