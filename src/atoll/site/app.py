@@ -126,9 +126,9 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
                 local: LocalConfig | None = None) -> int:
     import signal
 
-    from atoll.memory import RELAY_TOP_PAD_BYTES, tune_for_streaming
+    from atoll.memory import tune_for_streaming
 
-    tune_for_streaming(top_pad=RELAY_TOP_PAD_BYTES)
+    tune_for_streaming()
 
     parent = SiteParent(kit, local)
     parent.start()

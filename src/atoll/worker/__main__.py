@@ -69,6 +69,10 @@ def main() -> int:
 
     tie_to_parent(int(parent_pid) if parent_pid else None)
 
+    from atoll.memory import tune_for_streaming
+
+    tune_for_streaming()
+
     import grpc
 
     from atoll.wire import messages as msg
