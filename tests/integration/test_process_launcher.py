@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -22,9 +23,11 @@ from atoll.spec.site_config import parse_site_config
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 
 
-def make_launcher(gpu_ids=(), **kw):
+def make_launcher(gpu_ids=(), share_cpus=False, **kw):
+    """A launcher that counts only its own workers' CPUs, unless share_cpus: tests that check
+    which CPU a worker got must not see other atoll parents running on this machine."""
     config = parse_site_config({"launcher": "process", "process": {"gpu_ids": list(gpu_ids)}})
-    return ProcessLauncher(config, **kw), config
+    return ProcessLauncher(config, share_cpus=share_cpus, **kw), config
 
 
 def request(config, tmp_path, code, job="a", gpus=0, cpus=1, memory=None, token="tok-123"):
@@ -118,6 +121,32 @@ def test_two_jobs_get_different_cpus_and_gpus_and_a_third_gpu_job_is_refused(tmp
     assert launcher.wait(third).outcome is Outcome.COMPLETED
     assert report_of(tmp_path, "c")["cuda"] == "fake-0"
     launcher.cancel(second)
+
+
+def test_two_sites_on_one_host_pin_their_workers_to_different_cpus(tmp_path, monkeypatch):
+    """The parents of a local federation each have a launcher; the CPUs one pinned count for
+    the other (HostCpuLeases in the temporary folder), so both workers do not share CPU 0."""
+    host = sorted(os.sched_getaffinity(0))
+    if len(host) < 2:
+        pytest.skip("needs two CPUs")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    hold = REPORT + "\nimport time\nsys.stdout.flush()\ntime.sleep(60)\n"
+    site_a, config = make_launcher(cpus=host, share_cpus=True)
+    site_b, _ = make_launcher(cpus=host, share_cpus=True)
+    first = site_a.launch(request(config, tmp_path, hold, job="a"))
+    second = site_b.launch(request(config, tmp_path, hold, job="b"))
+    reports = [json.loads(wait_for(tmp_path / j / "logs" / "worker.log")) for j in ("a", "b")]
+    assert reports[0]["cpus"] == [host[0]]
+    assert reports[1]["cpus"] == [host[1]]
+    site_a.cancel(first)
+    assert site_a.wait(first).outcome is Outcome.ABORTED
+    third = site_b.launch(request(config, tmp_path, REPORT, job="c"))  # host[0] is free again
+    assert site_b.wait(third).outcome is Outcome.COMPLETED
+    assert report_of(tmp_path, "c")["cpus"] == [host[0]]
+    site_b.cancel(second)
+    site_b.wait(second)
+    assert not list((tmp_path / "tmp").glob("*/*.lease"))  # nothing left pinned
 
 
 def test_exit_codes_and_signals_are_named(tmp_path):

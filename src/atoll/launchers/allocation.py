@@ -5,12 +5,26 @@ with the ids in use (the site's admission should not let that happen, this is th
 CPUs are pinned, not reserved: a job gets the ``num_of_cpus`` least-used CPUs (ties: lowest
 number first), so jobs get CPUs of their own while there are enough and share the least-loaded
 ones after that. Both allocators belong to one launcher instance and are thread-safe.
+
+"Least-used" counts every worker that this user's atoll parents have pinned on this host
+(HostCpuLeases), not only the launcher's own: the parents of a local federation (a server and
+its sites on one machine) each have a launcher, and counting alone they all pinned their workers
+to CPU 0 while the other CPUs stayed idle.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import itertools
+import json
+import os
+import stat
+import tempfile
 import threading
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from atoll.launchers.base import LaunchError
 
@@ -64,39 +78,147 @@ class GpuAllocator:
 
 
 class CpuAllocator:
-    """CPU pinning: the least-used CPUs of the given set."""
+    """CPU pinning: the least-used CPUs of the given set, counting the host's other launchers
+    through ``host`` when given."""
 
-    def __init__(self, cpus: Iterable[int]) -> None:
+    def __init__(self, cpus: Iterable[int], host: HostCpuLeases | None = None) -> None:
         self._cpus = sorted(set(cpus))
         self._load = dict.fromkeys(self._cpus, 0)
         self._jobs: dict[str, list[int]] = {}
         self._lock = threading.Lock()
+        self._host = host
+        self._lease = host.new_lease() if host is not None else ""
 
     @property
     def cpus(self) -> list[int]:
         return list(self._cpus)
 
-    def _choose(self, count: int) -> list[int]:
+    def _choose(self, count: int, others: Counter[int]) -> list[int]:
         if count > len(self._cpus):
             raise LaunchError(
                 f"the job asks for {count} CPU(s); workers of this site may use {len(self._cpus)} "
                 f"(CPUs {', '.join(map(str, self._cpus))}; process.cpu_ids in local/site.yaml)"
             )
-        return sorted(sorted(self._cpus, key=lambda c: (self._load[c], c))[:count])
+        load = {c: self._load[c] + others[c] for c in self._cpus}
+        return sorted(sorted(self._cpus, key=lambda c: (load[c], c))[:count])
+
+    @contextlib.contextmanager
+    def _host_view(self) -> Iterator[Counter[int]]:
+        """The other launchers' load, with the host's lock held (if shared) until the block ends."""
+        if self._host is None:
+            yield Counter()
+            return
+        with self._host.locked():
+            yield self._host.load(excluding=self._lease)
+
+    def _publish(self) -> None:
+        if self._host is not None:
+            self._host.write(self._lease, [c for cpus in self._jobs.values() for c in cpus])
 
     def preview(self, count: int) -> list[int]:
-        with self._lock:
-            return self._choose(count)
+        with self._lock, self._host_view() as others:
+            return self._choose(count, others)
 
     def allocate(self, job_key: str, count: int) -> list[int]:
-        with self._lock:
-            chosen = self._choose(count)
+        with self._lock, self._host_view() as others:
+            chosen = self._choose(count, others)
             for cpu in chosen:
                 self._load[cpu] += 1
             self._jobs[job_key] = chosen
+            self._publish()
             return chosen
 
     def release(self, job_key: str) -> None:
-        with self._lock:
+        with self._lock, self._host_view():
             for cpu in self._jobs.pop(job_key, []):
                 self._load[cpu] -= 1
+            self._publish()
+
+
+class HostCpuLeases:
+    """Which CPUs the launchers of this user's parents on this host have pinned workers to: a
+    folder of lease files, one per launcher, each the list of CPUs its running workers hold.
+
+    A lease is named after its process (pid and start time), so the lease of a parent that died
+    without cleaning up is recognised as stale and removed. The folder must be a real directory
+    owned by this user and closed to others; otherwise ``for_host`` returns None and each
+    launcher counts alone, as before.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._me = f"{os.getpid()}-{_start_time(os.getpid())}"
+
+    @classmethod
+    def for_host(cls) -> HostCpuLeases | None:
+        folder = Path(tempfile.gettempdir()) / f"atoll-{os.getuid()}-cpu-leases"
+        try:
+            folder.mkdir(mode=0o700, exist_ok=True)
+            info = folder.lstat()
+        except OSError:
+            return None
+        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+                or info.st_mode & 0o077):
+            return None
+        return cls(folder)
+
+    def new_lease(self) -> str:
+        return f"{self._me}-{next(self._ids)}"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def load(self, excluding: str) -> Counter[int]:
+        """How many workers each CPU holds in every live lease but ``excluding``."""
+        load: Counter[int] = Counter()
+        for path in self.folder.glob("*.lease"):
+            name = path.name.removesuffix(".lease")
+            if name == excluding:
+                continue
+            if not _alive(name):
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                cpus = json.loads(path.read_text())
+                load.update(int(c) for c in cpus)
+            except (OSError, ValueError, TypeError):
+                continue  # half-written by a crash, or not ours: it counts as nothing
+        return load
+
+    def write(self, lease: str, cpus: list[int]) -> None:
+        path = self.folder / f"{lease}.lease"
+        if not cpus:
+            path.unlink(missing_ok=True)
+            return
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(cpus)))
+        os.replace(tmp, path)
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot ("" where /proc cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _alive(lease: str) -> bool:
+    """Whether the process that wrote this lease is the one still running under its pid."""
+    pid, started = lease.split("-")[:2] if lease.count("-") >= 2 else ("", "")
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, PermissionError):  # gone, or the pid is another user's now
+        return False
+    return _start_time(int(pid)) == started

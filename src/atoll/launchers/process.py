@@ -3,7 +3,7 @@
 - Own session and process group (``start_new_session``), so cancel reaches the whole tree.
 - GPUs: ``num_of_gpus`` exclusive ids from ``process.gpu_ids`` as ``CUDA_VISIBLE_DEVICES``
   (an empty value when the job asks none, so it sees no GPU); never two jobs on one GPU.
-- CPUs: ``num_of_cpus`` as CPU affinity, the least-used CPUs (see allocation.py), and as
+- CPUs: ``num_of_cpus`` as CPU affinity, the host's least-used CPUs (see allocation.py), and as
   ``OMP_NUM_THREADS`` unless the study's env sets it.
 - Memory: a cgroup limit where the host allows one, else ``RLIMIT_AS`` (memory_limit.py).
 - Environment: atoll's variables, the study's ``env``, ``ATOLL_DATASETS`` (JSON name -> host path),
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from atoll.launchers.allocation import CpuAllocator, GpuAllocator
+from atoll.launchers.allocation import CpuAllocator, GpuAllocator, HostCpuLeases
 from atoll.launchers.base import (
     Handle,
     Launcher,
@@ -87,6 +87,7 @@ class ProcessLauncher(Launcher):
         site_config: Any = None,
         *,
         cpus: list[int] | None = None,
+        share_cpus: bool = True,
         parent_pid: int | None = None,
         memory_mode: MemoryMode = "auto",
         grace_s: float = 3.0,
@@ -97,7 +98,9 @@ class ProcessLauncher(Launcher):
         self._python = settings.python or sys.executable
         self._gpus = GpuAllocator(settings.gpu_ids)
         host_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        self._cpus = CpuAllocator(cpus if cpus is not None else (settings.cpu_ids or host_cpus))
+        # share_cpus: count the workers that other parents of this user pinned on this host.
+        self._cpus = CpuAllocator(cpus if cpus is not None else (settings.cpu_ids or host_cpus),
+                                  HostCpuLeases.for_host() if share_cpus else None)
         self._parent_pid = parent_pid if parent_pid is not None else os.getpid()
         self._memory_mode = memory_mode
         self._grace_s = grace_s
