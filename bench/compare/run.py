@@ -48,9 +48,9 @@ NOTES = [
     "`flower-supernode` over TLS (server-authenticated: Flower has no mutual TLS; SuperNode "
     "key auth off), its FedAvg strategy in a ServerApp and a numpy ClientApp; atoll with mutual "
     "TLS and the process launcher, its FedAvg workflow (aggregation as results arrive, no "
-    "validation) and a numpy client API script; atoll's job ships no model file (uploads over "
-    "1 GiB are refused), so round 0 sends each site an empty model and the site makes the "
-    "layers in place, and from round 1 on the global model travels both ways as elsewhere. Jobs are submitted, listed and aborted with each system's "
+    "validation) and a numpy client API script, its server worker making the model in place "
+    "(app.yaml `initial_model: model.py:make`) as FLARE's persistor and Flower's ServerApp do. "
+    "Jobs are submitted, listed and aborted with each system's "
     "own CLI (`nvflare job …`, `flwr run|ls|stop`, `atoll job …`), timed from the start of the "
     "command; readiness and completion are watched with each system's own API at 0.1 s.",
     "",

@@ -5,13 +5,12 @@ Run with atoll's venv python:
 
 One app for `@ALL` (the server and both sites), min_clients 2, validation and cross-site
 evaluation off, so every system runs the same workload: train rounds only. No model file ships
-with the job (atoll refuses job uploads over 1 GiB, and no peer ships its model with the job
-either: FLARE's persistor and Flower's ServerApp make it in place on the server). FedAvg starts
-without a global model, so round 0 hands each site an empty model and the site makes the float32
-layers of `--layers` in place (site.config.layers); from round 1 on the global model travels to
-both sites and back every round, as in the other systems. Per-round time is measured between
-arrivals of consecutive rounds' models at a site, so each interval holds one upload, one
-aggregation and one download in every system.
+with the job: the server worker makes the float32 layers of `--layers` in place, random with seed
+0, through app.yaml's `initial_model: model.py:make`, as FLARE's persistor and Flower's ServerApp
+do (bench/compare/flare/bench_persistor.py, bench/compare/flower/app). The global model travels to
+both sites and back every round, round 0 included. Per-round time is measured between arrivals of
+consecutive rounds' models at a site, so each interval holds one upload, one aggregation and one
+download in every system.
 """
 
 from __future__ import annotations
@@ -32,10 +31,21 @@ server:
     round_timeout: 3600
     evaluate_every: 0
     cross_site_eval: none
+  initial_model: model.py:make
 site:
   script: train.py
   args: {args}
-  config: {{layers: {layers}}}
+"""
+
+MODEL_PY = """\
+import numpy as np
+
+LAYERS = {layers}
+
+
+def make():
+    rng = np.random.default_rng(0)
+    return {{f"layer{{i}}": rng.random(n, dtype=np.float32) for i, n in enumerate(LAYERS)}}
 """
 
 
@@ -58,9 +68,10 @@ def main() -> None:
     site_args = json.dumps(["--mark-dir", args.mark_dir] if args.mark_dir else [])
     (job / "app" / "app.yaml").write_text(
         APP_YAML.format(
-            rounds=args.rounds, clients=args.clients, args=site_args, layers=json.dumps(layers)
+            rounds=args.rounds, clients=args.clients, args=site_args
         )
     )
+    (job / "app" / "model.py").write_text(MODEL_PY.format(layers=json.dumps(layers)))
     shutil.copyfile(HERE / "site_train.py", job / "app" / "train.py")
     print(job)
 

@@ -1,10 +1,9 @@
 """atoll site script for the benchmark job (client API): adds 1.0 to every weight in place and
 sends the model back, then drops its reference to it before waiting for the next round.
 
-Round 0 arrives without weights (the job ships no model file, see make_job.py): the site makes
-the float32 layers of site.config.layers in place. Each round's receive and send times are
-appended to <mark-dir>/<site>.marks so the runner measures per-round time the same way for every
-system.
+Every round, round 0 included, brings the global model (the server makes it, see make_job.py).
+Each round's receive and send times are appended to <mark-dir>/<site>.marks so the runner
+measures per-round time the same way for every system.
 """
 
 from __future__ import annotations
@@ -30,16 +29,13 @@ def main() -> None:
     args = parser.parse_args()
     fl.init()
     site = fl.site_name()
-    layers = fl.job_args()["layers"]
     while fl.is_running():
         model = fl.receive()
         if model is None:
             break
         rnd = model.current_round
         mark(args.mark_dir, site, "recv", rnd)
-        params = model.params or {
-            f"layer{i}": np.zeros(n, dtype=np.float32) for i, n in enumerate(layers)
-        }
+        params = model.params
         for array in params.values():
             np.add(array, 1.0, out=array)  # in place: the decoded arrays are ours
         fl.send(fl.Model(params=params, num_examples=1))

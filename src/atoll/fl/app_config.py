@@ -4,7 +4,8 @@
 server:                       # present in the app the server runs
   workflow: fedavg            # fedavg | fedopt | fedprox | scatter_gather
   args: {num_rounds: 10, min_clients: 3, key_metric: accuracy}
-  initial_model: init.safetensors   # optional, a file in this app folder
+  initial_model: init.safetensors   # optional: a file in this app folder, or
+                                    # model.py:make_model, a function there that makes it
 site:                         # present in the app the sites run
   script: train.py            # run in-process by the site worker, cwd = this folder
   args: ["--epochs", "2"]     # becomes sys.argv[1:]
@@ -105,12 +106,25 @@ class ServerSection(_Strict):
         ..., description="The workflow the server worker runs."
     )
     args: dict[str, Any] = Field(default_factory=dict, description="The workflow's arguments.")
-    initial_model: str | None = Field(None, description="A .safetensors file in the app folder.")
+    initial_model: str | None = Field(
+        None,
+        description="A .safetensors file in the app folder, or FILE.py:FUNCTION: a function in "
+        "a Python file of the app folder that makes the model on the server (for models too big "
+        "to ship with the job).",
+    )
 
     @field_validator("initial_model")
     @classmethod
     def _model_file(cls, value: str | None) -> str | None:
-        return None if value is None else _relative_file(value, (".safetensors",))
+        if value is None:
+            return None
+        file, colon, function = value.partition(":")
+        if not colon:
+            return _relative_file(value, (".safetensors",))
+        _relative_file(file, (".py",))
+        if not function.isidentifier():
+            raise ValueError(f"the part after ':' must name a function, got {function!r}")
+        return value
 
 
 class SiteSection(_Strict):

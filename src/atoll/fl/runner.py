@@ -19,13 +19,16 @@ import builtins
 import os
 import runpy
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from atoll.fl.app_config import APP_FILE, AppConfigError, SiteSection, load_app_config
 from atoll.fl.client_runtime import ClientSession, bind, unbind
 from atoll.fl.model import Model
-from atoll.fl.serde import SerdeError, load_file
+from atoll.fl.serde import SerdeError, dtype_name, load_file
 from atoll.worker.channels import ServerChannel, SiteChannel
 
 
@@ -45,12 +48,54 @@ def _inside(app_dir: Path, relative: str, field: str) -> Path:
     return path
 
 
-def load_initial_model(app_dir: Path, relative: str) -> Model:
+def load_initial_model(app_dir: Path, reference: str) -> Model:
+    """The model app.yaml's ``server.initial_model`` names: a .safetensors file of the app, or
+    ``FILE.py:FUNCTION``, called with no arguments on the server worker. The function returns
+    a Model, or named arrays (numpy, or torch tensors such as a state_dict). An exception it
+    raises propagates with its traceback, for the job's log."""
+    relative, colon, function = reference.partition(":")
     path = _inside(app_dir, relative, "server.initial_model")
+    source = str(app_dir / APP_FILE)
+    if not colon:
+        try:
+            return load_file(path)
+        except SerdeError as exc:
+            raise AppConfigError(source, [f"server.initial_model: {exc}"]) from None
+    sys.path.insert(0, str(app_dir))  # the file may import its neighbours, as a site script does
     try:
-        return load_file(path)
-    except SerdeError as exc:
-        raise AppConfigError(str(app_dir / APP_FILE), [f"server.initial_model: {exc}"]) from None
+        make = runpy.run_path(str(path), run_name="atoll_initial_model").get(function)
+    finally:
+        sys.path.remove(str(app_dir))
+    if not callable(make):
+        raise AppConfigError(source, [f"server.initial_model: {relative} has no function "
+                                      f"{function!r}"])
+    return _as_model(make(), reference, source)
+
+
+def _as_model(made: Any, reference: str, source: str) -> Model:
+    def refuse(problem: str) -> AppConfigError:
+        return AppConfigError(source, [f"server.initial_model: {reference} {problem}"])
+
+    model = made
+    if isinstance(made, Mapping) and not isinstance(made, Model):
+        params = dict(made)
+        if any(type(v).__module__.startswith("torch") for v in params.values()):
+            from atoll.fl.torch_bridge import to_params
+
+            params = to_params(params)
+        try:
+            model = Model(params={k: np.asarray(v) for k, v in params.items()})
+        except (TypeError, ValueError) as exc:
+            raise refuse(f"returned what is not a model: {exc}") from None
+    if not isinstance(model, Model):
+        raise refuse(f"returned a {type(made).__name__}; it must return an atoll Model or a dict "
+                     "of arrays named by strings")
+    for name, array in model.params.items():
+        try:
+            dtype_name(array.dtype)
+        except SerdeError as exc:
+            raise refuse(f"made params[{name!r}]: {exc}") from None
+    return model
 
 
 def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, Any]) -> None:
