@@ -113,14 +113,17 @@ class WeightedMean:
         for name, (shape, dtype) in self._spec.items():
             if name not in self._sum:
                 self._sum[name] = np.zeros(shape, dtype=_accumulator_dtype(dtype))
+        scratch: dict[np.dtype, np.ndarray] = {}  # one block of weighted values per dtype
         try:
             for name, start, block in stream.blocks(block_bytes):
                 target = self._sum[name].reshape(-1)[start : start + len(block)]
                 if name in overwrite:  # the global model's buffer: replaced, not added to
                     np.multiply(block, weight, out=target, casting="unsafe")
-                elif block.dtype == target.dtype:
-                    np.multiply(block, weight, out=block)  # the block buffer is ours to scale
-                    target += block
+                elif block.dtype == target.dtype:  # the block is read-only (serde.blocks)
+                    buffer = scratch.get(block.dtype)
+                    if buffer is None or len(buffer) < len(block):
+                        buffer = scratch[block.dtype] = np.empty(len(block), block.dtype)
+                    target += np.multiply(block, weight, out=buffer[: len(block)])
                 else:
                     target += block.astype(target.dtype) * weight
         except SerdeError as exc:

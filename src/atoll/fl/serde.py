@@ -168,6 +168,18 @@ class _Reader:
             filled += n
             self.consumed += n
 
+    def take(self, most: int, unit: int) -> memoryview | None:
+        """Up to ``most`` bytes, a whole number of ``unit``s, as a view of the current chunk (no
+        copy); None where the current chunk does not hold one unit whole (or the stream ended)."""
+        if not len(self._current) and not self._next_chunk():
+            return None
+        n = min(most, len(self._current)) // unit * unit
+        if not n:
+            return None
+        view, self._current = self._current[:n], self._current[n:]
+        self.consumed += n
+        return view
+
     def at_end(self) -> bool:
         return not len(self._current) and not self._next_chunk()
 
@@ -333,20 +345,29 @@ class ModelStream:
         return self.model
 
     def blocks(self, block_bytes: int = CHUNK_SIZE) -> Iterator[tuple[str, int, np.ndarray]]:
-        """Yield ``(name, first element, 1-D block)`` in data order, through one reused buffer:
-        use each block before asking for the next. Ends with the trailing-bytes check."""
-        buffer = np.empty(block_bytes, dtype=np.uint8)
+        """Yield ``(name, first element, 1-D block)`` in data order, read-only: a view of the
+        incoming chunk wherever whole elements lie in it (no copy), else a copy in one reused
+        buffer (an element cut across two chunks). Use each block before asking for the next.
+        Ends with the trailing-bytes check."""
+        buffer = np.empty(0, dtype=np.uint8)  # made when an element is first cut in two
         for name, dtype, shape in self.entries:
             total = math.prod(shape) * dtype.itemsize
             step = max(dtype.itemsize, block_bytes // dtype.itemsize * dtype.itemsize)
-            if step > len(buffer):
-                buffer = np.empty(step, dtype=np.uint8)
             done = 0
             while done < total:
                 n = min(step, total - done)
-                block = buffer[:n]
-                self._reader.readinto(memoryview(block), f"tensor {name!r}")
-                yield name, done // dtype.itemsize, block.view(dtype)
+                view = self._reader.take(n, dtype.itemsize)
+                if view is not None:
+                    block = np.frombuffer(view, dtype=dtype)
+                    n = len(view)
+                else:
+                    if n > len(buffer):
+                        buffer = np.empty(step, dtype=np.uint8)
+                    copied = buffer[:n]
+                    self._reader.readinto(memoryview(copied), f"tensor {name!r}")
+                    block = copied.view(dtype)
+                    block.flags.writeable = False  # the same promise as a view's
+                yield name, done // dtype.itemsize, block
                 done += n
         self._finish()
 

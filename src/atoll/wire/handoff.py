@@ -6,9 +6,16 @@ worker about 1.5 CPU-s more (gRPC's copies and the loopback socket) at the momen
 folds the round's results in, which it does alone. When the server worker runs on the parent's
 host (the process launcher: `Launcher.shares_host`), the parent writes each reply into the job's
 *handoff folder* instead and gives the workflow only its header, naming the file; the worker
-reads the frames from the file (page cache) and the name leaves the folder as it is opened. The
-file holds the data frames exactly as they came off the wire (wire/frames.py), and each is
-checked again as it is read.
+maps the file and the name leaves the folder as it is opened. The file holds the data frames
+exactly as they came off the wire (wire/frames.py), and each is checked again as it is read.
+
+Mapped, not read: each frame the worker gets is a view of the page cache, so FedAvg folds a
+1 GiB reply in straight from it. Read into fresh buffers, the same reply took two more copies
+of each byte (the kernel's into the buffer, then the buffer's into the aggregation's block), in
+the phase of a round where the workflow works alone. What was read is dropped from the
+worker's memory as it goes, so its RSS does not grow by the size of the reply. The parent never
+touches a file again once it is handed over (a file cut short under a mapping would kill its
+reader with SIGBUS), and the folder is closed to other users.
 
 The worker opens only plain names inside the folder its parent offered, never through a symlink.
 Files the parent makes are new (O_EXCL), so nothing placed in the folder beforehand is written to.
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import mmap
 import os
 import re
 import stat
@@ -30,6 +38,7 @@ from atoll.wire import frames
 KEY = "handoff"  # the header field naming the file that holds a payload's data frames
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _HEAD_MAX = 11  # tag + the longest varint a frame's length may take
+_DROP_BYTES = 16 * 1024 * 1024  # a mapped reply leaves the worker's RSS in steps of this much
 
 
 class HandoffError(frames.FrameError):
@@ -99,14 +108,29 @@ class HandoffFile:
         self.folder.discard(self.name)
 
 
-def _frames(handle: io.FileIO, size: int, name: str) -> Iterator[bytes]:
+def _frames(handle: io.FileIO, size: int, name: str) -> Iterator[memoryview]:
     with handle:
-        offset = 0
+        mapped = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) if size else None
+    if mapped is None:
+        return
+    view = memoryview(mapped)
+    offset = dropped = 0
+    try:
         while offset < size:
-            start = os.pread(handle.fileno(), _HEAD_MAX, offset)
-            length = frames.frame_size(start)
-            raw = os.pread(handle.fileno(), length, offset)
-            if len(raw) != length:
+            length = frames.frame_size(view[offset : offset + _HEAD_MAX])
+            if offset + length > size:
                 raise HandoffError(f"handoff file {name} ends inside a frame")
+            yield frames.data_only(view[offset : offset + length])
             offset += length
-            yield frames.data_only(raw)
+            # The caller is done with what lies before this frame (it asked for the next):
+            # drop those pages from this process (they stay readable, from the page cache).
+            done = offset - offset % mmap.PAGESIZE
+            if done - dropped >= _DROP_BYTES:
+                mapped.madvise(mmap.MADV_DONTNEED, dropped, done - dropped)
+                dropped = done
+    finally:
+        view.release()
+        try:
+            mapped.close()
+        except BufferError:  # a caller still holds a frame: unmapped when it lets go
+            pass

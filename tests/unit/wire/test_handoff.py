@@ -91,3 +91,25 @@ def test_the_folder_is_held_open_so_swapping_it_for_a_symlink_moves_nothing(tmp_
     name = _filled(folder, [b"data"])
     assert (tmp_path / "moved" / name).exists()
     assert list(elsewhere.iterdir()) == []
+
+
+def _rss_file_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssFile:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux /proc")
+def test_a_large_file_is_read_through_a_mapping_that_does_not_stay_in_memory(tmp_path):
+    parent = HandoffDir(tmp_path / "h", create=True)
+    chunks = [bytes([i]) * frames.CHUNK for i in range(64)]  # 64 MiB
+    name = _filled(parent, chunks)
+    before = _rss_file_kib()
+    highest, kept = before, None
+    for i, chunk in enumerate(frames.Payload(HandoffDir(tmp_path / "h").read(name))):
+        assert isinstance(chunk, memoryview) and chunk.readonly  # a view of the page cache
+        assert chunk == chunks[i]  # every page of it touched
+        highest = max(highest, _rss_file_kib())
+        if i == 3:
+            kept = chunk  # held past the end of the read
+    assert highest - before < 40 * 1024  # pages dropped as it went; not all 64 MiB mapped
+    assert bytes(kept[:2]) == b"\x03\x03"  # still readable: the mapping lives while a view does
