@@ -142,7 +142,8 @@ class HostCpuLeases:
     A lease is named after its process (pid and start time), so the lease of a parent that died
     without cleaning up is recognised as stale and removed. The folder must be a real directory
     owned by this user and closed to others; otherwise ``for_host`` returns None and each
-    launcher counts alone, as before.
+    launcher counts alone, as before. The leases only advise: a folder that cannot be read or
+    written later (removed, disk full) never fails a launch, the launcher then counts alone.
     """
 
     _ids = itertools.count(1)
@@ -169,38 +170,49 @@ class HostCpuLeases:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
+            fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            fd = -1  # unlocked: at worst two launches at once pick the same CPU
+        try:
             yield
         finally:
-            os.close(fd)  # releases the lock
+            if fd >= 0:
+                os.close(fd)  # releases the lock
 
     def load(self, excluding: str) -> Counter[int]:
         """How many workers each CPU holds in every live lease but ``excluding``."""
         load: Counter[int] = Counter()
-        for path in self.folder.glob("*.lease"):
+        try:
+            paths = list(self.folder.glob("*.lease"))
+        except OSError:
+            return load
+        for path in paths:
             name = path.name.removesuffix(".lease")
             if name == excluding:
                 continue
-            if not _alive(name):
-                path.unlink(missing_ok=True)
-                continue
             try:
-                cpus = json.loads(path.read_text())
-                load.update(int(c) for c in cpus)
+                if not _alive(name):
+                    path.unlink(missing_ok=True)
+                    continue
+                load.update(int(c) for c in json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):
                 continue  # half-written by a crash, or not ours: it counts as nothing
         return load
 
     def write(self, lease: str, cpus: list[int]) -> None:
         path = self.folder / f"{lease}.lease"
-        if not cpus:
-            path.unlink(missing_ok=True)
-            return
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(sorted(cpus)))
-        os.replace(tmp, path)
+        try:
+            if not cpus:
+                path.unlink(missing_ok=True)
+                return
+            tmp.write_text(json.dumps(sorted(cpus)))
+            os.replace(tmp, path)
+        except OSError:  # the other launchers will not see these CPUs taken: they only advise
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
 
 def _start_time(pid: int) -> str:

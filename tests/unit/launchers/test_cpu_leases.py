@@ -89,3 +89,14 @@ def test_a_launcher_without_host_leases_counts_alone(leases):
     shared = CpuAllocator([0, 1], leases)
     shared.allocate("j", 1)
     assert CpuAllocator([0, 1]).preview(1) == [0]
+
+
+def test_a_lease_folder_gone_later_never_fails_a_launch(leases):
+    cpus = CpuAllocator([0, 1], leases)
+    assert cpus.allocate("a", 1) == [0]
+    for path in leases.folder.iterdir():
+        path.unlink()
+    leases.folder.rmdir()  # removed under the running parent (a tmp cleaner, say)
+    assert cpus.allocate("b", 1) == [1]  # counted alone from here on
+    cpus.release("a")
+    assert cpus.preview(1) == [0]
