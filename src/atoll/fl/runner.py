@@ -50,8 +50,9 @@ def _inside(app_dir: Path, relative: str, field: str) -> Path:
 
 def load_initial_model(app_dir: Path, reference: str) -> Model:
     """The model app.yaml's ``server.initial_model`` names: a .safetensors file of the app, or
-    ``FILE.py:FUNCTION``, called with no arguments on the server worker. The function returns
-    a Model, or named arrays (numpy, or torch tensors such as a state_dict). An exception it
+    ``FILE.py:FUNCTION``, called with no arguments on the server worker, in the app folder
+    (its working directory, and importable), as a site script runs. The function returns a
+    Model, or named arrays (numpy, or torch tensors such as a state_dict). An exception it
     raises propagates with its traceback, for the job's log."""
     relative, colon, function = reference.partition(":")
     path = _inside(app_dir, relative, "server.initial_model")
@@ -61,15 +62,19 @@ def load_initial_model(app_dir: Path, reference: str) -> Model:
             return load_file(path)
         except SerdeError as exc:
             raise AppConfigError(source, [f"server.initial_model: {exc}"]) from None
-    sys.path.insert(0, str(app_dir))  # the file may import its neighbours, as a site script does
+    saved_cwd, saved_path = os.getcwd(), sys.path[:]
     try:
+        os.chdir(app_dir)
+        sys.path.insert(0, str(path.parent))
         make = runpy.run_path(str(path), run_name="atoll_initial_model").get(function)
+        if not callable(make):
+            raise AppConfigError(source, [f"server.initial_model: {relative} has no function "
+                                          f"{function!r}"])
+        made = make()
     finally:
-        sys.path.remove(str(app_dir))
-    if not callable(make):
-        raise AppConfigError(source, [f"server.initial_model: {relative} has no function "
-                                      f"{function!r}"])
-    return _as_model(make(), reference, source)
+        sys.path[:] = saved_path
+        os.chdir(saved_cwd)
+    return _as_model(made, reference, source)
 
 
 def _as_model(made: Any, reference: str, source: str) -> Model:

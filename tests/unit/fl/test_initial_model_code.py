@@ -44,12 +44,17 @@ def _job(tmp_path, model_py: str, reference: str = "model.py:make"):
 
 def test_round_0_carries_the_model_the_function_made(tmp_path):
     job = _job(tmp_path, """
+        import json
         import numpy as np
         from layers import SHAPE   # a neighbour in the app folder, as a site script may import
         def make():
-            return {"w": np.full(SHAPE, 2.0, dtype=np.float32), "b": np.arange(3)}
+            import fill            # imported when called, too
+            start = json.load(open("start.json"))  # relative to the app folder
+            return {"w": np.full(SHAPE, fill.VALUE, dtype=np.float32), "b": np.array(start)}
     """)
     (job / "app" / "layers.py").write_text("SHAPE = (2, 2)\n")
+    (job / "app" / "fill.py").write_text("VALUE = 2.0\n")
+    (job / "app" / "start.json").write_text("[0, 1, 2]")
     simulate(job, {"a": {}, "b": {}}, results_dir=tmp_path / "out")
     for site in ("a", "b"):
         seen = json.loads((job / f"seen-{site}.json").read_text())
