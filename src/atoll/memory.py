@@ -24,10 +24,10 @@ M_ARENA_MAX = -8
 M_MMAP_THRESHOLD = -3
 M_TOP_PAD = -2
 MMAP_THRESHOLD_BYTES = 8 * 1024 * 1024
-RELAY_TOP_PAD_BYTES = 4 * 1024 * 1024
+TOP_PAD_BYTES = 4 * 1024 * 1024
 
 
-def tune_for_streaming(top_pad: int = RELAY_TOP_PAD_BYTES) -> bool:
+def tune_for_streaming(top_pad: int = TOP_PAD_BYTES) -> bool:
     """Apply the settings above, with ``top_pad`` bytes of free memory kept at the top of the
     heap (0: glibc's default); False where the C library has no mallopt (not glibc)."""
     try:

@@ -1,5 +1,5 @@
-"""A site parent keeps free memory at the top of its heaps (memory.py): a relay that frees a
-1 MiB frame and takes the next one reuses the pages instead of faulting them in again."""
+"""Parents and job workers keep free memory at the top of their heap (memory.py): a process that
+frees a 1 MiB frame and takes the next one reuses the pages instead of faulting them in again."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from atoll.memory import RELAY_TOP_PAD_BYTES
+from atoll.memory import TOP_PAD_BYTES
 
 PROBE = r"""
 import resource, sys
@@ -37,7 +37,7 @@ def _faults(top_pad: int) -> int:
 
 
 def test_a_padded_heap_takes_a_frame_after_the_last_without_faulting_its_pages_in():
-    unpadded, padded = _faults(0), _faults(RELAY_TOP_PAD_BYTES)
+    unpadded, padded = _faults(0), _faults(TOP_PAD_BYTES)
     pages_per_frame = (1 << 20) // 4096
     assert unpadded >= 25 * pages_per_frame  # glibc gave the top back after (nearly) each frame
     assert padded < pages_per_frame  # the 50 frames reused the pages of the first

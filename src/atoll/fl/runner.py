@@ -82,7 +82,7 @@ def _as_model(made: Any, reference: str, source: str) -> Model:
         return AppConfigError(source, [f"server.initial_model: {reference} {problem}"])
 
     model = made
-    if isinstance(made, Mapping) and not isinstance(made, Model):
+    if isinstance(made, Mapping):
         params = dict(made)
         if any(type(v).__module__.startswith("torch") for v in params.values()):
             from atoll.fl.torch_bridge import to_params

@@ -102,26 +102,24 @@ class CpuAllocator:
         load = {c: self._load[c] + others[c] for c in self._cpus}
         return sorted(sorted(self._cpus, key=lambda c: (load[c], c))[:count])
 
-    @contextlib.contextmanager
-    def _host_view(self) -> Iterator[Counter[int]]:
-        """The other launchers' load, with the host's lock held (if shared) until the block ends."""
-        if self._host is None:
-            yield Counter()
-            return
-        with self._host.locked():
-            yield self._host.load(excluding=self._lease)
+    def _others(self) -> Counter[int]:
+        """What the host's other launchers have pinned (nothing when not shared)."""
+        return self._host.load(excluding=self._lease) if self._host is not None else Counter()
+
+    def _host_locked(self) -> contextlib.AbstractContextManager[None]:
+        return self._host.locked() if self._host is not None else contextlib.nullcontext()
 
     def _publish(self) -> None:
         if self._host is not None:
             self._host.write(self._lease, [c for cpus in self._jobs.values() for c in cpus])
 
     def preview(self, count: int) -> list[int]:
-        with self._lock, self._host_view() as others:
-            return self._choose(count, others)
+        with self._lock:  # lease files are replaced whole: reading needs no host lock
+            return self._choose(count, self._others())
 
     def allocate(self, job_key: str, count: int) -> list[int]:
-        with self._lock, self._host_view() as others:
-            chosen = self._choose(count, others)
+        with self._lock, self._host_locked():
+            chosen = self._choose(count, self._others())
             for cpu in chosen:
                 self._load[cpu] += 1
             self._jobs[job_key] = chosen
@@ -129,7 +127,7 @@ class CpuAllocator:
             return chosen
 
     def release(self, job_key: str) -> None:
-        with self._lock, self._host_view():
+        with self._lock, self._host_locked():
             for cpu in self._jobs.pop(job_key, []):
                 self._load[cpu] -= 1
             self._publish()

@@ -46,8 +46,10 @@ def request_for(site, target="hospital-a", meta=None, **kw):
     )
 
 
+# share_cpus=False throughout: a render previews the CPUs a launch would take, and these goldens
+# must not depend on other atoll parents running on this machine (allocation.HostCpuLeases).
 def test_seed_hospital_render_golden(site):
-    launcher = ProcessLauncher(site[0], parent_pid=4242)
+    launcher = ProcessLauncher(site[0], parent_pid=4242, share_cpus=False)
     rendered = launcher.render(request_for(site, credentials={"ATOLL_JOB_TOKEN": "t0k3n"}))
     assert_golden("process_seed_hospital", rendered)
     assert rendered["cpu_affinity"] == [0, 1, 2, 3]
@@ -57,14 +59,15 @@ def test_seed_hospital_render_golden(site):
 
 
 def test_seed_server_render_golden(site):
-    rendered = ProcessLauncher(site[0], parent_pid=4242).render(request_for(site, "server"))
+    launcher = ProcessLauncher(site[0], parent_pid=4242, share_cpus=False)
+    rendered = launcher.render(request_for(site, "server"))
     assert_golden("process_seed_server", rendered)
     assert rendered["gpu_ids"] == [] and rendered["env"]["CUDA_VISIBLE_DEVICES"] == ""
     assert rendered["env"]["ATOLL_ROLE"] == "server"
 
 
 def test_no_credential_value_in_the_rendered_object(site):
-    rendered = ProcessLauncher(site[0]).render(
+    rendered = ProcessLauncher(site[0], share_cpus=False).render(
         request_for(site, credentials={"ATOLL_JOB_TOKEN": "t0k3n"})
     )
     text = json.dumps(rendered)
@@ -75,7 +78,7 @@ def test_no_credential_value_in_the_rendered_object(site):
 
 
 def test_render_does_not_take_gpus_or_cpus(site):
-    launcher = ProcessLauncher(site[0])
+    launcher = ProcessLauncher(site[0], share_cpus=False)
     req = request_for(site)
     assert launcher.render(req)["gpu_ids"] == launcher.render(req)["gpu_ids"] == ["0"]
 
@@ -83,9 +86,9 @@ def test_render_does_not_take_gpus_or_cpus(site):
 def test_render_refuses_what_the_site_can_never_give(site):
     university = request_for(site, "university", check_capacity=False)  # 8 GPUs, the site lists 2
     with pytest.raises(LaunchError, match=r"asks for 8 GPU\(s\); this site lists 2"):
-        ProcessLauncher(site[0]).render(university)
+        ProcessLauncher(site[0], share_cpus=False).render(university)
     with pytest.raises(LaunchError, match=r"asks for 4 CPU\(s\); workers of this site may use 2"):
-        ProcessLauncher(site[0], cpus=[0, 1]).render(request_for(site))
+        ProcessLauncher(site[0], cpus=[0, 1], share_cpus=False).render(request_for(site))
 
 
 def test_build_request_checks_capacity_and_the_deploy_map(site):
