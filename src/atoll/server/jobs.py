@@ -319,10 +319,11 @@ class ServerWorkerBackend:
         return self.jobs.app_zip(job_id, "server")
 
     def send_task(self, job_id, head, chunks):
+        relay = self._live(job_id).relay
         try:
-            task_id = self._live(job_id).relay.add_task(
+            task_id = relay.add_task(
                 list(head.get("targets") or []), str(head.get("topic", "")),
-                dict(head.get("headers") or {}), chunks.frames())
+                dict(head.get("headers") or {}), handoff.payload_of(head, chunks, relay.handoff))
         except RelayError as exc:
             raise BackendError(str(exc)) from None
         return {"task_id": task_id}
@@ -349,7 +350,7 @@ class ServerWorkerBackend:
             # per reply cost the workflow more than the replies did
             entry = relay.next_reply(task_id, 0) if many else None
 
-    def next_task(self, job_id, wait_s):
+    def next_task(self, job_id, wait_s, as_files=False):
         raise BackendError("the server worker runs the workflow; it takes no tasks")
 
     def send_reply(self, job_id, head, chunks):

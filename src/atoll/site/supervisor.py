@@ -21,6 +21,7 @@ from atoll.wire import messages as msg
 
 if TYPE_CHECKING:
     from atoll.spec.resources import Resources
+    from atoll.wire.handoff import HandoffDir
 
 log = logging.getLogger("atoll.site.supervisor")
 
@@ -39,6 +40,7 @@ class SiteJob:
     ended: threading.Event = field(default_factory=threading.Event)
     aborting: str | None = None
     report: tuple[bool, str] | None = None
+    handoff: HandoffDir | None = None  # made when its worker registers (site/worker_backend.py)
 
 
 class Refused(Exception):
@@ -146,6 +148,11 @@ class Supervisor:
         with self._lock:
             if job is not None and self.jobs.get(job_id) is job:
                 del self.jobs[job_id]
+        if job is not None and job.handoff is not None:
+            import shutil
+
+            job.handoff.close()  # and what a worker that died left in it goes with it
+            shutil.rmtree(job.handoff.path, ignore_errors=True)
 
     @staticmethod
     def _tail(job: SiteJob) -> str:

@@ -1,6 +1,9 @@
 """What a site worker can do through its site parent: every call is relayed to the server.
 
-Payloads pass through frame by frame; the parent never holds a whole task or reply.
+Payloads pass through frame by frame; the parent never holds a whole task or reply in memory.
+A worker on the parent's host (the process launcher) gets and sends them as files in the job's
+handoff folder instead (wire/handoff.py): a task is written there as it arrives and handed over
+once whole, and a reply is read from its file as it goes up to the server.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import grpc
 from atoll.site.supervisor import APP_ZIP
 from atoll.wire import frames
 from atoll.wire import messages as msg
+from atoll.wire.handoff import KEY, HandoffDir, payload_of
 from atoll.wire.worker_endpoint import BackendError
 
 
@@ -29,33 +33,43 @@ class SiteWorkerBackend:
         return job
 
     def on_register(self, job_id: str) -> dict[str, Any]:
-        self._job(job_id)
+        job = self._job(job_id)
         self.parent.link.send_state(job_id, "RUNNING", "worker connected")
-        return {"site": self.parent.name}
+        info: dict[str, Any] = {"site": self.parent.name}
+        if self.parent.launcher.shares_host:
+            if job.handoff is None:
+                job.handoff = HandoffDir(job.workdir / "handoff", create=True)
+            info["handoff"] = str(job.handoff.path)
+        return info
 
     def app_zip(self, job_id: str) -> Path:
         return self._job(job_id).workdir / APP_ZIP
 
-    def next_task(self, job_id: str, wait_s: float) -> Iterator[bytes]:
+    def next_task(self, job_id: str, wait_s: float, as_files: bool = False) -> Iterator[bytes]:
         job = self._job(job_id)
         if job.ended.is_set():
             yield frames.header({"end": True})
             return
         try:
-            yield from self.parent.stub.PullTask(
+            stream = self.parent.stub.PullTask(
                 msg.PullRequest(job_id=job_id, wait_s=min(max(wait_s, 0.0), 30.0)),
                 timeout=max(wait_s, 0.0) + 600)
+            if as_files and job.handoff is not None:
+                yield from _as_file(iter(stream), job.handoff)
+            else:
+                yield from stream
         except grpc.RpcError as exc:
             raise BackendError(f"the server did not deliver the task: {exc.details()}") from None
 
     def send_reply(self, job_id: str, head: dict[str, Any], chunks: frames.Payload) -> dict:
-        self._job(job_id)
+        job = self._job(job_id)
         upstream = {"job_id": job_id, "task_id": head.get("task_id"),
                     "headers": head.get("headers") or {}}
+        data = payload_of(head, chunks, job.handoff)
 
         def relay() -> Iterator[bytes]:
             yield frames.header(upstream)
-            yield from chunks.frames()  # forwarded as received: no copy here
+            yield from data  # forwarded as received: no copy here
 
         try:
             answer = self.parent.stub.PushReply(relay())
@@ -78,3 +92,22 @@ class SiteWorkerBackend:
 
     def finish(self, job_id: str, ok: bool, error: str) -> None:
         self._job(job_id).report = (ok, error)
+
+
+def _as_file(stream: Iterator[bytes], folder: HandoffDir) -> Iterator[bytes]:
+    """A task from the server as its worker takes it from the handoff folder: the data frames
+    written to a new file as they arrive, then the header alone, naming the file."""
+    first = next(stream, None)
+    if first is None:
+        raise frames.FrameError("the server sent an empty task stream")
+    head = frames.read_header(first)
+    if "task_id" not in head:  # nothing to carry: "none" (no task yet) or "end"
+        yield first
+        return
+    file = folder.create()
+    try:
+        file.write_frames(frames.Payload(stream).frames())
+    except BaseException:
+        file.remove()
+        raise
+    yield frames.header({**head, KEY: file.hand_over()})

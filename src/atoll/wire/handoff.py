@@ -1,24 +1,32 @@
-"""Replies handed from the server parent to its server worker as files, when both see one folder.
+"""Payloads handed between a parent and its own worker as files, when both see one folder.
 
-A site's reply is complete in the server parent's spool (a file) before the workflow may read
-it. Streamed to the workflow over the worker link, every GiB then costs the parent and the
-worker about 1.5 CPU-s more (gRPC's copies and the loopback socket) at the moment the workflow
-folds the round's results in, which it does alone. When the server worker runs on the parent's
-host (the process launcher: `Launcher.shares_host`), the parent writes each reply into the job's
-*handoff folder* instead and gives the workflow only its header, naming the file; the worker
-maps the file and the name leaves the folder as it is opened. The file holds the data frames
-exactly as they came off the wire (wire/frames.py), and each is checked again as it is read.
+Over the worker link (gRPC on the loopback), every GiB of payload costs the parent and the
+worker about 1.2 CPU-s together: gRPC's copies and the socket's. Through a file it costs a
+fraction of that. When the worker runs on its parent's host (the process launcher:
+`Launcher.shares_host`), the parent offers the job's *handoff folder* at registration, and
+payloads in both directions go through it: the writer fills a file with the data frames
+exactly as they would have gone on the wire (wire/frames.py) and sends only the header, naming
+the file. Every frame is checked again as it is read.
 
-Mapped, not read: each frame the worker gets is a view of the page cache, so FedAvg folds a
-1 GiB reply in straight from it. Read into fresh buffers, the same reply took two more copies
-of each byte (the kernel's into the buffer, then the buffer's into the aggregation's block), in
-the phase of a round where the workflow works alone. What was read is dropped from the
-worker's memory as it goes, so its RSS does not grow by the size of the reply. The parent never
-touches a file again once it is handed over (a file cut short under a mapping would kill its
-reader with SIGBUS), and the folder is closed to other users.
+Which side reads how:
+- A worker **maps** what its parent wrote (`read`): each frame is a view of the page cache, so
+  FedAvg folds a 1 GiB reply in straight from it and a site decodes its task from it. What was
+  read is dropped from the worker's memory as it goes, so its RSS does not grow by the size of
+  the payload.
+- A parent **reads** what its worker wrote (`take`), with pread, never through a mapping: the
+  worker runs the job's code, and a file cut short under a mapping would kill its reader with
+  SIGBUS. A file cut short under pread is an error for that payload alone.
 
-The worker opens only plain names inside the folder its parent offered, never through a symlink.
-Files the parent makes are new (O_EXCL), so nothing placed in the folder beforehand is written to.
+Files are reused. A file read to its end (and, if mapped, no longer held) goes back under a
+`free-` name, and the next writer, on either side, fills it again. On the VMs measured here a
+page not touched for a few seconds goes back to the host, and touching it again is dear:
+writing a GiB into a new file took 1.0 CPU-s, into the same file again 0.15. A file read only in
+part, or not whole frames, leaves the folder; what is left at the end goes with the job.
+
+Only plain names inside the folder are opened, never through a symlink, and only a regular file
+of this user with one link. New files are made with O_EXCL, 0600, with the maker's pid in the
+name, so nothing planted in the folder is written to, and parent and worker never pick the same
+name. The parent never maps a file, so nothing the worker does to one can hurt the parent.
 """
 
 from __future__ import annotations
@@ -29,16 +37,17 @@ import mmap
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from atoll.wire import frames
 
 KEY = "handoff"  # the header field naming the file that holds a payload's data frames
+FREE = "free-"  # the prefix of a file read to its end, there to be filled again
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _HEAD_MAX = 11  # tag + the longest varint a frame's length may take
-_DROP_BYTES = 16 * 1024 * 1024  # a mapped reply leaves the worker's RSS in steps of this much
+_DROP_BYTES = 16 * 1024 * 1024  # a mapped payload leaves the worker's RSS in steps of this much
 
 
 class HandoffError(frames.FrameError):
@@ -55,35 +64,85 @@ class HandoffDir:
         # Held open for the job: a folder swapped for a symlink later does not move it.
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         self._ids = itertools.count(1)
+        self._mapped: list[tuple[mmap.mmap | None, str]] = []  # read whole, not given back
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
+    # -- writing ------------------------------------------------------------------------------
     def create(self) -> HandoffFile:
-        """A new, empty file to write a payload's frames into."""
-        name = f"r{os.getpid()}-{next(self._ids)}"
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                     dir_fd=self._fd)
-        return HandoffFile(self, name, open(fd, "w+b"))  # noqa: SIM115 - owned by HandoffFile
+        """A file to write a payload's frames into from its start: a free one, else a new one."""
+        fd, name = self._take_free()
+        for _ in range(100):
+            if fd is not None:
+                return HandoffFile(self, name, open(fd, "r+b"))  # noqa: SIM115 - owned by it
+            name = self._next_name()
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                             dir_fd=self._fd)
+            except FileExistsError:  # something was planted under that name: another name
+                continue
+        raise HandoffError(f"no new file name is left in {self.path}")
 
-    def read(self, name: str) -> Iterator[bytes]:
-        """The data frames in the named file, checked one by one as they are read. The name
-        leaves the folder at once: a reader that stops early or dies leaves nothing behind."""
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise HandoffError(f"handoff file name {name!r} is not a plain file name")
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self._fd)
-        except OSError as exc:
-            raise HandoffError(f"handoff file {name} cannot be opened: {exc.strerror}") from None
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+    def _next_name(self) -> str:
+        return f"r{os.getpid()}-{next(self._ids)}"
+
+    def _take_free(self) -> tuple[int | None, str]:
+        for free in os.listdir(self._fd):
+            if not free.startswith(FREE):
+                continue
+            try:
+                if not stat.S_ISREG(os.stat(free, dir_fd=self._fd, follow_symlinks=False).st_mode):
+                    continue
+                name = self._next_name()
+                os.rename(free, name, src_dir_fd=self._fd, dst_dir_fd=self._fd)  # one taker
+                fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW, dir_fd=self._fd)
+            except OSError:  # gone meanwhile, or swapped for something that is not a file
+                continue
+            if _plain(os.fstat(fd)):
+                return fd, name
             os.close(fd)
-            raise HandoffError(f"handoff file {name} is not a regular file")
-        handle = io.FileIO(fd, "rb")  # closes the descriptor even if nobody iterates
-        self.discard(name)
-        return _frames(handle, info.st_size, name)
+            self.discard(name)
+        return None, ""
+
+    def put(self, chunks: Iterable[Any]) -> str:
+        """Write a payload's chunks into a file as data frames; returns its name, handed over."""
+        file = self.create()
+        try:
+            file.write_chunks(chunks)
+        except BaseException:
+            file.remove()
+            raise
+        return file.hand_over()
+
+    # -- reading ------------------------------------------------------------------------------
+    def read(self, name: str) -> Iterator[memoryview]:
+        """The data frames in the named file, mapped (a worker reading its parent's file).
+        Read to its end, it is given back by a later give_back()."""
+        self.give_back()
+        handle, size = self._open(name)
+        return self._mapped_frames(handle, size, name)
+
+    def take(self, name: str) -> Iterator[bytes]:
+        """The data frames in the named file, read (a parent reading its worker's file); given
+        back as soon as it is read to its end."""
+        handle, _ = self._open(name)
+        return self._read_frames(handle, name)
+
+    def give_back(self) -> None:
+        """Give back every mapped file read to its end whose frames nobody holds any more."""
+        held = []
+        for mapped, name in self._mapped:
+            try:
+                if mapped is not None:
+                    mapped.close()
+            except BufferError:  # a frame of it is still in use: next time
+                held.append((mapped, name))
+                continue
+            self._free(name)
+        self._mapped = held
 
     def discard(self, name: str) -> None:
         try:
@@ -91,15 +150,101 @@ class HandoffDir:
         except OSError:
             pass
 
+    def _open(self, name: str) -> tuple[io.FileIO, int]:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise HandoffError(f"handoff file name {name!r} is not a plain file name")
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self._fd)
+        except OSError as exc:
+            raise HandoffError(f"handoff file {name} cannot be opened: {exc.strerror}") from None
+        info = os.fstat(fd)
+        if not _plain(info):
+            os.close(fd)
+            raise HandoffError(f"handoff file {name} is not a regular file of this user "
+                               "with one link")
+        return io.FileIO(fd, "rb"), info.st_size  # closes the descriptor even if nobody reads
+
+    def _free(self, name: str) -> None:
+        try:
+            os.rename(name, FREE + name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        except OSError:
+            self.discard(name)
+
+    def _mapped_frames(self, handle: io.FileIO, size: int, name: str) -> Iterator[memoryview]:
+        mapped, whole = None, False
+        try:
+            with handle:
+                mapped = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) if size \
+                    else None
+            if mapped is not None:
+                yield from _views(mapped, size, name)
+            whole = True
+        finally:
+            if whole:  # given back once the caller lets go of its frames (give_back)
+                self._mapped.append((mapped, name))
+            else:  # the mapping goes with its last view, the name now
+                self.discard(name)
+
+    def _read_frames(self, handle: io.FileIO, name: str) -> Iterator[bytes]:
+        offset, whole, fd = 0, False, handle.fileno()
+        try:
+            while head := os.pread(fd, _HEAD_MAX, offset):
+                length = frames.frame_size(head)
+                raw = os.pread(fd, length, offset)  # one copy, straight into the frame
+                if len(raw) != length:
+                    raise HandoffError(f"handoff file {name} ends inside a frame")
+                yield frames.data_only(raw)
+                offset += length
+            whole = True
+        finally:
+            handle.close()
+            if whole:
+                self._free(name)
+            else:
+                self.discard(name)
+
 
 class HandoffFile:
-    """A file the parent fills, then hands to its worker by name, or removes."""
+    """A file its maker fills from the start, then hands over by name, or removes."""
 
     def __init__(self, folder: HandoffDir, name: str, handle: BinaryIO):
         self.folder, self.name, self.handle = folder, name, handle
 
+    def write_frames(self, raw_frames: Iterable[bytes]) -> int:
+        """Encoded frames as they came off the wire; returns the bytes written."""
+        size = 0
+        for raw in raw_frames:
+            self._write((raw,))
+            size += len(raw)
+        return size
+
+    def write_chunks(self, chunks: Iterable[Any]) -> int:
+        """Chunks as data frames of at most frames.CHUNK bytes, each written from the caller's
+        buffer (not joined into one frame first, as the link needs); returns the bytes written."""
+        size = 0
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            for start in range(0, len(view), frames.CHUNK):
+                piece = view[start : start + frames.CHUNK]
+                lead = bytes((frames.DATA_TAG,)) + frames.varint(len(piece))
+                self._write((lead, piece))
+                size += len(lead) + len(piece)
+        return size
+
+    def _write(self, parts: tuple[Any, ...]) -> None:
+        self.handle.flush()  # whatever went in through handle.write
+        views = [memoryview(p).cast("B") for p in parts]
+        while views:
+            written = os.writev(self.handle.fileno(), views)
+            while views and written >= len(views[0]):  # a short write goes on where it stopped
+                written -= len(views.pop(0))
+            if views:
+                views[0] = views[0][written:]
+
     def hand_over(self) -> str:
-        """Close it for writing; from now on the worker reads (and so deletes) it."""
+        """Close it for writing, cut to what was written (a reused file may have been longer);
+        from now on the other side reads it."""
+        self.handle.truncate()
         self.handle.close()
         return self.name
 
@@ -108,11 +253,26 @@ class HandoffFile:
         self.folder.discard(self.name)
 
 
-def _frames(handle: io.FileIO, size: int, name: str) -> Iterator[memoryview]:
-    with handle:
-        mapped = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) if size else None
-    if mapped is None:
-        return
+def payload_of(head: dict[str, Any], chunks: frames.Payload,
+               folder: HandoffDir | None) -> Iterator[bytes]:
+    """A parent's view of what its worker sent: the encoded data frames, from the handoff file
+    the header names or else from the link itself."""
+    name = head.get(KEY)
+    if name is None:
+        return chunks.frames()
+    if folder is None:
+        raise HandoffError("the payload names a handoff file, but this parent offered no "
+                           "handoff folder: send its data over the worker link")
+    for _ in chunks.frames():
+        raise HandoffError("the payload names a handoff file and carries data as well")
+    return folder.take(name)
+
+
+def _plain(info: os.stat_result) -> bool:
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and info.st_uid == os.getuid()
+
+
+def _views(mapped: mmap.mmap, size: int, name: str) -> Iterator[memoryview]:
     view = memoryview(mapped)
     offset = dropped = 0
     try:
@@ -130,7 +290,3 @@ def _frames(handle: io.FileIO, size: int, name: str) -> Iterator[memoryview]:
                 dropped = done
     finally:
         view.release()
-        try:
-            mapped.close()
-        except BufferError:  # a caller still holds a frame: unmapped when it lets go
-            pass

@@ -27,8 +27,9 @@ SESSION_KEY = "x-atoll-worker"
 # NextReply: a workflow that sends this ("1") takes every reply already waiting in one call,
 # one header-then-data message after the other (frames.split_many); else one reply per call.
 MANY_REPLIES_KEY = "x-atoll-replies"
-# NextReply: a workflow that sends this ("1") takes replies as files in the handoff folder its
-# parent offered at registration (wire/handoff.py), each header naming its file.
+# NextReply, NextTask: a worker that sends this ("1") takes replies or tasks as files in the
+# handoff folder its parent offered at registration (wire/handoff.py), each header naming its
+# file. A worker sends its own payloads that way by naming the file in the payload's header.
 HANDOFF_KEY = "x-atoll-handoff"
 
 
@@ -38,7 +39,8 @@ class WorkerBackend(Protocol):
     def send_task(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict: ...
     def next_reply(self, job_id: str, task_id: str, wait_s: float, many: bool = False,
                    as_files: bool = False) -> Iterator[bytes]: ...
-    def next_task(self, job_id: str, wait_s: float) -> Iterator[bytes]: ...
+    def next_task(self, job_id: str, wait_s: float, as_files: bool = False
+                  ) -> Iterator[bytes]: ...
     def send_reply(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict: ...
     def report(self, job_id: str, body: dict[str, Any]) -> None: ...
     def finish(self, job_id: str, ok: bool, error: str) -> None: ...
@@ -135,7 +137,9 @@ class WorkerLinkServicer:
 
     def NextTask(self, request, context):
         job_id = self._job(context)
-        yield from self._stream(context, self.backend.next_task, job_id, request.wait_s)
+        as_files = dict(context.invocation_metadata()).get(HANDOFF_KEY) == "1"
+        yield from self._stream(context, self.backend.next_task, job_id, request.wait_s,
+                                as_files)
 
     def SendReply(self, request_iterator, context):
         job_id = self._job(context)

@@ -48,9 +48,9 @@ def _handoff(info: dict):
         folder = HandoffDir(Path(path))
     except OSError as exc:
         print(f"atoll worker: handoff folder {path} is not usable here ({exc.strerror}); "
-              "replies come through the worker link", file=sys.stderr)
+              "payloads go through the worker link", file=sys.stderr)
         return None
-    print(f"atoll worker: replies come as files through {path}", flush=True)
+    print(f"atoll worker: payloads come and go as files through {path}", flush=True)
     return folder
 
 
@@ -111,7 +111,7 @@ def main() -> int:
 
             site = _env("ATOLL_SITE")
             datasets = json.loads(os.environ.get("ATOLL_DATASETS", "{}") or "{}")
-            channel = GrpcSiteChannel(stub, session, job_id, site)
+            channel = GrpcSiteChannel(stub, session, job_id, site, _handoff(info))
             gc.freeze()  # see _exit_now
             run_site_app(channel, workdir / "app", site, datasets)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the job's status

@@ -34,12 +34,12 @@ class GrpcServerChannel(_Link):
         self.sites = list(sites)
         self.results_dir = results_dir
         self._expected: dict[str, int] = {}
-        self.handoff = handoff  # replies come as files in it (wire/handoff.py)
+        self.handoff = handoff  # payloads come and go as files in it (wire/handoff.py)
 
     def send(self, targets: Sequence[str], topic: str, headers: dict[str, Any],
              payload: Iterable[Chunk]) -> str:
         head = {"targets": list(targets), "topic": topic, "headers": headers}
-        answer = self.stub.SendTask(frames.payload_frames(head, payload), metadata=self.metadata)
+        answer = _send(self.stub.SendTask, head, payload, self.handoff, self.metadata)
         task_id = json.loads(answer.body)["task_id"]
         self._expected[task_id] = len(targets)
         return task_id
@@ -69,15 +69,21 @@ class GrpcServerChannel(_Link):
                             chunks = frames.Payload(self.handoff.read(head[KEY]))
                         yield Reply(site=head["site"], headers=head.get("headers", {}),
                                     chunks=iter(chunks))
+                    if self.handoff is not None:  # the caller is done with the last reply
+                        self.handoff.give_back()
         finally:
             if stream is not None:
                 stream.cancel()  # a caller that stops early must not leave a call open
+            if self.handoff is not None:
+                self.handoff.give_back()
 
 
 class GrpcSiteChannel(_Link):
-    def __init__(self, stub, session: str, job_id: str, site: str):
+    def __init__(self, stub, session: str, job_id: str, site: str,
+                 handoff: HandoffDir | None = None):
         super().__init__(stub, session, job_id)
         self.site = site
+        self.handoff = handoff  # payloads come and go as files in it (wire/handoff.py)
 
     def receive(self, timeout: float | None = None) -> Task | None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -85,16 +91,34 @@ class GrpcSiteChannel(_Link):
             wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             if wait <= 0:
                 raise TimeoutError(f"no task from the server within {timeout} s")
+            metadata = self.metadata if self.handoff is None else (
+                self.metadata + ((HANDOFF_KEY, "1"),))
             stream = self.stub.NextTask(msg.PullRequest(job_id=self.job_id, wait_s=wait),
-                                        metadata=self.metadata)
+                                        metadata=metadata)
             head, chunks = frames.split(iter(stream))
             if head.get("end"):
                 return None
             if head.get("none"):
                 continue
+            if KEY in head and self.handoff is not None:
+                chunks = frames.Payload(self.handoff.read(head[KEY]))
             return Task(task_id=head["task_id"], topic=head["topic"],
                         headers=head.get("headers", {}), chunks=chunks)
 
     def reply(self, task_id: str, headers: dict[str, Any], payload: Iterable[Chunk]) -> None:
         head = {"task_id": task_id, "headers": headers}
-        self.stub.SendReply(frames.payload_frames(head, payload), metadata=self.metadata)
+        _send(self.stub.SendReply, head, payload, self.handoff, self.metadata)
+
+
+def _send(call, head: dict[str, Any], payload: Iterable[Chunk], handoff: HandoffDir | None,
+          metadata) -> Any:
+    """One payload to the parent: its data in a handoff file when there is a folder, the
+    header naming it; else header and data over the link."""
+    if handoff is None:
+        return call(frames.payload_frames(head, payload), metadata=metadata)
+    handoff.give_back()  # what this worker read last is free to be filled now
+    name = handoff.put(payload)
+    try:
+        return call(iter((frames.header({**head, KEY: name}),)), metadata=metadata)
+    finally:
+        handoff.discard(name)  # the parent took it, or it never will

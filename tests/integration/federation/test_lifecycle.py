@@ -51,16 +51,26 @@ def test_submit_complete_download(federation, tmp_path):
     assert (out / "logs" / "site-1.log").exists() and (out / "logs" / "server").is_dir()
 
 
-def test_the_server_worker_on_the_servers_host_takes_replies_as_files(federation, tmp_path):
-    """The process launcher shares the parent's host: replies reach the workflow through the
-    job's handoff folder (wire/handoff.py), which goes with the job."""
+def test_workers_on_their_parents_host_pass_payloads_as_files_both_ways(federation, tmp_path):
+    """The process launcher shares each parent's host: tasks and replies go between every worker
+    and its parent through the job's handoff folder (wire/handoff.py), every byte arrives as
+    sent, round after round, and the folders go with the job."""
+    size = 3 * frames.CHUNK + 7  # several frames, the last one short
     with federation.session(ADMIN) as s:
-        job = s.submit(make_job(tmp_path / "files", rounds=3), wait=True, timeout=120)
+        job = s.submit(make_job(tmp_path / "files", rounds=3, payload_bytes=size), wait=True,
+                       timeout=120)
         logs = s.logs(job["job_id"])["logs"]
+        out = s.download(job["job_id"], tmp_path / "results")
     assert job["state"] == "FINISHED:COMPLETED", job
-    assert "replies come as files through" in logs["server"]
-    relay = federation.workspace("server") / "jobs" / job["job_id"] / "relay"
-    assert not relay.exists()
+    sites = sorted(p for p in job["parts"] if p != "server")
+    for part in ["server", *sites]:
+        assert "payloads come and go as files through" in logs[part], part
+    result = json.loads(next(out.rglob("scatter_gather.json")).read_text())
+    assert [sorted(r["replies"]) for r in result["rounds"]] == [sites] * 3
+    assert all(reply["echoed"] for r in result["rounds"] for reply in r["replies"].values())
+    assert not (federation.workspace("server") / "jobs" / job["job_id"] / "relay").exists()
+    for site in sites:
+        assert not (federation.workspace(site) / "jobs" / job["job_id"] / "handoff").exists()
 
 
 def test_a_worker_leaving_quickly_still_does_what_exit_would(federation, tmp_path):

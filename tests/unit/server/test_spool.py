@@ -145,9 +145,12 @@ def test_a_reply_in_its_own_file_takes_no_memory_and_is_handed_over_by_name(tmp_
     spool.finish()
     assert budget.peak == 0 and spool.spilled_bytes == len(b"".join(payload))
     name = spool.hand_over()
-    assert b"".join(HandoffDir(tmp_path / "handoff").read(name)) == b"".join(payload)
+    worker = HandoffDir(tmp_path / "handoff")
+    assert b"".join(worker.read(name)) == b"".join(payload)
+    worker.give_back()
     spool.close()  # the job ends later: nothing left to free, nothing removed twice
-    assert list((tmp_path / "handoff").iterdir()) == []
+    # read whole, the file stays only to be filled again
+    assert [p.name for p in (tmp_path / "handoff").iterdir()] == [f"free-{name}"]
 
 
 def test_a_reply_in_its_own_file_read_through_the_spool_or_dropped_is_removed(tmp_path):

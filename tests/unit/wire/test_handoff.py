@@ -1,4 +1,5 @@
-"""Handoff files: a reply passed from the server parent to its worker through the job's folder."""
+"""Handoff files: payloads passed between a parent and its worker through the job's folder, and
+the files reused once read."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import pytest
 
 from atoll.wire import frames
-from atoll.wire.handoff import HandoffDir, HandoffError
+from atoll.wire.handoff import FREE, KEY, HandoffDir, HandoffError, payload_of
 
 
 def _filled(folder: HandoffDir, payloads: list[bytes]) -> str:
@@ -17,15 +18,108 @@ def _filled(folder: HandoffDir, payloads: list[bytes]) -> str:
     return file.hand_over()
 
 
-def test_a_handed_over_file_reads_back_frame_by_frame_and_leaves_the_folder(tmp_path):
+def _names(path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+def test_a_handed_over_file_reads_back_frame_by_frame_and_is_given_back_once_let_go(tmp_path):
     parent = HandoffDir(tmp_path / "handoff", create=True)
     worker = HandoffDir(tmp_path / "handoff")
     chunks = [os.urandom(1000), b"", os.urandom(frames.CHUNK)]
     name = _filled(parent, chunks)
     assert (tmp_path / "handoff" / name).stat().st_mode & 0o777 == 0o600
-    stream = worker.read(name)
-    assert not (tmp_path / "handoff" / name).exists()  # gone as soon as it is opened
-    assert [bytes(c) for c in frames.Payload(stream)] == chunks
+    got = [bytes(c) for c in frames.Payload(worker.read(name))]
+    assert got == chunks
+    assert _names(tmp_path / "handoff") == [name]  # mapped until the worker gives it back
+    worker.give_back()
+    assert _names(tmp_path / "handoff") == [FREE + name]
+
+
+def test_a_given_back_file_is_filled_again_and_cut_to_the_new_payload(tmp_path):
+    parent = HandoffDir(tmp_path / "h", create=True)
+    worker = HandoffDir(tmp_path / "h")
+    first = _filled(parent, [b"a" * frames.CHUNK, b"b" * frames.CHUNK])
+    inode = (tmp_path / "h" / first).stat().st_ino
+    assert len(b"".join(worker.read(first))) > 2 * frames.CHUNK
+    worker.give_back()
+    second = _filled(parent, [b"short"])
+    assert second != first and _names(tmp_path / "h") == [second]
+    assert (tmp_path / "h" / second).stat().st_ino == inode  # the same file, its pages reused
+    assert [bytes(c) for c in frames.Payload(worker.read(second))] == [b"short"]
+
+
+def test_a_frame_still_held_keeps_its_file_until_a_later_give_back(tmp_path):
+    parent = HandoffDir(tmp_path / "h", create=True)
+    worker = HandoffDir(tmp_path / "h")
+    name = _filled(parent, [b"kept", b"more"])
+    held = next(iter(frames.Payload(worker.read(name))))  # read on: see below
+    frames_read = list(frames.Payload(worker.read(_filled(parent, [b"x"]))))
+    del frames_read
+    # the first file was read only in part: it left the folder (its mapping lives on for the
+    # view still held), so it can never be filled under that view
+    assert bytes(held) == b"kept"
+    worker.give_back()
+    assert all(n.startswith(FREE) for n in _names(tmp_path / "h"))
+    assert len(_names(tmp_path / "h")) == 1
+    whole = _filled(parent, [b"y"])
+    view = list(frames.Payload(worker.read(whole)))[0]  # read to its end, a view still held
+    worker.give_back()
+    assert whole in _names(tmp_path / "h")  # not given back while the view lives
+    assert bytes(view) == b"y"
+    del view
+    worker.give_back()
+    assert FREE + whole in _names(tmp_path / "h")
+
+
+def test_a_parent_takes_its_workers_file_by_reading_and_gives_it_back_at_once(tmp_path):
+    parent = HandoffDir(tmp_path / "h", create=True)
+    worker = HandoffDir(tmp_path / "h")
+    chunks = [os.urandom(3000), os.urandom(frames.CHUNK + 5)]
+    name = worker.put(iter(chunks))
+    taken = list(parent.take(name))
+    assert all(isinstance(raw, bytes) for raw in taken)  # read, never mapped
+    assert b"".join(taken) == b"".join(frames.data_frames(chunks))  # the frames the link sends
+    assert _names(tmp_path / "h") == [FREE + name]
+    again = worker.put([b"next"])  # the worker fills the file its parent gave back
+    assert _names(tmp_path / "h") == [again]
+    assert [bytes(c) for c in frames.Payload(parent.take(again))] == [b"next"]
+
+
+def test_a_workers_file_cut_short_or_read_in_part_is_removed_not_reused(tmp_path):
+    parent = HandoffDir(tmp_path / "h", create=True)
+    (tmp_path / "h" / "cut").write_bytes(frames.data(b"x" * 100)[:50])
+    with pytest.raises(HandoffError, match="ends inside a frame"):
+        list(parent.take("cut"))
+    name = HandoffDir(tmp_path / "h").put([b"a", b"b"])
+    stream = parent.take(name)
+    next(stream)
+    stream.close()  # the parent stopped early (the upload to the server broke off)
+    assert _names(tmp_path / "h") == []
+
+
+def test_a_failed_write_leaves_no_file(tmp_path):
+    folder = HandoffDir(tmp_path / "h", create=True)
+
+    def chunks():
+        yield b"part"
+        raise RuntimeError("the encoder broke")
+
+    with pytest.raises(RuntimeError):
+        folder.put(chunks())
+    assert _names(tmp_path / "h") == []
+
+
+def test_a_payload_names_its_file_only_where_a_folder_was_offered_and_carries_no_data(tmp_path):
+    folder = HandoffDir(tmp_path / "h", create=True)
+    name = folder.put([b"data"])
+    no_data = frames.Payload(iter(()))
+    with pytest.raises(HandoffError, match="offered no handoff folder"):
+        payload_of({KEY: name}, no_data, None)
+    with pytest.raises(HandoffError, match="carries data as well"):
+        payload_of({KEY: name}, frames.Payload(iter([frames.data(b"x")])), folder)
+    assert b"".join(payload_of({KEY: name}, no_data, folder)) == frames.data(b"data")
+    plain = frames.Payload(iter([frames.data(b"over the link")]))
+    assert list(payload_of({}, plain, folder)) == [frames.data(b"over the link")]
 
 
 def test_a_removed_file_is_gone_and_names_are_never_reused(tmp_path):
@@ -46,17 +140,39 @@ def test_only_plain_names_inside_the_folder_are_read(tmp_path, name):
     assert (tmp_path / "outside").exists()
 
 
-def test_a_symlink_or_a_folder_in_the_handoff_folder_is_refused(tmp_path):
+def test_a_symlink_a_hard_link_or_a_folder_in_the_handoff_folder_is_refused(tmp_path):
     (tmp_path / "outside").write_bytes(frames.data(b"secret"))
     folder = HandoffDir(tmp_path / "h", create=True)
     (tmp_path / "h" / "link").symlink_to(tmp_path / "outside")
+    os.link(tmp_path / "outside", tmp_path / "h" / "hard")
     (tmp_path / "h" / "dir").mkdir()
-    with pytest.raises(HandoffError, match="cannot be opened"):
-        folder.read("link")
-    with pytest.raises(HandoffError, match="not a regular file"):
-        folder.read("dir")
-    with pytest.raises(HandoffError, match="cannot be opened"):
-        folder.read("missing")
+    for read in (folder.read, folder.take):
+        with pytest.raises(HandoffError, match="cannot be opened"):
+            read("link")
+        with pytest.raises(HandoffError, match="not a regular file"):
+            read("dir")
+        with pytest.raises(HandoffError, match="with one link"):
+            read("hard")
+        with pytest.raises(HandoffError, match="cannot be opened"):
+            read("missing")
+    assert (tmp_path / "outside").read_bytes() == frames.data(b"secret")
+
+
+def test_a_planted_free_file_is_never_written_through(tmp_path):
+    precious = tmp_path / "precious"
+    precious.write_text("keep")
+    folder = HandoffDir(tmp_path / "h", create=True)
+    (tmp_path / "h" / f"{FREE}link").symlink_to(precious)
+    os.link(precious, tmp_path / "h" / f"{FREE}hard")
+    (tmp_path / "h" / f"{FREE}dir").mkdir()
+    name = _filled(folder, [b"payload"])
+    assert precious.read_text() == "keep"
+    assert (tmp_path / "h" / name).stat().st_ino != precious.stat().st_ino
+    # the symlink and the folder are passed over, the hard link's name is dropped: none is used
+    assert _names(tmp_path / "h") == sorted([f"{FREE}dir", f"{FREE}link", name])
+    assert precious.stat().st_nlink == 1
+    assert [bytes(c) for c in frames.Payload(HandoffDir(tmp_path / "h").read(name))] == [
+        b"payload"]
 
 
 def test_a_file_that_is_not_whole_data_frames_is_an_error(tmp_path):
@@ -76,10 +192,11 @@ def test_new_files_never_follow_a_planted_symlink(tmp_path):
     target = tmp_path / "precious"
     target.write_text("keep")
     folder = HandoffDir(tmp_path / "h", create=True)
-    (tmp_path / "h" / f"r{os.getpid()}-1").symlink_to(target)  # the next name it would use
-    with pytest.raises(FileExistsError):
-        folder.create()
-    assert target.read_text() == "keep"
+    planted = f"r{os.getpid()}-1"  # the next name it would use
+    (tmp_path / "h" / planted).symlink_to(target)
+    name = _filled(folder, [b"payload"])
+    assert name != planted and target.read_text() == "keep"
+    assert (tmp_path / "h" / planted).is_symlink()
 
 
 def test_the_folder_is_held_open_so_swapping_it_for_a_symlink_moves_nothing(tmp_path):
