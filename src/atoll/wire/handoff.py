@@ -17,8 +17,8 @@ Which side reads how:
   worker runs the job's code, and a file cut short under a mapping would kill its reader with
   SIGBUS. A file cut short under pread is an error for that payload alone.
 
-Files are reused. A file read to its end (and, if mapped, no longer held) goes back under a
-`free-` name, and the next writer, on either side, fills it again. On the VMs measured here a
+Files are reused. A file of a MiB or more read to its end (and, if mapped, no longer held) goes
+back under a `free-` name, and the next writer, on either side, fills it again. On the VMs measured here a
 page not touched for a few seconds goes back to the host, and touching it again is dear:
 writing a GiB into a new file took 1.0 CPU-s, into the same file again 0.15. A file read only in
 part, or not whole frames, leaves the folder; what is left at the end goes with the job.
@@ -37,6 +37,8 @@ import mmap
 import os
 import re
 import stat
+import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,6 +50,10 @@ FREE = "free-"  # the prefix of a file read to its end, there to be filled again
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _HEAD_MAX = 11  # tag + the longest varint a frame's length may take
 _DROP_BYTES = 16 * 1024 * 1024  # a mapped payload leaves the worker's RSS in steps of this much
+# Smaller files are removed once read, not kept: new pages for them cost little, and a folder
+# of a thousand sites' small replies is then listed for nothing.
+REUSE_MIN_BYTES = 1024 * 1024
+_RELIST_S = 0.5  # create(): how often the folder may be listed again for free files
 
 
 class HandoffError(frames.FrameError):
@@ -64,7 +70,9 @@ class HandoffDir:
         # Held open for the job: a folder swapped for a symlink later does not move it.
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         self._ids = itertools.count(1)
-        self._mapped: list[tuple[mmap.mmap | None, str]] = []  # read whole, not given back
+        self._mapped: list[tuple[mmap.mmap | None, str, int]] = []  # read whole, not given back
+        self._free_names: deque[str] = deque()  # free files seen at the last listing
+        self._listed_at = -_RELIST_S
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -90,8 +98,19 @@ class HandoffDir:
         return f"r{os.getpid()}-{next(self._ids)}"
 
     def _take_free(self) -> tuple[int | None, str]:
-        for free in os.listdir(self._fd):
-            if not free.startswith(FREE):
+        # Listed at most every _RELIST_S: with a thousand replies in the folder, a listing per
+        # reply made each round quadratic.
+        listed = False
+        while True:
+            try:
+                free = self._free_names.popleft()
+            except IndexError:  # none seen (or another thread took the last): list again?
+                if listed or time.monotonic() - self._listed_at < _RELIST_S:
+                    break
+                listed, self._listed_at = True, time.monotonic()
+                self._free_names.extend(n for n in os.listdir(self._fd) if n.startswith(FREE))
+                if not self._free_names:
+                    break
                 continue
             try:
                 if not stat.S_ISREG(os.stat(free, dir_fd=self._fd, follow_symlinks=False).st_mode):
@@ -134,14 +153,14 @@ class HandoffDir:
     def give_back(self) -> None:
         """Give back every mapped file read to its end whose frames nobody holds any more."""
         held = []
-        for mapped, name in self._mapped:
+        for mapped, name, size in self._mapped:
             try:
                 if mapped is not None:
                     mapped.close()
             except BufferError:  # a frame of it is still in use: next time
-                held.append((mapped, name))
+                held.append((mapped, name, size))
                 continue
-            self._free(name)
+            self._free(name, size)
         self._mapped = held
 
     def discard(self, name: str) -> None:
@@ -164,11 +183,15 @@ class HandoffDir:
                                "with one link")
         return io.FileIO(fd, "rb"), info.st_size  # closes the descriptor even if nobody reads
 
-    def _free(self, name: str) -> None:
+    def _free(self, name: str, size: int) -> None:
+        """A file read to its end: kept for the next writer if it is large enough to matter."""
         try:
-            os.rename(name, FREE + name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+            if size >= REUSE_MIN_BYTES:
+                os.rename(name, FREE + name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+                return
         except OSError:
-            self.discard(name)
+            pass
+        self.discard(name)
 
     def _mapped_frames(self, handle: io.FileIO, size: int, name: str) -> Iterator[memoryview]:
         mapped, whole = None, False
@@ -181,7 +204,7 @@ class HandoffDir:
             whole = True
         finally:
             if whole:  # given back once the caller lets go of its frames (give_back)
-                self._mapped.append((mapped, name))
+                self._mapped.append((mapped, name, size))
             else:  # the mapping goes with its last view, the name now
                 self.discard(name)
 
@@ -199,7 +222,7 @@ class HandoffDir:
         finally:
             handle.close()
             if whole:
-                self._free(name)
+                self._free(name, offset)
             else:
                 self.discard(name)
 

@@ -7,8 +7,17 @@ import os
 
 import pytest
 
-from atoll.wire import frames
+from atoll.wire import frames, handoff
 from atoll.wire.handoff import FREE, KEY, HandoffDir, HandoffError, payload_of
+
+
+@pytest.fixture(autouse=True)
+def reuse_every_file(request, monkeypatch):
+    """Small files kept for reuse too, and the folder listed on every create, so each test can
+    follow one file; the test of those two limits keeps them as they are."""
+    if "real_limits" not in request.keywords:
+        monkeypatch.setattr(handoff, "REUSE_MIN_BYTES", 1)
+        monkeypatch.setattr(handoff, "_RELIST_S", 0.0)
 
 
 def _filled(folder: HandoffDir, payloads: list[bytes]) -> str:
@@ -230,3 +239,19 @@ def test_a_large_file_is_read_through_a_mapping_that_does_not_stay_in_memory(tmp
             kept = chunk  # held past the end of the read
     assert highest - before < 40 * 1024  # pages dropped as it went; not all 64 MiB mapped
     assert bytes(kept[:2]) == b"\x03\x03"  # still readable: the mapping lives while a view does
+
+
+@pytest.mark.real_limits
+def test_small_files_are_removed_once_read_and_the_folder_is_not_listed_for_each_file(tmp_path):
+    parent = HandoffDir(tmp_path / "h", create=True)
+    worker = HandoffDir(tmp_path / "h")
+    small = worker.put([b"x" * 1000])
+    assert list(parent.take(small))
+    assert _names(tmp_path / "h") == []  # a small file is not worth keeping
+    big = worker.put([b"y" * handoff.REUSE_MIN_BYTES])
+    assert list(parent.take(big))
+    assert _names(tmp_path / "h") == [FREE + big]
+    # The worker listed the folder for its first file, found nothing free, and does not list
+    # it again so soon: its next file is a new one, and the free one waits for a later create.
+    again = worker.put([b"z" * 10])
+    assert sorted(_names(tmp_path / "h")) == sorted([FREE + big, again])
