@@ -54,7 +54,8 @@ class JobRelay:
         self.job_id = job_id
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        # Replies go whole into files of their own here, for a server worker on this host.
+        # For a server worker on this host: replies go whole into files here, and its tasks
+        # come in as files here (wire/handoff.py).
         self.handoff = HandoffDir(folder / "handoff", create=True) if handoff else None
         self.sites = list(sites)
         self.max_payload = max_payload
