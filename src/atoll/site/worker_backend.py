@@ -60,6 +60,8 @@ class SiteWorkerBackend:
                 yield from stream
         except grpc.RpcError as exc:
             raise BackendError(f"the server did not deliver the task: {exc.details()}") from None
+        except (frames.FrameError, OSError) as exc:  # a bad stream, or no room for its file
+            raise BackendError(f"the task could not be handed over as a file: {exc}") from None
 
     def send_reply(self, job_id: str, head: dict[str, Any], chunks: frames.Payload) -> dict:
         job = self._job(job_id)

@@ -86,17 +86,31 @@ def header(body: dict[str, Any]) -> bytes:
     return bytes((HEADER_TAG,)) + varint(len(text)) + text
 
 
+def data_lead(size: int) -> bytes:
+    """What comes before a data frame's bytes: its tag and length."""
+    return bytes((DATA_TAG,)) + varint(size)
+
+
 def data(chunk: bytes | bytearray | memoryview) -> bytes:
     """One data frame (the one copy of the chunk a sender makes)."""
-    return b"".join((bytes((DATA_TAG,)), varint(len(chunk)), chunk))
+    return b"".join((data_lead(len(chunk)), chunk))
+
+
+def data_pieces(chunks: Iterable[bytes | bytearray | memoryview]
+                ) -> Iterator[tuple[bytes, memoryview]]:
+    """Arbitrary chunks re-sliced into data frames of at most CHUNK bytes, each as its lead and
+    a view of its bytes, not yet joined (a file writer writes both as they are)."""
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        for start in range(0, len(view), CHUNK):
+            piece = view[start : start + CHUNK]
+            yield data_lead(len(piece)), piece
 
 
 def data_frames(chunks: Iterable[bytes | bytearray | memoryview]) -> Iterator[bytes]:
     """Re-slice arbitrary chunks into data frames of at most CHUNK bytes."""
-    for chunk in chunks:
-        view = memoryview(chunk).cast("B")
-        for start in range(0, len(view), CHUNK):
-            yield data(view[start : start + CHUNK])
+    for lead, piece in data_pieces(chunks):
+        yield b"".join((lead, piece))
 
 
 def payload_frames(head: dict[str, Any], chunks: Iterable[Any] = ()) -> Iterator[bytes]:

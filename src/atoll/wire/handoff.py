@@ -245,13 +245,9 @@ class HandoffFile:
         """Chunks as data frames of at most frames.CHUNK bytes, each written from the caller's
         buffer (not joined into one frame first, as the link needs); returns the bytes written."""
         size = 0
-        for chunk in chunks:
-            view = memoryview(chunk).cast("B")
-            for start in range(0, len(view), frames.CHUNK):
-                piece = view[start : start + frames.CHUNK]
-                lead = bytes((frames.DATA_TAG,)) + frames.varint(len(piece))
-                self._write((lead, piece))
-                size += len(lead) + len(piece)
+        for lead, piece in frames.data_pieces(chunks):
+            self._write((lead, piece))
+            size += len(lead) + len(piece)
         return size
 
     def _write(self, parts: tuple[Any, ...]) -> None:
