@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: bytecode demo test lint proto proto-check unit bench bench-scale bench-compare bench-compare-peers clean
+.PHONY: bytecode demo test lint proto proto-check unit fuzz bench bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox clean
 
 $(STAMP): pyproject.toml tests/requirements-helm.txt
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,12 @@ proto-check: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
+## fuzz: 10,000 generated uploads and request bodies at a live server (`make test` runs 1,000);
+## ATOLL_FUZZ_EXAMPLES=N sets the number
+ATOLL_FUZZ_EXAMPLES ?= 10000
+fuzz: $(STAMP) bytecode
+	ATOLL_FUZZ_EXAMPLES=$(ATOLL_FUZZ_EXAMPLES) $(BIN)/pytest -q -p no:cacheprovider tests/fuzz
+
 bench: $(STAMP) bytecode
 	$(BIN)/python -m bench.federation
 
@@ -51,6 +57,16 @@ bench-compare: $(STAMP) bytecode
 
 bench-scale: $(STAMP) bytecode
 	$(BIN)/python -m bench.scale --sites 100,300,1000
+
+# A lead's `job list` with and without 200 silent streams of one site's certificate (issue 20).
+bench-hostile: $(STAMP) bytecode
+	$(BIN)/python -m bench.hostile
+
+# The sandbox's cost (issue 19): atoll with its workers under bwrap and with `sandbox: none`,
+# side by side in one run, then the workers' start-up with and without it (BENCHMARKS.md).
+bench-sandbox: $(STAMP) bytecode
+	$(BIN)/python bench/compare/run.py --systems atoll,atoll-unconfined --workloads a,b1000 --repeats 3
+	$(BIN)/python -m bench.sandbox_start
 
 bench-compare-peers:
 	bash bench/compare/setup_peers.sh

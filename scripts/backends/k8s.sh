@@ -33,7 +33,7 @@ KUBELET_PORT=${ATOLL_K8S_KUBELET_PORT:-10250}
 # kubelet (logs) on 127.0.0.1, where it listens.
 NODE=${ATOLL_K8S_NODE:-127.0.0.1}
 IMAGES=${ATOLL_K8S_IMAGES:-busybox job}
-DEBIAN_PACKAGES=(dpkg-dev golang-go golang-github-modern-go-reflect2-dev etcd-server docker.io
+DEBIAN_PACKAGES=(dpkg-dev golang-go golang-github-modern-go-reflect2-dev etcd-server docker.io rsync
   openssl curl)
 COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet)

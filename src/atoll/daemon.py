@@ -48,13 +48,14 @@ def read_pid(workspace: Path, role: str) -> int | None:
 def start_detached(role: str, kit: Path, workspace: Path, timeout: float = 30.0) -> int:
     """Start the `role` parent of `kit` (atoll.run_parent) in its own session; wait until it
     is ready."""
+    from atoll.pki.files import append_private, private_dir
     from atoll.run_parent import command
 
-    workspace.mkdir(parents=True, exist_ok=True)
+    private_dir(workspace)
     ready = workspace / f"{role}.ready"
     ready.unlink(missing_ok=True)
     log_path = workspace / f"{role}.log"
-    with open(log_path, "ab") as log:
+    with open(append_private(log_path), "ab") as log:  # 0600: it may quote the parent's config
         child = subprocess.Popen(
             command(role, kit, ready), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True)

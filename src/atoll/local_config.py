@@ -46,11 +46,13 @@ class Checked:
     endpoint: Endpoint
     site_config: bytes | None = None  # the validated SiteConfig, pickled by the check's child
     site_yaml: bytes | None = None  # or site.yaml as fingerprinted, when a record vouched for it
+    unconfined: bool = False  # process.sandbox: none (the parent warns at every start)
 
     def values(self) -> dict[str, Any]:
         """What a record keeps (local_record.py)."""
         ep = self.endpoint
         return {"launcher": self.launcher, "capacity": self.capacity,
+                "unconfined": self.unconfined,
                 "endpoint": {"host": ep.host, "port": ep.port, "dial_host": ep.dial_host,
                              "uses_tls": ep.uses_tls}}
 
@@ -85,6 +87,11 @@ class LocalConfig:
         return self._checked().endpoint
 
     @property
+    def unconfined(self) -> bool:
+        """site.yaml opts out of the process launcher's sandbox (``process.sandbox: none``)."""
+        return self._checked().unconfined
+
+    @property
     def site_config(self) -> SiteConfig:
         with self._lock:
             if self._site_config is None:
@@ -115,6 +122,13 @@ class LocalConfig:
             launcher.close()
 
 
+UNCONFINED_WARNING = (
+    "WARNING: local/site.yaml sets process.sandbox: none. Job code (site scripts, workflows, "
+    "initial_model functions) runs with this parent's privileges and can read its key, its "
+    "environment, its workspace and every job on this host. Run workers in the sandbox unless "
+    "this host cannot have user namespaces (docs/security.md).")
+
+
 def load_local_config(local_dir: Path, study_runtime: bool,
                       workspace: Path | None = None) -> LocalConfig:
     """Start validating ``local_dir``'s site.yaml (and study_runtime.yaml) in a forked child.
@@ -143,16 +157,21 @@ def record_local_config(local_dir: Path, study_runtime: bool, workspace: Path) -
 
 def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
            print_: str | None = None) -> Checked:
+    from atoll.spec.errors import SpecError
     from atoll.spec.site_config import load_site_config
-    from atoll.spec.study_runtime import load_study_runtime
+    from atoll.spec.study_runtime import RUNTIME_FILE, load_study_runtime, unconfined_issues
 
     config = load_site_config(local_dir / "site.yaml")
     if study_runtime:
-        load_study_runtime(local_dir, config.launcher)
+        issues = unconfined_issues(config, load_study_runtime(local_dir, config.launcher))
+        if issues:
+            raise SpecError(issues, source=str(local_dir / RUNTIME_FILE))
     cap, ep = config.capacity, config.worker_endpoint
+    unconfined = config.launcher == "process" and config.settings.sandbox == "none"
     checked = Checked(config.launcher,
                       {"gpus": cap.gpus, "cpus": cap.cpus, "memory": cap.memory},
-                      Endpoint(ep.host, ep.port, ep.dial_host, ep.uses_tls), pickle.dumps(config))
+                      Endpoint(ep.host, ep.port, ep.dial_host, ep.uses_tls), pickle.dumps(config),
+                      unconfined=unconfined)
     if workspace is not None and print_ is not None:
         again = fingerprint(local_dir, study_runtime)
         if again is not None and again[0] == print_:  # nothing changed while it was checked
@@ -168,8 +187,10 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
         launcher, capacity, ep = values["launcher"], values["capacity"], values["endpoint"]
         endpoint = Endpoint(str(ep["host"]), int(ep["port"]), str(ep["dial_host"]),
                             bool(ep["uses_tls"]))
+        unconfined = values["unconfined"]
         ok = (isinstance(launcher, str) and isinstance(capacity, dict)
-              and set(capacity) == {"gpus", "cpus", "memory"})
+              and set(capacity) == {"gpus", "cpus", "memory"} and isinstance(unconfined, bool))
     except (KeyError, TypeError, ValueError):
         return None
-    return Checked(launcher, capacity, endpoint, site_yaml=site_yaml) if ok else None
+    return (Checked(launcher, capacity, endpoint, site_yaml=site_yaml, unconfined=unconfined)
+            if ok else None)

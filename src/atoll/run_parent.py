@@ -54,6 +54,10 @@ def _without_system_openssl() -> None:
 
 
 def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> int:
+    # What a parent and the workers it starts on its host make (results, logs, spill files)
+    # is private by default, whatever umask the operator's shell had; the parent also sets the
+    # modes of its own folders and files explicitly.
+    os.umask(0o077)
     _without_system_openssl()
     from atoll import daemon
     from atoll.errors import AtollError

@@ -102,6 +102,7 @@ class Session:
                on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         import tempfile
 
+        from atoll.pki.job_signature import SignatureError, sign_archive
         from atoll.wire.jobzip import IntakeError, zip_folder
 
         job_dir = Path(job_dir)
@@ -114,7 +115,10 @@ class Session:
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 archive = zip_folder(job_dir, Path(tmp) / "job.zip")
-            except IntakeError as exc:
+                # signed with this user's own key for the study it goes to: the server and
+                # every site check that nobody changed it on the way (docs/security.md)
+                sign_archive(archive, self.kit, study or self.study or self.whoami()["study"])
+            except (IntakeError, SignatureError) as exc:
                 raise Refused(str(exc)) from None
             head = {"study": study} if study else {}
             try:

@@ -23,11 +23,26 @@ from atoll.spec.site_config import parse_site_config
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 
 
-def make_launcher(gpu_ids=(), share_cpus=False, **kw):
+def make_launcher(gpu_ids=(), share_cpus=False, sandbox="bwrap", **kw):
     """A launcher that counts only its own workers' CPUs, unless share_cpus: tests that check
     which CPU a worker got must not see other atoll parents running on this machine."""
-    config = parse_site_config({"launcher": "process", "process": {"gpu_ids": list(gpu_ids)}})
+    config = parse_site_config({"launcher": "process",
+                                "process": {"gpu_ids": list(gpu_ids), "sandbox": sandbox}})
     return ProcessLauncher(config, share_cpus=share_cpus, **kw), config
+
+
+def host_pids(workdir: Path) -> list[int]:
+    """A worker's processes as the host numbers them (a sandbox has its own PID namespace):
+    those whose environment names its run folder."""
+    marker = f"ATOLL_WORKDIR={workdir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def request(config, tmp_path, code, job="a", gpus=0, cpus=1, memory=None, token="tok-123"):
@@ -69,8 +84,10 @@ def alive(pid: int) -> bool:
 
 REPORT = """
 import json, os, sys
+creds = json.loads(os.read(int(os.environ["ATOLL_CREDENTIALS_FD"]), 65536))
 print(json.dumps({"cpus": sorted(os.sched_getaffinity(0)), "cuda": os.environ["CUDA_VISIBLE_DEVICES"],
-                  "token": os.environ.get("ATOLL_JOB_TOKEN"), "secret": os.environ.get("PARENT_SECRET"),
+                  "token": creds.get("ATOLL_JOB_TOKEN"), "env_token": os.environ.get("ATOLL_JOB_TOKEN"),
+                  "secret": os.environ.get("PARENT_SECRET"),
                   "pgid": os.getpgid(0), "pid": os.getpid(), "sid": os.getsid(0),
                   "workdir": os.environ["ATOLL_WORKDIR"], "cwd": os.getcwd()}))
 """
@@ -80,9 +97,10 @@ def report_of(tmp_path, job):
     return json.loads((tmp_path / job / "logs" / "worker.log").read_text().splitlines()[-1])
 
 
-def test_environment_affinity_session_and_log(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sandbox", ["bwrap", "none"])
+def test_environment_affinity_session_and_log(tmp_path, monkeypatch, sandbox):
     monkeypatch.setenv("PARENT_SECRET", "other-studies-secret")
-    launcher, config = make_launcher(cpus=sorted(os.sched_getaffinity(0)))
+    launcher, config = make_launcher(cpus=sorted(os.sched_getaffinity(0)), sandbox=sandbox)
     handle = launcher.launch(request(config, tmp_path, REPORT))
     result = launcher.wait(handle)
     assert (result.outcome, result.reason, result.exit_code) == (
@@ -91,9 +109,12 @@ def test_environment_affinity_session_and_log(tmp_path, monkeypatch):
         0,
     )
     seen = report_of(tmp_path, "a")
-    assert seen["token"] == "tok-123"  # in the child's environment only
+    assert seen["token"] == "tok-123"  # through the credentials pipe only
+    assert seen["env_token"] is None  # never in an environment block /proc shows
     assert seen["secret"] is None  # the parent's other variables are not inherited
-    assert seen["pgid"] == seen["pid"] == seen["sid"]  # own session and process group
+    if sandbox == "none":
+        assert seen["pgid"] == seen["pid"] == seen["sid"]  # own session and process group
+    assert handle.extra["sandbox"] == sandbox
     assert seen["cpus"] == [min(os.sched_getaffinity(0))]
     assert seen["cwd"] == seen["workdir"] == str(tmp_path / "a")
     assert seen["cuda"] == ""
@@ -205,12 +226,14 @@ time.sleep(300)
 
 
 @pytest.mark.parametrize("ignores_sigterm", [False, True])
-def test_cancel_kills_the_whole_group_and_is_idempotent(tmp_path, ignores_sigterm):
-    launcher, config = make_launcher(grace_s=0.5)
+@pytest.mark.parametrize("sandbox", ["bwrap", "none"])
+def test_cancel_kills_the_whole_group_and_is_idempotent(tmp_path, ignores_sigterm, sandbox):
+    launcher, config = make_launcher(grace_s=0.5, sandbox=sandbox)
     code = GROUP.replace("len(sys.argv) > 1", "True" if ignores_sigterm else "False")
     handle = launcher.launch(request(config, tmp_path, code))
-    kids = [int(p) for p in wait_for(tmp_path / "a" / "pids").split()]
-    assert all(alive(k) for k in kids)
+    wait_for(tmp_path / "a" / "pids")
+    kids = host_pids(tmp_path / "a")
+    assert len(kids) >= 3 and all(alive(k) for k in kids)  # the worker and its two children
     launcher.cancel(handle)
     assert not alive(int(handle.native_id))
     assert not any(alive(k) for k in kids)
@@ -220,15 +243,16 @@ def test_cancel_kills_the_whole_group_and_is_idempotent(tmp_path, ignores_sigter
     launcher.cancel(handle)
 
 
-def test_a_finished_worker_leaves_no_process_behind(tmp_path):
-    launcher, config = make_launcher()
+@pytest.mark.parametrize("sandbox", ["bwrap", "none"])
+def test_a_finished_worker_leaves_no_process_behind(tmp_path, sandbox):
+    launcher, config = make_launcher(sandbox=sandbox)
     code = GROUP.replace('time.sleep(300)\n"""', "") + "\n"
     code = code.rsplit("time.sleep(300)", 1)[0]  # the leader exits, its children would linger
     handle = launcher.launch(request(config, tmp_path, code))
     result = launcher.wait(handle)
-    kids = [int(p) for p in (tmp_path / "a" / "pids").read_text().split()]
+    assert (tmp_path / "a" / "pids").read_text().split()  # the children were started
     assert result.outcome is Outcome.COMPLETED
-    assert not any(alive(k) for k in kids)
+    assert host_pids(tmp_path / "a") == []
     launcher.cancel(handle)  # after the end: nothing to do, no error
 
 
@@ -248,7 +272,7 @@ def test_a_missing_python_is_a_launch_error_and_frees_the_gpus(tmp_path):
         {"launcher": "process", "process": {"python": "/nonexistent/python", "gpu_ids": ["g0"]}}
     )
     launcher = ProcessLauncher(config)
-    with pytest.raises(LaunchError, match="cannot start the worker '/nonexistent/python'"):
+    with pytest.raises(LaunchError, match="'/nonexistent/python'"):
         launcher.launch(request(config, tmp_path, "pass", gpus=1))
     config_ok = parse_site_config({"launcher": "process", "process": {"python": sys.executable}})
     assert ProcessLauncher(config_ok) is not None

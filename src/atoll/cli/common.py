@@ -56,8 +56,28 @@ class LazyCommands(click.Group):
         return super().get_command(ctx, name)
 
 
+def printable(value: object, lines: bool = False) -> str:
+    """Text that came from other people (job names, reasons, study and user names, server
+    messages) made safe to print: every control or invisible formatting character (a terminal
+    escape, a carriage return, a bidi override; a newline or tab too unless ``lines``) is shown
+    as its Python escape, e.g. ``\\x1b[2J``, so it can neither drive the terminal nor forge
+    a table row. Every text output of the CLI goes through it; ``--format json`` is escaped by
+    JSON itself."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or (lines and ch in "\n\t") else ascii(ch)[1:-1]
+                   for ch in text)
+
+
+def log_text(text: str) -> str:
+    """A job's log as printed: the job's own output, kept byte for byte when stdout is a file
+    or a pipe, escaped like ``printable`` (lines kept) on a terminal."""
+    return printable(text, lines=True) if sys.stdout.isatty() else text
+
+
 def fail(message: str, code: int = 2) -> None:
-    click.secho(f"error: {message}", fg="red", err=True)
+    click.secho(f"error: {printable(message, lines=True)}", fg="red", err=True)
     sys.exit(code)
 
 

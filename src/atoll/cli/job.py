@@ -14,7 +14,9 @@ from atoll.cli.common import (
     format_option,
     handle_errors,
     kit_option,
+    log_text,
     open_session,
+    printable,
     study_option,
 )
 
@@ -36,22 +38,34 @@ def _ago(ts: float) -> str:
 def _parts(job: dict[str, Any]) -> str:
     lines = []
     for name, part in sorted(job.get("parts", {}).items(), key=lambda p: p[0] != "server"):
-        reason = f"  ({part['reason']})" if part.get("reason") else ""
-        lines.append(f"  {name:<20} {part['state']}{reason}")
+        reason = f"  ({printable(part['reason'])})" if part.get("reason") else ""
+        lines.append(f"  {printable(name):<20} {printable(part['state'])}{reason}")
     return "\n".join(lines)
 
 
+def _metrics(metrics: dict[str, Any] | None) -> list[str]:
+    """``name=value`` of each number; the names are the job's own."""
+    return [f"{printable(k)}={v:.4g}" for k, v in (metrics or {}).items()
+            if isinstance(v, int | float)]
+
+
+def _round(event: dict[str, Any]) -> str:
+    """The 1-based round of a progress event (written by the job's workflow: any type)."""
+    value = event.get("round", 0)
+    return str(value + 1) if isinstance(value, int) else printable(value)
+
+
 def _status_text(job: dict[str, Any]) -> str:
-    reason = f"\nreason: {job['reason']}" if job.get("reason") else ""
-    lines = [f"job {job['job_id']}  {job['name']!r}  study {job['study']}",
-             f"state: {job['state']}{reason}", "participants:", _parts(job)]
+    reason = f"\nreason: {printable(job['reason'], lines=True)}" if job.get("reason") else ""
+    lines = [f"job {printable(job['job_id'])}  '{printable(job['name'])}'  "
+             f"study {printable(job['study'])}",
+             f"state: {printable(job['state'])}{reason}", "participants:", _parts(job)]
     rounds = [e for e in job.get("progress", []) if "round" in e]
     if rounds:
         last = rounds[-1]
-        lines.append(f"progress: round {last.get('round', 0) + 1}"
-                     + (f"/{last['num_rounds']}" if last.get("num_rounds") else "")
-                     + "".join(f"  {k}={v:.4g}" for k, v in (last.get("metrics") or {}).items()
-                               if isinstance(v, int | float)))
+        lines.append(f"progress: round {_round(last)}"
+                     + (f"/{printable(last['num_rounds'])}" if last.get("num_rounds") else "")
+                     + "".join(f"  {m}" for m in _metrics(last.get("metrics"))))
     return "\n".join(lines)
 
 
@@ -65,11 +79,15 @@ def _status_text(job: dict[str, Any]) -> str:
 @handle_errors
 def submit(job_dir: Path, kit: Path | None, study: str | None, wait: bool,
            timeout: float | None, fmt: str) -> None:
-    """Submit JOB_DIR (a folder with meta.json and its apps) to the session's study."""
+    """Submit JOB_DIR (a folder with meta.json and its apps) to the session's study.
+
+    The job is signed with your kit's key: the server and every site check that nobody
+    changed it on the way (docs/security.md)."""
     with open_session(kit) as session:
         job = session.submit(job_dir, study=study)
         if fmt == "text":
-            click.echo(f"submitted job {job['job_id']} ({job['name']}) to study {job['study']}")
+            click.echo(f"submitted job {printable(job['job_id'])} ({printable(job['name'])}) "
+                       f"to study {printable(job['study'])}")
         if wait:
             job = _follow(session, job["job_id"], study, timeout, fmt)
     emit(job, fmt, _status_text(job) if wait else None)
@@ -88,14 +106,13 @@ def _follow(session, job_id: str, study: str | None, timeout: float | None, fmt:
         for name, part in job.get("parts", {}).items():
             if seen.get(name) != part["state"]:
                 seen[name] = part["state"]
-                reason = f" ({part['reason']})" if part.get("reason") else ""
-                click.echo(f"  {name:<20} {part['state']}{reason}")
+                reason = f" ({printable(part['reason'])})" if part.get("reason") else ""
+                click.echo(f"  {printable(name):<20} {printable(part['state'])}{reason}")
         events = job.get("progress", [])
         for event in events[shown_events:] if len(events) >= shown_events else events:
             if "round" in event and event.get("source") == "server":
-                metrics = "".join(f" {k}={v:.4g}" for k, v in (event.get("metrics") or {}).items()
-                                  if isinstance(v, int | float))
-                click.echo(f"  round {event['round'] + 1}:{metrics}")
+                metrics = "".join(f" {m}" for m in _metrics(event.get("metrics")))
+                click.echo(f"  round {_round(event)}:{metrics}")
         shown_events = len(events)
 
     return session.wait(job_id, study, timeout, update)
@@ -111,9 +128,10 @@ def list_jobs(kit: Path | None, study: str | None, fmt: str) -> None:
     with open_session(kit) as session:
         jobs = session.list_jobs(study)
     lines = [f"{'JOB ID':<34}{'NAME':<24}{'STATE':<22}{'SUBMITTER':<28}SUBMITTED"]
-    for job in jobs:
-        lines.append(f"{job['job_id']:<34}{job['name'][:22]:<24}{job['state']:<22}"
-                     f"{job['submitter'][:26]:<28}{_ago(job['created'])}")
+    for job in jobs:  # escaped before cut: a name can neither move the cursor nor add a row
+        lines.append(f"{printable(job['job_id']):<34}{printable(job['name'])[:22]:<24}"
+                     f"{printable(job['state']):<22}{printable(job['submitter'])[:26]:<28}"
+                     f"{_ago(job['created'])}")
     emit(jobs, fmt, "\n".join(lines) if jobs else "no jobs")
 
 
@@ -137,19 +155,22 @@ def status(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
 @format_option
 @handle_errors
 def logs(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
-    """The job's worker logs (server and sites) and its progress events."""
+    """The job's worker logs (server and sites) and its progress events.
+
+    On a terminal, control characters in the logs (escape sequences, carriage returns) show as
+    escapes such as \\x1b; piped or redirected, the logs are written as the job wrote them.
+    """
     with open_session(kit) as session:
         answer = session.logs(job_id, study)
     text = []
     for name, body in answer["logs"].items():
-        text.append(f"==> {name} <==\n{body.rstrip()}")
+        text.append(f"==> {printable(name)} <==\n{log_text(body.rstrip())}")
     metrics = [e for e in answer["events"] if e.get("metrics")]
     if metrics:
         text.append("==> metrics <==")
         for event in metrics:
-            values = " ".join(f"{k}={v:.4g}" for k, v in event["metrics"].items()
-                              if isinstance(v, int | float))
-            text.append(f"{event['source']:<16} round {event.get('round', '-')}: {values}")
+            text.append(f"{printable(event['source']):<16} round "
+                        f"{printable(event.get('round', '-'))}: {' '.join(_metrics(event['metrics']))}")
     emit(answer, fmt, "\n".join(text) or "no logs yet")
 
 
@@ -163,7 +184,7 @@ def abort(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
     """Abort a job: every worker of it is stopped."""
     with open_session(kit) as session:
         job = session.abort(job_id, study)
-    emit(job, fmt, f"abort requested for job {job_id}: {job['state']}")
+    emit(job, fmt, f"abort requested for job {printable(job_id)}: {printable(job['state'])}")
 
 
 @job_group.command("download")
@@ -177,4 +198,4 @@ def download(job_id: str, kit: Path | None, study: str | None, out: Path) -> Non
     """Download a job's results (models, metrics, plots, logs) into OUT/JOB_ID."""
     with open_session(kit) as session:
         path = session.download(job_id, out, study)
-    click.echo(f"results of job {job_id} in {path}")
+    click.echo(f"results of job {printable(job_id)} in {printable(path)}")

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import click
 
-from atoll.cli.common import atoll_home, handle_errors, save_session
+from atoll.cli.common import atoll_home, handle_errors, printable, save_session
 
 
 @click.command("login")
 @click.option("--kit", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Your admin startup kit.")
 @click.option("--study", default="default", show_default=True,
-              help="The study to work in; every later command is scoped to it.")
+              help="The study to work in; every later command is scoped to it. `default` exists "
+                   "only in a project without named studies.")
 @handle_errors
 def login_command(kit: Path, study: str) -> None:
     """Open a session in STUDY; later commands use it until `atoll logout`."""
@@ -23,8 +24,8 @@ def login_command(kit: Path, study: str) -> None:
         answer = session.login(study)
     path = save_session({"kit": str(kit.resolve()), "study": answer["study"],
                          "token": answer["token"], "user": answer["user"]})
-    click.echo(f"logged in as {answer['user']} ({answer['role']}) in study {answer['study']}; "
-               f"session saved in {path}")
+    click.echo(f"logged in as {printable(answer['user'])} ({printable(answer['role'])}) in study "
+               f"{printable(answer['study'])}; session saved in {path}")
 
 
 @click.command("logout")

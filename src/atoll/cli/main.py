@@ -12,7 +12,7 @@ from atoll import __version__
 # name -> (module, attribute, one-line help); the module is imported only when used.
 COMMANDS = {
     "provision": ("atoll.cli.provision", "provision_group",
-                  "Create the PKI and startup kits; add sites and users later."),
+                  "Create the PKI and startup kits; add, sign or revoke participants later."),
     "server": ("atoll.cli.server", "server_group", "Start or stop the server parent."),
     "site": ("atoll.cli.site", "site_group",
              "Start or stop a site parent; list sites; render and validate a site's config."),
@@ -22,6 +22,8 @@ COMMANDS = {
             "Submit, list, watch, abort and download jobs; write a job template."),
     "study": ("atoll.cli.study", "study_group", "Manage studies: sites and users, per study."),
     "audit": ("atoll.cli.study", "audit_command", "Read the audit log (project admins)."),
+    "crl": ("atoll.cli.crl", "crl_group",
+            "Push the project's certificate revocation list to the server; show it."),
     "poc": ("atoll.cli.poc", "poc_group", "Run a local federation: a server and N sites."),
 }
 

@@ -4,6 +4,9 @@
     atoll provision add-site DIR/<project> --name NAME --org ORG
     atoll provision add-user DIR/<project> --name EMAIL --org ORG --role ROLE
 
+and, in ``provision_keys.py``, revocation and the flow whose keys never leave their owner:
+``request``, ``sign``, ``assemble``, ``revoke``.
+
 Errors (an invalid project.yaml, an existing folder, a duplicate name) exit with code 2 and
 list every problem. Heavy imports happen inside the commands: ``atoll --help`` stays fast.
 """
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from atoll.cli.common import LazyCommands
 from atoll.pki.identity import ROLES
 
 if TYPE_CHECKING:
@@ -24,11 +28,12 @@ if TYPE_CHECKING:
 _CREATE = "create"
 
 
-class _ProjectFileGroup(click.Group):
+class _ProjectFileGroup(LazyCommands):
     """A group whose first argument may be the project file instead of a subcommand name."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+        if args and args[0] not in self.commands and args[0] not in self.lazy \
+                and args[0] not in ctx.help_option_names:
             args = [_CREATE, *args]
         return super().parse_args(ctx, args)
 
@@ -50,7 +55,8 @@ def _fail(title: str, problems: list[str]) -> NoReturn:
 def _guarded(action: Any) -> Any:
     """Run ``action`` and turn atoll's own errors into a list on stderr and exit code 2."""
     from atoll.pki.ca import CAError
-    from atoll.pki.provision import ProvisionError
+    from atoll.pki.revocation import CRLError
+    from atoll.pki.state import ProvisionError
     from atoll.spec.errors import SpecError
 
     try:
@@ -61,7 +67,7 @@ def _guarded(action: Any) -> Any:
             f"{exc.source}: {count} problem{'s' if count != 1 else ''}",
             [str(i) for i in exc.issues],
         )
-    except (ProvisionError, CAError) as exc:
+    except (ProvisionError, CAError, CRLError) as exc:
         _fail(str(exc), [])
     except OSError as exc:
         _fail(f"cannot write {exc.filename or ''}: {exc.strerror}", [])
@@ -87,12 +93,17 @@ class _CreateCommand(click.Command):
         formatter.write_usage(prog, "PROJECT.yaml --out DIR [--force]")
 
 
+_KEYS = "atoll.cli.provision_keys"
+
+
 @click.group(
     "provision",
     cls=_ProjectFileGroup,
     invoke_without_command=False,
-    help="Create a project's CA and startup kits from PROJECT.yaml, or add one participant "
-    "to a provisioned project.\n\n"
+    lazy={"request": (_KEYS, "request_command"), "sign": (_KEYS, "sign_command"),
+          "assemble": (_KEYS, "assemble_command"), "revoke": (_KEYS, "revoke_command")},
+    help="Create a project's CA and startup kits from PROJECT.yaml, add one participant to a "
+    "provisioned project, sign a participant's own request, or revoke a certificate.\n\n"
     "  atoll provision PROJECT.yaml --out DIR\n\n"
     "writes DIR/<project>/: ca/ (kept by the project admin) and one kit folder per "
     "participant. See docs/provisioning.md.",

@@ -1,4 +1,4 @@
-"""`atoll site start|stop|list|render|validate`."""
+"""`atoll site start|stop|list|render|validate|approve`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from atoll.cli.common import (
     handle_errors,
     kit_option,
     open_session,
+    printable,
     study_option,
 )
 from atoll.cli.parents import start_options, start_parent, stop_parent
@@ -22,7 +23,8 @@ kit_arg = click.argument("kit", type=click.Path(exists=True, file_okay=False, pa
 
 @click.group("site", cls=LazyCommands, lazy={
     "render": ("atoll.cli.site_render", "render_command"),
-    "validate": ("atoll.cli.site_render", "validate_command")})
+    "validate": ("atoll.cli.site_render", "validate_command"),
+    "approve": ("atoll.cli.site_policy", "approve_command")})
 def site_group() -> None:
     """A site parent: dials the server, starts this site's job workers through its launcher."""
 
@@ -52,9 +54,10 @@ def list_sites(kit: Path | None, study: str | None, fmt: str) -> None:
     """The sites enrolled in the session's study, and whether they are online."""
     with open_session(kit) as session:
         answer = session.sites(study)
-    lines = [f"study {answer['study']}:"]
-    for site in answer["sites"]:
+    lines = [f"study {printable(answer['study'])}:"]
+    for site in answer["sites"]:  # the launcher and job count are what the site says
         state = "online " if site["online"] else "offline"
-        extra = f"  {site['launcher']}  running {site['running_jobs']}" if site["online"] else ""
-        lines.append(f"  {site['name']:<24} {state}{extra}")
+        extra = (f"  {printable(site['launcher'])}  running {printable(site['running_jobs'])}"
+                 if site["online"] else "")
+        lines.append(f"  {printable(site['name']):<24} {state}{extra}")
     emit(answer, fmt, "\n".join(lines))

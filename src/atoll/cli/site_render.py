@@ -75,7 +75,28 @@ def _load_site(site_dir: Path) -> tuple[Any, Any, list[dict[str, str]]]:
         runtime = load_study_runtime(local, launcher)
     except SpecError as err:
         problems += _as_problems(err, "local/study_runtime.yaml")
+    if config is not None and runtime is not None:
+        from atoll.spec.study_runtime import unconfined_issues
+
+        problems += _as_problems(SpecError(unconfined_issues(config, runtime)),
+                                 "local/study_runtime.yaml")
     return config, runtime, problems
+
+
+def _sandbox_problems(config: Any) -> tuple[str | None, list[dict[str, str]]]:
+    """The process launcher's sandbox, tried for real: one empty sandbox is started."""
+    if config.launcher != "process":
+        return None, []
+    if config.settings.sandbox == "none":
+        return "none: workers run with the parent's privileges (docs/security.md)", []
+    from atoll.launchers.base import LaunchError
+    from atoll.launchers.process import ProcessLauncher
+
+    try:
+        host = ProcessLauncher(config, share_cpus=False).sandbox_host()
+    except LaunchError as err:
+        return None, [{"file": "local/site.yaml", "path": "process.sandbox", "message": str(err)}]
+    return f"bwrap ({host.bwrap}): a test sandbox started", []
 
 
 def _quiet(fn: Any) -> Any:
@@ -89,17 +110,31 @@ def _quiet(fn: Any) -> Any:
 @click.argument("site_dir", type=_dir)
 @_fmt
 def validate_command(site_dir: Path, fmt: str) -> None:
-    """Check SITE_DIR's local/site.yaml and local/study_runtime.yaml; list every problem."""
+    """Check SITE_DIR's local/site.yaml, local/study_runtime.yaml and
+    local/authorization.json; list every problem."""
+    from atoll.cli.site_policy import load_site_policy, policy_lines, policy_report
+
     config, runtime, problems = _load_site(site_dir)
+    policy, policy_problems = load_site_policy(site_dir)
+    problems += policy_problems
+    sandbox = None
+    if not problems:
+        sandbox, problems = _sandbox_problems(config)
     if problems:
         _problems_exit(problems, fmt)
     studies = sorted(runtime.studies)
+    report = policy_report(site_dir, policy)
     if fmt == "json":
-        click.echo(json.dumps({"ok": True, "launcher": config.launcher, "studies": studies}))
+        click.echo(json.dumps({"ok": True, "launcher": config.launcher, "studies": studies,
+                               **({"sandbox": sandbox} if sandbox else {}),
+                               "authorization": report}))
         return
     click.echo(f"local/site.yaml: ok (launcher {config.launcher})")
+    if sandbox:
+        click.echo(f"process sandbox: {sandbox}")
     mapped = ", ".join(studies) if studies else "none (no study gets datasets or secrets here)"
     click.echo(f"local/study_runtime.yaml: ok; studies: {mapped}")
+    click.echo("\n".join(policy_lines(report)))
 
 
 @click.command("render")
@@ -113,14 +148,23 @@ def validate_command(site_dir: Path, fmt: str) -> None:
     default=None,
     help="Render for this target (default: SITE_DIR's folder name; 'server' too).",
 )
+@click.option("--role", type=click.Choice(["project_admin", "org_admin", "lead", "member"]),
+              default="lead", show_default=True, help="The submitter's role, for the policy.")
+@click.option("--org", default=None, help="The submitter's org (default: the site's own).")
+@click.option("--user", default="user@example.org", show_default=True,
+              help="The submitter's name, for the policy.")
 @_fmt
 def render_command(
-    site_dir: Path, job_dir: Path, study: str, job_id: str | None, site_name: str | None, fmt: str
+    site_dir: Path, job_dir: Path, study: str, job_id: str | None, site_name: str | None,
+    role: str, org: str | None, user: str, fmt: str
 ) -> None:
-    """Print what this site's launcher would create for the job in JOB_DIR (nothing starts)."""
+    """Print what this site's launcher would create for the job in JOB_DIR (nothing starts),
+    after local/authorization.json allowed it for a submitter of --role and --org."""
+    from atoll.cli.site_policy import job_decision, load_site_policy, site_org
     from atoll.launchers.base import JobIdentity, LaunchError
     from atoll.launchers.registry import get_launcher
     from atoll.launchers.request import build_request, job_run_folder
+    from atoll.spec.authorization import Actor
     from atoll.spec.errors import SpecError
     from atoll.spec.meta import load_meta
 
@@ -130,9 +174,19 @@ def render_command(
         meta = load_meta(job_dir)
     except SpecError as err:
         problems += _as_problems(err, "meta.json")
+    site = site_name or site_dir.resolve().name
+    decision = None
+    if site != "server" and not problems:  # the server runs its workflow under no site policy
+        policy, policy_problems = load_site_policy(site_dir)
+        problems += policy_problems
+        if policy is not None:
+            own_org = site_org(site_dir)
+            decision, refusals = job_decision(site_dir, policy, job_dir, study,
+                                              Actor(user, own_org if org is None else org, role),
+                                              own_org)
+            problems += refusals
     if problems:
         _problems_exit(problems, fmt)
-    site = site_name or site_dir.resolve().name
     job_id = job_id or hashlib.sha256(f"{job_dir.resolve()}:{study}".encode()).hexdigest()[:32]
     identity = JobIdentity(job_id, meta.name, study, site, "server" if site == "server" else "site")
     endpoint = config.worker_endpoint
@@ -165,6 +219,7 @@ def render_command(
         },
         "launcher_spec": dict(request.launcher_spec),
         "study_mapped": request.study_runtime is not None,
+        **({"authorization": decision} if decision is not None else {}),
         "render": rendered,
     }
     if fmt == "json":
@@ -195,5 +250,11 @@ def _print_text(summary: dict[str, Any]) -> None:
     )
     if not summary["study_mapped"]:
         click.echo(f"note: local/study_runtime.yaml maps nothing for study {summary['study']}")
+    if "authorization" in summary:
+        auth = summary["authorization"]
+        rules = ", ".join(r["rule"] for r in auth["rules"])
+        approval = f"; code approved ({auth['digest']})" if auth["code_approval"] else ""
+        click.echo(f"authorization: allowed for {auth['user']} ({auth['role']}, org "
+                   f"{auth['org'] or '-'}) by {rules}{approval}")
     rendered = json.loads(json.dumps(summary["render"], default=str))
     click.echo(yaml.dump(rendered, Dumper=_Dumper, sort_keys=False, width=100).rstrip())

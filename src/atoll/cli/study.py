@@ -8,7 +8,14 @@ from typing import Any
 
 import click
 
-from atoll.cli.common import emit, format_option, handle_errors, kit_option, open_session
+from atoll.cli.common import (
+    emit,
+    format_option,
+    handle_errors,
+    kit_option,
+    open_session,
+    printable,
+)
 
 
 @click.group("study")
@@ -17,9 +24,9 @@ def study_group() -> None:
 
 
 def _text(study: dict[str, Any]) -> str:
-    return (f"study {study['name']}: {study['jobs']} job(s)\n"
-            f"  sites: {', '.join(study['sites']) or '-'}\n"
-            f"  users: {', '.join(study['users']) or '-'}")
+    return (f"study {printable(study['name'])}: {printable(study['jobs'])} job(s)\n"
+            f"  sites: {printable(', '.join(study['sites'])) or '-'}\n"
+            f"  users: {printable(', '.join(study['users'])) or '-'}")
 
 
 def _run(kit: Path | None, fmt: str, op: str, **body: Any) -> None:
@@ -28,9 +35,11 @@ def _run(kit: Path | None, fmt: str, op: str, **body: Any) -> None:
     if "studies" in answer:
         text = "\n".join(_text(s) for s in answer["studies"])
     elif "removed" in answer:
-        text = f"study {answer['removed']} removed"
+        text = f"study {printable(answer['removed'])} removed"
     else:
         text = _text(answer)
+    if answer.get("note"):  # e.g. what creating the first study did to `default`
+        text += f"\nnote: {printable(answer['note'])}"
     emit(answer, fmt, text)
 
 
@@ -111,6 +120,7 @@ def audit_command(only_study, limit, kit, fmt):
     lines = []
     for e in answer["entries"]:
         at = dt.datetime.fromtimestamp(e["at"]).strftime("%Y-%m-%d %H:%M:%S")
-        lines.append(f"{at}  {e['user']:<28} {e['study']:<16} {e['action']:<18} "
-                     f"{e['target']:<34} {e['outcome']}")
+        lines.append(f"{at}  {printable(e['user']):<28} {printable(e['study']):<16} "
+                     f"{printable(e['action']):<18} {printable(e['target']):<34} "
+                     f"{printable(e['outcome'])}")
     emit(answer, fmt, "\n".join(lines) or "no entries")

@@ -55,6 +55,9 @@ class LaunchRequest:
     # Secret credentials for the worker (the one-time job token). Never rendered, never in argv:
     # each backend passes them by its own secret channel at launch time.
     credentials: Mapping[str, str] = field(default_factory=dict)
+    # Folders outside workdir the parent shares with the worker by path (the server's handoff
+    # folder): a sandboxed worker sees them read-write at the same path, and nothing else.
+    shared_folders: tuple[Path, ...] = ()
     # What the worker's Python runs: `-m atoll.worker` in production. Tests of a launcher alone
     # may pass e.g. ("-c", "...") to run a tiny program under the same rendering rules.
     worker_args: tuple[str, ...] = ("-m", "atoll.worker")

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -32,8 +33,11 @@ from atoll.launchers.base import (
     WorkerExit,
 )
 from atoll.launchers.docker_render import render_docker
+from atoll.launchers.job_files import create_job_file
 from atoll.launchers.request import secret_env_values
 from atoll.spec.errors import SpecError
+
+log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 1
 LOG_FILE = Path("logs") / "worker.log"
@@ -232,16 +236,15 @@ class DockerLauncher(Launcher):
         workdir = handle.extra.get("workdir")
         if not workdir:
             return
-        path = Path(workdir) / LOG_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+        # The run folder is mounted in the container, so the job may have planted a link at
+        # logs/ or logs/worker.log: the log replaces whatever is there, never written through it.
         try:
-            with tmp.open("wb") as out:  # streamed: a chatty worker's log never sits in memory
+            (Path(workdir) / LOG_FILE.parent).mkdir(parents=True, exist_ok=True)
+            with create_job_file(Path(workdir), LOG_FILE) as out:  # streamed, never held whole
                 for chunk in container.logs(stdout=True, stderr=True, stream=True, follow=False):
                     out.write(chunk)
-            tmp.replace(path)
-        except errors.APIError:
-            tmp.unlink(missing_ok=True)
+        except (errors.APIError, OSError) as err:
+            log.warning("the log of container %s was not saved: %s", handle.native_id, err)
 
     def close(self) -> None:
         if self._client is not None:

@@ -13,7 +13,11 @@ nothing else may set (the spec layer refuses them; this module checks again).
 Rules worth knowing:
 - Mounts: the job's run folder at ``/atoll/job`` (rw), datasets at ``/data/<study>/<dataset>``
   (ro or rw), secret mounts read-only. A bind of the engine's socket, or of a folder holding it,
-  is refused: a job must never control the engine that runs it.
+  is refused: a job must never control the engine that runs it. So is a bind that is, holds or
+  lies inside the site kit or the folder of every job's run folder (keys, settings, other jobs).
+- Confinement: ``privileged: false``, ``cap_drop: [ALL]`` and ``no-new-privileges`` always (the
+  spec layer refuses what would loosen them); the engine's default seccomp and AppArmor profiles
+  stay; ``NVIDIA_VISIBLE_DEVICES=void`` when the job asks no GPU (images often say ``all``).
 - Network: site ``docker.network``; with none, a parent listening on loopback (127.0.0.1) is only
   reachable from the host's network namespace, so the worker gets ``network_mode: host``.
 - User: ``user`` from run_kwargs/docker_kwargs if set; otherwise the parent's own uid:gid (the
@@ -42,6 +46,7 @@ NANO = 1_000_000_000
 # Where engines usually listen; the site's own base_url socket is added to these.
 ENGINE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock")
 CREDENTIAL_NOTE = "credential of this job, set at launch"
+NO_GPU = "void"  # NVIDIA_VISIBLE_DEVICES: no GPU, whatever the image's own environment says
 
 
 def render_docker(
@@ -62,12 +67,13 @@ def render_docker(
         allowed_job_images=settings.allow_job_images,
     )
     kwargs: dict[str, Any] = {"init": True}  # tini as PID 1: the worker gets SIGTERM on stop
-    _merge_free_kwargs(kwargs, settings.run_kwargs, "local/site.yaml docker.run_kwargs")
+    _merge_free_kwargs(kwargs, settings.run_kwargs, "local/site.yaml", "docker.run_kwargs")
     if entry is not None:
         _merge_free_kwargs(
             kwargs,
             entry.docker_kwargs,
-            f"local/study_runtime.yaml studies.{identity.study}.docker_kwargs",
+            "local/study_runtime.yaml",
+            f"studies.{identity.study}.docker_kwargs",
         )
     if request.launcher_spec.get("shm_size"):
         kwargs["shm_size"] = memory_to_bytes(request.launcher_spec["shm_size"])
@@ -85,6 +91,10 @@ def render_docker(
         nano_cpus=resources.num_of_cpus * NANO,
         device_requests=_gpu_requests(resources.num_of_gpus),
         detach=True,
+        # Over anything run_kwargs/docker_kwargs say (the spec layer refuses what would loosen).
+        privileged=False,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
     )
     if resources.memory is not None:
         kwargs["mem_limit"] = memory_to_bytes(resources.memory)
@@ -113,10 +123,10 @@ def worker_labels(request: LaunchRequest) -> dict[str, str]:
     }
 
 
-def _merge_free_kwargs(kwargs: dict[str, Any], extra: dict[str, Any], where: str) -> None:
+def _merge_free_kwargs(kwargs: dict[str, Any], extra: dict[str, Any], file: str, at: str) -> None:
     issues = docker_kwargs_issues(extra)
     if issues:
-        raise LaunchError(f"{where}: " + "; ".join(str(i) for i in issues))
+        raise LaunchError(f"{file}: " + "; ".join(f"{at}.{i.path}: {i.message}" for i in issues))
     kwargs.update(extra)
 
 
@@ -135,6 +145,8 @@ def _environment(request: LaunchRequest) -> dict[str, str]:
     datasets = {name: dataset_mount_path(study, name) for name in (entry.datasets if entry else {})}
     env["ATOLL_DATASETS"] = json.dumps(datasets, sort_keys=True)
     env["ATOLL_PARENT"] = request.parent_address
+    if not request.resources.num_of_gpus:
+        env["NVIDIA_VISIBLE_DEVICES"] = NO_GPU
     return dict(sorted(env.items()))
 
 
@@ -166,16 +178,35 @@ def _mounts(request: LaunchRequest, engine_socket: str | None) -> list[dict[str,
             binds.append(_bind(secret.source, secret.mount_path, True))
             where[secret.source] = f"studies.{study}.secret_mounts.{name}.source"
     sockets = {*ENGINE_SOCKETS, *([engine_socket] if engine_socket else [])}
-    for bind in binds:
+    for bind in binds[1:]:  # the run folder itself is the launcher's
         source = PurePosixPath(bind["Source"])
         for sock in sockets:
             if source == PurePosixPath(sock) or source in PurePosixPath(sock).parents:
                 raise LaunchError(
-                    f"{where[bind['Source']]} ({source}) would put the Docker engine's socket "
-                    f"{sock} inside a job container, which would let the job control this host; "
-                    "point it at the data folder itself"
+                    f"local/study_runtime.yaml: {where[bind['Source']]} ({source}) would put "
+                    f"the Docker engine's socket {sock} inside a job container, which would let "
+                    "the job control this host; point it at the data folder itself"
                 )
+        _refuse_parent_folders(source, request, where[bind["Source"]])
     return binds
+
+
+def _refuse_parent_folders(source: PurePosixPath, request: LaunchRequest, where: str) -> None:
+    """The site kit (keys, local/, every run folder) and the folder of all run folders stay
+    the parent's: a bind may not be, hold or (the kit) lie inside them."""
+    kit = request.site_config.kit_dir
+    jobs = PurePosixPath(request.workdir).parent
+    problem = None
+    if kit and (source == PurePosixPath(kit) or PurePosixPath(kit) in source.parents
+                or source in PurePosixPath(kit).parents):
+        problem = f"the site kit {kit} (its startup/ has the private key)"
+    elif source == jobs or source in jobs.parents:
+        problem = f"{jobs}, the folder of every job's run folder"
+    if problem:
+        raise LaunchError(
+            f"local/study_runtime.yaml: {where} ({source}) would show the job {problem}; keep "
+            "job data and secrets outside it"
+        )
 
 
 def _gpu_requests(count: int) -> list[dict[str, Any]]:

@@ -2,9 +2,12 @@
 
 The Pod starts from the study's ``pod_template`` when the site gives one (node selectors,
 tolerations, affinity, security contexts, sidecars stay the site's), then atoll's fields are
-applied on top. A template may not set what atoll owns (the ``LOCKED`` paths below): every such
-path is reported at once. The worker's container is the template's container named
-``atoll-worker`` (created when the template has none).
+applied on top. A template may not set what atoll owns (``LOCKED``) nor hand the node to the job
+(``atoll.spec.pod_template``, checked when study_runtime.yaml is loaded and again here): every
+such path is reported at once. The worker's container is the template's container named
+``atoll-worker`` (created when the template has none); it always runs unprivileged, without
+capabilities or privilege escalation, under the runtime's default seccomp profile, with no
+service-account token, and with ``NVIDIA_VISIBLE_DEVICES=void`` when the job asks no GPU.
 
 The Secret carries the credential *names* only: values are ``<set at launch>`` placeholders here,
 filled by ``KubernetesLauncher.launch``. The worker reads them through ``secretKeyRef``.
@@ -16,39 +19,25 @@ import copy
 import hashlib
 import ipaddress
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest
 from atoll.launchers.images import choose_image
-from atoll.spec.study_runtime import RESERVED_ENV, RESERVED_ENV_PREFIX, data_root
+from atoll.spec.errors import Issue
+from atoll.spec.pod_template import (  # noqa: F401  (LOCKED: re-exported, the documented list)
+    ATOLL_VOLUME_PREFIX,
+    GPU_RESOURCE,
+    LABEL_PREFIX,
+    LOCKED,
+    MAIN_CONTAINER,
+    pod_template_issues,
+)
+from atoll.spec.study_runtime import data_root
 from atoll.spec.study_runtime import dataset_mount_path as dataset_path
 
-MAIN_CONTAINER = "atoll-worker"
-LABEL_PREFIX = "atoll.dev/"
 PLACEHOLDER = "<set at launch>"
 WORKDIR = "/atoll/job"  # an emptyDir: the parent's run folder is not shared with the pod
-GPU_RESOURCE = "nvidia.com/gpu"
-ATOLL_VOLUME_PREFIX = "atoll-"
-_OWNED_MOUNT_ROOTS = ("/data", "/atoll")
-# What a pod_template may not set, because atoll sets it (main container: the atoll-worker one).
-LOCKED = (
-    "metadata.name",
-    "metadata.generateName",
-    "metadata.namespace",
-    "metadata.ownerReferences",
-    "metadata.labels[atoll.dev/*]",
-    "metadata.annotations[atoll.dev/*]",
-    "spec.restartPolicy",
-    "spec.hostNetwork",
-    "spec.volumes[atoll-*]",
-    "spec.containers[atoll-worker].image",
-    "spec.containers[atoll-worker].command",
-    "spec.containers[atoll-worker].args",
-    "spec.containers[atoll-worker].resources",
-    "spec.containers[atoll-worker].env[ATOLL_*, PYTHONPATH, ...]",
-    "spec.containers[atoll-worker].volumeMounts[mountPath under /data or /atoll]",
-)
+NO_GPU = "void"  # NVIDIA_VISIBLE_DEVICES: no GPU even where an image asks for all of them
 _INVALID_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 _INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -140,93 +129,47 @@ def _is_loopback(address: str) -> bool:
 
 
 # --- template checks ---------------------------------------------------------------------------
-def _locked_paths(template: Mapping[str, Any], site_has_account: bool) -> list[str]:
-    """Every path of ``template`` that atoll owns (empty when the template is acceptable)."""
-    found: list[str] = []
-    meta = template.get("metadata") or {}
-    found += [
-        f"metadata.{k}"
-        for k in ("name", "generateName", "namespace", "ownerReferences")
-        if k in meta
-    ]
-    for field in ("labels", "annotations"):
-        found += [
-            f"metadata.{field}.{k}" for k in meta.get(field) or {} if k.startswith(LABEL_PREFIX)
-        ]
-    spec = template.get("spec") or {}
-    found += [f"spec.{k}" for k in ("restartPolicy", "hostNetwork") if k in spec]
-    if site_has_account:
-        found += [f"spec.{k}" for k in ("serviceAccountName", "serviceAccount") if k in spec]
-    found += [
-        f"spec.volumes[{i}].name"
-        for i, v in enumerate(spec.get("volumes") or [])
-        if str(v.get("name", "")).startswith(ATOLL_VOLUME_PREFIX)
-    ]
-    for i, container in enumerate(spec.get("containers") or []):
-        if container.get("name") != MAIN_CONTAINER:
-            continue
-        at = f"spec.containers[{i}]"
-        found += [f"{at}.{k}" for k in ("image", "command", "args", "resources") if k in container]
-        for j, env in enumerate(container.get("env") or []):
-            name = str(env.get("name", ""))
-            if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
-                found.append(f"{at}.env[{j}] ({name})")
-        for j, mount in enumerate(container.get("volumeMounts") or []):
-            path = str(mount.get("mountPath", "")).rstrip("/")
-            if any(path == r or path.startswith(r + "/") for r in _OWNED_MOUNT_ROOTS):
-                found.append(f"{at}.volumeMounts[{j}].mountPath ({path})")
-    return found
-
-
-def _shape_problems(template: Mapping[str, Any]) -> list[str]:
-    """The few shapes the merge relies on; the API server checks the rest of the Pod."""
-
-    def list_of_maps(value: Any) -> bool:
-        return isinstance(value, list) and all(isinstance(v, dict) for v in value)
-
-    spec, meta = template.get("spec", {}), template.get("metadata", {})
-    if not isinstance(meta, dict) or not isinstance(spec, dict):
-        return ["metadata and spec must be mappings"]
-    problems = [
-        f"metadata.{k} must be a mapping"
-        for k in ("labels", "annotations")
-        if not isinstance(meta.get(k, {}), dict)
-    ]
-    problems += [
-        f"spec.{k} must be a list of mappings"
-        for k in ("containers", "volumes", "imagePullSecrets")
-        if not list_of_maps(spec.get(k, []))
-    ]
-    containers = spec.get("containers") or []
-    for i, container in enumerate(containers if list_of_maps(containers) else []):
-        problems += [
-            f"spec.containers[{i}].{k} must be a list of mappings"
-            for k in ("env", "volumeMounts")
-            if not list_of_maps(container.get(k, []))
-        ]
-    return problems
-
-
 def _template(request: LaunchRequest) -> dict[str, Any]:
-    study = request.study_runtime
+    """The study's template, checked again (spec/pod_template.py) however the request was made."""
+    study, name = request.study_runtime, request.identity.study
     template = copy.deepcopy(study.pod_template) if study and study.pod_template else {}
-    where = f"study_runtime.yaml studies.{request.identity.study}.pod_template"
-    problems = _shape_problems(template)
-    if problems:
-        raise LaunchError(f"{where} is not a valid Pod: " + "; ".join(problems))
-    locked = _locked_paths(template, bool(request.site_config.settings.service_account))
-    if locked:
+    datasets = study.datasets if study else {}
+    claims = {ds.source: f"studies.{name}.datasets.{n}" for n, ds in datasets.items()}
+    issues = pod_template_issues(template, claims)
+    spec = template.get("spec")
+    if request.site_config.settings.service_account and isinstance(spec, dict):
+        issues += [Issue(f"spec.{k}", "set by the launcher from k8s.service_account in "
+                         "site.yaml; remove it here")
+                   for k in ("serviceAccountName", "serviceAccount") if k in spec]
+    where = f"studies.{name}.pod_template"
+    if issues:
         raise LaunchError(
-            f"{where} sets fields atoll owns; remove them (the site's and job's settings fill "
-            "them): " + "; ".join(locked)
+            f"local/study_runtime.yaml: {where} may not set these (the launcher, the job and "
+            "site.yaml own some; others would hand the node to the job): "
+            + "; ".join(f"{where}.{i.path}: {i.message}" for i in issues)
         )
     containers = (template.get("spec") or {}).get("containers")
     if containers and not any(c.get("name") == MAIN_CONTAINER for c in containers):
         raise LaunchError(
-            f"{where}: spec.containers has no container named {MAIN_CONTAINER!r}; "
-            f"name the worker's container {MAIN_CONTAINER} (other containers run beside it)"
+            f"local/study_runtime.yaml: {where}.spec.containers has no container named "
+            f"{MAIN_CONTAINER!r}; name the worker's container {MAIN_CONTAINER} (other "
+            "containers run beside it)"
         )
     return template
+
+
+def _confine(pod_spec: dict[str, Any], main: dict[str, Any]) -> None:
+    """No privileges for the job: whatever the template adds, the worker keeps none of them."""
+    pod_spec["automountServiceAccountToken"] = False  # the worker never calls the API
+    context = pod_spec.setdefault("securityContext", {})
+    context.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    worker = main.setdefault("securityContext", {})
+    drop = list((worker.get("capabilities") or {}).get("drop") or [])
+    worker.update(
+        privileged=False,
+        allowPrivilegeEscalation=False,
+        capabilities={"drop": ["ALL", *(c for c in drop if c != "ALL")]},
+    )
 
 
 # --- the objects -------------------------------------------------------------------------------
@@ -252,6 +195,8 @@ def _env(request: LaunchRequest, secret: str) -> list[dict[str, Any]]:
         ATOLL_DATA_ROOT=data_root(ident.study),
     )
     atoll_env.pop("ATOLL_PARENT_PID", None)  # the parent's PID means nothing in another pod
+    if not request.resources.num_of_gpus:
+        atoll_env["NVIDIA_VISIBLE_DEVICES"] = NO_GPU
     env += [{"name": k, "value": v} for k, v in sorted(atoll_env.items())]
     env += [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}}
@@ -319,7 +264,6 @@ def render_pod(request: LaunchRequest) -> dict[str, Any]:
     pod.update(apiVersion="v1", kind="Pod")
     spec = pod.setdefault("spec", {})
     spec["restartPolicy"] = "Never"
-    spec.setdefault("automountServiceAccountToken", False)  # the worker never calls the API
     spec.setdefault("enableServiceLinks", False)
     if host_network:
         spec["hostNetwork"] = True
@@ -347,6 +291,7 @@ def render_pod(request: LaunchRequest) -> dict[str, Any]:
         volumeMounts=list(main.get("volumeMounts") or []) + mounts,
     )
     main.setdefault("workingDir", WORKDIR)
+    _confine(spec, main)
     return pod
 
 

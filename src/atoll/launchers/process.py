@@ -6,10 +6,15 @@
 - CPUs: ``num_of_cpus`` as CPU affinity, the host's least-used CPUs (see allocation.py), and as
   ``OMP_NUM_THREADS`` unless the study's env sets it.
 - Memory: a cgroup limit where the host allows one, else ``RLIMIT_AS`` (memory_limit.py).
-- Environment: atoll's variables, the study's ``env``, ``ATOLL_DATASETS`` (JSON name -> host path),
-  a few harmless variables of the parent (PATH, HOME, locale...) and, only in the child's
-  environment at launch, the credentials (job token, secret_env values). Never the parent's
-  whole environment: it may hold other studies' secrets.
+- Confinement (``process.sandbox: bwrap``, the default): the worker runs under bubblewrap and
+  sees only its run folder, its study's datasets at ``/data/<study>/<dataset>``, its Python
+  runtime and its own processes (process_sandbox.py). ``sandbox: none`` is the site's explicit
+  opt-out: the worker then runs with the parent's privileges.
+- Environment: atoll's variables, the study's ``env``, ``ATOLL_DATASETS`` (JSON name -> path),
+  a few harmless variables of the parent (PATH, locale...). Never the parent's whole
+  environment: it may hold other studies' secrets.
+- Credentials (job token, secret_env values) go through a pipe the worker reads once
+  (``ATOLL_CREDENTIALS_FD``), never an environment block that ``/proc`` shows.
 - stdout and stderr go to ``<workdir>/logs/worker.log``.
 
 Child setup (affinity, cgroup, rlimit) runs in ``preexec_fn`` between fork and exec; it only
@@ -18,7 +23,6 @@ makes plain system calls, no imports or locks, which keeps it safe in the thread
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
@@ -26,7 +30,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -41,12 +44,31 @@ from atoll.launchers.base import (
     ProgressCallback,
     WorkerExit,
 )
+from atoll.launchers.job_files import JobFileError, create_job_file
 from atoll.launchers.memory_limit import MemoryCgroup, create_memory_cgroup
+from atoll.launchers.process_group import (
+    CredentialsTooLarge,
+    credentials_pipe,
+    kill_group,
+    signal_text,
+    wait_group_gone,
+)
+from atoll.launchers.process_sandbox import (
+    SANDBOX_TMP,
+    Mount,
+    SandboxHost,
+    SandboxUnavailable,
+    bwrap_binary,
+    probe_host,
+    runtime_overlaps,
+    sandbox_argv,
+)
 from atoll.spec.site_config import ProcessSettings
 
 INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 LOG_FILE = Path("logs") / "worker.log"
 MemoryMode = Literal["auto", "cgroup", "rlimit"]
+CREDENTIALS_FD_ENV = "ATOLL_CREDENTIALS_FD"
 
 
 @dataclass
@@ -59,6 +81,7 @@ class _Running:
     cgroup: MemoryCgroup | None
     rlimit: bool
     log: Path
+    sandboxed: bool
     cancelled: bool = False
     finished: bool = False
 
@@ -68,14 +91,6 @@ def credential_names(request: LaunchRequest) -> list[str]:
     entry = request.study_runtime
     secret = [n for n, ref in entry.secret_env.items() if ref.source == "env"] if entry else []
     return sorted({*request.credentials, "ATOLL_JOB_TOKEN", *secret})
-
-
-def signal_text(number: int) -> str:
-    """``9`` -> ``signal 9 (SIGKILL)``."""
-    try:
-        return f"signal {number} ({signal.Signals(number).name})"
-    except ValueError:
-        return f"signal {number}"
 
 
 class ProcessLauncher(Launcher):
@@ -91,6 +106,7 @@ class ProcessLauncher(Launcher):
         parent_pid: int | None = None,
         memory_mode: MemoryMode = "auto",
         grace_s: float = 3.0,
+        sandbox_host: SandboxHost | None = None,
     ) -> None:
         settings = site_config.settings if site_config is not None else ProcessSettings()
         if not isinstance(settings, ProcessSettings):
@@ -104,8 +120,20 @@ class ProcessLauncher(Launcher):
         self._parent_pid = parent_pid if parent_pid is not None else os.getpid()
         self._memory_mode = memory_mode
         self._grace_s = grace_s
+        self.sandboxed = settings.sandbox == "bwrap"
+        self._bwrap = settings.bwrap
+        self._sandbox_host = sandbox_host
         self._jobs: dict[str, _Running] = {}
         self._lock = threading.Lock()
+
+    def sandbox_host(self) -> SandboxHost:
+        """This host's sandbox facts, probed once (a LaunchError says how to opt out)."""
+        if self._sandbox_host is None:
+            try:
+                self._sandbox_host = probe_host(self._python, bwrap_binary(self._bwrap))
+            except SandboxUnavailable as exc:
+                raise LaunchError(str(exc)) from None
+        return self._sandbox_host
 
     # ----- pure -----------------------------------------------------------------------------
 
@@ -127,17 +155,32 @@ class ProcessLauncher(Launcher):
         env = dict(request.worker_env)
         env.update(entry.env if entry is not None else {})
         env["ATOLL_WORKDIR"] = str(request.workdir)
-        env["ATOLL_PARENT_PID"] = str(self._parent_pid)
+        if self.sandboxed:  # its own /tmp and home; bwrap ties it to its parent's life
+            env["HOME"] = env["TMPDIR"] = SANDBOX_TMP
+        else:
+            env["ATOLL_PARENT_PID"] = str(self._parent_pid)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         # Math libraries (OpenMP, BLAS, PyTorch) size their thread pools from the host's cores,
         # not from the CPUs the worker is pinned to; oversubscribed, a small model runs 10x
         # slower. The study's env may still choose otherwise.
         env.setdefault("OMP_NUM_THREADS", str(res.num_of_cpus))
+        mounts = dataset_mounts(request) if self.sandboxed else ()
         if entry is not None and entry.datasets:
             datasets = {name: d.source for name, d in sorted(entry.datasets.items())}
+            if self.sandboxed:
+                datasets = {name: m.target for name, m in zip(sorted(entry.datasets), mounts,
+                                                               strict=True)}
             env["ATOLL_DATASETS"] = json.dumps(datasets, sort_keys=True)
+        argv = [self._python, *request.worker_args]
+        if self.sandboxed:
+            app = request.workdir / "app"
+            argv = [*sandbox_argv(self.sandbox_host(), run_folder=str(request.workdir),
+                                  app_folder=str(app), shared=tuple(map(str,
+                                                                        request.shared_folders)),
+                                  datasets=mounts, gpu_ids=gpus), *argv]
         return {
-            "argv": [self._python, *request.worker_args],
+            "argv": argv,
+            "sandbox": "bwrap" if self.sandboxed else "none",
             "env": dict(sorted(env.items())),
             "inherited_env": list(INHERITED_ENV),
             "credential_env": credential_names(request),
@@ -163,6 +206,8 @@ class ProcessLauncher(Launcher):
         cgroup = None
         try:
             spec = self.render(request, gpu_ids=gpus, cpus=cpus)
+            if self.sandboxed:
+                self._check_mounts(request)
             cgroup, rlimit = self._memory_limit(request, spec["memory_limit_bytes"])
             popen = self._spawn(spec, request.credentials, cpus, cgroup, rlimit)
         except BaseException:
@@ -170,9 +215,8 @@ class ProcessLauncher(Launcher):
                 cgroup.remove()
             self._release(key)
             raise
-        run = _Running(
-            key, popen, gpus, cpus, res.memory, cgroup, rlimit is not None, Path(spec["log_file"])
-        )
+        run = _Running(key, popen, gpus, cpus, res.memory, cgroup, rlimit is not None,
+                       Path(spec["log_file"]), self.sandboxed)
         with self._lock:
             self._jobs[key] = run
         if on_progress is not None:
@@ -188,8 +232,23 @@ class ProcessLauncher(Launcher):
                 "cpu_affinity": cpus,
                 "memory_limit": cgroup.kind if cgroup else ("rlimit-as" if rlimit else None),
                 "log_file": spec["log_file"],
+                "sandbox": spec["sandbox"],
             },
         )
+
+    def _check_mounts(self, request: LaunchRequest) -> None:
+        """What bwrap would stumble on, said in the site's own terms before it runs."""
+        overlap = runtime_overlaps(self.sandbox_host(), str(request.workdir))
+        if overlap is not None:
+            raise LaunchError(f"the worker's Python runtime folder {overlap} holds the job's run "
+                              f"folder; move the workspace (process.workdir in local/site.yaml) "
+                              "out of it, or it would be lent to the job")
+        entry = request.study_runtime
+        for name, dataset in sorted((entry.datasets if entry else {}).items()):
+            if not os.path.isdir(dataset.source):
+                raise LaunchError(f"dataset {name} of study {request.identity.study}: "
+                                  f"{dataset.source} is not a folder on this host "
+                                  "(local/study_runtime.yaml)")
 
     def _memory_limit(
         self, request: LaunchRequest, limit: int | None
@@ -214,7 +273,6 @@ class ProcessLauncher(Launcher):
     ) -> subprocess.Popen:
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env.update(spec["env"])
-        env.update(credentials)  # only here: the child's own environment
         log_file = Path(spec["log_file"])
         log_file.parent.mkdir(parents=True, exist_ok=True)
         procs_file = cgroup.procs_file if cgroup is not None else None
@@ -230,7 +288,13 @@ class ProcessLauncher(Launcher):
                 resource.setrlimit(resource.RLIMIT_AS, (rlimit, rlimit))
 
         try:
-            with open(log_file, "ab") as log:
+            cred_fd = credentials_pipe(credentials)
+        except CredentialsTooLarge as exc:
+            raise LaunchError(str(exc)) from None
+        env[CREDENTIALS_FD_ENV] = str(cred_fd)
+        try:
+            # The log is the parent's to create, never through a link planted in the folder.
+            with create_job_file(Path(spec["cwd"]), LOG_FILE) as log:
                 return subprocess.Popen(
                     spec["argv"],
                     env=env,
@@ -240,10 +304,15 @@ class ProcessLauncher(Launcher):
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
+                    pass_fds=(cred_fd,),
                     preexec_fn=child_setup,
                 )
+        except JobFileError as err:
+            raise LaunchError(f"cannot create the worker's log: {err}") from err
         except (OSError, subprocess.SubprocessError) as err:
             raise LaunchError(f"cannot start the worker {spec['argv'][0]!r}: {err}") from err
+        finally:
+            os.close(cred_fd)  # the child holds its own copy; its read end is its alone
 
     def wait(self, handle: Handle) -> WorkerExit:
         run = self._run_of(handle)
@@ -259,24 +328,26 @@ class ProcessLauncher(Launcher):
             return WorkerExit(Outcome.ABORTED, "cancelled", code)
         if code == 0:
             return WorkerExit(Outcome.COMPLETED, "worker exited with code 0", 0)
+        if run.sandboxed and code > 128:  # bwrap reports a signal N as 128 + N
+            code = -(code - 128)
         what = f"killed by {signal_text(-code)}" if code < 0 else f"worker exited with code {code}"
         if run.cgroup is not None and run.cgroup.oom_killed():
             return WorkerExit(Outcome.FAILED, f"out of memory (limit {run.memory}): {what}", code)
         if run.rlimit and code > 0 and _log_mentions(run.log, b"MemoryError"):
             reason = f"out of memory (address-space limit {run.memory}): {what} after a MemoryError"
             return WorkerExit(Outcome.FAILED, reason, code)
-        return WorkerExit(Outcome.FAILED, f"{what}; see {run.log}", code)
+        return WorkerExit(Outcome.FAILED, f"{what}; see the job's logs (atoll job logs {run.key.partition('/')[0]})", code)
 
     def cancel(self, handle: Handle) -> None:
         run = self._run_of(handle)
         if run is None or run.finished:
             return  # already gone: counts as cancelled
         run.cancelled = True
-        _kill_group(run.popen.pid, signal.SIGTERM)
+        kill_group(run.popen.pid, signal.SIGTERM)
         try:
             run.popen.wait(timeout=self._grace_s)
         except subprocess.TimeoutExpired:
-            _kill_group(run.popen.pid, signal.SIGKILL)
+            kill_group(run.popen.pid, signal.SIGKILL)
             run.popen.wait()
         self._finish(run)
 
@@ -296,8 +367,8 @@ class ProcessLauncher(Launcher):
             if run.finished:
                 return
             run.finished = True
-        _kill_group(run.popen.pid, signal.SIGKILL)
-        _wait_group_gone(run.popen.pid)
+        kill_group(run.popen.pid, signal.SIGKILL)
+        wait_group_gone(run.popen.pid)
         if run.cgroup is not None:
             run.cgroup.kill_all()
             run.cgroup.remove()
@@ -308,41 +379,20 @@ class ProcessLauncher(Launcher):
         self._cpus.release(key)
 
 
-def _kill_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+def dataset_mounts(request: LaunchRequest) -> tuple[Mount, ...]:
+    """The study's datasets at ``/data/<study>/<dataset>``, in name order, with their mode."""
+    from atoll.spec.study_runtime import dataset_mount_path
 
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group, from /proc (Linux)."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            members.append(int(entry.name))
-    return members
-
-
-def _wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
-    """SIGKILL is delivered asynchronously: return once no member of the group still runs."""
-    if not os.path.isdir("/proc"):
-        return
-    deadline = time.monotonic() + timeout_s
-    while group_members(pgid) and time.monotonic() < deadline:
-        _kill_group(pgid, signal.SIGKILL)
-        time.sleep(0.01)
+    entry, study = request.study_runtime, request.identity.study
+    return tuple(Mount(d.source, dataset_mount_path(study, name), d.mode == "rw")
+                 for name, d in sorted((entry.datasets if entry else {}).items()))
 
 
 def _log_mentions(path: Path, needle: bytes, tail: int = 64 * 1024) -> bool:
+    # `path` is <run folder>/logs/worker.log, the job's own file: read without following a link.
+    from atoll.launchers.job_files import read_tail
+
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - tail))
-            return needle in f.read()
+        return needle in read_tail(path.parents[len(LOG_FILE.parts) - 1], LOG_FILE, tail)
     except OSError:
         return False

@@ -118,6 +118,7 @@ def build_request(
     worker_args: tuple[str, ...] = WORKER_ARGS,
     check_capacity: bool = True,
     parent_cert: str | None = None,
+    shared_folders: tuple[Path, ...] = (),
 ) -> LaunchRequest:
     """Resolve everything for ``identity.site`` on this site's launcher; SpecError lists all."""
     target = identity.site
@@ -151,4 +152,5 @@ def build_request(
                     **({"ATOLL_PARENT_CERT": parent_cert} if parent_cert else {})},
         credentials=dict(credentials or {}),
         worker_args=tuple(worker_args),
+        shared_folders=tuple(Path(f) for f in shared_folders),
     )

@@ -58,6 +58,14 @@ def new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
+def fingerprint(cert: x509.Certificate) -> str:
+    """SHA-256 of the certificate, as ``openssl x509 -noout -fingerprint -sha256`` prints it:
+    what a participant compares with the one the project admin published for the root CA."""
+    from cryptography.hazmat.primitives import hashes
+
+    return cert.fingerprint(hashes.SHA256()).hex(":").upper()
+
+
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 

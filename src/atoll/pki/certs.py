@@ -67,6 +67,22 @@ def _san(hosts: tuple[str, ...]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(names)
 
 
+def subject_name(name: str, org: str, kind: str, role: str | None = None) -> x509.Name:
+    """``CN=<name>, O=<org>, OU=<kind>`` and, for admins, ``title=<role>``: who the holder is,
+    in a certificate and in the request for one."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    attributes = [
+        x509.NameAttribute(NameOID.COMMON_NAME, name),
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, org),
+        x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, kind),
+    ]
+    if role is not None:
+        attributes.append(x509.NameAttribute(NameOID.TITLE, role))
+    return x509.Name(attributes)
+
+
 def issue_cert(
     ca: CertificateAuthority,
     name: str,
@@ -78,34 +94,45 @@ def issue_cert(
     not_before: dt.datetime | None = None,
     not_after: dt.datetime | None = None,
 ) -> IssuedCert:
-    """Sign a new key for one participant.
+    """Sign a new key for one participant (see ``sign_public_key``)."""
+    key = new_key()
+    cert = sign_public_key(ca, key.public_key(), name, org, kind, role, hosts=hosts,
+                           not_before=not_before, not_after=not_after)
+    return IssuedCert(cert=cert, key=key)
+
+
+def sign_public_key(
+    ca: CertificateAuthority,
+    public: ec.EllipticCurvePublicKey,
+    name: str,
+    org: str,
+    kind: Kind,
+    role: str | None = None,
+    *,
+    hosts: tuple[str, ...] = (),
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+) -> x509.Certificate:
+    """A participant's certificate for ``public``: its own new key (``issue_cert``) or the key
+    of a signing request, which never leaves its owner (``sign_request.py``).
 
     ``hosts`` (server only) are added to the SANs before the loopback names. Validity defaults
     to now minus a minute of clock skew, for three years, and never past the CA's own end.
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.x509.oid import ExtendedKeyUsageOID
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     if (kind == "admin") != (role is not None):
         raise ValueError("a role is required for an admin certificate and only for one")
-    key = new_key()
     start = not_before or utcnow() - dt.timedelta(minutes=1)
     end = not_after or min(start + dt.timedelta(days=CERT_VALID_DAYS), ca.cert.not_valid_after_utc)
-    attributes = [
-        x509.NameAttribute(NameOID.COMMON_NAME, name),
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, org),
-        x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, kind),
-    ]
-    if role is not None:
-        attributes.append(x509.NameAttribute(NameOID.TITLE, role))
     usage = ExtendedKeyUsageOID.SERVER_AUTH if kind == "server" else ExtendedKeyUsageOID.CLIENT_AUTH
-    public = key.public_key()
     builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name(attributes))
+        .subject_name(subject_name(name, org, kind, role))
         .issuer_name(ca.cert.subject)
         .public_key(public)
         .serial_number(x509.random_serial_number())
@@ -135,4 +162,4 @@ def issue_cert(
     )
     if kind == "server":
         builder = builder.add_extension(_san((*hosts, *LOOPBACK_HOSTS)), critical=False)
-    return IssuedCert(cert=builder.sign(ca.key, hashes.SHA256()), key=key)
+    return builder.sign(ca.key, hashes.SHA256())

@@ -12,25 +12,23 @@ Everything is written into a temporary folder next to the target and renamed int
 end, so a failure leaves nothing half-written. ``add_site`` / ``add_user`` sign one more
 participant with the existing CA and write only its kit (and ``ca/state.json``): no other kit
 changes, not even the server's ``project.json``; the server learns of a new site when it
-connects with a certificate of this CA.
+connects with a certificate of this CA. ``write_startup`` / ``write_local`` also assemble a kit
+whose key its owner made (``request.py``).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atoll.local_config import record_local_config
 from atoll.pki.ca import CertificateAuthority, create_ca, load_ca, save_ca
-from atoll.pki.certs import IssuedCert, Kind, issue_cert
+from atoll.pki.certs import Kind, issue_cert
 from atoll.pki.files import PUBLIC, write_atomic
 from atoll.pki.kit import (
     CA_FILE,
@@ -42,24 +40,25 @@ from atoll.pki.kit import (
     render_kit_json,
     render_kit_yaml,
 )
-from atoll.pki.project import (
-    Project,
-    ProjectError,
-    check_org,
-    check_role,
-    check_site_name,
-    check_user_name,
+from atoll.pki.project import Project
+from atoll.pki.state import (
+    STATE_VERSION,
+    ProvisionError,
+    add_entry,
+    check_new,
+    identity_checks,
+    locked,
+    record,
+    write_state,
 )
-from atoll.pki.templates import site_yaml, study_runtime_yaml
-from atoll.spec.errors import Issue
+from atoll.pki.templates import authorization_json, site_yaml, study_runtime_yaml
 
-STATE_FILE = "state.json"
+__all__ = ["ProvisionError", "ProvisionResult", "WrittenKit", "add_site", "add_user", "provision"]
+
+if TYPE_CHECKING:
+    from cryptography import x509
+
 SERVER_DIR = "server"
-_STATE_VERSION = 1
-
-
-class ProvisionError(Exception):
-    """Provisioning cannot proceed; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ class ProvisionResult:
 
 
 @dataclass(frozen=True)
-class _Target:
+class Target:
     """What a new kit needs to know about the federation: its project and where the server is."""
 
     project: str
@@ -90,7 +89,7 @@ class _Target:
 def _write_kit(
     dest: Path,
     ca: CertificateAuthority,
-    target: _Target,
+    target: Target,
     *,
     name: str,
     org: str,
@@ -99,7 +98,7 @@ def _write_kit(
     listen: tuple[str, int] | None = None,
     startup_extra: dict[str, str] | None = None,
     local: dict[str, str] | None = None,
-) -> IssuedCert:
+) -> x509.Certificate:
     """Sign ``name`` and write its kit into the new folder ``dest``."""
     hosts = (target.server_host,) if kind == "server" else ()
     issued = issue_cert(ca, name, org, kind, role, hosts=hosts)
@@ -107,7 +106,22 @@ def _write_kit(
     startup.mkdir(mode=0o700, parents=True)
     cert_name, key_name = cert_file_names(kind)
     issued.write(startup / cert_name, startup / key_name)
-    write_atomic(startup / CA_FILE, ca.cert_pem(), PUBLIC)
+    write_startup(startup, ca.cert_pem(), target, name=name, org=org, kind=kind, role=role,
+                  listen=listen)
+    for file_name, text in (startup_extra or {}).items():
+        write_atomic(startup / file_name, text, PUBLIC)
+    if local:
+        (dest / "local").mkdir()
+        write_local(dest, local, kind)
+    return issued.cert
+
+
+def write_startup(startup: Path, ca_pem: bytes, target: Target, *, name: str, org: str,
+                  kind: str, role: str | None = None,
+                  listen: tuple[str, int] | None = None) -> None:
+    """A kit's public startup files beside its certificate and key: rootCA.pem, kit.yaml and
+    its cache kit.json."""
+    write_atomic(startup / CA_FILE, ca_pem, PUBLIC)
     kit_yaml = render_kit_yaml(
         project=target.project,
         name=name,
@@ -121,30 +135,27 @@ def _write_kit(
     write_atomic(startup / KIT_FILE, kit_yaml, PUBLIC)
     # Spares every load_kit of this kit the YAML parse, until kit.yaml is edited (kit.py).
     write_atomic(startup / KIT_CACHE_FILE, render_kit_json(kit_yaml), PUBLIC)
-    for file_name, text in (startup_extra or {}).items():
-        write_atomic(startup / file_name, text, PUBLIC)
-    if local:
-        (dest / "local").mkdir()
-        for file_name, text in local.items():
-            write_atomic(dest / "local" / file_name, text, PUBLIC)
-        # The files just written pass the check (a test holds the templates to it); recording
-        # that spares the parent's first start the check (local_record.py).
-        record_local_config(dest / "local", kind == "site", dest / DEFAULT_WORKSPACE)
-    return issued
 
 
-def _record(
-    issued: IssuedCert, kind: Kind, org: str, role: str | None, folder: str
-) -> dict[str, Any]:
-    return {
-        "kind": kind,
-        "org": org,
-        "role": role,
-        "folder": folder,
-        "serial": issued.serial_hex,
-        "not_before": issued.cert.not_valid_before_utc.isoformat(),
-        "not_after": issued.cert.not_valid_after_utc.isoformat(),
-    }
+def write_local(dest: Path, local: dict[str, str], kind: str) -> None:
+    """The operator's ``local/`` templates, into the existing ``dest/local``."""
+    for file_name, text in local.items():
+        write_atomic(dest / "local" / file_name, text, PUBLIC)
+    # The files just written pass the check (a test holds the templates to it); recording
+    # that spares the parent's first start the check (local_record.py).
+    record_local_config(dest / "local", kind == "site", dest / DEFAULT_WORKSPACE)
+
+
+def site_local_files(studies: list[str], default_study: bool = True) -> dict[str, str]:
+    return {"site.yaml": site_yaml("site"),
+            "study_runtime.yaml": study_runtime_yaml(studies, default_study),
+            "authorization.json": authorization_json()}
+
+
+def target_of(state: dict[str, Any]) -> Target:
+    """Where the kits of a provisioned project (its ``ca/state.json``) dial."""
+    server = state["server"]
+    return Target(state["project"], server["host"], server["port"])
 
 
 def provision(project: Project, out_dir: Path, *, force: bool = False) -> ProvisionResult:
@@ -170,14 +181,14 @@ def provision(project: Project, out_dir: Path, *, force: bool = False) -> Provis
 
 def _write_project(project: Project, root: Path) -> list[WrittenKit]:
     server = project.server
-    target = _Target(project.name, server.host, server.port)
+    target = Target(project.name, server.host, server.port)
     ca = create_ca(project.name)
     save_ca(ca, root / "ca")
     participants: dict[str, dict[str, Any]] = {}
     kits: list[WrittenKit] = []
     project_json = json.dumps(project.model_dump(mode="json"), indent=2) + "\n"
     listen = (server.listen.host or "", server.listen.port or server.port)
-    issued = _write_kit(
+    cert = _write_kit(
         root / SERVER_DIR,
         ca,
         target,
@@ -188,26 +199,23 @@ def _write_project(project: Project, root: Path) -> list[WrittenKit]:
         startup_extra={PROJECT_FILE: project_json},
         local={"site.yaml": site_yaml("server")},
     )
-    participants[server.name] = _record(issued, "server", project.name, None, SERVER_DIR)
+    participants[server.name] = record(cert, "server", project.name, None, SERVER_DIR)
     kits.append(WrittenKit(server.name, "server", project.name, None, root / SERVER_DIR))
     for site in project.sites:
-        local = {
-            "site.yaml": site_yaml("site"),
-            "study_runtime.yaml": study_runtime_yaml(project.studies_of(site.name)),
-        }
-        issued = _write_kit(
+        local = site_local_files(project.studies_of(site.name), not project.studies)
+        cert = _write_kit(
             root / site.name, ca, target, name=site.name, org=site.org, kind="site", local=local
         )
-        participants[site.name] = _record(issued, "site", site.org, None, site.name)
+        participants[site.name] = record(cert, "site", site.org, None, site.name)
         kits.append(WrittenKit(site.name, "site", site.org, None, root / site.name))
     for user in project.users:
-        issued = _write_kit(
+        cert = _write_kit(
             root / user.name, ca, target, name=user.name, org=user.org, kind="admin", role=user.role
         )
-        participants[user.name] = _record(issued, "admin", user.org, user.role, user.name)
+        participants[user.name] = record(cert, "admin", user.org, user.role, user.name)
         kits.append(WrittenKit(user.name, "admin", user.org, user.role, root / user.name))
     state = {
-        "format_version": _STATE_VERSION,
+        "format_version": STATE_VERSION,
         "project": project.name,
         "server": {"name": server.name, "host": server.host, "port": server.port},
         "ca": {
@@ -216,7 +224,7 @@ def _write_project(project: Project, root: Path) -> list[WrittenKit]:
         },
         "participants": participants,
     }
-    _write_state(root / "ca", state)
+    write_state(root / "ca", state)
     root.chmod(0o700)  # the folder holds every private key of the project
     return kits
 
@@ -236,70 +244,15 @@ def _swap_into_place(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_state(ca_dir: Path, state: dict[str, Any]) -> None:
-    write_atomic(ca_dir / STATE_FILE, json.dumps(state, indent=2, sort_keys=False) + "\n", 0o600)
-
-
-def _read_state(project_dir: Path) -> dict[str, Any]:
-    state_path = project_dir / "ca" / STATE_FILE
-    if not state_path.is_file():
-        raise ProvisionError(
-            f"not a provisioned project folder: {state_path} missing; pass the folder "
-            "`atoll provision PROJECT.yaml --out DIR` wrote (DIR/<project>)"
-        )
-    try:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ProvisionError(f"cannot read {state_path}: {exc}") from None
-    if not isinstance(state, dict) or state.get("format_version") != _STATE_VERSION:
-        raise ProvisionError(f"{state_path} is not an atoll CA state (format_version 1)")
-    return state
-
-
-@contextmanager
-def _locked(project_dir: Path) -> Iterator[None]:
-    """Two add-site runs at once would both pass the duplicate check; serialize them.
-
-    The lock is on the ``ca/`` folder itself, so it leaves no file behind.
-    """
-    fd = os.open(project_dir / "ca", os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _check_new(
-    project_dir: Path, state: dict[str, Any], name: str, checks: list[tuple[str, Any, Any]]
-) -> None:
-    issues: list[Issue] = []
-    for field, check, value in checks:
-        try:
-            check(value)
-        except ValueError as exc:
-            issues.append(Issue(field, str(exc)))
-    taken = {known.lower(): known for known in state["participants"]}
-    if name.lower() in taken:
-        known = taken[name.lower()]
-        kind = state["participants"][known]["kind"]
-        issues.append(Issue("name", f"{name!r} is already provisioned (the {kind} {known!r})"))
-    elif (project_dir / name).exists():
-        issues.append(Issue("name", f"{project_dir / name} already exists; remove it first"))
-    if issues:
-        raise ProjectError(issues, f"cannot add {name!r} to {project_dir}")
-
-
 def add_site(project_dir: Path, name: str, org: str) -> WrittenKit:
     """Sign a new site with the project's CA and write only its kit."""
-    checks = [("name", check_site_name, name), ("org", check_org, org)]
-    local = {"site.yaml": site_yaml("site"), "study_runtime.yaml": study_runtime_yaml([])}
-    return _add(Path(project_dir), name, org, "site", None, checks, local)
+    checks = identity_checks(name, org, None)
+    return _add(Path(project_dir), name, org, "site", None, checks, site_local_files([]))
 
 
 def add_user(project_dir: Path, name: str, org: str, role: str) -> WrittenKit:
     """Sign a new admin user with the project's CA and write only its kit."""
-    checks = [("name", check_user_name, name), ("org", check_org, org), ("role", check_role, role)]
+    checks = identity_checks(name, org, role)
     return _add(Path(project_dir), name, org, "admin", role, checks, None)
 
 
@@ -313,18 +266,15 @@ def _add(
     local: dict[str, str] | None,
 ) -> WrittenKit:
     project_dir = project_dir.expanduser().resolve()
-    _read_state(project_dir)  # a clear error before taking the lock in a wrong folder
-    with _locked(project_dir):
-        state = _read_state(project_dir)
-        _check_new(project_dir, state, name, checks)
+    with locked(project_dir) as state:
+        check_new(project_dir, state, name, checks)
         ca = load_ca(project_dir / "ca")
-        server = state["server"]
-        target = _Target(state["project"], server["host"], server["port"])
+        target = target_of(state)
         dest = project_dir / name
         tmp = project_dir / f".{name}.tmp-{os.getpid()}"  # unique: we hold the lock
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            issued = _write_kit(
+            cert = _write_kit(
                 tmp, ca, target, name=name, org=org, kind=kind, role=role, local=local
             )
             os.rename(tmp, dest)
@@ -332,8 +282,8 @@ def _add(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         try:
-            state["participants"][name] = _record(issued, kind, org, role, name)
-            _write_state(project_dir / "ca", state)
+            add_entry(state, name, record(cert, kind, org, role, name))
+            write_state(project_dir / "ca", state)
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)
             raise

@@ -19,6 +19,9 @@ launcher: process
 
 # Settings of the chosen launcher go in a block named like it (only that one), for example:
 # process: {{gpu_ids: [0, 1], cpu_ids: [0, 1, 2, 3]}}
+#   Process workers run in a sandbox (bubblewrap) that shows them their own job and nothing
+#   else; `process: {{sandbox: none}}` opts out, for hosts without user namespaces only
+#   (docs/security.md).
 # docker: {{network: atoll, default_image: registry.example.org/atoll-worker:1.0}}
 # k8s: {{namespace: atoll-jobs, default_image: registry.example.org/atoll-worker:1.0}}
 # slurm: {{partition: gpu, account: fl, qos: normal, sandbox: none, pending_timeout: 600}}
@@ -34,8 +37,9 @@ launcher: process
 _RUNTIME_HEADER = """\
 # local/study_runtime.yaml: what each study's jobs may use at this site. Owned by the site
 # operator and re-read at every launch; a job of a study not listed here is refused.
-# Datasets are mounted at /data/<study>/<dataset> (the process launcher passes the host paths
-# in ATOLL_DATASETS instead). Secrets are references only: never write a secret value here.
+# Datasets are mounted at /data/<study>/<dataset> (a process launcher with `sandbox: none`
+# passes the host paths in ATOLL_DATASETS instead). Secrets are references only: never write a
+# secret value here.
 format_version: 2
 """
 
@@ -70,19 +74,39 @@ def _yaml_key(name: str) -> str:
 
 
 _DEFAULT_STUDY = """\
-  # default: jobs submitted outside any named study (`atoll login` without --study).
-  # Remove this entry to accept only named studies' jobs at this site.
+  # default: the one study of a project that defines no named studies (every site and user
+  # is in it). A project with named studies has no default study: remove this entry then.
   default: {}
 """
 
 
-def study_runtime_yaml(studies: list[str]) -> str:
+def study_runtime_yaml(studies: list[str], default_study: bool = True) -> str:
+    """``default_study``: map the `default` study, which exists only in a project without
+    named studies (server/studies.py)."""
+    default = _DEFAULT_STUDY if default_study else ""
     if not studies:
-        return _RUNTIME_HEADER + "studies:\n" + _DEFAULT_STUDY + _NO_STUDY.replace(
-            "studies: {}\n", "")
+        if not default:
+            return _RUNTIME_HEADER + _NO_STUDY
+        return _RUNTIME_HEADER + "studies:\n" + default + _NO_STUDY.replace("studies: {}\n", "")
     blocks = []
     for study in studies:
         env = study.upper().replace("-", "_")
         env = f"STUDY_{env}" if env[0].isdigit() else env  # keep the example a valid name
         blocks.append(f"  {_yaml_key(study)}:\n" + _STUDY_EXAMPLE.format(study=study, env=env))
-    return _RUNTIME_HEADER + "studies:\n" + _DEFAULT_STUDY + "\n".join(blocks)
+    return _RUNTIME_HEADER + "studies:\n" + default + "\n".join(blocks)
+
+
+def authorization_json() -> str:
+    """A site's ``local/authorization.json``: the default policy, written out so that the
+    operator sees and edits it (spec/authorization.py; docs/site-config.md)."""
+    import json
+
+    from atoll.spec.authorization import DEFAULT_POLICY_DOC
+
+    doc = {"_comment": [
+        "Who may run jobs at this site, in NVIDIA FLARE's authorization.json format. This is "
+        "atoll's default: every role that may submit runs its code here. Conditions: any, none, "
+        "o:site (the user's org is this site's), o:submitter, n:submitter. Set code_approval to "
+        "required to run only jobs approved with `atoll site approve`. Per-study rules go in "
+        "studies.<study>. See docs/site-config.md."], **DEFAULT_POLICY_DOC}
+    return json.dumps(doc, indent=2) + "\n"

@@ -3,33 +3,61 @@
 Each call's study is the one the caller's signed session token names, or a one-off `study` in
 the request; membership is checked on every call. A job of another study answers exactly like
 a job that does not exist.
+
+Before a byte of a request is read (`admit`, see wire/guard.py), the call must come with an
+admin certificate within its limits (server/auth.py), a session token only if this server signed
+it for that certificate's user, and, for Submit, a role that may submit. Every refusal past that
+point (another study, another study's job, what a role may not do) is an audit entry naming the
+certificate. `Call` runs on the event loop and its work beside it; a status long poll holds a
+future, not a thread. Submit and Download run on the handler threads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.pki.identity import Identity
-from atoll.server.auth import peer_identity
+from atoll.server.auth import (
+    AuditThrottle,
+    Gate,
+    PeerRefused,
+    cert_note,
+    peer_fingerprint,
+    peer_identity,
+    peer_identity_async,
+    soon,
+)
 from atoll.server.jobs import job_summary
+from atoll.server.sessions import Grant
+from atoll.server.site_policies import SitePolicies
 from atoll.server.store import JobRecord
 from atoll.server.studies import DEFAULT, SUBMIT_ROLES, Denied
+from atoll.server.waiters import StoreChanges
 from atoll.wire import frames
 from atoll.wire import messages as msg
-from atoll.wire.jobzip import IntakeError, add_file
+from atoll.wire.jobzip import IntakeError
 
 log = logging.getLogger("atoll.server.admin")
 LOG_TAIL_BYTES = 256 * 1024
 MAX_WAIT_S = 20.0  # a status long-poll answers at least this often
+SESSION_KEY = "x-atoll-session"
+ACTIONS = {"abort_job": "abort"}  # an operation's name in the audit log, where it differs
+# Operations on one study's jobs and sites: never without a study its caller is in.
+STUDY_SCOPED = {"list_jobs", "job_status", "job_logs", "abort_job", "list_sites"}
 
 
 class NoSuchJob(Exception):
-    pass
+    def __init__(self, job_id: str, detail: str = "no such job"):
+        super().__init__(job_id)
+        self.detail = detail  # for the audit log only: the caller learns nothing more
 
 
 class AdminService:
@@ -41,44 +69,145 @@ class AdminService:
             "list_sites": self.list_sites, "audit": self.audit_log,
         }
         self.ops.update(parent.study_ops())
+        self.ops.update(parent.revocations.ops())  # crl_push, crl_show
+        self.gate = Gate("Admin", "admin", parent.store)
+        self.site_policies = SitePolicies(parent.links)
+        self.changes = StoreChanges(parent.store, lambda: parent.stopping)
+        self._known: set[Identity] = set()
+        self._audits = AuditThrottle()
 
-    # -- plumbing ------------------------------------------------------------------------------
-    def _scope(self, context, body: dict[str, Any]) -> tuple[Identity, str]:
-        who = peer_identity(context, "admin")
-        self.parent.studies.remember_user(who)
+    # -- before the request is read -------------------------------------------------------------
+    async def admit(self, context, method: str):
+        """wire/guard.py's admission: the release to call when the call ends, or an abort."""
+        try:
+            who, release = self.gate.enter(context, method)
+        except PeerRefused as exc:
+            await context.abort(exc.code, exc.details)
+        try:
+            self._grant(context, who)
+            if method == "Submit" and who.role not in SUBMIT_ROLES:
+                raise PeerRefused(grpc.StatusCode.PERMISSION_DENIED,
+                                  f"{who.name} is a {who.role}; submitting jobs needs one of "
+                                  f"{', '.join(SUBMIT_ROLES)}")
+        except PeerRefused as exc:
+            release()
+            soon(self._refused, who, peer_fingerprint(context), "-",
+                 "submit" if method == "Submit" else "session", "-", exc.details)
+            await context.abort(exc.code, exc.details)
+        return release
+
+    def _grant(self, context, who: Identity) -> Grant | None:
+        """The caller's session, if it sent one; refused if this server did not sign it for the
+        caller (an expired one is refused only where it is used: a one-off study needs none)."""
+        token = dict(context.invocation_metadata()).get(SESSION_KEY)
+        if not token:
+            return None
+        grant = self.parent.signer.check(token, who.name)
+        if grant is None:
+            raise PeerRefused(grpc.StatusCode.UNAUTHENTICATED,
+                              "this session token was not issued to you by this server; run "
+                              "`atoll login` again")
+        return grant
+
+    # -- plumbing (on the loop or a thread: refusals are raised, the caller aborts) -------------
+    def _study(self, context, who: Identity, body: dict[str, Any]) -> str:
         study = body.get("study")
-        if not study:
-            token = dict(context.invocation_metadata()).get("x-atoll-session", "")
-            study = self.parent.signer.verify(token, who.name) if token else None
-            if token and study is None:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                              "your session expired or is not yours; run `atoll login` again")
-        return who, study or DEFAULT
+        if not isinstance(study, str | None):
+            raise PeerRefused(grpc.StatusCode.INVALID_ARGUMENT, "study must be a study's name")
+        if study:
+            return study
+        grant = self._grant(context, who)
+        if grant is not None and grant.expired:
+            raise PeerRefused(grpc.StatusCode.UNAUTHENTICATED,
+                              "your session expired; run `atoll login` again")
+        return grant.study if grant is not None else DEFAULT
 
-    def Call(self, request, context):
+    @staticmethod
+    def _body(request) -> dict[str, Any]:
         try:
             body = json.loads(request.body or "{}")
-        except ValueError:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request body is not JSON")
-        op = self.ops.get(body.get("op"))
-        if op is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown operation {body.get('op')!r}")
-        who, study = self._scope(context, body)
+        except (ValueError, RecursionError):
+            raise PeerRefused(grpc.StatusCode.INVALID_ARGUMENT,
+                              "request body is not JSON") from None
+        if not isinstance(body, dict) or not isinstance(body.get("op", ""), str):
+            raise PeerRefused(grpc.StatusCode.INVALID_ARGUMENT, 'request body must be a JSON '
+                              'object such as {"op": "list_jobs"}')
+        return body
+
+    def _remember(self, who: Identity) -> None:
+        if who not in self._known:  # once per certificate, not a write on every call
+            self.parent.studies.remember_user(who)
+            self._known.add(who)
+
+    async def Call(self, request, context):
+        who = await peer_identity_async(context, "admin")  # admitted: a cache hit
+        fingerprint = peer_fingerprint(context)
         try:
-            if body.get("op") != "login":
+            body = self._body(request)
+            name = body.get("op", "")
+            op = self.ops.get(name)
+            if op is None:
+                raise PeerRefused(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"unknown operation {name!r}")
+            study = self._study(context, who, body)
+            wait_s = self._wait_s(body) if name == "job_status" else 0.0
+        except PeerRefused as exc:
+            await context.abort(exc.code, exc.details)
+        loop = asyncio.get_running_loop()
+        refusal = None
+        if wait_s:  # wait here, on the loop, for a job that can still change
+            text, refusal = await loop.run_in_executor(
+                None, self._run, self._unfinished, name, who, fingerprint, study, body)
+            if refusal is None and json.loads(text):
+                await self.changes.wait(body["since"], wait_s)
+        if refusal is None:
+            text, refusal = await loop.run_in_executor(
+                None, self._run, op, name, who, fingerprint, study, body)
+        if refusal is not None:
+            await context.abort(refusal.code, refusal.details)
+        return msg.Json(body=text)
+
+    def _run(self, op, name: str, who: Identity, fingerprint: str, study: str,
+             body: dict[str, Any]) -> tuple[str, PeerRefused | None]:
+        """An operation on a thread: (its answer as JSON, or the refusal to answer with)."""
+        self._remember(who)
+        action = ACTIONS.get(name, name)
+        try:
+            # Without a study (`default`), what is not about one study's jobs and sites runs
+            # as before `default` was scoped (everybody was in it): each op checks its caller.
+            if name != "login" and (name in STUDY_SCOPED or study != DEFAULT):
                 self.parent.studies.require_member(who, study)
-            return msg.Json(body=json.dumps(op(who, study, body)))
+            return json.dumps(op(who, study, body)), None
         except NoSuchJob as exc:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no such job: {exc}")
+            self._refused(who, fingerprint, study, action, str(exc), exc.detail)
+            return "", PeerRefused(grpc.StatusCode.NOT_FOUND, f"no such job: {exc}")
         except Denied as exc:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            one_off = " (a one-off --study)" if body.get("study") else ""
+            self._refused(who, fingerprint, study, action, _target(body, study),
+                          f"{exc}{one_off}")
+            return "", PeerRefused(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except ValueError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return "", PeerRefused(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    @staticmethod
+    def _wait_s(body: dict[str, Any]) -> float:
+        """How long a status call may wait for a change: 0 without `since` and `wait_s`."""
+        since, wait_s = body.get("since"), body.get("wait_s")
+        if not isinstance(since, int) or isinstance(since, bool) or not wait_s:
+            return 0.0
+        try:
+            wait_s = float(wait_s)
+        except (TypeError, ValueError):
+            raise PeerRefused(grpc.StatusCode.INVALID_ARGUMENT,
+                              "wait_s must be a number of seconds") from None
+        return min(wait_s, MAX_WAIT_S) if math.isfinite(wait_s) and wait_s > 0 else 0.0
 
     def _job(self, study: str, job_id: Any) -> JobRecord:
         record = self.parent.store.get_job(str(job_id))
-        if record is None or record.study != study:
+        if record is None:
             raise NoSuchJob(str(job_id))
+        if record.study != study:
+            raise NoSuchJob(str(job_id), f"the job is in study {record.study}")
         return record
 
     def _audit(self, who: Identity, study: str, action: str, target: str, outcome: str,
@@ -86,19 +215,31 @@ class AdminService:
         self.parent.store.audit(who.name, who.org, who.role or "", study, action, target, outcome,
                                 detail)
 
+    def _refused(self, who: Identity, fingerprint: str, study: str, action: str, target: str,
+                 detail: str) -> None:
+        """An audit entry for a refused call (repeats of one are counted: auth.AuditThrottle)."""
+        target = target[:200]
+        suffix = self._audits.note((fingerprint, study, action, target))
+        if suffix is not None:
+            self._audit(who, study, action, target, "refused",
+                        f"{detail[:500]}{suffix} {cert_note(fingerprint)}")
+
     @staticmethod
     def _may_manage(who: Identity, record: JobRecord) -> bool:
         if who.role == "project_admin" or who.name == record.submitter:
             return True
         return who.role == "org_admin" and who.org == record.submitter_org
 
+    def _sites_allow(self, who: Identity, record: JobRecord, right: str, verb: str) -> None:
+        """Denied when a site of the job refuses ``right`` to ``who`` by its own policy
+        (server/site_policies.py); a site can only narrow what _may_manage allows."""
+        why = self.site_policies.refusal(who, record, right)
+        if why is not None:
+            raise Denied(f"{who.name} ({who.role}) may not {verb} {record.submitter}'s job: {why}")
+
     # -- operations ----------------------------------------------------------------------------
     def login(self, who, study, body):
-        try:
-            self.parent.studies.require_member(who, study)
-        except Denied:
-            self._audit(who, study, "login", study, "refused")
-            raise
+        self.parent.studies.require_member(who, study)  # a refusal is audited by _run
         self._audit(who, study, "login", study, "ok")
         return {"token": self.parent.signer.issue(who.name, study), "study": study,
                 "user": who.name, "org": who.org, "role": who.role}
@@ -110,15 +251,14 @@ class AdminService:
     def list_jobs(self, who, study, body):
         return {"jobs": [job_summary(r) for r in self.parent.store.list_jobs(study=study)]}
 
+    def _unfinished(self, who, study, body) -> bool:
+        return not self._job(study, body.get("job_id")).finished
+
     def job_status(self, who, study, body):
-        """A job's status. With `since` (the `version` of an earlier answer) and `wait_s`, it
+        """A job's status. With `since` (the `version` of an earlier answer) and `wait_s`, Call
         first waits up to wait_s for anything to change: watchers need no polling loop."""
-        since, wait_s = body.get("since"), float(body.get("wait_s") or 0)
-        record = self._job(study, body.get("job_id"))
-        if isinstance(since, int) and wait_s > 0 and not record.finished:
-            self.parent.store.wait_for_change(since, min(wait_s, MAX_WAIT_S))
         version = self.parent.store.version  # read before the record: never miss a change
-        record = self._job(study, record.id)
+        record = self._job(study, body.get("job_id"))
         out = job_summary(record)
         out["version"] = version
         out["progress"] = self.parent.store.events(record.id)[-50:]
@@ -128,20 +268,24 @@ class AdminService:
         record = self._job(study, body.get("job_id"))
         folder = self.parent.jobs.jobs_dir / record.id
         logs = {}
-        server_log = folder / "run" / "server" / "logs" / "worker.log"
-        for name, path in [("server", server_log), *sorted(
-                (p.stem, p) for p in (folder / "logs").glob("*.log"))]:
-            if path.exists():
-                with open(path, "rb") as fh:
-                    fh.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
-                    logs[name] = fh.read().decode("utf-8", "replace")
+        # The server worker's log is the job's file, the sites' tails this parent's copies: all
+        # are read without following a link the job could have planted (launchers/job_files.py).
+        for name, rel in [("server", "run/server/logs/worker.log"), *sorted(
+                (p.stem, f"logs/{p.name}") for p in (folder / "logs").glob("*.log"))]:
+            try:
+                logs[name] = read_tail(folder, rel, LOG_TAIL_BYTES).decode("utf-8", "replace")
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # JobFileError names only the path inside the job's folder
+                why = exc if isinstance(exc, JobFileError) else exc.strerror
+                logs[name] = f"[atoll: the server did not read this log: {why}]\n"
         return {"job_id": record.id, "logs": logs, "events": self.parent.store.events(record.id)}
 
     def abort_job(self, who, study, body):
         record = self._job(study, body.get("job_id"))
-        if not self._may_manage(who, record):
-            self._audit(who, study, "abort", record.id, "refused")
+        if not self._may_manage(who, record):  # audited by _run
             raise Denied(f"{who.name} ({who.role}) may not abort {record.submitter}'s job")
+        self._sites_allow(who, record, "manage_job", "abort")
         self.parent.jobs.abort(record.id, f"aborted by {who.name}")
         self._audit(who, study, "abort", record.id, "ok")
         return job_summary(self.parent.store.get_job(record.id))
@@ -160,25 +304,28 @@ class AdminService:
     def audit_log(self, who, study, body):
         if who.role != "project_admin":
             raise Denied("only project admins may read the audit log")
-        only = body.get("only_study")
-        return {"entries": self.parent.store.audit_log(study=only, limit=int(body.get("limit",
-                                                                                       1000)))}
+        only, limit = body.get("only_study"), body.get("limit", 1000)
+        if not isinstance(only, str | None) or not isinstance(limit, int):
+            raise ValueError("only_study must be a study's name and limit a number of entries")
+        return {"entries": self.parent.store.audit_log(study=only, limit=limit)}
 
     # -- streams -------------------------------------------------------------------------------
     def Submit(self, request_iterator, context):
+        """On a handler thread; admitted (the role may submit) and the header already read."""
+        who = peer_identity(context, "admin")
         try:
             head, chunks = frames.split(request_iterator)
+            study = self._study(context, who, head)
         except frames.FrameError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        who, study = self._scope(context, head)
+        except PeerRefused as exc:
+            context.abort(exc.code, exc.details)
+        self._remember(who)
         try:
             self.parent.studies.require_member(who, study)
-            if who.role not in SUBMIT_ROLES:
-                raise Denied(f"{who.name} is a {who.role}; submitting jobs needs one of "
-                             f"{', '.join(SUBMIT_ROLES)}")
             record = self.parent.jobs.submit(who, study, chunks)
         except Denied as exc:
-            self._audit(who, study, "submit", "-", "refused", str(exc))
+            self._refused(who, peer_fingerprint(context), study, "submit", "-", str(exc))
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except (IntakeError, frames.FrameError) as exc:
             self._audit(who, study, "submit", "-", "refused", str(exc)[:500])
@@ -188,32 +335,41 @@ class AdminService:
 
     def Download(self, request, context):
         import tempfile  # with zipfile: when results are fetched, not in a parent at rest
-        import zipfile
 
-        body = json.loads(request.body or "{}")
-        who, study = self._scope(context, body)
+        from atoll.server.results_zip import write_results_zip
+
+        who = peer_identity(context, "admin")
+        try:
+            body = self._body(request)
+            study = self._study(context, who, body)
+        except PeerRefused as exc:
+            context.abort(exc.code, exc.details)
+        self._remember(who)
+        fingerprint = peer_fingerprint(context)
         try:
             self.parent.studies.require_member(who, study)
             record = self._job(study, body.get("job_id"))
             if not self._may_manage(who, record):
                 raise Denied(f"{who.name} ({who.role}) may not download {record.submitter}'s job")
+            self._sites_allow(who, record, "download_job", "download")
         except NoSuchJob as exc:
+            self._refused(who, fingerprint, study, "download", str(exc), exc.detail)
             context.abort(grpc.StatusCode.NOT_FOUND, f"no such job: {exc}")
         except Denied as exc:
+            self._refused(who, fingerprint, study, "download", _target(body, study), str(exc))
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         self._audit(who, study, "download", record.id, "ok")
         folder = self.parent.jobs.jobs_dir / record.id
         with tempfile.TemporaryDirectory(dir=self.parent.workspace / "tmp") as tmp:
-            out = Path(tmp) / "results.zip"
-            with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
-                for base, prefix in [(folder / "run" / "server" / "results", "results"),
-                                     (folder / "logs", "logs"),
-                                     (folder / "run" / "server" / "logs", "logs/server")]:
-                    for path in sorted(base.rglob("*")) if base.exists() else []:
-                        if path.is_file() and not path.is_symlink():
-                            add_file(archive, path,
-                                     f"{prefix}/{path.relative_to(base).as_posix()}")
-                archive.writestr("job.json", json.dumps(job_summary(record), indent=2))
+            out = write_results_zip(folder, Path(tmp) / "results.zip", job_summary(record))
             yield frames.header({"job_id": record.id, "size": out.stat().st_size})
             for chunk in frames.file_chunks(out):
                 yield frames.data(chunk)
+
+
+def _target(body: dict[str, Any], study: str) -> str:
+    """What a refused call was about, for the audit log."""
+    for key in ("job_id", "name"):
+        if isinstance(body.get(key), str | int):
+            return str(body[key])
+    return study

@@ -16,24 +16,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.local_config import LocalConfig, load_local_config
+from atoll.local_config import UNCONFINED_WARNING, LocalConfig, load_local_config
+from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
 from atoll.pki.tls import server_credentials
 from atoll.server.admin_service import AdminService
 from atoll.server.federation_service import FederationService
 from atoll.server.jobs import JobManager, ServerWorkerBackend
+from atoll.server.revocation import ServerRevocations
 from atoll.server.scheduler import Scheduler
 from atoll.server.sessions import SessionSigner
 from atoll.server.site_links import SiteLinks
 from atoll.server.store import JobRecord, JobStore
 from atoll.server.studies import Studies
-from atoll.wire import rpc
 from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint
 
 log = logging.getLogger("atoll.server")
 
-# Threads for the calls served on threads (admin calls, some of them long polls; FetchJob;
-# Report). Sites' control streams and relay calls are served on the event loop and need none.
+# Threads for the calls served on threads (job uploads and result downloads). Everything else is
+# served on the event loop; what it must not do there (SQLite) runs on its small executor.
 HANDLER_THREADS = 64
 
 
@@ -51,15 +52,23 @@ class ServerParent:
         # First, while this is the only thread: the check runs in a forked child (local_config).
         self.local = local or load_local_config(kit.local_dir, study_runtime=False,
                                                 workspace=kit.workspace)
-        (self.workspace / "tmp").mkdir(parents=True, exist_ok=True)
+        # The job store, jobs, payloads and results are the server's alone, whatever the umask.
+        for folder in (self.workspace, self.workspace / "tmp"):
+            private_dir(folder)
         self.store = JobStore(self.workspace / "atoll.db")
         self.studies = Studies(self.store)
         seeded = self.workspace / ".seeded"
         if not seeded.exists() and kit.project_json.exists():
             self.studies.seed(json.loads(kit.project_json.read_text()))
-            seeded.touch()
+            seeded.touch(mode=0o600)
+        if self.studies.settle_default():  # a workspace from before `default` was scoped
+            log.warning("the project has named studies: the jobs of study `default` are kept in "
+                        "an ordinary study with no members (docs/federation.md, Studies)")
         self.signer = SessionSigner(self.workspace / "session.key")
         self.links = SiteLinks()
+        # Before the first call: each one is checked against the project's revocation list.
+        self.revocations = ServerRevocations(self.workspace, kit.ca, self.links, self.store)
+        self.revocations.activate()
         self.tokens = WorkerTokens()
         self.jobs = JobManager(self)
         self.scheduler = Scheduler(self)
@@ -86,17 +95,17 @@ class ServerParent:
         return study_ops(self)
 
     def launch_request(self, record: JobRecord, target: str, run_dir: Path,
-                       token: str) -> LaunchRequest:
+                       token: str, shared: tuple[Path, ...] = ()) -> LaunchRequest:
         from atoll.launchers.request import build_request
         from atoll.spec.meta import load_meta
 
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        private_dir(run_dir / "logs")
         return build_request(
             meta=load_meta(record.meta),
             identity=JobIdentity(record.id, record.name, record.study, target, "server"),
             site_config=self.local.site_config, study_runtime=None, workdir=run_dir,
             parent_address=self.worker_address, credentials={"ATOLL_JOB_TOKEN": token},
-            parent_cert=self._endpoint.cert_pem, check_capacity=False)
+            parent_cert=self._endpoint.cert_pem, check_capacity=False, shared_folders=shared)
 
     def start(self) -> None:
         self.jobs.recover()
@@ -104,8 +113,10 @@ class ServerParent:
 
         server = LoopServer(HANDLER_THREADS)
         self._grpc = server
-        rpc.add_servicer(server.server, "Federation", FederationService(self))
-        rpc.add_servicer(server.server, "Admin", AdminService(self))
+        # each call admitted (certificate, kind, per-peer limits) before its request is read
+        federation, admin = FederationService(self), AdminService(self)
+        server.serve("Federation", federation, federation.admit)
+        server.serve("Admin", admin, admin.admit)
         self.port = server.add_secure_port(self.kit.listen_address, server_credentials(self.kit))
         if self.port == 0:
             raise OSError(f"cannot listen on {self.kit.listen_address}")
@@ -120,6 +131,8 @@ class ServerParent:
         self.scheduler.start()
         threading.Thread(target=self._watch_links, name="liveness", daemon=True).start()
         log.info("server %s listening on %s", self.kit.name, self.kit.listen_address)
+        if self.local.unconfined:
+            log.warning(UNCONFINED_WARNING)
 
     def _watch_links(self) -> None:
         while not self._stopped.wait(2.0):

@@ -3,7 +3,12 @@
 It is served on the server's event loop (wire/aio_server.py). The calls every connected site
 keeps open (its control stream and its task long-poll), its fetch of the job and each reply are
 `async`: they wait as tasks, not threads. What blocks (SQLite, building a zip) goes to the
-loop's executor. Report, rare, stays a plain handler on a thread.
+loop's executor.
+
+Every call is admitted before its request is read (`admit`: a site certificate within its
+limits, server/auth.py), and every read of a site's stream has a deadline (wire/guard.py). What
+a site sends is checked as it is used: a malformed message is answered INVALID_ARGUMENT, never
+with a traceback.
 """
 
 from __future__ import annotations
@@ -11,32 +16,66 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
+from typing import Any
 
 import grpc
 
-from atoll.server.auth import peer_identity, peer_identity_async
+from atoll.server.auth import Gate, peer_identity_async
 from atoll.server.relay import END, RelayError
 from atoll.server.site_links import HEARTBEAT_S, SiteLink
 from atoll.server.spool import SpoolError
+from atoll.spec.quantity import is_memory
 from atoll.wire import frames
 from atoll.wire import messages as msg
+from atoll.wire.guard import Stalled
 
 log = logging.getLogger("atoll.server.federation")
+
+
+def _object(text: str, what: str) -> dict[str, Any]:
+    """A JSON object a site sent; ValueError (with what it was) otherwise."""
+    try:
+        value = json.loads(text or "{}")
+    except (ValueError, RecursionError):
+        raise ValueError(f"{what} is not JSON") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object")
+    return value
+
+
+def _job_ids(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(j, str) for j in value):
+        raise ValueError(f"{what}'s running_jobs must be a list of job ids")
+    return value
+
+
+def _hello(text: str) -> dict[str, Any]:
+    """A site's hello, checked where the server relies on it: its capacity goes to the
+    scheduler, which must never meet a value it cannot compare."""
+    hello = _object(text, "hello")
+    _job_ids(hello.get("running_jobs", []), "hello")
+    capacity = hello.get("capacity") or {}
+    if not isinstance(capacity, dict):
+        raise ValueError("hello's capacity must be a JSON object")
+    for key in ("gpus", "cpus"):
+        value = capacity.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 0):
+            raise ValueError(f"hello's capacity.{key} must be a whole number of at least 0")
+    if capacity.get("memory") is not None and not is_memory(capacity["memory"]):
+        raise ValueError("hello's capacity.memory must be a size such as 512Gi")
+    if not isinstance(hello.get("launcher", ""), str | None):
+        raise ValueError("hello's launcher must be a name")
+    return hello
 
 
 class FederationService:
     def __init__(self, parent):
         self.parent = parent
-
-    def _site(self, context) -> str:
-        return peer_identity(context, "site").name
-
-    def _live(self, context, job_id: str, site: str):
-        live = self._running(job_id, site)
-        if live is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} is not running at {site}")
-        return live
+        self.gate = Gate("Federation", "site", parent.store)
+        self.admit = self.gate.admit  # wire/guard.py: before a request is read
 
     def _running(self, job_id: str, site: str):
         live = self.parent.jobs.live.get(job_id)
@@ -51,10 +90,15 @@ class FederationService:
             return
         if first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a site must start with hello")
+        try:
+            hello = _hello(first.hello)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         loop = asyncio.get_running_loop()
-        link = SiteLink(who.name, who.org, json.loads(first.hello), loop)
+        link = SiteLink(who.name, who.org, hello, loop)
         await loop.run_in_executor(None, self.parent.studies.remember_site, who.name, who.org)
         self.parent.links.attach(link)
+        self.parent.revocations.on_connect(link, context)  # the CRL follows the welcome
         log.info("site %s connected (%s)", who.name, link.hello.get("launcher", "?"))
         reader = asyncio.create_task(self._read(link, events), name=f"site-{who.name}")
         try:
@@ -87,13 +131,16 @@ class FederationService:
                 link.last_seen = time.monotonic()
                 kind = event.WhichOneof("kind")
                 if kind == "heartbeat":
-                    link.hello["running_jobs"] = json.loads(event.heartbeat).get("running_jobs", [])
+                    running = _object(event.heartbeat, "heartbeat").get("running_jobs", [])
+                    link.hello["running_jobs"] = _job_ids(running, "heartbeat")
                 elif kind == "job_state":
                     # one site's states stay in order: the next waits for this one
                     await loop.run_in_executor(None, self.parent.jobs.site_state, link.name,
-                                               json.loads(event.job_state))
+                                               _object(event.job_state, "job_state"))
         except (grpc.RpcError, asyncio.CancelledError):
             pass
+        except (Stalled, ValueError) as exc:  # the site reconnects; say why it was dropped
+            log.warning("dropping the link of site %s: %s", link.name, exc)
         except Exception:  # noqa: BLE001
             log.exception("bad event from site %s", link.name)
         finally:
@@ -117,8 +164,9 @@ class FederationService:
         if live is None:
             yield frames.header({"end": True})
             return
+        wait_s = request.wait_s if math.isfinite(request.wait_s) else 0.0
         try:
-            entry = await live.relay.wait_task(site, min(max(request.wait_s, 0.0), 30.0))
+            entry = await live.relay.wait_task(site, min(max(wait_s, 0.0), 30.0))
         except RelayError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if entry is END:
@@ -145,13 +193,15 @@ class FederationService:
                                 "empty stream: expected a header frame")
         except frames.FrameError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        job_id = str(head.get("job_id"))
+        job_id, headers = str(head.get("job_id")), head.get("headers") or {}
+        if not isinstance(headers, dict):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "the reply's headers must be a JSON object")
         live = self._running(job_id, site)
         if live is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} is not running at {site}")
         try:
-            reply = live.relay.open_reply(site, str(head.get("task_id")),
-                                          dict(head.get("headers") or {}))
+            reply = live.relay.open_reply(site, str(head.get("task_id")), headers)
         except RelayError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         try:
@@ -166,9 +216,18 @@ class FederationService:
         reply.commit()
         return msg.Json(body="{}")
 
-    def Report(self, request, context):
-        site = self._site(context)
-        body = json.loads(request.body or "{}")
-        self._live(context, str(body.get("job_id")), site)
-        self.parent.store.add_event(str(body["job_id"]), site, dict(body.get("event") or {}))
+    async def Report(self, request, context):
+        site = (await peer_identity_async(context, "site")).name
+        try:
+            body = _object(request.body, "the report")
+            event = body.get("event") or {}
+            if not isinstance(event, dict):
+                raise ValueError("the report's event must be a JSON object")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        job_id = str(body.get("job_id"))
+        if self._running(job_id, site) is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} is not running at {site}")
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.parent.store.add_event, job_id, site, event)
         return msg.Json(body="{}")

@@ -18,12 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
+from atoll.launchers.job_files import create_job_file
+from atoll.pki.files import PRIVATE, private_dir
+from atoll.pki.job_signature import SIGNATURE_FILE
+from atoll.server.job_signing import verify_submission
 from atoll.server.relay import JobRelay, RelayError
+from atoll.server.site_links import ControlTooLarge
 from atoll.server.spool import Budget
 from atoll.server.store import JobRecord
 from atoll.spec.errors import SpecError
 from atoll.wire import frames, handoff
 from atoll.wire.jobzip import Incoming, IntakeError, zip_folder
+from atoll.wire.reasons import clip, clip_details, public
 from atoll.wire.worker_endpoint import BackendError
 
 log = logging.getLogger("atoll.server.jobs")
@@ -58,16 +64,13 @@ class LiveJob:
 
 def _read_meta(tree: Path):
     """The job's meta.json, with errors that name the file as the user knows it."""
-    from atoll.spec.meta import load_meta  # pydantic: loaded by the first job, not at rest
+    from atoll.spec.meta import META_FILE, parse_meta, read_meta_bytes  # pydantic: at first job
 
+    path = tree / META_FILE
+    if not path.exists():
+        raise IntakeError("the job folder has no meta.json at its top")
     try:
-        data = json.loads((tree / "meta.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise IntakeError("the job folder has no meta.json at its top") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise IntakeError(f"meta.json is invalid: not JSON ({exc})") from None
-    try:
-        return load_meta(data)
+        return parse_meta(read_meta_bytes(path))
     except SpecError as exc:
         raise IntakeError(f"meta.json is invalid:\n{exc}") from None
 
@@ -77,7 +80,7 @@ class JobManager:
         self.parent = parent
         self.store = parent.store
         self.jobs_dir: Path = parent.workspace / "jobs"
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.jobs_dir)
         self.live: dict[str, LiveJob] = {}
         self._lock = threading.RLock()
         self._zip_lock = threading.Lock()
@@ -85,6 +88,18 @@ class JobManager:
 
     # -- intake -------------------------------------------------------------------------------
     def submit(self, who, study: str, chunks: Iterator[bytes]) -> JobRecord:
+        """Take a job in; any refusal is an IntakeError naming the entry or field, never one of
+        the server's paths (the caller audits it and answers INVALID_ARGUMENT)."""
+        scratch = self.parent.workspace / "tmp"
+        try:
+            return self._submit(who, study, chunks)
+        except IntakeError as exc:
+            raise IntakeError(clip_details(public(str(exc), [], scratch, 1 << 20))) from None
+        except OSError as exc:  # e.g. the disk is full: say so, without the path
+            log.warning("job intake failed: %s", exc)
+            raise IntakeError(f"the server could not take the job in: {exc.strerror}") from None
+
+    def _submit(self, who, study: str, chunks: Iterator[bytes]) -> JobRecord:
         limits = self.parent.limits
         with Incoming(self.parent.workspace / "tmp") as incoming:
             incoming.receive(chunks, limits.max_upload_bytes)
@@ -102,13 +117,16 @@ class JobManager:
                     problems.append(f"deploy_map: app folder {app!r} is missing from the job")
             if problems:
                 raise IntakeError("job refused:\n" + "\n".join(f"- {p}" for p in problems))
+            digest = verify_submission(self.parent, tree, who, study)  # the signature stays in it
             import uuid  # with the first job, not at rest: it loads platform and libuuid
 
             job_id = uuid.uuid4().hex
             meta = meta.with_server_fields(study, who.name)
-            incoming.keep(self.jobs_dir / job_id / "job")
+            incoming.keep(private_dir(self.jobs_dir / job_id) / "job")
         record_meta = meta.model_dump(mode="json")
         self.store.add_job(job_id, meta.name, study, who.name, who.org, record_meta, targets)
+        log.info("job %s submitted by %s in %s, signed, content %s", job_id, who.name, study,
+                 digest)
         self.parent.scheduler.wake()
         return self.store.get_job(job_id)
 
@@ -127,9 +145,10 @@ class JobManager:
         out = folder / "apps" / f"{app}.zip"
         with self._zip_lock:  # sites fetch at the same moment; build each app's zip once
             if not out.exists():
-                out.parent.mkdir(exist_ok=True)
+                private_dir(out.parent)
                 tmp = out.with_suffix(".part")
-                zip_folder(folder / "job", tmp, only=[app, "meta.json"])
+                zip_folder(folder / "job", tmp, only=[app, "meta.json", SIGNATURE_FILE])
+                tmp.chmod(PRIVATE)
                 tmp.replace(out)
         return out
 
@@ -146,11 +165,15 @@ class JobManager:
         self.store.set_job_state(record.id, "DISPATCHED")
         for site, reason in skipped.items():
             self.store.set_part_state(record.id, site, "FINISHED:FAILED", reason)
-        meta = record.meta
+        body = {"job_id": record.id, "name": record.name, "study": record.study,
+                "meta": record.meta}
         for site in sites:
             self.store.set_part_state(record.id, site, "DISPATCHED")
-            self.parent.links.send(site, "dispatch", {
-                "job_id": record.id, "name": record.name, "study": record.study, "meta": meta})
+            try:
+                self.parent.links.send(site, "dispatch", body)
+            except ControlTooLarge as exc:  # intake bounds the meta: only a bug gets here
+                self.site_state(site, {"job_id": record.id, "state": "FINISHED:FAILED",
+                                       "reason": f"the job could not be sent to {site}: {exc}"})
         threading.Thread(target=self._run_server_worker, args=(live,),
                          name=f"server-worker-{record.id[:8]}", daemon=True).start()
 
@@ -162,14 +185,16 @@ class JobManager:
         run_dir = live.folder / "run" / "server"
         try:
             app = load_meta(live.folder / "job").app_for("server")
-            shutil.copytree(live.folder / "job" / app, run_dir / "app", dirs_exist_ok=True)
+            shutil.copytree(live.folder / "job" / app, private_dir(run_dir) / "app",
+                            dirs_exist_ok=True)
             token = self.parent.tokens.issue(live.id)
-            request = self.parent.launch_request(live.record, "server", run_dir, token)
+            shared = (live.relay.handoff.path,) if live.relay.handoff is not None else ()
+            request = self.parent.launch_request(live.record, "server", run_dir, token, shared)
             self.store.set_part_state(live.id, "server", "STARTING")
             live.handle = self.parent.launcher.launch(request)
         except (LaunchError, SpecError, OSError) as exc:
-            self._server_ended(live, WorkerExit(Outcome.FAILED,
-                                                f"server worker could not start: {exc}"))
+            self._server_ended(live, WorkerExit(Outcome.FAILED, self._public(
+                live, f"server worker could not start: {exc}")))
             return
         if live.aborting:  # aborted while starting
             self.parent.launcher.cancel(live.handle)
@@ -183,6 +208,7 @@ class JobManager:
         else:
             state = "FAILED"
             reason = (live.report[1] if live.report and live.report[1] else exit.reason)
+        reason = self._public(live, reason)
         live.server_state, live.server_reason = state, reason
         self.store.set_part_state(live.id, "server", f"FINISHED:{state}", reason)
         live.relay.end()
@@ -197,6 +223,11 @@ class JobManager:
             timer.start()
         self._maybe_finish(live)
 
+    def _public(self, live: LiveJob, reason: str) -> str:
+        """A reason as users see it: paths relative to the job, none of the server's own."""
+        run = live.folder / "run" / "server"
+        return public(reason, [run, live.folder / "job", live.folder], self.parent.workspace)
+
     def _end_stragglers(self, live: LiveJob) -> None:
         for site in self._unfinished_sites(live):
             self.parent.links.send(site, "abort", {
@@ -206,14 +237,12 @@ class JobManager:
     # -- reports from sites -------------------------------------------------------------------
     def site_state(self, site: str, body: dict[str, Any]) -> None:
         job_id, state = str(body.get("job_id")), str(body.get("state"))
-        reason = str(body.get("reason", ""))
+        reason = clip(str(body.get("reason", "")))  # a careless site's reason stays bounded
         live = self.live.get(job_id)
         if live is None or site not in live.members or site in live.site_states:
             return
         if body.get("log_tail"):
-            logs = live.folder / "logs"
-            logs.mkdir(exist_ok=True)
-            (logs / f"{site}.log").write_text(str(body["log_tail"]))
+            self._keep_tail(live, site, str(body["log_tail"]))
         self.store.set_part_state(job_id, site, state, reason)
         if state == "RUNNING" and live.record.state == "DISPATCHED":
             live.record.state = "RUNNING"
@@ -223,6 +252,16 @@ class JobManager:
             if state != "FINISHED:COMPLETED" or not live.relay.ended:
                 live.relay.drop_site(site, f"{site} dropped out: {reason or state}")
             self._maybe_finish(live)
+
+    @staticmethod
+    def _keep_tail(live: LiveJob, site: str, tail: str) -> None:
+        """A site's log tail, 0600 in the job's folder; never written through a link there."""
+        private_dir(live.folder / "logs")
+        try:
+            with create_job_file(live.folder, f"logs/{site}.log") as out:
+                out.write(tail.encode("utf-8", "replace"))
+        except OSError as exc:
+            log.warning("job %s: the log tail of %s was not kept: %s", live.id, site, exc)
 
     def site_offline(self, site: str) -> None:
         for live in list(self.live.values()):
@@ -362,7 +401,7 @@ class ServerWorkerBackend:
 
     def finish(self, job_id, ok, error):
         live = self._live(job_id)
-        live.report = (ok, error)
+        live.report = (ok, clip(str(error or "")))  # job code's text: it goes to every site
         if ok:  # the workflow is over: the sites wind down while its process exits
             live.relay.end()
 

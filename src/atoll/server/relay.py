@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atoll.pki.files import private_dir
 from atoll.server.spool import Budget, SpillFiles, Spool
 from atoll.server.waiters import AsyncWaiters, until
 from atoll.wire.handoff import HandoffDir
@@ -53,7 +54,7 @@ class JobRelay:
                  max_payload: int | None = None, handoff: bool = False):
         self.job_id = job_id
         self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
+        private_dir(folder)
         # For a server worker on this host: replies go whole into files here, and its tasks
         # come in as files here (wire/handoff.py).
         self.handoff = HandoffDir(folder / "handoff", create=True) if handoff else None

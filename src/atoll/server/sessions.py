@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_TTL_S = 12 * 3600
@@ -25,6 +26,14 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a token this server signed for the caller says: its study, and if it has expired."""
+
+    study: str
+    expired: bool
 
 
 class SessionSigner:
@@ -42,19 +51,27 @@ class SessionSigner:
 
     def verify(self, token: str, user: str) -> str | None:
         """The study the token grants to `user`, or None if it is invalid, expired or not theirs."""
+        grant = self.check(token, user)
+        return grant.study if grant is not None and not grant.expired else None
+
+    def check(self, token: str, user: str) -> Grant | None:
+        """The token's grant, expired or not; None if this server did not sign it for `user`
+        (altered, forged, another user's): such a call is refused before its request is read."""
         try:
             version, payload, signature = token.split(".")
-        except ValueError:
-            return None
-        if version != "v1" or not hmac.compare_digest(signature, self._sign(payload)):
+            if version != "v1" or not hmac.compare_digest(signature, self._sign(payload)):
+                return None
+        except (ValueError, TypeError):  # not three parts; not ASCII
             return None
         try:
             body = json.loads(_unb64(payload))
         except ValueError:
             return None
-        if body.get("u") != user or body.get("exp", 0) < time.time():
+        if not isinstance(body, dict) or body.get("u") != user or \
+                not isinstance(body.get("s"), str):
             return None
-        return body.get("s")
+        expires = body.get("exp", 0)
+        return Grant(body["s"], not isinstance(expires, int | float) or expires < time.time())
 
     def _sign(self, payload: str) -> str:
         return _b64(hmac.new(self._key, payload.encode(), hashlib.sha256).digest())

@@ -14,9 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atoll.wire import messages as msg
+from atoll.wire.frames import MAX_CONTROL
 
 HEARTBEAT_S = 5.0
 STALE_S = 20.0  # a site silent this long is treated as gone
+
+
+class ControlTooLarge(ValueError):
+    """A command would not fit in one control message; it is not sent (the link stays up)."""
 
 
 @dataclass
@@ -31,7 +36,12 @@ class SiteLink:
     closed: threading.Event = field(default_factory=threading.Event)
 
     def send(self, kind: str, body: dict[str, Any]) -> None:
-        self._put(msg.ServerCommand(**{kind: json.dumps(body)}))
+        text = json.dumps(body)
+        # Over gRPC's message limit, the stream breaks and every job of the site with it.
+        if len(text) > MAX_CONTROL:
+            raise ControlTooLarge(f"a {kind} command of {len(text):,} bytes is over the "
+                                  f"{MAX_CONTROL:,}-byte limit of a control message")
+        self._put(msg.ServerCommand(**{kind: text}))
 
     def close(self) -> None:
         self.closed.set()

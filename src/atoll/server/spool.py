@@ -77,7 +77,11 @@ class SpillFiles:
                 handle.seek(0)
                 return handle
             self._made += 1
-            return open(self.folder / f"spill-{self._made}", "w+b")  # noqa: SIM115
+            # 0600 whatever the umask: a payload is the study's, not the host's other users'.
+            path = self.folder / f"spill-{self._made}"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            os.fchmod(fd, 0o600)
+            return open(fd, "w+b")  # noqa: SIM115 - the relay keeps it until the job ends
 
     def give(self, handle: BinaryIO) -> None:
         with self._lock:

@@ -7,7 +7,9 @@ serialized through one connection and a lock, which SQLite in WAL mode handles e
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -84,6 +86,12 @@ class JobRecord:
 class JobStore:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        # 0600 before SQLite opens it, whatever the umask: SQLite makes the -wal and -shm files
+        # with the database's own mode. One from an older atoll may be wider: narrowed here.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        for name in (path, *(path.with_name(path.name + end) for end in ("-wal", "-shm"))):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(name, 0o600)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()

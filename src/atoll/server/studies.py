@@ -1,8 +1,15 @@
 """The study registry: which sites and users belong to which study, and who may see what.
 
-`default` is the implicit study of every site and every user (jobs submitted without a study);
-it cannot be created or removed. Other studies are seeded from project.yaml at the server's first
-start and changed at run time by project admins (and org admins within their org).
+Studies are seeded from project.yaml at the server's first start and changed at run time by
+project admins (and org admins within their org).
+
+`default` is the one study of a project without named studies: while the registry holds no
+study, `default` holds every site and user, including those added later. It never crosses
+study boundaries: once a named study exists (in project.yaml or created at run time) nobody is
+in `default` implicitly. If jobs were run in it, it stays as an ordinary study with no members
+(its jobs keep their records; a project admin adds members or leaves it be); otherwise it is
+gone. `settle_default` makes that so at every start (the migration of a workspace from before)
+and whenever a study is created.
 """
 
 from __future__ import annotations
@@ -44,17 +51,31 @@ class Studies:
                 for user in study.get("admins", []):
                     self.store.set_member(name, user, "user", True)
 
+    def default_open(self) -> bool:
+        """`default` holds everyone: the registry has no study at all."""
+        return not self.store.studies()
+
+    def settle_default(self) -> bool:
+        """Keep `default`, with no members, where named studies exist and it has jobs; True
+        when it was made an ordinary study now."""
+        if self.default_open() or DEFAULT in self.store.studies():
+            return False
+        return bool(self.store.count_jobs(DEFAULT)) and self.store.add_study(DEFAULT)
+
+    def _everyone(self, study: str) -> bool:
+        return study == DEFAULT and self.default_open()
+
     # -- membership ---------------------------------------------------------------------------
     def exists(self, study: str) -> bool:
-        return study == DEFAULT or study in self.store.studies()
+        return self._everyone(study) or study in self.store.studies()
 
     def sites(self, study: str) -> list[str]:
-        if study == DEFAULT:
+        if self._everyone(study):
             return [p["name"] for p in self.store.participants("site")]
         return self.store.members(study, "site")
 
     def users(self, study: str) -> list[str]:
-        if study == DEFAULT:
+        if self._everyone(study):
             return [p["name"] for p in self.store.participants("admin")]
         return self.store.members(study, "user")
 
@@ -67,7 +88,7 @@ class Studies:
     def can_see(self, who: Identity, study: str) -> bool:
         if not self.exists(study):
             return False
-        if study == DEFAULT or who.role == "project_admin":
+        if self._everyone(study) or who.role == "project_admin":
             return True
         if who.name in self.users(study):
             return True
@@ -76,13 +97,20 @@ class Studies:
         return False
 
     def require_member(self, who: Identity, study: str) -> None:
+        if study == DEFAULT and not self.exists(DEFAULT):
+            # Every session without a study asks for `default`: say how to choose one.
+            yours = ", ".join(self.visible(who)) or "none yet (ask a project admin to add you)"
+            raise Denied(f"this federation has named studies and no default study; choose "
+                         f"yours with `atoll login --study NAME` (or --study NAME for one "
+                         f"command); your studies: {yours}")
         if not self.can_see(who, study):
             # Same words for "absent" and "not yours": a study's existence is not leaked.
             raise Denied(f"{who.name} is not a member of study {study!r}; ask a project admin "
                          f"to add you (`atoll study add-user {study} {who.name}`)")
 
     def visible(self, who: Identity) -> list[str]:
-        return [s for s in [DEFAULT, *self.store.studies()] if self.can_see(who, s)]
+        named = self.store.studies()
+        return [s for s in (named or [DEFAULT]) if self.can_see(who, s)]
 
     def remember_site(self, name: str, org: str) -> None:
         """A site with a valid certificate that was added after provisioning."""

@@ -3,6 +3,10 @@
 Who may do what: project admins manage every study; an org admin sees the studies that include
 a site of its org and may enrol or remove its own org's sites and users in them; everybody else
 sees only the studies they belong to and changes nothing. Every change is audited.
+
+Authorization comes before existence: a caller who may not make a change is refused in the same
+words whether the study, the site or the user exists or not, so answers never tell them which
+names exist. Only a project admin, who may see them all, is told what is missing.
 """
 
 from __future__ import annotations
@@ -43,21 +47,37 @@ class StudyOps:
         if not self.studies.can_see(who, name):
             raise Denied(f"no such study: {name}")
 
-    def _changeable(self, who: Identity, name: str, member_org: str, what: str) -> None:
-        self._visible(who, name)
-        if name == DEFAULT:
-            raise Denied("the default study holds every site and user; it cannot be changed")
+    def _changeable(self, who: Identity, name: str, member: str, kind: str, what: str) -> None:
+        """Refused unless `who` may change `what` of study `name` for `member`: one answer for
+        every reason a project admin would not be told more about."""
+        refusal = Denied(f"{who.name} ({who.role}) may not change {what} of study {name}: "
+                         "project admins may, and org admins for their own org's sites and users "
+                         "in the studies they see")
+        if who.role not in ("project_admin", "org_admin"):
+            raise refusal
+        if name == DEFAULT and self.studies.default_open():  # everybody knows it exists
+            raise Denied("the default study holds every site and user while the project has no "
+                         "named studies; create studies (`atoll study create`) to scope them")
         if who.role == "project_admin":
+            if not self.studies.exists(name):
+                raise Denied(f"no such study: {name}")
+            self._known(member, kind)
             return
-        if who.role == "org_admin" and member_org == who.org:
-            return
-        raise Denied(f"{who.name} ({who.role}) may not change {what} of study {name}: project "
-                     "admins may, and org admins for their own org's sites and users")
+        participant = self._find(member, kind)
+        if (participant is None or participant["org"] != who.org
+                or not self.studies.can_see(who, name)):
+            raise refusal
 
-    def _known(self, name: str, kind: str) -> dict[str, str]:
+    def _find(self, name: str, kind: str) -> dict[str, str] | None:
         for participant in self.store.participants(kind):
             if participant["name"] == name:
                 return participant
+        return None
+
+    def _known(self, name: str, kind: str) -> dict[str, str]:
+        participant = self._find(name, kind)
+        if participant is not None:
+            return participant
         noun = "site" if kind == "site" else "user"
         raise ValueError(f"{name!r} is not a provisioned {noun}; provision it first "
                          f"(`atoll provision add-{noun}`)")
@@ -80,27 +100,39 @@ class StudyOps:
         return self._describe(name)
 
     def create(self, who, study, body):
-        name = self._name(body)
         if who.role != "project_admin":
             raise Denied(f"{who.name} ({who.role}) may not create studies; project admins may")
-        if name == DEFAULT or self.studies.exists(name):
+        name = self._name(body)
+        if name == DEFAULT:
+            raise ValueError("'default' is reserved for a project without named studies; "
+                             "choose another name")
+        if self.studies.exists(name):
             raise ValueError(f"study {name!r} already exists")
         sites = [self._known(s, "site")["name"] for s in body.get("sites") or []]
         users = [self._known(u, "admin")["name"] for u in body.get("users") or []]
         self.store.add_study(name)
+        settled = self.studies.settle_default()
         for site in sites:
             self.store.set_member(name, site, "site", True)
         for user in users:
             self.store.set_member(name, user, "user", True)
         self._audit(who, "study_create", name, f"sites={sites} users={users}")
-        return self._describe(name)
+        if settled:
+            self._audit(who, "study_settle_default", DEFAULT, "now an ordinary study, no members")
+        out = self._describe(name)
+        if settled:
+            out["note"] = ("the project has named studies now: study default keeps its jobs and "
+                           "has no members; add members back with `atoll study add-user default "
+                           "USER` and `atoll study add-site default SITE`")
+        return out
 
     def remove(self, who, study, body):
         name = str(body.get("name", ""))
+        is_open = name == DEFAULT and self.studies.default_open()
+        if who.role != "project_admin" or is_open:
+            raise Denied(f"{who.name} ({who.role}) may not remove study {name}" + (
+                ": it is the one study of a project without named studies" if is_open else ""))
         self._visible(who, name)
-        if who.role != "project_admin" or name == DEFAULT:
-            raise Denied(f"{who.name} ({who.role}) may not remove study {name}"
-                         + ("" if name != DEFAULT else ": the default study always exists"))
         jobs = self.store.count_jobs(name)
         if jobs:
             raise Denied(f"study {name} still has {jobs} job(s); a study with jobs keeps their "
@@ -113,8 +145,7 @@ class StudyOps:
         name = str(body.get("name", ""))
         key = "site" if kind == "site" else "user"
         member = str(body.get(key, ""))
-        participant = self._known(member, "site" if kind == "site" else "admin")
-        self._changeable(who, name, participant["org"], f"the {key}s")
+        self._changeable(who, name, member, "site" if kind == "site" else "admin", f"the {key}s")
         self.store.set_member(name, member, kind, present)
         self._audit(who, f"study_{'add' if present else 'remove'}_{key}", name, member)
         return self._describe(name)

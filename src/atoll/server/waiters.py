@@ -9,6 +9,8 @@ finds nothing to do, then awaits it without the lock; whoever changes the state 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 
 
 def _settle(future: asyncio.Future) -> None:
@@ -43,3 +45,35 @@ async def until(future: asyncio.Future, timeout: float) -> None:
         await asyncio.wait_for(future, timeout)
     except TimeoutError:
         pass
+
+
+class StoreChanges:
+    """Tasks waiting for the job store to change (`job status --wait`): one thread waits on the
+    store's condition and wakes them, so an admin's long poll holds a future, not a thread."""
+
+    def __init__(self, store, stopping: Callable[[], bool]):
+        self.store, self.stopping = store, stopping
+        self._lock = threading.Lock()
+        self._waiters = AsyncWaiters()
+        self._thread: threading.Thread | None = None
+
+    def _watch(self, seen: int) -> None:
+        while not self.stopping():
+            now = self.store.wait_for_change(seen, 1.0)
+            if now != seen:
+                with self._lock:
+                    self._waiters.wake()
+                seen = now
+
+    async def wait(self, since: int, timeout: float) -> None:
+        """Until the store's version is no longer `since`, or timeout seconds."""
+        with self._lock:
+            if self._thread is None:  # started by the first watcher, not at rest
+                # from the version read under the lock: no change after it goes unseen
+                self._thread = threading.Thread(target=self._watch, args=(self.store.version,),
+                                                name="store-changes", daemon=True)
+                self._thread.start()
+            if self.store.version != since:
+                return
+            future = self._waiters.future()
+        await until(future, timeout)

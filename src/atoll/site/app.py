@@ -16,12 +16,15 @@ from typing import Any
 
 from atoll import __version__
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.local_config import LocalConfig, load_local_config
+from atoll.local_config import UNCONFINED_WARNING, LocalConfig, load_local_config
+from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
 from atoll.pki.tls import channel_credentials
 from atoll.site.connection import ServerLink
+from atoll.site.revocation import SiteRevocations
 from atoll.site.supervisor import Supervisor
 from atoll.site.worker_backend import SiteWorkerBackend
+from atoll.spec.authorization import load_policy
 from atoll.wire import rpc
 from atoll.wire.grpc_setup import secure_channel
 from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint
@@ -34,11 +37,20 @@ class SiteParent:
         self.kit = kit
         self.name = kit.name
         self.workspace = kit.workspace
-        (self.workspace / "tmp").mkdir(parents=True, exist_ok=True)
+        # Its state, the jobs' run folders and their files are this site's alone, whatever the
+        # umask it was started with.
+        for folder in (self.workspace, self.workspace / "tmp", self.workspace / "jobs"):
+            private_dir(folder)
         # Before any thread exists: the check runs in a forked child (local_config). It also
         # checks study_runtime.yaml, to fail fast; each launch reads that file again.
         self.local = local or load_local_config(kit.local_dir, study_runtime=True,
                                                 workspace=kit.workspace)
+        # local/authorization.json, checked now so that a broken one stops the parent rather
+        # than every job; each launch reads it again (site/job_check.py).
+        self.policy = load_policy(kit.local_dir)
+        # The project's revocation list as last received; the job check asks it about signers.
+        self.revocations = SiteRevocations(self.workspace, kit.ca)
+        self.revocations.activate()
         self.tokens = WorkerTokens()
         self.channel = secure_channel(kit.server_address, channel_credentials(kit), None)
         self.stub = rpc.stub(self.channel, "Federation")
@@ -70,9 +82,14 @@ class SiteParent:
     def launch_request(self, body: dict[str, Any], meta, workdir: Path,
                        token: str) -> LaunchRequest:
         from atoll.launchers.request import build_request, secret_env_values
+        from atoll.spec.errors import SpecError
+        from atoll.spec.study_runtime import RUNTIME_FILE, unconfined_issues
 
         study = str(body["study"])
         runtime = self.study_runtime()
+        # Re-read at every launch, so checked again: an unconfined site maps one study at most.
+        if issues := unconfined_issues(self.local.site_config, runtime):
+            raise SpecError(issues, source=f"local/{RUNTIME_FILE}")
         credentials = {"ATOLL_JOB_TOKEN": token,
                        **secret_env_values(runtime.entry(study), os.environ)}
         return build_request(
@@ -86,7 +103,9 @@ class SiteParent:
     def _hello(self) -> dict[str, Any]:
         self._serving.wait()  # no job may arrive before its workers have an endpoint to dial
         return {"version": __version__, "launcher": self.local.launcher_name,
-                "capacity": self.capacity(), "running_jobs": self.supervisor.running_jobs()}
+                "capacity": self.capacity(), "running_jobs": self.supervisor.running_jobs(),
+                # manage_job and download_job happen at the server: it enforces them for us
+                "authorization": self.policy.summary()}
 
     def _on_command(self, kind: str, body: dict[str, Any]) -> None:
         job_id = str(body.get("job_id", ""))
@@ -96,6 +115,8 @@ class SiteParent:
             self.supervisor.abort(job_id, str(body.get("reason", "aborted")))
         elif kind == "end":
             self.supervisor.end(job_id)
+        elif kind == "revocations":  # handled before the commands after it: dispatches see it
+            self.revocations.on_command(body)
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -109,6 +130,8 @@ class SiteParent:
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         self._serving.set()
         log.info("site %s started; workers dial %s", self.name, self.worker_address)
+        if self.local.unconfined:
+            log.warning(UNCONFINED_WARNING)
 
     def stop(self) -> None:
         if self._stopped.is_set():

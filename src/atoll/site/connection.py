@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from atoll.wire import messages as msg
+from atoll.wire.reasons import clip
 
 log = logging.getLogger("atoll.site.connection")
 
@@ -40,7 +41,8 @@ class ServerLink:
         self._call = None
 
     def send_state(self, job_id: str, state: str, reason: str = "", **extra: Any) -> None:
-        body = {"job_id": job_id, "state": state, "reason": reason, **extra}
+        # clipped: job code writes some reasons, and an oversized report would break the link
+        body = {"job_id": job_id, "state": state, "reason": clip(reason), **extra}
         if state.startswith("FINISHED:"):
             self._final[job_id] = body
             while len(self._final) > KEEP_FINAL:

@@ -1,8 +1,9 @@
 """The site's supervisor of job workers: check each job again, launch, watch, report, cancel.
 
 The site trusts nothing the server sends: it re-validates the job's meta, requires that its own
-study_runtime.yaml maps the job's study, and admits the job against its own capacity before a
-worker is created through the site's launcher.
+study_runtime.yaml maps the job's study, and admits the job against its own capacity; then it
+verifies the submitter's signature of what it fetched and applies its own authorization policy
+(site/job_check.py) before a worker is created through the site's launcher.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
+from atoll.launchers.job_files import JobFileError, read_tail
+from atoll.pki.files import PRIVATE, private_dir
 from atoll.spec.capacity import fits
 from atoll.spec.errors import SpecError
 from atoll.wire import frames
 from atoll.wire import messages as msg
+from atoll.wire.reasons import public
 
 if TYPE_CHECKING:
     from atoll.spec.resources import Resources
@@ -25,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("atoll.site.supervisor")
 
-APP_ZIP = "app.zip"
+WORKER_LOG = Path("logs") / "worker.log"
 END_GRACE_S = 30.0  # after the workflow ends, how long a worker may take to wrap up
 LOG_TAIL = 64 * 1024
 
@@ -41,6 +45,9 @@ class SiteJob:
     aborting: str | None = None
     report: tuple[bool, str] | None = None
     handoff: HandoffDir | None = None  # made when its worker registers (site/worker_backend.py)
+    # The parent's own copy of the app, served to a worker that asks (FetchApp). Outside the run
+    # folder: what the job can write there (a link in place of app.zip) is never served.
+    app_zip: Path | None = None
 
 
 class Refused(Exception):
@@ -62,6 +69,8 @@ class Supervisor:
                          name=f"job-{str(body.get('job_id'))[:8]}").start()
 
     def _report(self, job_id: str, state: str, reason: str = "", **extra: Any) -> None:
+        workdir = self.parent.workspace / "jobs" / job_id  # paths relative to the job's folder
+        reason = public(reason, [workdir], self.parent.workspace)
         self.parent.link.send_state(job_id, state, reason, **extra)
 
     def _admit(self, job_id: str, study: str, meta) -> SiteJob:
@@ -89,6 +98,7 @@ class Supervisor:
         # lzma: all are loaded by the first job, not in a parent at rest.
         import zipfile
 
+        from atoll.site.job_check import JobRefused
         from atoll.spec.meta import load_meta
         from atoll.wire.jobzip import IntakeError
 
@@ -97,14 +107,16 @@ class Supervisor:
         try:
             meta = load_meta(body["meta"])
             job = self._admit(job_id, study, meta)
-            self._fetch(job)
+            meta = self._fetch(job, body).meta  # what the submitter signed
             token = self.parent.tokens.issue(job_id)
             request = self.parent.launch_request(body, meta, job.workdir, token)
             self._report(job_id, "STARTING", f"launching through {self.parent.launcher.name}")
             job.handle = self.parent.launcher.launch(
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
-        except (Refused, SpecError, LaunchError, IntakeError, OSError, zipfile.BadZipFile) as exc:
-            reason = str(exc) if isinstance(exc, Refused) else f"{site} refused the job: {exc}"
+        except (Refused, JobRefused, SpecError, LaunchError, IntakeError, OSError,
+                zipfile.BadZipFile) as exc:
+            reason = (str(exc) if isinstance(exc, Refused | JobRefused)
+                      else f"{site} refused the job: {exc}")
             self._report(job_id, "FINISHED:FAILED", reason)
             self._forget(job_id, job)
             return
@@ -117,20 +129,31 @@ class Supervisor:
             self.parent.launcher.cancel(job.handle)
         self._finish(job, self.parent.launcher.wait(job.handle))
 
-    def _fetch(self, job: SiteJob) -> None:
-        """Fetch this site's app; keep the zip for workers that cannot see this folder."""
+    def _fetch(self, job: SiteJob, body: dict[str, Any]):
+        """Fetch this site's app into a new private run folder once the job passed the site's
+        checks (its signature, content and policy); keep the zip (outside the folder) for
+        workers that cannot see this folder."""
         import shutil
 
+        from atoll.site.job_check import check_job
         from atoll.wire.jobzip import unpack_app
 
         shutil.rmtree(job.workdir, ignore_errors=True)
-        job.workdir.mkdir(parents=True)
+        private_dir(job.workdir)
+        job.app_zip = private_dir(self.parent.workspace / "apps") / f"{job.job_id}.zip"
         stream = self.parent.stub.FetchJob(msg.JobRef(job_id=job.job_id))
         _, chunks = frames.split(iter(stream))
-        frames.write_chunks(chunks, job.workdir / APP_ZIP, limit=1 << 31)
-        unpack_app(job.workdir / APP_ZIP, self.parent.name, job.workdir / "app",
-                   self.parent.workspace / "tmp")
-        (job.workdir / "logs").mkdir(exist_ok=True)
+        frames.write_chunks(chunks, job.app_zip, limit=1 << 31)
+        job.app_zip.chmod(PRIVATE)
+        accepted = []
+        unpack_app(job.app_zip, self.parent.name, job.workdir / "app",
+                   self.parent.workspace / "tmp",
+                   check=lambda tree: accepted.append(check_job(tree, body, self.parent.kit)))
+        private_dir(job.workdir / "logs")
+        log.info("job %s: signed by %s (%s), content %s", job.job_id,
+                 accepted[0].signed.signer.name, accepted[0].signed.signer.role,
+                 accepted[0].signed.digest)
+        return accepted[0]
 
     def _finish(self, job: SiteJob, exit: WorkerExit) -> None:
         if job.aborting:
@@ -148,6 +171,8 @@ class Supervisor:
         with self._lock:
             if job is not None and self.jobs.get(job_id) is job:
                 del self.jobs[job_id]
+        if job is not None and job.app_zip is not None:
+            job.app_zip.unlink(missing_ok=True)
         if job is not None and job.handoff is not None:
             import shutil
 
@@ -156,12 +181,20 @@ class Supervisor:
 
     @staticmethod
     def _tail(job: SiteJob) -> str:
-        path = job.workdir / "logs" / "worker.log"
-        if not path.exists():
+        """The end of the worker's log, read as the job's file: never through a link it planted
+        (to /proc/<this parent>/environ, say), which would ship this parent's secrets."""
+        rel = WORKER_LOG
+        named = job.handle.extra.get("log_file") if job.handle is not None else None
+        if named and Path(named).is_relative_to(job.workdir):  # Slurm's logs/slurm-<id>.out
+            rel = Path(named).relative_to(job.workdir)
+        try:
+            return read_tail(job.workdir, rel, LOG_TAIL).decode("utf-8", "replace")
+        except FileNotFoundError:
             return ""
-        with open(path, "rb") as fh:
-            fh.seek(max(0, path.stat().st_size - LOG_TAIL))
-            return fh.read().decode("utf-8", "replace")
+        except OSError as exc:  # a link, a FIFO, a hard link...: say so instead
+            log.warning("job %s: the worker's log was not read: %s", job.job_id, exc)
+            why = exc if isinstance(exc, JobFileError) else exc.strerror  # no site path
+            return f"[atoll: the site parent did not read the worker's log: {why}]\n"
 
     # -- commands from the server ---------------------------------------------------------------
     def abort(self, job_id: str, reason: str) -> None:

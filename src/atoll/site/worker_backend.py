@@ -15,7 +15,6 @@ from typing import Any
 
 import grpc
 
-from atoll.site.supervisor import APP_ZIP
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.handoff import KEY, HandoffDir, payload_of
@@ -43,7 +42,10 @@ class SiteWorkerBackend:
         return info
 
     def app_zip(self, job_id: str) -> Path:
-        return self._job(job_id).workdir / APP_ZIP
+        path = self._job(job_id).app_zip
+        if path is None:
+            raise BackendError(f"job {job_id} has no app at this site yet")
+        return path
 
     def next_task(self, job_id: str, wait_s: float, as_files: bool = False) -> Iterator[bytes]:
         job = self._job(job_id)

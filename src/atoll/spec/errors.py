@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
 _INTERNAL_LOC = re.compile(r"[a-z][a-z-]*\[.*\]")
+MAX_SHOWN = 20  # issues a message lists; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,9 @@ class SpecError(Exception):
         return (type(self), (self.issues, self.source))
 
     def __str__(self) -> str:
-        lines = [str(issue) for issue in self.issues]
+        lines = [str(issue) for issue in self.issues[:MAX_SHOWN]]
+        if len(self.issues) > MAX_SHOWN:  # a generated document can hold thousands
+            lines.append(f"... and {len(self.issues) - MAX_SHOWN:,} more problems")
         if self.source:
             count = len(self.issues)
             head = f"{self.source}: {count} problem{'s' if count != 1 else ''}"

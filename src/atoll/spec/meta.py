@@ -2,11 +2,16 @@
 
 ``study`` and ``submitter`` are set by the server: a value in the user's file is ignored
 (dropped by ``load_meta``) and the server writes its own with ``with_server_fields``.
+
+The document is bounded (MAX_META_BYTES, MAX_META_DEPTH, MAX_LIST, MAX_APPS): the server sends
+it to every site inside one control message, so a job's meta must never grow without limit.
+The limits are listed with the errors users see in docs/federation.md ("Limits").
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,13 @@ from atoll.spec.resources import validate_resource_spec
 META_FILE = "meta.json"
 SERVER_SET_FIELDS = ("study", "submitter")
 MAX_CLIENTS = 1_000_000
+# A dispatch carries the meta re-encoded as ASCII JSON: at most 3x these bytes (a 2-byte
+# character becomes \uXXXX), well inside wire/frames.py's MAX_CONTROL.
+MAX_META_BYTES = 1024 * 1024
+MAX_META_DEPTH = 32  # objects and lists inside each other; a real meta nests 4 deep
+MAX_LIST = 10_000  # sites in mandatory_clients, or targets of one app
+MAX_APPS = 1_000  # apps in deploy_map
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class JobMeta(SpecModel):
@@ -53,6 +65,14 @@ class JobMeta(SpecModel):
             raise IssuesError(issues)
         return value
 
+    @field_validator("mandatory_clients")
+    @classmethod
+    def _mandatory_clients(cls, value: list[str]) -> list[str]:
+        issues = site_list_issues(value)
+        if issues:
+            raise IssuesError(issues)
+        return value
+
     @field_validator("resource_spec")
     @classmethod
     def _resource_spec(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -73,8 +93,9 @@ class JobMeta(SpecModel):
     def _cross_checks(self) -> JobMeta:
         issues = []
         named = self.sites()
+        known, every = set(named), ALL_SITES in self.targets()  # once: lists run to MAX_LIST
         for i, site in enumerate(self.mandatory_clients):
-            if site == SERVER or (ALL_SITES not in self.targets() and site not in named):
+            if site == SERVER or (not every and site not in known):
                 issues.append(
                     Issue(
                         join_path("mandatory_clients", i),
@@ -130,7 +151,8 @@ class JobMeta(SpecModel):
         return self.model_copy(update={"study": study, "submitter": submitter})
 
 
-_BAD_APP = "app name must be a folder name in the job: no '/', '\\', '..' or absolute path"
+_BAD_APP = ("app name must be a folder name in the job: no '/', '\\', '..', absolute path or "
+            "control character; at most 255 bytes")
 _BAD_TARGET = (
     "is not a target; use 'server', '@ALL' or a site name "
     "(letters, digits, '.', '_', '-'; at most 63 characters)"
@@ -138,10 +160,40 @@ _BAD_TARGET = (
 _NO_SERVER = "no app runs on the server; add 'server' to an app's targets or use [\"@ALL\"]"
 
 
+def site_list_issues(sites: list[str]) -> list[Issue]:
+    """A list of sites (``mandatory_clients``): at most MAX_LIST, each once; paths are relative
+    to the list. Only the first few repeats are named: the message stays short."""
+    if len(sites) > MAX_LIST:
+        return [Issue("", f"lists {len(sites):,} sites; at most {MAX_LIST:,} are allowed (list "
+                          "each site once)")]
+    first: dict[str, int] = {}
+    issues: list[Issue] = []
+    repeats = 0
+    for i, site in enumerate(sites):
+        if site not in first:
+            first[site] = i
+            continue
+        repeats += 1
+        if len(issues) < 3:
+            issues.append(Issue(join_path("", i), f"{describe(site)} is already listed at "
+                                                  f"[{first[site]}]; list each site once"))
+    if repeats > len(issues):
+        more = repeats - len(issues)
+        issues.append(Issue("", f"and {more:,} more repeated site{'s' if more > 1 else ''}"))
+    return issues
+
+
 def deploy_map_issues(deploy_map: dict[str, list[str]]) -> list[Issue]:
     """The deploy_map rules; paths are relative to ``deploy_map``."""
     if not deploy_map:
         return [Issue("", 'is empty; map at least one app to targets, e.g. {"app": ["@ALL"]}')]
+    if len(deploy_map) > MAX_APPS:
+        return [Issue("", f"has {len(deploy_map):,} apps; at most {MAX_APPS:,} are allowed")]
+    too_long = [Issue(app or '""', f"lists {len(t):,} targets; at most {MAX_LIST:,} are allowed "
+                                   '(use ["@ALL"] for every site of the study)')
+                for app, t in deploy_map.items() if len(t) > MAX_LIST]
+    if too_long:
+        return too_long
     issues: list[Issue] = []
     seen: dict[str, str] = {}
     for app, targets in deploy_map.items():
@@ -191,6 +243,8 @@ def _is_safe_app_name(app: str) -> bool:
         and app != "."
         and not app.startswith("~")
         and ":" not in app[:2]
+        and app.isprintable()  # no control characters, no lone surrogates
+        and len(app.encode()) <= 255  # a folder name's limit on Linux
     )
 
 
@@ -199,27 +253,81 @@ def load_meta(source: str | Path | Any) -> JobMeta:
 
     Raises SpecError with every problem. The user's ``study``/``submitter`` are dropped.
     """
-    label = META_FILE
-    if not isinstance(source, str | Path):
-        data: Any = source
-    else:
+    if isinstance(source, str | Path):
         path = Path(source)
         path = path / META_FILE if path.is_dir() else path
-        label = str(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise SpecError(
-                [Issue("", f"{path} not found; a job folder needs a meta.json")]
-            ) from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise SpecError([Issue("", f"cannot read {path}: {err}")]) from None
-        except json.JSONDecodeError as err:
-            raise SpecError([Issue("", f"not valid JSON: {err}")], source=label) from None
+        return parse_meta(read_meta_bytes(path, str(path)), str(path))
+    return _validate(source, META_FILE)
+
+
+def read_meta_bytes(path: Path, label: str = META_FILE) -> bytes:
+    """The bytes of a meta.json, refused before reading when over MAX_META_BYTES."""
+    try:
+        if path.is_dir():
+            raise SpecError([Issue("", f"{label} is a folder; it must be a file")])
+        size = path.stat().st_size
+        if size > MAX_META_BYTES:
+            raise SpecError([Issue("", f"{label} is {size:,} bytes; the limit is "
+                                       f"{MAX_META_BYTES:,} (1 MiB): a meta names apps, sites "
+                                       "and resources, and lists each site once")])
+        with open(path, "rb") as fh:
+            return fh.read(MAX_META_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError([Issue("", f"{label} not found; a job folder needs a meta.json")]) from None
+    except OSError as err:
+        raise SpecError([Issue("", f"cannot read {label}: {err.strerror or err}")]) from None
+
+
+def parse_meta(raw: bytes, label: str = META_FILE) -> JobMeta:
+    """Validate the bytes of a meta.json (UTF-8 JSON within the limits)."""
+    if len(raw) > MAX_META_BYTES:
+        raise SpecError([Issue("", f"is {len(raw):,} bytes; the limit is {MAX_META_BYTES:,}")],
+                        source=label)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise SpecError([Issue("", f"is not UTF-8 text (byte {err.start}); save it as UTF-8")],
+                        source=label) from None
+    except RecursionError:
+        raise SpecError([Issue("", f"nests deeper than {MAX_META_DEPTH} levels")],
+                        source=label) from None
+    except ValueError as err:
+        raise SpecError([Issue("", f"not valid JSON: {err}")], source=label) from None
+    return _validate(data, label)
+
+
+def _validate(data: Any, label: str) -> JobMeta:
     if not isinstance(data, dict):
         raise SpecError([Issue("", f"must be a JSON object, not {describe(data)}")], source=label)
+    shape = _shape_issue(data)
+    if shape is not None:
+        raise SpecError([shape], source=label)
     data = {k: v for k, v in data.items() if k not in SERVER_SET_FIELDS}
     meta, issues = validate_into(JobMeta, data)
     if meta is None:
         raise SpecError(issues, source=label)
     return meta
+
+
+def _shape_issue(data: dict[str, Any]) -> Issue | None:
+    """Nesting deeper than MAX_META_DEPTH, or text no store can hold (a lone surrogate, which
+    JSON's \\ud800 escapes can make), named by its top-level key. Iterative: a deep document
+    must not exhaust the stack of the process that checks it."""
+    for key, value in data.items():
+        where = str(key)[:60] if not _SURROGATE.search(str(key)) else ""
+        stack = [(key, 2), (value, 2)]  # the document itself is level 1
+        while stack:
+            item, depth = stack.pop()
+            if isinstance(item, str):
+                if _SURROGATE.search(item):
+                    return Issue(where, "holds a lone surrogate (an escape such as \\ud800 "
+                                        "that is not a character); write real characters")
+            elif isinstance(item, dict | list):
+                if depth > MAX_META_DEPTH:
+                    return Issue(where, f"nests deeper than {MAX_META_DEPTH} levels")
+                if isinstance(item, dict):
+                    stack.extend((k, depth + 1) for k in item)
+                    stack.extend((v, depth + 1) for v in item.values())
+                else:
+                    stack.extend((v, depth + 1) for v in item)
+    return None

@@ -40,6 +40,16 @@ class ProcessSettings(NoNullModel):
     cpu_ids: list[int] = Field(
         default_factory=list, description="CPUs workers are pinned to; default: the parent's"
     )
+    sandbox: Literal["bwrap", "none"] = Field(
+        "bwrap",
+        description=(
+            "bwrap: each worker in its own bubblewrap namespaces (docs/security.md); none: "
+            "workers run with the parent's privileges (a loud warning, one study at most)"
+        ),
+    )
+    bwrap: str | None = Field(
+        None, min_length=1, description="bwrap binary; default: the bundled one, else PATH's"
+    )
 
     @field_validator("gpu_ids", mode="before")
     @classmethod

@@ -8,7 +8,12 @@ errors naming the YAML path; every error of the file is reported at once.
 Secrets are references only: a Kubernetes Secret name and key (k8s launcher), or ``source: env``
 and the name of a variable in the site parent's own environment (the other launchers). A dataset
 ``source`` is a PVC name on k8s and an absolute host path elsewhere; a dataset is mounted at
-``/data/<study>/<dataset>`` in containers (the process launcher passes host paths instead).
+``/data/<study>/<dataset>`` in containers and process sandboxes (an unconfined process launcher
+passes host paths instead).
+
+Confinement is checked here, at load, so ``atoll site validate`` reports it: ``docker_kwargs``
+(spec/docker_kwargs.py) and ``pod_template`` (spec/pod_template.py) may not hand the host to the
+job, and on docker a dataset or secret mount may not be, hold or lie inside the site kit.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
 from atoll.spec.model import NoNullModel, validate_into
 from atoll.spec.names import check_label, is_env_name, is_label, is_subdomain
+from atoll.spec.pod_template import dataset_claims, load_pod_template, pod_template_issues
 from atoll.spec.site_config import read_yaml
 
 RUNTIME_FILE = "study_runtime.yaml"
@@ -64,6 +70,21 @@ def _host_path_problem(value: str) -> str | None:
     return None
 
 
+def _kit_problem(value: str, info: ValidationInfo) -> str | None:
+    """A docker bind of the site kit would hand the job its key, settings and other jobs' runs."""
+    local_dir = (info.context or {}).get("local_dir")
+    if _launcher(info) != "docker" or local_dir is None:
+        return None
+    kit, source = Path(local_dir).resolve().parent, Path(value).resolve()  # links followed
+    if source == kit or kit.is_relative_to(source):
+        return (f"{value} holds the site kit {kit} (its startup/ has the site's private key): "
+                "name the data folder itself")
+    if source.is_relative_to(kit):
+        return (f"{value} is inside the site kit {kit} (keys, local/ settings, other jobs' run "
+                "folders): keep job data outside the kit")
+    return None
+
+
 class ContainerSpec(NoNullModel):
     """The study's worker image."""
 
@@ -84,6 +105,8 @@ class Dataset(NoNullModel):
             if not is_subdomain(value):
                 raise ValueError(f"{value!r} is not a PVC name (lowercase RFC 1123)")
         elif launcher is not None and (problem := _host_path_problem(value)) is not None:
+            raise ValueError(problem)
+        elif (problem := _kit_problem(value, info)) is not None:
             raise ValueError(problem)
         return value
 
@@ -134,6 +157,8 @@ class SecretMount(NoNullModel):
             if not is_subdomain(value):
                 raise ValueError(f"{value!r} is not a Kubernetes Secret name (lowercase RFC 1123)")
         elif launcher is not None and (problem := _host_path_problem(value)) is not None:
+            raise ValueError(problem)
+        elif (problem := _kit_problem(value, info)) is not None:
             raise ValueError(problem)
         return value
 
@@ -192,7 +217,8 @@ class StudyEntry(NoNullModel):
                 f"site's launcher is {launcher}: remove it"
             )
         if info.field_name == "pod_template" and isinstance(value, str):
-            return _load_pod_template(value, (info.context or {}).get("local_dir"))
+            context = info.context or {}
+            return load_pod_template(value, context.get("local_dir"), context.get("dataset_claims"))
         return value
 
     @field_validator("datasets", "secret_mounts")
@@ -231,13 +257,16 @@ class StudyEntry(NoNullModel):
 
     @field_validator("pod_template")
     @classmethod
-    def _pod(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _pod(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         if value.get("kind") != "Pod":
             raise ValueError(
                 f"must be a Pod manifest with kind: Pod, not kind: {describe(value.get('kind'))}"
             )
         if value.get("apiVersion", "v1") != "v1":
             raise ValueError("a Pod's apiVersion is v1")
+        issues = pod_template_issues(value, (info.context or {}).get("dataset_claims"))
+        if issues:
+            raise IssuesError(issues)
         return value
 
 
@@ -270,27 +299,6 @@ def _env_problem(name: Any, value: Any) -> str | None:
     return None
 
 
-def _load_pod_template(value: str, local_dir: Path | None) -> Any:
-    rel = PurePosixPath(value)
-    if rel.is_absolute() or ".." in rel.parts or value.startswith("~"):
-        raise ValueError(
-            f"{value!r} must be a file under local/, written relative to it "
-            "(no '..', not absolute), e.g. templates/pod.yaml"
-        )
-    if local_dir is None:
-        raise ValueError("a template file needs the local/ folder; inline the Pod instead")
-    path = (local_dir / rel).resolve()
-    if not path.is_relative_to(local_dir.resolve()):
-        raise ValueError(f"{value!r} leads out of local/ (a symlink?); keep templates under local/")
-    try:
-        data = read_yaml(path)
-    except SpecError as err:
-        raise ValueError(f"{value}: {'; '.join(i.message for i in err.issues)}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{value} must hold one Pod manifest (a mapping), not {describe(data)}")
-    return data
-
-
 class StudyRuntime(NoNullModel):
     """The validated ``local/study_runtime.yaml``."""
 
@@ -310,6 +318,20 @@ class StudyRuntime(NoNullModel):
     def entry(self, study: str) -> StudyEntry | None:
         """The study's entry, or None when the site maps nothing for it."""
         return self.studies.get(study)
+
+
+def unconfined_issues(site_config: Any, runtime: StudyRuntime) -> list[Issue]:
+    """A site whose process launcher runs workers unconfined (``process.sandbox: none``) may map
+    one study at most: its jobs could read every other study's data and secrets."""
+    settings = site_config.settings
+    if site_config.launcher != "process" or getattr(settings, "sandbox", "bwrap") != "none":
+        return []
+    if len(runtime.studies) <= 1:
+        return []
+    return [Issue("studies", (
+        f"maps {len(runtime.studies)} studies ({', '.join(sorted(runtime.studies))}) while "
+        "site.yaml sets process.sandbox: none; unconfined workers could read each other's "
+        "data and secrets: map one study, or run workers in the sandbox (docs/security.md)"))]
 
 
 def _cross_issues(data: dict[str, Any]) -> list[Issue]:
@@ -363,7 +385,7 @@ def parse_study_runtime(
             ],
             source=source,
         )
-    context = {"launcher": launcher, "local_dir": local_dir}
+    context = {"launcher": launcher, "local_dir": local_dir, "dataset_claims": dataset_claims(data)}
     runtime, issues = validate_into(StudyRuntime, data, context=context)
     issues = sorted(issues + _cross_issues(data), key=lambda i: i.path)
     if issues or runtime is None:

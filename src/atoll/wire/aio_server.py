@@ -5,6 +5,9 @@ grpc.server each open call holds a thread, and at a thousand sites the parent sp
 time handing the GIL and futexes between three thousand threads (bench/scale.py). Handlers
 written `async def` run on this loop instead, where an open call costs a task; handlers written
 `def` still run on a thread of a small pool, as they would with grpc.server.
+
+Services are registered with `serve` (wire/guard.py): each call is admitted before its request
+is read, and every read has a deadline.
 """
 
 from __future__ import annotations
@@ -18,15 +21,23 @@ from typing import Any
 import grpc
 
 from atoll.wire.grpc_setup import OPTIONS
+from atoll.wire.guard import Admit, Deadlines, guarded_handlers
+
+# A connection must finish its TLS handshake (and send its HTTP/2 settings) within this. gRPC's
+# default, 120 s, let a peer hold a connection slot and its memory with a stalled ClientHello.
+# Not less: with 5 s, 110 of 1,000 sites reconnecting at once (bench/scale.py on a loaded
+# 2-core machine) were dropped mid-handshake and had to start over; with 10 s, none.
+HANDSHAKE_TIMEOUT_S = 10
+SERVER_OPTIONS = [*OPTIONS, ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_S * 1000)]
 
 
 class LoopServer:
     def __init__(self, handler_threads: int = 64, blocking_threads: int = 8):
         self.loop = asyncio.new_event_loop()
-        # Plain `def` handlers (admin calls, some of them long polls) run here...
+        # Plain `def` handlers (job uploads and downloads) run here...
         self._handlers = futures.ThreadPoolExecutor(handler_threads, thread_name_prefix="rpc")
-        # ...and what an async handler must not do on the loop (SQLite, files) runs here, so a
-        # burst of admin long polls cannot hold it up.
+        # ...and what an async handler must not do on the loop (SQLite, small files) runs here,
+        # so a burst of uploads cannot hold it up.
         self.loop.set_default_executor(
             futures.ThreadPoolExecutor(blocking_threads, thread_name_prefix="blocking"))
         self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-loop",
@@ -35,10 +46,16 @@ class LoopServer:
         self.server: grpc.aio.Server = self._run(self._make())
 
     async def _make(self) -> grpc.aio.Server:
-        return grpc.aio.server(migration_thread_pool=self._handlers, options=OPTIONS)
+        return grpc.aio.server(migration_thread_pool=self._handlers, options=SERVER_OPTIONS)
 
     def _run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = 30) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def serve(self, service: str, servicer: object, admit: Admit,
+              deadlines: dict[str, Deadlines] | None = None) -> None:
+        """Serve `service` with servicer's methods: plain ones on the handler threads."""
+        self.server.add_generic_rpc_handlers(
+            (guarded_handlers(service, servicer, admit, self._handlers, deadlines),))
 
     def add_secure_port(self, address: str, credentials: grpc.ServerCredentials) -> int:
         async def add() -> int:

@@ -21,6 +21,9 @@ from typing import Any
 
 CHUNK = 1024 * 1024  # 1 MiB: cheap per message, and little held in flight at each relay hop
 MAX_MESSAGE = 8 * 1024 * 1024
+# One control message (a command to a site, a site's report): half of MAX_MESSAGE, so that a
+# command never comes near the limit that would break the link. Payloads are streamed instead.
+MAX_CONTROL = MAX_MESSAGE // 2
 
 HEADER_TAG = 0x0A  # field 1 (header), length-delimited
 DATA_TAG = 0x12  # field 2 (data), length-delimited
@@ -183,6 +186,8 @@ def read_header(first: bytes) -> dict[str, Any]:
         head = json.loads(bytes(memoryview(first)[start:]))
     except ValueError as exc:
         raise FrameError(f"header is not JSON: {exc}") from None
+    except RecursionError:  # nested deeper than Python's stack: a peer's garbage, not a crash
+        raise FrameError("header is not JSON: nested too deep") from None
     if not isinstance(head, dict):
         raise FrameError("header must be a JSON object")
     return head

@@ -54,9 +54,26 @@ def _handoff(info: dict):
     return folder
 
 
+def _credentials() -> dict[str, str]:
+    """The job token and secret values: from the pipe the process launcher hands over (read
+    once, then closed: never in an environment block that /proc shows), else from the
+    environment (containers, pods and batch jobs get them through their own secret channel)."""
+    fd = os.environ.pop("ATOLL_CREDENTIALS_FD", "")
+    if not fd:
+        return {}
+    chunks = []
+    with os.fdopen(int(fd), "rb") as pipe:
+        while chunk := pipe.read(65536):
+            chunks.append(chunk)
+    return {str(k): str(v) for k, v in json.loads(b"".join(chunks) or b"{}").items()}
+
+
 def main() -> int:
     job_id, role, parent = _env("ATOLL_JOB_ID"), _env("ATOLL_ROLE"), _env("ATOLL_PARENT")
-    token = os.environ.pop("ATOLL_JOB_TOKEN", "")  # gone from the environment scripts inherit
+    secret_values = _credentials()
+    token = secret_values.pop("ATOLL_JOB_TOKEN", "") or os.environ.get("ATOLL_JOB_TOKEN", "")
+    os.environ.pop("ATOLL_JOB_TOKEN", None)  # gone from the environment scripts inherit
+    os.environ.update(secret_values)  # the study's secret_env, for the job's own code
     parent_pid = os.environ.get("ATOLL_PARENT_PID")
     workdir = Path(os.environ.get("ATOLL_WORKDIR", os.getcwd()))
 

@@ -55,8 +55,16 @@ class Engine:
         )
 
 
+# The engine of this session: tests/security reuses this fixture from its own conftest, and
+# pytest then sets it up twice; the second gets the first's engine, the first tears down.
+_ACTIVE: list[Engine] = []
+
+
 @pytest.fixture(scope="session")
 def docker_engine() -> Iterator[Engine]:
+    if _ACTIVE:
+        yield _ACTIVE[0]
+        return
     status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True)
     if status.returncode != 0:
         why = f"no test Docker Engine ({status.stderr.strip()}); start it: {SCRIPT} up"
@@ -67,7 +75,9 @@ def docker_engine() -> Iterator[Engine]:
     env = _engine_env()
     client = docker.DockerClient(base_url=env["DOCKER_HOST"])
     engine = Engine(env, client)
+    _ACTIVE.append(engine)
     yield engine
+    _ACTIVE.clear()
     for container in engine.session_containers():
         container.remove(force=True)
     images = client.images.list(filters={"label": f"{SESSION_LABEL}={SESSION_ID}"})

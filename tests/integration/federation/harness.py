@@ -42,6 +42,7 @@ class Federation:
     root: Path
     sites: list[str]
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    studies: dict[str, Any] = field(default_factory=dict)  # as provisioned
 
     @classmethod
     def provisioned(cls, tmp: Path, sites: list[str], users: list[dict[str, str]],
@@ -49,7 +50,7 @@ class Federation:
                     runtime: dict[str, str] | None = None) -> Federation:
         doc = project_doc(free_port(), sites, users, studies)
         provision(parse_project(doc, "test"), tmp)
-        fed = cls(tmp / PROJECT, sites)
+        fed = cls(tmp / PROJECT, sites, studies=studies or {})
         for site in sites:
             text = (runtime or {}).get(site, "format_version: 2\nstudies:\n  default: {}\n")
             (fed.kit(site) / "local" / "study_runtime.yaml").write_text(text)
@@ -84,8 +85,8 @@ class Federation:
         path = self.root / f"{name}.log"
         return path.read_text(errors="replace")[-5000:] if path.exists() else ""
 
-    def start_server(self) -> subprocess.Popen:
-        return self._start("server", "server")
+    def start_server(self, env: dict[str, str] | None = None) -> subprocess.Popen:
+        return self._start("server", "server", env=env)
 
     def start_site(self, site: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         return self._start("site", site, env=env)
@@ -100,6 +101,12 @@ class Federation:
 
     def wait_online(self, user: str, sites: list[str] | None = None, study: str | None = None,
                     timeout: float = 20.0) -> None:
+        if study is None and self.studies:  # no `default` study holds them all: each study's
+            for name, members in self.studies.items():
+                enrolled = [x for x in sites or self.sites if x in members.get("sites", [])]
+                if enrolled:
+                    self.wait_online(user, enrolled, name, timeout)
+            return
         wanted = set(sites or self.sites)
         with self.session(user) as s:
             deadline = time.monotonic() + timeout
@@ -138,16 +145,18 @@ def job_folder(path: Path, meta: dict[str, Any], app_yaml: str, files: dict[str,
     return path
 
 
-def pids_with_env(marker: str) -> list[int]:
-    """Processes whose environment holds `marker` (e.g. ATOLL_JOB_ID=<id>): a job's workers."""
+def pids_with_env(marker: str, sandboxes: bool = False) -> list[int]:
+    """Processes whose environment holds `marker` (e.g. ATOLL_JOB_ID=<id>): a job's workers,
+    and with `sandboxes` also the bwrap processes that hold each worker's namespaces."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             env = (entry / "environ").read_bytes()
+            comm = (entry / "comm").read_bytes().strip()
         except OSError:
             continue
-        if marker.encode() in env.split(b"\0"):
+        if marker.encode() in env.split(b"\0") and (sandboxes or comm != b"bwrap"):
             found.append(int(entry.name))
     return [p for p in found if p != os.getpid()]

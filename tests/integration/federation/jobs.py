@@ -55,24 +55,26 @@ def make_job(path: Path, script: str = ECHO, sites: list[str] | None = None,
 # non-daemon thread still running. OUT is replaced with a folder the test reads.
 LEFT_FOR_EXIT = '''
 import atexit
+import os
 import threading
 import time
 
 import atoll.client as fl
 
+OUT = os.environ["ATOLL_WORKDIR"]
 fl.init()
 site = fl.site_name()
-unclosed = open(f"OUT/{site}-unclosed.txt", "w")
+unclosed = open(f"{OUT}/{site}-unclosed.txt", "w")
 unclosed.write("flushed at exit\\n")
 
 
 def late():
     time.sleep(0.5)
-    with open(f"OUT/{site}-thread.txt", "w") as out:
+    with open(f"{OUT}/{site}-thread.txt", "w") as out:
         out.write("waited for\\n")
 
 
-atexit.register(lambda: open(f"OUT/{site}-atexit.txt", "w").write("ran\\n"))
+atexit.register(lambda: open(f"{OUT}/{site}-atexit.txt", "w").write("ran\\n"))
 threading.Thread(target=late).start()
 while fl.is_running():
     model = fl.receive()

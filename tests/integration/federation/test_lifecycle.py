@@ -76,15 +76,13 @@ def test_workers_on_their_parents_host_pass_payloads_as_files_both_ways(federati
 def test_a_worker_leaving_quickly_still_does_what_exit_would(federation, tmp_path):
     """Workers end with os._exit (atoll.worker): a script's unclosed file, atexit function and
     non-daemon thread must still get what a normal interpreter exit gives them."""
-    out = tmp_path / "left"
-    out.mkdir()
-    script = LEFT_FOR_EXIT.replace("OUT", str(out))
     with federation.session(ADMIN) as s:
-        job = s.submit(make_job(tmp_path / "exit", script=script), wait=True, timeout=120)
+        job = s.submit(make_job(tmp_path / "exit", script=LEFT_FOR_EXIT), wait=True, timeout=120)
     assert job["state"] == "FINISHED:COMPLETED", job
     sites = [p for p in job["parts"] if p != "server"]
     assert sites
-    for site in sites:
+    for site in sites:  # written into the worker's own run folder, all it may write to
+        out = federation.workspace(site) / "jobs" / job["job_id"]
         assert (out / f"{site}-unclosed.txt").read_text() == "flushed at exit\n"
         assert (out / f"{site}-atexit.txt").read_text() == "ran\n"
         assert (out / f"{site}-thread.txt").read_text() == "waited for\n"
@@ -101,7 +99,7 @@ def test_abort_mid_job_leaves_no_worker(federation, tmp_path):
     assert final["state"] == "FINISHED:ABORTED"
     assert {p["state"] for p in final["parts"].values()} == {"FINISHED:ABORTED"}
     assert "aborted by admin@test.org" in final["parts"]["site-1"]["reason"]
-    _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}"), 10, "workers gone")
+    _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True), 10, "workers gone")
 
 
 def test_killed_site_worker_fails_the_job_naming_the_site(federation, tmp_path):
@@ -116,7 +114,7 @@ def test_killed_site_worker_fails_the_job_naming_the_site(federation, tmp_path):
     assert final["state"] == "FINISHED:FAILED"
     assert "site-1" in final["reason"]
     assert "SIGKILL" in final["parts"]["site-1"]["reason"]
-    _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}"), 15, "workers gone")
+    _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True), 15, "workers gone")
 
 
 def test_crashing_script_fails_its_site_with_the_traceback(federation, tmp_path):
@@ -137,20 +135,21 @@ def test_crashing_script_fails_its_site_with_the_traceback(federation, tmp_path)
         assert "could no longer reach min_clients" in sites[name]["reason"]
 
 
-def test_reused_and_foreign_worker_tokens_are_refused(federation, tmp_path):
+def test_worker_tokens_are_in_no_environment_and_wrong_ones_are_refused(federation, tmp_path):
+    """The job token reaches the worker through a pipe (never an environment block /proc shows);
+    a wrong token, or one for another job, is refused. Reuse: tests/unit/wire/."""
     with federation.session(ADMIN) as s:
         job_id = s.submit(make_job(tmp_path / "tokens", script=STALL))["job_id"]
         _wait_for(lambda: _all_running(s, job_id), what="every worker running")
-        worker = [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}")
-                  if b"ATOLL_SITE=site-1" in open(f"/proc/{p}/environ", "rb").read()][0]
-        env = dict(kv.split(b"=", 1) for kv in open(f"/proc/{worker}/environ", "rb").read()
-                   .split(b"\0") if b"=" in kv)
+        workers = pids_with_env(f"ATOLL_JOB_ID={job_id}")
+        environs = [open(f"/proc/{p}/environ", "rb").read() for p in workers]
+        assert len(environs) == 3 and not any(b"ATOLL_JOB_TOKEN" in e for e in environs)
+        site1 = [e for e in environs if b"ATOLL_SITE=site-1" in e][0]
+        env = dict(kv.split(b"=", 1) for kv in site1.split(b"\0") if b"=" in kv)
         stub = rpc.stub(grpc.insecure_channel(env[b"ATOLL_PARENT"].decode()), "WorkerLink")
-        token = env[b"ATOLL_JOB_TOKEN"].decode()
         codes = []
-        for body in ({"job_id": job_id, "token": token},  # already spent by the worker
-                     {"job_id": job_id, "token": "not-the-token"},
-                     {"job_id": "f" * 32, "token": token}):  # another job's id
+        for body in ({"job_id": job_id, "token": "not-the-token"},
+                     {"job_id": "f" * 32, "token": "not-the-token"}):  # another job's id
             with pytest.raises(grpc.RpcError) as err:
                 stub.Register(msg.Json(body=json.dumps(body)), timeout=5)
             codes.append((err.value.code(), err.value.details()))
@@ -269,7 +268,7 @@ def test_killed_site_parent_takes_its_workers_along(own_federation, tmp_path):
         job_id = s.submit(make_job(tmp_path / "orphan", script=STALL))["job_id"]
         _wait_for(lambda: _all_running(s, job_id), what="every worker running")
         fed.kill("site-1", signal.SIGKILL)
-        _wait_for(lambda: not [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}")
+        _wait_for(lambda: not [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True)
                                if b"ATOLL_SITE=site-1" in open(f"/proc/{p}/environ", "rb").read()],
                   10, "site-1's worker gone")
         final = s.wait(job_id, timeout=60)
@@ -294,6 +293,6 @@ def test_server_restart_keeps_records_and_sites_reconnect(own_federation, tmp_pa
         assert interrupted["state"] == "FINISHED:FAILED"
         assert "server restarted" in interrupted["reason"]
         assert sorted(p.relative_to(job_dir) for p in job_dir.rglob("*")) == files_before
-        _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={running}"), 20, "workers gone")
+        _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={running}", sandboxes=True), 20, "workers gone")
         again = s.submit(make_job(tmp_path / "after"), wait=True, timeout=120)
     assert again["state"] == "FINISHED:COMPLETED"

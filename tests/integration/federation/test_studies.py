@@ -134,6 +134,24 @@ def test_site_list_shows_only_enrolled_sites(fed):
         assert {x["name"] for x in s.sites()["sites"]} == {"site-b", "site-c"}
 
 
+def test_default_study_does_not_cross_study_boundaries(fed, alpha_job, tmp_path):
+    """A project with named studies has no `default` that everybody is in: a member of beta
+    neither sees alpha's sites (nor their running jobs) nor runs jobs there through it."""
+    no_default = "this federation has named studies and no default study"
+    with pytest.raises(Refused, match=no_default + r".*your studies: beta"):
+        fed.session(LEAD_B, study="default")
+    with fed.session(LEAD_B) as s:  # no session: every call asks for `default`
+        assert s.whoami  # the channel works; the calls below are refused by the server
+        for call in (s.sites, s.list_jobs, lambda: s.sites("default")):
+            with pytest.raises(Refused, match=no_default):
+                call()
+        with pytest.raises(Refused, match=no_default):
+            s.submit(_job(tmp_path, "via-default", ["server", "site-a"]), study="default")
+    with fed.session(LEAD_B, study="beta") as s:
+        assert alpha_job["job_id"] not in {j["job_id"] for j in s.list_jobs()}
+        assert "default" not in s.whoami()["studies"]
+
+
 def test_secret_values_never_reach_the_server(fed, alpha_job):
     needle = SECRET.encode()
     for path in fed.workspace("server").rglob("*"):
@@ -151,7 +169,7 @@ def test_study_commands_follow_roles(fed):
     with fed.session(MEMBER_A) as s:
         with pytest.raises(Refused, match="may not create studies"):
             s.call("study_create", name="gamma", sites=["site-a"])
-        assert [x["name"] for x in s.call("study_list")["studies"]] == ["default", "alpha"]
+        assert [x["name"] for x in s.call("study_list")["studies"]] == ["alpha"]
         with pytest.raises(Refused, match="may not change the sites of study alpha"):
             s.call("study_remove_site", name="alpha", site="site-a")
     with fed.session(ORG_ADMIN_A) as s:
@@ -171,7 +189,7 @@ def test_study_commands_follow_roles(fed):
             s.call("study_create", name="gamma")
         with pytest.raises(Refused, match="study name 'Bad Name' is invalid"):
             s.call("study_create", name="Bad Name")
-        with pytest.raises(Refused, match="default study"):
+        with pytest.raises(Refused, match="no such study: default"):  # named studies: none
             s.call("study_add_site", name="default", site="site-a")
         assert s.call("study_remove", name="gamma") == {"removed": "gamma"}
         with pytest.raises(Refused, match=r"study alpha still has \d+ job\(s\)"):

@@ -94,8 +94,16 @@ def _wait_until(check: Any, seconds: float, what: str) -> None:
         time.sleep(0.2)
 
 
+# The cluster of this session: tests/security reuses this fixture from its own conftest, and
+# pytest then sets it up twice; the second gets the first's namespace, the first tears down.
+_ACTIVE: list[Cluster] = []
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
+    if _ACTIVE:
+        yield _ACTIVE[0]
+        return
     status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True)
     if status.returncode != 0:
         why = f"no test Kubernetes ({status.stderr.strip()}); start it: {SCRIPT} up"
@@ -118,7 +126,9 @@ def cluster() -> Iterator[Cluster]:
         "the namespace's default ServiceAccount",
     )
     found = Cluster(env, api, NAMESPACE)
+    _ACTIVE.append(found)
     yield found
+    _ACTIVE.clear()
     api.delete_collection_namespaced_pod(NAMESPACE, label_selector=SELECTOR, grace_period_seconds=0)
     api.delete_collection_namespaced_secret(NAMESPACE, label_selector=SELECTOR)
     api.delete_collection_persistent_volume(label_selector=SELECTOR)

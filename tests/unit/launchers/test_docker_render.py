@@ -217,7 +217,10 @@ def test_host_control_kwargs_refused_in_site_yaml(key: str) -> None:
 def test_forbidden_kwargs_refused_by_render_even_without_the_spec_layer() -> None:
     request = request_for()
     request.study_runtime.docker_kwargs["volumes"] = {"/var/run/docker.sock": {"bind": "/s"}}
-    with pytest.raises(LaunchError, match=r"studies\.pathology\.docker_kwargs: volumes"):
+    with pytest.raises(
+        LaunchError,
+        match=r"^local/study_runtime\.yaml: studies\.pathology\.docker_kwargs\.volumes: set by",
+    ):
         render_docker(request)
 
 

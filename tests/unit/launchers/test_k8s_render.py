@@ -22,6 +22,7 @@ from atoll.launchers.kubernetes_render import (
     secret_name,
 )
 from atoll.launchers.request import build_request
+from atoll.spec.errors import SpecError
 from atoll.spec.meta import load_meta
 from atoll.spec.site_config import parse_site_config
 from atoll.spec.study_runtime import parse_study_runtime
@@ -249,54 +250,77 @@ def test_template_fields_kept_and_atoll_fields_applied_on_top() -> None:
     assert TEMPLATE["spec"]["containers"][0].get("image") is None  # the study's copy is untouched
 
 
-def test_template_locked_fields_reported_all_at_once() -> None:
-    template = {
-        "kind": "Pod",
-        "metadata": {"name": "mine", "namespace": "other", "labels": {"atoll.dev/job-id": "x"}},
-        "spec": {
-            "restartPolicy": "Always",
-            "hostNetwork": True,
-            "volumes": [{"name": "atoll-work", "emptyDir": {}}],
-            "containers": [
-                {
-                    "name": MAIN_CONTAINER,
-                    "image": "mine:1",
-                    "command": ["sh"],
-                    "resources": {"limits": {"cpu": "64"}},
-                    "env": [{"name": "ATOLL_JOB_ID", "value": "x"}, {"name": "OK", "value": "1"}],
-                    "volumeMounts": [{"name": "v", "mountPath": "/data/other"}],
-                }
-            ],
-        },
-    }
-    with pytest.raises(LaunchError) as err:
-        render(request_for(study={**PATHOLOGY, "pod_template": template}))
-    message = str(err.value)
-    assert "studies.pathology.pod_template" in message
-    for path in (
-        "metadata.name",
-        "metadata.namespace",
-        "metadata.labels.atoll.dev/job-id",
-        "spec.restartPolicy",
-        "spec.hostNetwork",
-        "spec.volumes[0].name",
-        "spec.containers[0].image",
-        "spec.containers[0].command",
-        "spec.containers[0].resources",
-        "spec.containers[0].env[0] (ATOLL_JOB_ID)",
-        "spec.containers[0].volumeMounts[0].mountPath (/data/other)",
-    ):
-        assert path in message
-    assert "(OK)" not in message
+LOCKED_TEMPLATE: dict[str, Any] = {
+    "kind": "Pod",
+    "metadata": {"name": "mine", "namespace": "other", "labels": {"atoll.dev/job-id": "x"}},
+    "spec": {
+        "restartPolicy": "Always",
+        "hostNetwork": True,
+        "volumes": [{"name": "atoll-work", "emptyDir": {}}],
+        "containers": [
+            {
+                "name": MAIN_CONTAINER,
+                "image": "mine:1",
+                "command": ["sh"],
+                "resources": {"limits": {"cpu": "64"}},
+                "env": [{"name": "ATOLL_JOB_ID", "value": "x"}, {"name": "OK", "value": "1"}],
+                "volumeMounts": [{"name": "v", "mountPath": "/data/other"}],
+            }
+        ],
+    },
+}
+LOCKED_PATHS = (
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.labels.atoll.dev/job-id",
+    "spec.restartPolicy",
+    "spec.hostNetwork",
+    "spec.volumes[0].name",
+    "spec.containers[0].image",
+    "spec.containers[0].command",
+    "spec.containers[0].resources",
+    "spec.containers[0].env[0].name",
+    "spec.containers[0].volumeMounts[0].mountPath",
+)
+
+
+def with_template(template: dict[str, Any]) -> Any:
+    """A request whose template skipped the load-time check (as if built some other way)."""
+    request = request_for()
+    request.study_runtime.pod_template = template
+    return request
+
+
+def test_template_locked_fields_reported_all_at_once_at_load() -> None:
+    with pytest.raises(SpecError) as err:
+        request_for(study={**PATHOLOGY, "pod_template": LOCKED_TEMPLATE})
+    paths = {i.path for i in err.value.issues}
+    assert paths == {f"studies.pathology.pod_template.{p}" for p in LOCKED_PATHS}
     assert len(LOCKED) >= 10  # the documented list
+
+
+def test_template_locked_fields_reported_all_at_once_at_render() -> None:
+    with pytest.raises(LaunchError) as err:
+        render(with_template(LOCKED_TEMPLATE))
+    message = str(err.value)
+    assert message.startswith("local/study_runtime.yaml: studies.pathology.pod_template ")
+    for path in LOCKED_PATHS:
+        assert f"studies.pathology.pod_template.{path}: " in message
+    assert "ATOLL_JOB_ID is set by the launcher" in message and "OK " not in message
 
 
 def test_template_of_the_wrong_shape_is_refused_not_crashed() -> None:
     template = {"kind": "Pod", "spec": {"containers": "atoll-worker", "volumes": [1]}}
+    with pytest.raises(SpecError) as err:
+        request_for(study={**PATHOLOGY, "pod_template": template})
+    assert {i.path for i in err.value.issues} == {
+        "studies.pathology.pod_template.spec.containers",
+        "studies.pathology.pod_template.spec.volumes",
+    }
     with pytest.raises(LaunchError) as err:
-        render(request_for(study={**PATHOLOGY, "pod_template": template}))
-    assert "spec.containers must be a list of mappings" in str(err.value)
-    assert "spec.volumes must be a list of mappings" in str(err.value)
+        render(with_template(template))
+    assert "pod_template.spec.containers: must be a list of mappings" in str(err.value)
+    assert "pod_template.spec.volumes: must be a list of mappings" in str(err.value)
 
 
 def test_template_without_the_worker_container_is_refused() -> None:

@@ -8,6 +8,7 @@ import pytest
 from atoll.launchers.allocation import CpuAllocator, GpuAllocator
 from atoll.launchers.base import JobIdentity, LaunchError
 from atoll.launchers.process import ProcessLauncher
+from atoll.launchers.process_sandbox import SandboxHost
 from atoll.launchers.registry import LAUNCHERS, get_launcher, launcher_class
 from atoll.launchers.request import build_request, job_run_folder, secret_env_values
 from atoll.spec.errors import SpecError
@@ -18,6 +19,9 @@ from tests.golden import assert_golden
 
 SEED = Path(__file__).parents[2] / "fixtures/seed"
 JOB_ID = "0123456789abcdef0123456789abcdef"
+# A fixed host for the goldens: the real one depends on where this machine keeps its Python.
+HOST = SandboxHost("/usr/bin/bwrap", (("/usr", ""), ("/bin", "usr/bin"), ("/lib", "usr/lib")),
+                   ("/opt/python3.11", "/srv/venv"))
 
 
 @pytest.fixture
@@ -49,17 +53,33 @@ def request_for(site, target="hospital-a", meta=None, **kw):
 # share_cpus=False throughout: a render previews the CPUs a launch would take, and these goldens
 # must not depend on other atoll parents running on this machine (allocation.HostCpuLeases).
 def test_seed_hospital_render_golden(site):
-    launcher = ProcessLauncher(site[0], parent_pid=4242, share_cpus=False)
+    launcher = ProcessLauncher(site[0], parent_pid=4242, share_cpus=False, sandbox_host=HOST)
     rendered = launcher.render(request_for(site, credentials={"ATOLL_JOB_TOKEN": "t0k3n"}))
     assert_golden("process_seed_hospital", rendered)
     assert rendered["cpu_affinity"] == [0, 1, 2, 3]
     assert rendered["memory_limit_bytes"] == 68719476736
     assert rendered["gpu_ids"] == ["0"] and rendered["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert json.loads(rendered["env"]["ATOLL_DATASETS"]) == {"slides": "/data/pathology/slides"}
+    assert rendered["sandbox"] == "bwrap" and "ATOLL_PARENT_PID" not in rendered["env"]
+
+
+def test_unconfined_site_render_keeps_host_paths(tmp_path):
+    """`process: {sandbox: none}`: the worker runs as the parent does, with host paths."""
+    local = tmp_path / "local"
+    local.mkdir()
+    text = (SEED / "site_process.yaml").read_text().replace("{python:", "{sandbox: none, python:")
+    (local / "site.yaml").write_text(text)
+    (local / "study_runtime.yaml").write_text((SEED / "study_runtime_process.yaml").read_text())
+    site = load_site_config(local), load_study_runtime(local, "process")
+    rendered = ProcessLauncher(site[0], parent_pid=4242, share_cpus=False).render(request_for(site))
+    assert rendered["sandbox"] == "none"
+    assert rendered["argv"][0] == "/usr/bin/python3"
     assert json.loads(rendered["env"]["ATOLL_DATASETS"]) == {"slides": "/srv/pathology/slides"}
+    assert rendered["env"]["ATOLL_PARENT_PID"] == "4242"
 
 
 def test_seed_server_render_golden(site):
-    launcher = ProcessLauncher(site[0], parent_pid=4242, share_cpus=False)
+    launcher = ProcessLauncher(site[0], parent_pid=4242, share_cpus=False, sandbox_host=HOST)
     rendered = launcher.render(request_for(site, "server"))
     assert_golden("process_seed_server", rendered)
     assert rendered["gpu_ids"] == [] and rendered["env"]["CUDA_VISIBLE_DEVICES"] == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -32,7 +33,7 @@ def test_provisioned_local_files_parse(provisioned: ProvisionResult) -> None:
     for kit in ("server", "hospital-a", "university"):
         assert load_site_config(root / kit).launcher == "process"
     runtime = load_study_runtime(root / "hospital-a" / "local", "process")
-    assert sorted(runtime.studies) == ["default", "outcomes", "pathology"]
+    assert sorted(runtime.studies) == ["outcomes", "pathology"]  # no `default` study
     assert runtime.studies["pathology"].datasets == {}
 
 
@@ -71,6 +72,21 @@ def test_a_site_in_no_study_gets_an_empty_mapping_and_an_example() -> None:
     text = study_runtime_yaml([])
     assert list(parse_study_runtime(yaml.safe_load(text), "process").studies) == ["default"]
     assert "atoll study add-site" in text
+
+
+def test_a_project_with_named_studies_maps_no_default_study() -> None:
+    for studies in ([], ["pathology"]):
+        text = study_runtime_yaml(studies, default_study=False)
+        assert list(parse_study_runtime(yaml.safe_load(text), "process").studies) == studies
+
+
+def test_the_authorization_template_is_the_default_policy() -> None:
+    from atoll.pki.templates import authorization_json
+    from atoll.spec.authorization import default_policy, parse_policy
+
+    policy = parse_policy(json.loads(authorization_json()))
+    assert policy.permissions == default_policy().permissions
+    assert policy.code_approval == "none"
 
 
 def test_study_names_yaml_would_misread_stay_strings() -> None:

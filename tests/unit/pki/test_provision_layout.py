@@ -52,7 +52,7 @@ def test_layout(provisioned: ProvisionResult) -> None:
     for site in ("hospital-a", "hospital-b", "university"):
         expected |= {f"{site}/startup/{f}" for f in ("client.crt", "client.key", "rootCA.pem")}
         expected |= {f"{site}/startup/{f}" for f in ("kit.yaml", "kit.json")}
-        expected |= {f"{site}/local/site.yaml"}
+        expected |= {f"{site}/local/site.yaml", f"{site}/local/authorization.json"}
         expected |= {f"{site}/local/study_runtime.yaml", f"{site}/workspace/local-checked.json"}
     for user in ("admin@consortium.org", "lead@hospital-a.org"):
         expected |= {f"{user}/startup/{f}" for f in ("client.crt", "client.key", "rootCA.pem")}
@@ -165,9 +165,10 @@ def test_local_templates_parse_and_map_the_sites_studies(provisioned: ProvisionR
         }
     runtime = yaml.safe_load((root / "hospital-a" / "local" / "study_runtime.yaml").read_text())
     assert runtime["format_version"] == 2
-    assert list(runtime["studies"]) == ["default", "pathology", "outcomes"]
+    # a project with named studies has no `default` study (server/studies.py)
+    assert list(runtime["studies"]) == ["pathology", "outcomes"]
     runtime = yaml.safe_load((root / "university" / "local" / "study_runtime.yaml").read_text())
-    assert list(runtime["studies"]) == ["default", "pathology"]
+    assert list(runtime["studies"]) == ["pathology"]
     text = (root / "university" / "local" / "study_runtime.yaml").read_text()
     assert "# secret_env:" in text and "mode: ro" in text
 
@@ -249,6 +250,7 @@ def test_add_site_writes_only_its_kit_and_the_state(fresh: Path) -> None:
         "clinic-c/startup/client.crt", "clinic-c/startup/client.key",
         "clinic-c/startup/rootCA.pem", "clinic-c/startup/kit.yaml", "clinic-c/startup/kit.json",
         "clinic-c/local/site.yaml", "clinic-c/local/study_runtime.yaml",
+        "clinic-c/local/authorization.json",
         "clinic-c/workspace/", "clinic-c/workspace/local-checked.json",
     }  # fmt: skip
     assert kit.path == fresh / "clinic-c"

@@ -71,8 +71,10 @@ def test_validate_ok_and_errors(kit):
     site_dir, _ = kit
     ok = run(validate_command, site_dir)
     assert ok.exit_code == 0
-    assert ok.output == ("local/site.yaml: ok (launcher process)\n"
-                         "local/study_runtime.yaml: ok; studies: pathology\n")
+    lines = ok.output.splitlines()
+    assert lines[0] == "local/site.yaml: ok (launcher process)"
+    assert lines[1].startswith("process sandbox: bwrap (") and "a test sandbox started" in lines[1]
+    assert lines[2] == "local/study_runtime.yaml: ok; studies: pathology"
     (site_dir / "local" / "site.yaml").write_text("launcher: docker\nprocess: {}\n")
     with open(site_dir / "local" / "study_runtime.yaml", "a") as f:
         f.write("    pod_template: {kind: Pod}\n")
@@ -82,3 +84,29 @@ def test_validate_ok_and_errors(kit):
     # The study runtime is still checked, against docker: the launcher the file asks for.
     assert "studies.pathology.pod_template: pod_template is read by the k8s launcher(s), but " \
         "this site's launcher is docker: remove it" in bad.output
+
+
+def test_validate_tries_the_sandbox_and_names_the_opt_out(kit):
+    site_dir, _ = kit
+    site_yaml = site_dir / "local" / "site.yaml"
+    site_yaml.write_text(site_yaml.read_text().replace("{python:", "{bwrap: /bin/false, python:"))
+    bad = run(validate_command, site_dir)
+    assert bad.exit_code == 2
+    assert "local/site.yaml: process.sandbox: bwrap (/bin/false) could not make a sandbox" \
+        in bad.output
+    assert "`process: {sandbox: none}`" in bad.output
+
+
+def test_an_unconfined_site_maps_one_study_at_most(kit):
+    site_dir, _ = kit
+    site_yaml = site_dir / "local" / "site.yaml"
+    site_yaml.write_text(site_yaml.read_text().replace("{python:", "{sandbox: none, python:"))
+    ok = run(validate_command, site_dir)
+    assert ok.exit_code == 0, ok.output
+    assert "process sandbox: none: workers run with the parent's privileges" in ok.output
+    with open(site_dir / "local" / "study_runtime.yaml", "a") as f:
+        f.write("  outcomes: {}\n")
+    bad = run(validate_command, site_dir)
+    assert bad.exit_code == 2
+    assert ("local/study_runtime.yaml: studies: maps 2 studies (outcomes, pathology) while "
+            "site.yaml sets process.sandbox: none") in bad.output

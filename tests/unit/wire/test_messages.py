@@ -18,7 +18,7 @@ from atoll.wire import messages, rpc
 
 TEXT = st.text(max_size=300)
 ONEOFS = {"SiteEvent": ("hello", "heartbeat", "job_state"),
-          "ServerCommand": ("welcome", "dispatch", "abort", "end")}
+          "ServerCommand": ("welcome", "dispatch", "abort", "end", "revocations")}
 
 
 def _both(name: str, **values):

@@ -1,0 +1,133 @@
+"""What a site checks in a job it fetched, before any of the job's code is put where it runs.
+
+The server is trusted to store and relay jobs, not to change them: the site takes the job's
+signature, its signer and its content from the job itself, never from the server's word.
+
+1. The signature (pki/job_signature.py, checked in a process of its own: a parent never loads
+   cryptography): a user certificate issued by the project's root CA in this site's own kit,
+   valid now and not on the project's revocation list as this site holds it
+   (site/revocation.py), whose key signed the statement; the statement is for this project and
+   for the study the job was dispatched in.
+2. The content: meta.json, then every file of this site's app, byte for byte as signed; a file
+   added, missing or changed is a refusal. (The server sends each site only its own app.)
+3. The meta the server dispatched (what the site admitted against its capacity) is the signed
+   meta.json, and the server's ``study`` and ``submitter`` are the signed ones.
+4. This site's ``local/authorization.json`` (spec/authorization.py): the signer's role and org,
+   from their certificate, must be granted ``submit_job`` and ``byoc`` here for this study.
+5. Code approval, where the policy requires it: the content digest must be approved
+   (site/approvals.py).
+
+Each refusal says which check failed and what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from atoll.pki.job_signature import SignatureError, Signed, bind, check_files, verify_apart
+from atoll.site import revocation
+from atoll.spec.authorization import SITE_RIGHTS, Actor, load_policy
+from atoll.spec.meta import META_FILE, load_meta, parse_meta, read_meta_bytes
+
+if TYPE_CHECKING:
+    from atoll.pki.kit import Kit
+    from atoll.spec.meta import JobMeta
+
+
+class JobRefused(Exception):
+    """This site will not run the job; the message is the reason its status shows."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    signed: Signed
+    meta: JobMeta
+
+
+def check_job(tree: Path, body: dict[str, Any], kit: Kit) -> Accepted:
+    """Checks 1-5 on the unpacked job in ``tree`` (meta.json and this site's app) dispatched
+    with ``body``; JobRefused names what failed."""
+    site, study = kit.name, str(body.get("study"))
+    try:
+        signed, files = verify_apart(tree, kit.ca)
+        bind(signed, kit.project, study)
+        # meta.json first: it names this site's app, whose files are checked next
+        check_files(signed.statement, {META_FILE: files.get(META_FILE, "")},
+                    scope=lambda path: path == META_FILE)
+        meta = parse_meta(read_meta_bytes(tree / META_FILE))
+        app = meta.app_for(site)
+        check_files(signed.statement, files,
+                    scope=lambda path: path.split("/", 1)[0] in (app, META_FILE))
+        _check_dispatch(body, meta, signed)
+    except SignatureError as exc:
+        raise JobRefused(f"{site} refused the job: {exc}. The job was changed after it was "
+                         "signed (on the wire, in the server's store or by the server), or was "
+                         "never signed by a user of this project; nothing of it ran here; "
+                         "the submitter should submit the job folder again") from None
+    _check_revoked(site, signed)
+    _check_policy(kit, study, signed)
+    return Accepted(signed, meta)
+
+
+class _Serial:
+    """What site/revocation.why reads of a certificate: its serial, read without cryptography."""
+
+    def __init__(self, cert_pem: bytes):
+        from atoll.pki.revocation import cert_serial
+
+        self.serial_number = cert_serial(cert_pem)
+
+
+def _check_revoked(site: str, signed: Signed) -> None:
+    try:
+        reason = revocation.why(_Serial(signed.cert_pem))
+    except ValueError:
+        reason = "its serial number cannot be read"
+    if reason:
+        raise JobRefused(f"{site} refused the job: the certificate of {signed.signer.name} that "
+                         f"signed the job is revoked: {reason}; nothing of it ran here")
+
+
+def _check_dispatch(body: dict[str, Any], meta: JobMeta, signed: Signed) -> None:
+    served = body.get("meta")
+    if not isinstance(served, dict):
+        raise SignatureError("the server sent no meta with the job")
+    if served.get("submitter") != signed.signer.name or served.get("study") != body.get("study"):
+        raise SignatureError(f"the server names {served.get('submitter')!r} in study "
+                             f"{served.get('study')!r} as the job's submitter; "
+                             f"{signed.signer.name} signed it for study "
+                             f"{signed.statement.study!r}")
+    dispatched = load_meta(served).model_dump(mode="json")  # study, submitter dropped
+    signed_meta = meta.model_dump(mode="json")
+    differ = sorted(k for k in dispatched.keys() | signed_meta.keys()
+                    if dispatched.get(k) != signed_meta.get(k))
+    if differ:
+        raise SignatureError(f"the meta the server dispatched differs from the signed "
+                             f"meta.json in {', '.join(differ)}")
+
+
+def _check_policy(kit: Kit, study: str, signed: Signed) -> None:
+    from atoll.site.approvals import ApprovalsError, is_approved
+
+    site, signer = kit.name, signed.signer
+    policy = load_policy(kit.local_dir)  # re-read at every launch, like study_runtime.yaml
+    actor = Actor(signer.name, signer.org, signer.role)
+    for right in SITE_RIGHTS:
+        decision = policy.decide(right, study, actor, actor, kit.org)
+        if not decision.allowed:
+            raise JobRefused(f"{site} refused the job by its policy (rule {decision.rule}): "
+                             f"{decision.reason}; the site operator decides who runs code here")
+    if not policy.approval_required(study):
+        return
+    try:
+        approved = is_approved(kit.local_dir, signed.digest)
+    except ApprovalsError as exc:
+        raise JobRefused(f"{site} refused the job: {exc}") from None
+    if not approved:
+        raise JobRefused(
+            f"{site} runs only jobs its operator approved (local/authorization.json "
+            f"code_approval: required) and this job's content {signed.digest} is not approved; "
+            f"after reviewing the job folder, the operator of {site} approves it with `atoll "
+            f"site approve <kit of {site}> JOB_DIR`, then the job is submitted again")

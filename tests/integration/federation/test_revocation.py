@@ -1,0 +1,153 @@
+"""Revocation on a real federation: the project admin revokes with `atoll provision revoke`,
+pushes the list with `atoll crl push`, and from then on the server refuses every call of a
+revoked certificate (a login session opened before included), closes a revoked site's link and
+keeps refusing it, and the sites refuse the jobs of a revoked user that were still waiting."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from atoll.errors import AuthError
+from tests.integration.federation.harness import Federation
+from tests.integration.federation.jobs import make_job
+
+ADMIN = "admin@test.org"
+LEAVER = "leaver@test.org"
+LEAD = "lead@test.org"
+USERS = [{"name": ADMIN, "org": "test", "role": "project_admin"},
+         {"name": LEAVER, "org": "test", "role": "lead"},
+         {"name": LEAD, "org": "test", "role": "lead"}]
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    fed = Federation.provisioned(tmp_path_factory.mktemp("fed"), ["site-1", "site-2"], USERS)
+    fed.start_all()
+    fed.wait_online(ADMIN)
+    yield fed
+    fed.stop_all()
+
+
+def atoll(*args: str, home: Path, check: bool = True) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, with their own saved session (ATOLL_HOME)."""
+    proc = subprocess.run([sys.executable, "-m", "atoll", *args], capture_output=True, text=True,
+                          env={**os.environ, "ATOLL_HOME": str(home)}, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"atoll {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def online(fed: Federation) -> set[str]:
+    with fed.session(ADMIN) as s:
+        return {x["name"] for x in s.sites()["sites"] if x["online"]}
+
+
+def test_a_revoked_users_cli_is_refused_at_once_and_the_sites_refuse_their_waiting_job(
+        federation, tmp_path):
+    fed = federation
+    admin_home, leaver_home = tmp_path / "admin-home", tmp_path / "leaver-home"
+    atoll("login", "--kit", str(fed.kit(LEAVER)), home=leaver_home)
+    assert atoll("job", "list", home=leaver_home).returncode == 0
+
+    # site-2 is away: the leaver's job waits on the server (SUBMITTED, not dispatched)
+    fed.kill("site-2")
+    wait_for(lambda: "site-2" not in online(fed), what="site-2 to go offline")
+    with fed.session(LEAVER) as s:
+        waiting = s.submit(make_job(tmp_path / "waiting"))
+    assert waiting["state"] == "SUBMITTED"
+
+    revoked = atoll("provision", "revoke", str(fed.root), LEAVER, "--reason",
+                    "affiliation-changed", home=admin_home)
+    assert "revocation list 1" in revoked.stdout
+    crl = fed.root / "ca" / "crl.pem"
+    pushed = atoll("crl", "push", str(crl), "--kit", str(fed.kit(ADMIN)), home=admin_home)
+    assert "revocation list 1 (1 revoked)" in pushed.stdout
+
+    # at once: the saved login session, and any new connection, are refused
+    refused = atoll("job", "list", home=leaver_home, check=False)
+    assert refused.returncode == 4, refused.stderr
+    assert "this certificate is revoked" in refused.stderr
+    assert "affiliation-changed" in refused.stderr
+    with pytest.raises(AuthError, match="revoked"):
+        fed.session(LEAVER).list_jobs()
+    assert atoll("job", "list", "--kit", str(fed.kit(LEAD)), home=tmp_path / "lead").returncode == 0
+
+    # the site that was away gets the list when it connects, and both refuse the job
+    fed.start_site("site-2")
+    with fed.session(ADMIN) as s:
+        job = s.wait(waiting["job_id"], timeout=120)
+    assert job["state"] == "FINISHED:FAILED", job
+    for site in ("site-1", "site-2"):
+        reason = job["parts"][site]["reason"]
+        assert f"{LEAVER} that signed the job is revoked" in reason, (site, reason)
+        assert "revocation list 1" in reason
+    held = fed.workspace("site-2") / "crl.pem"
+    assert held.read_text() == crl.read_text()
+    assert stat.S_IMODE(held.stat().st_mode) == 0o600
+    assert stat.S_IMODE((fed.workspace("server") / "crl.pem").stat().st_mode) == 0o600
+
+    with fed.session(ADMIN) as s:
+        entries = s.call("audit")["entries"]
+    assert any(e["action"] == "crl_push" and e["outcome"] == "ok" for e in entries)
+    assert any(e["outcome"] == "refused" and "revoked" in e["detail"] for e in entries)
+
+
+def test_a_revoked_site_is_dropped_and_refused_and_lists_only_move_forward(federation, tmp_path):
+    fed = federation
+    home = tmp_path / "admin-home"
+    admin_kit = str(fed.kit(ADMIN))
+    wait_for(lambda: {"site-1", "site-2"} <= online(fed), what="both sites online")
+    number = int(atoll("crl", "show", "--kit", admin_kit, "--format", "json", home=home)
+                 .stdout.split('"number": ')[1].split(",")[0])
+    older = tmp_path / "older.pem"
+    if number:
+        shutil.copy(fed.root / "ca" / "crl.pem", older)
+
+    atoll("provision", "revoke", str(fed.root), "site-2", "--reason", "key-compromise",
+          home=home)
+    pushed = atoll("crl", "push", str(fed.root / "ca" / "crl.pem"), "--kit", admin_kit,
+                   home=home)
+    assert "Closed the links of: site-2." in pushed.stdout
+    wait_for(lambda: "site-2" not in online(fed), what="site-2's link to be closed")
+    time.sleep(6)  # past the site's longest reconnect backoff: it is refused, not back
+    assert online(fed) == {"site-1"}
+    assert "this certificate is revoked" in fed.log("site-2")
+    assert "key-compromise" in fed.log("site-2")
+
+    # pushing the same list again changes nothing; an older one, or one by a lead, is refused
+    again = atoll("crl", "push", str(fed.root / "ca" / "crl.pem"), "--kit", admin_kit, home=home)
+    assert "it already held this list" in again.stdout
+    if number:
+        stale = atoll("crl", "push", str(older), "--kit", admin_kit, home=home, check=False)
+        assert stale.returncode == 2 and "older than the number" in stale.stderr, stale.stderr
+    lead = atoll("crl", "push", str(fed.root / "ca" / "crl.pem"), "--kit", str(fed.kit(LEAD)),
+                 home=tmp_path / "lead", check=False)
+    assert lead.returncode == 2 and "only project admins" in lead.stderr, lead.stderr
+
+    # a restarted server enforces the list it kept
+    fed.kill("server")
+    fed.start_server()
+    fed.wait_online(ADMIN, sites=["site-1"], timeout=30)
+    time.sleep(6)
+    assert online(fed) == {"site-1"}
+    shown = atoll("crl", "show", "--kit", admin_kit, home=home).stdout
+    assert f"Revocation list {number + 1}" in shown and "key-compromise" in shown

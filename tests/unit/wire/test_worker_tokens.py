@@ -1,0 +1,45 @@
+"""One-time job tokens at a real worker endpoint: spent once, bound to their job."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from atoll.wire import messages as msg
+from atoll.wire import rpc
+from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint
+
+
+class _NoBackend:
+    def on_register(self, job_id):
+        return {}
+
+
+def _register(stub, job_id, token):
+    body = msg.Json(body=json.dumps({"job_id": job_id, "token": token}))
+    return stub.Register(body, timeout=5)
+
+
+def test_a_token_is_spent_once_and_only_for_its_job():
+    tokens = WorkerTokens()
+    endpoint = start_worker_endpoint(tokens, _NoBackend(), "127.0.0.1", 0)
+    channel = grpc.insecure_channel(endpoint.address)
+    try:
+        stub = rpc.stub(channel, "WorkerLink")
+        token, other = tokens.issue("job-1"), tokens.issue("job-2")
+        with pytest.raises(grpc.RpcError) as foreign:
+            _register(stub, "job-1", other)  # job-2's token for job-1
+        assert json.loads(_register(stub, "job-1", token).body)["session"]
+        with pytest.raises(grpc.RpcError) as reused:
+            _register(stub, "job-1", token)
+        tokens.revoke("job-2")
+        with pytest.raises(grpc.RpcError) as revoked:
+            _register(stub, "job-2", other)
+        for err in (foreign, reused, revoked):
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "job token refused" in err.value.details()
+    finally:
+        channel.close()
+        endpoint.server.stop(0)
