@@ -4,17 +4,40 @@ The table sits between `<!-- compare:begin -->` and `<!-- compare:end -->`; ever
 BENCHMARKS.md is left as it is (a missing file or missing markers get the section appended).
 Every cell is the median over the repeats of one run of the command; lower is better in
 every row, and the last column compares atoll with the better of the two peers.
+
+A run with `atoll-unconfined` (atoll with `process: {sandbox: none}`) also writes the sandbox's
+cost, atoll against atoll-unconfined, between `<!-- sandbox-cost:begin -->` and
+`<!-- sandbox-cost:end -->` (render_sandbox).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from workloads import median_of
 
 BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
+HEADING = "Side by side with NVIDIA FLARE and Flower"
 PEERS = ["flare", "flower"]
+SANDBOX_BEGIN, SANDBOX_END = "<!-- sandbox-cost:begin -->", "<!-- sandbox-cost:end -->"
+SANDBOX_HEADING = "The process launcher's sandbox: its cost per job"
+# issue 19: with the sandbox, these may be at most this much slower than without it
+SANDBOX_LIMITS = {"a_wall_s": 0.05, "b1000_round_s": 0.05}
+SANDBOX_ROWS = [  # (metric, label, unit)
+    ("a_wall_s", "(a) 2 clients, 3 rounds, 4 KiB model: submit → finished", "s"),
+    ("a_round_s", "(a) time per round, 4 KiB model", "s"),
+    ("a_cpu_s", "(a) CPU time of all processes, 4 KiB job", "cpu"),
+    ("a_others_cores", "(a) other load on the machine during the 4 KiB job", "cores"),
+    ("b100_round_s", "(b) time per round, 100 MiB model", "s"),
+    ("b100_peak_rss", "(b) peak RSS of all processes summed, 100 MiB model", "B"),
+    ("b100_cpu_s", "(b) CPU time of all processes, 100 MiB job", "cpu"),
+    ("b1000_round_s", "(b) time per round, 1 GiB model", "s"),
+    ("b1000_peak_rss", "(b) peak RSS of all processes summed, 1 GiB model", "B"),
+    ("b1000_cpu_s", "(b) CPU time of all processes, 1 GiB job", "cpu"),
+    ("b1000_others_cores", "(b) other load on the machine during the 1 GiB job", "cores"),
+]
 
 PARTIAL_NOTE = (
     "† over the rounds that completed before the job was stopped at the RSS limit "
@@ -39,6 +62,10 @@ KEYS = {key for key, _, _ in ROWS}
 def fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
+    if unit == "cpu":
+        return f"{value:.1f} CPU-s"
+    if unit == "cores":
+        return f"{value:.2f} cores"
     if unit == "B":
         return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
     return f"{value:.2f} s" if value < 100 else f"{value:.0f} s"
@@ -107,18 +134,95 @@ def render(results: dict, titles: dict[str, str], rows_wanted: set[str], meta: d
     return "\n".join(lines)
 
 
-def write(path: Path, block: str) -> None:
+def render_sandbox(
+    results: dict, titles: dict[str, str], rows_wanted: set[str], meta: dict
+) -> str:
+    """atoll (workers under bwrap) against atoll-unconfined (`sandbox: none`), one run."""
+    repeats = meta["repeats"]
+    on, off = "atoll", "atoll-unconfined"
+    lines = [
+        SANDBOX_BEGIN,
+        f"Measured {meta['date']} on this machine ({meta['machine']}), one run of:",
+        "",
+        f"    {meta['command']}",
+        "",
+        f"Median of {repeats} repeats per cell (the repeats in brackets, in the order run); "
+        "lower is better. Each repeat provisions and starts a fresh deployment (server and two "
+        "sites as separate processes on 127.0.0.1, mutual TLS, the process launcher), the two "
+        "variants alternating A B, B A, A B, … Workloads and definitions as in the table with "
+        "NVIDIA FLARE and Flower; the site script writes its marks into a folder the sites map "
+        "as the study's dataset `marks`, in both variants. With the sandbox: the kits as `atoll provision` makes them "
+        "(`process.sandbox: bwrap`, the default), so every job worker, the server's and each "
+        "site's, runs under bubblewrap. Without: `process: {sandbox: none}` set in the "
+        "server's and each site's local/site.yaml after provisioning (and the kits' record of "
+        "their checked local/ made again, so both start alike). CPU time: user + system time "
+        "of the server's and sites' parents and of every process below them (job workers, "
+        "bwrap, helpers) from just before the submit until the job's workers were gone "
+        "(drivers/atoll.py CpuSampler: the parents' own and reaped children's time, and what "
+        "runs inside bwrap sampled at 20 Hz); it moves less than wall time with other load on "
+        "the machine. Other load: the CPU the rest of the machine (other users' processes and "
+        "this harness) used during the job, in cores of the machine's "
+        f"{os.cpu_count()}, from /proc/stat. The cost is the "
+        "difference of the medians, in per cent of the time without the sandbox; issue 19 "
+        "allows at most +5 % for the tiny job and for the 1 GiB round.",
+        "",
+        f"| workload | {titles[on]} (sandbox: bwrap) | {titles[off]} | sandbox's cost | "
+        "limit |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    measured = {key.split("_")[0] for key in rows_wanted}
+    for key, label, unit in SANDBOX_ROWS:
+        derived = key.endswith(("_cpu_s", "_others_cores"))
+        if key not in rows_wanted and not (derived and key.split("_")[0] in measured):
+            continue
+        cells, medians = {}, {}
+        for system in (on, off):
+            values = [r[key] for r in results.get(system, []) if key in r]
+            cells[system], medians[system] = cell(values, unit, repeats)
+            numbers = [_short_value(v, unit) for v in values]
+            if len(numbers) > 1:
+                cells[system] += f" ({' / '.join(numbers)})"
+        limit = SANDBOX_LIMITS.get(key)
+        cost, verdict = "—", "—"
+        if unit == "cores":  # not a cost: what else ran, for reading the rows above
+            pass
+        elif medians[on] and medians[off]:
+            change = medians[on] / medians[off] - 1
+            cost = f"{change * 100:+.1f} %"
+            if unit == "B":
+                cost += f" ({(medians[on] - medians[off]) / 2**20:+.0f} MiB)"
+            elif unit == "cpu":
+                cost += f" ({medians[on] - medians[off]:+.1f} CPU-s)"
+            else:
+                cost += f" ({medians[on] - medians[off]:+.2f} s)"
+            if limit is not None:
+                met = "met" if change <= limit else "**not met**"
+                verdict = f"≤ +{limit * 100:.0f} %: {met}"
+        elif limit is not None:
+            verdict = f"≤ +{limit * 100:.0f} %"
+        lines.append(f"| {label} | {cells[on]} | {cells[off]} | {cost} | {verdict} |")
+    lines += ["", SANDBOX_END]
+    return "\n".join(lines)
+
+
+def _short_value(value, unit: str) -> str:
+    if not isinstance(value, (int, float)):
+        return "failed"
+    if unit in ("cpu", "cores"):
+        return f"{value:.1f}" if unit == "cpu" else f"{value:.2f}"
+    return fmt(value, unit) if unit == "B" else f"{value:.2f}"
+
+
+def write(
+    path: Path, block: str, begin: str = BEGIN, end: str = END, heading: str = HEADING
+) -> None:
+    """Replace the text between begin and end; without them, append a section with heading."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)
     else:
-        text = (
-            text.rstrip("\n")
-            + "\n\n## Side by side with NVIDIA FLARE and Flower\n\n"
-            + block
-            + "\n"
-        )
+        text = text.rstrip("\n") + f"\n\n## {heading}\n\n" + block + "\n"
     path.write_text(text if text.endswith("\n") else text + "\n")
 
 

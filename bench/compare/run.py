@@ -9,6 +9,10 @@ environments (bench/compare/setup_peers.sh makes them); nothing is installed int
   python3 bench/compare/run.py --systems atoll --merge-from bench/compare/last_run.json
       # debugging only: one system measured now, the others' columns copied from an earlier
       # run; writes bench/compare/merged_run.json and prints the table, BENCHMARKS.md untouched
+  python3 bench/compare/run.py --systems atoll,atoll-unconfined --workloads a,b1000 --repeats 3
+      # the sandbox's cost (issue 19): atoll with its workers under bwrap and with
+      # `process: {sandbox: none}`, side by side; writes the sandbox-cost table of BENCHMARKS.md
+      # and bench/compare/sandbox_run.json (the peer table only when a peer ran too)
 
 Workloads (issue 9): a = 2 clients x 3 rounds of FedAvg on a 4 KiB model, submit -> finished
 and per-round time; b100 / b1000 (or b for both) = the same with a 100 MiB / 1 GiB model,
@@ -34,12 +38,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import report  # noqa: E402
 import workloads  # noqa: E402
-from drivers.atoll import AtollDriver  # noqa: E402
+from drivers.atoll import AtollDriver, AtollUnconfinedDriver  # noqa: E402
 from drivers.base import REPO  # noqa: E402
 from drivers.flare import FlareDriver  # noqa: E402
 from drivers.flower import FlowerDriver  # noqa: E402
 
-DRIVERS = {"flare": FlareDriver, "flower": FlowerDriver, "atoll": AtollDriver}
+DRIVERS = {
+    "flare": FlareDriver,
+    "flower": FlowerDriver,
+    "atoll": AtollDriver,
+    "atoll-unconfined": AtollUnconfinedDriver,  # atoll, workers without the sandbox (issue 19)
+}
 
 NOTES = [
     "How each system runs here: FLARE 2.9.0 in POC mode (`nvflare poc prepare/start`, mutual "
@@ -68,7 +77,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--systems",
         default="flare,flower,atoll",
-        help="comma-separated: flare, flower, atoll (default: all three)",
+        help="comma-separated: flare, flower, atoll, atoll-unconfined (default: flare, "
+        "flower, atoll); atoll-unconfined = atoll with `process: {sandbox: none}`, whose "
+        "comparison with atoll goes to its own table",
     )
     p.add_argument(
         "--workloads",
@@ -115,12 +126,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     merging = args.merge_from is not None
+    args.systems = _split(args.systems, list(DRIVERS), "--systems")
+    args.sandbox_cost = "atoll-unconfined" in args.systems
+    # the peer table (and last_run.json, which --merge-from reads) only from a run with a peer
+    args.peer_table = not args.sandbox_cost or any(s in report.PEERS for s in args.systems)
+    if args.sandbox_cost and merging:
+        p.error("--merge-from is for the peer table; it does not go with atoll-unconfined")
     if args.json is None:
         name = "merged_run.json" if merging else "last_run.json"
+        if not args.peer_table:
+            name = "sandbox_run.json"
         args.json = str(REPO / "bench" / "compare" / name)
     if args.output is None and not merging:
         args.output = str(REPO / "BENCHMARKS.md")
-    args.systems = _split(args.systems, list(DRIVERS), "--systems")
     wl = [
         w
         for item in _split(
@@ -173,10 +191,12 @@ def main(argv: list[str]) -> int:
             skipped[system] = reason
             log(f"{system}: skipped: {reason}")
     active = [s for s in args.systems if s not in skipped]
+    if args.sandbox_cost:  # each atoll job's CPU time too: steadier than wall time here
+        AtollDriver.measure_cpu = True
     log(f"systems {active}, workloads {args.workloads}, {args.repeats} repeats, work in {root}")
     try:
         for r in range(1, args.repeats + 1):
-            for system in active:
+            for system in _order(active, r, args.sandbox_cost):
                 driver = DRIVERS[system](root / f"{system}-r{r}", f"{token}-{system}-{r}", log)
                 driver.workdir.mkdir(parents=True, exist_ok=True)
                 log(f"{system} repeat {r}/{args.repeats}")
@@ -205,16 +225,33 @@ def main(argv: list[str]) -> int:
     rows = set(workloads.metric_keys(args.workloads))
     if args.merge_from:
         results, rows = _merge(Path(args.merge_from), results, rows, meta, titles)
-    block = report.render(results, titles, rows, meta)
-    print(block)
+    blocks = []  # (block, begin, end, heading)
+    if args.peer_table:
+        blocks.append((report.render(results, titles, rows, meta), report.BEGIN, report.END,
+                       report.HEADING))
+    if args.sandbox_cost:
+        blocks.append((report.render_sandbox(results, titles, rows, meta),
+                       report.SANDBOX_BEGIN, report.SANDBOX_END, report.SANDBOX_HEADING))
+    for block, *_ in blocks:
+        print(block)
     if not args.no_write:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
         written = [args.json]
         if args.output:
-            report.write(Path(args.output), block)
+            for block, begin, end, heading in blocks:
+                report.write(Path(args.output), block, begin, end, heading)
             written.insert(0, args.output)
         log(f"wrote {' and '.join(written)}")
     return 0
+
+
+def _order(active: list[str], repeat: int, sandbox_cost: bool) -> list[str]:
+    """The systems' cycles of one repeat. For the sandbox's cost, the pair atoll /
+    atoll-unconfined runs A B, B A, A B, ... so that neither side always runs first after the
+    other (a machine that drifts through a run weighs both alike); otherwise the given order."""
+    if sandbox_cost and repeat % 2 == 0:
+        return list(reversed(active))
+    return active
 
 
 def _merge(path: Path, results: dict, rows: set[str], meta: dict, titles: dict):

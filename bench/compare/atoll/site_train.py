@@ -3,12 +3,15 @@ sends the model back, then drops its reference to it before waiting for the next
 
 Every round, round 0 included, brings the global model (the server makes it, see make_job.py).
 Each round's receive and send times are appended to <mark-dir>/<site>.marks so the runner
-measures per-round time the same way for every system.
+measures per-round time the same way for every system. The mark folder is the study's dataset
+`marks` where the site maps one (ATOLL_DATASETS: a confined worker sees no other host folder),
+else --mark-dir.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -27,6 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mark-dir", default="")
     args = parser.parse_args()
+    mark_dir = json.loads(os.environ.get("ATOLL_DATASETS") or "{}").get("marks", args.mark_dir)
     fl.init()
     site = fl.site_name()
     while fl.is_running():
@@ -34,12 +38,12 @@ def main() -> None:
         if model is None:
             break
         rnd = model.current_round
-        mark(args.mark_dir, site, "recv", rnd)
+        mark(mark_dir, site, "recv", rnd)
         params = model.params
         for array in params.values():
             np.add(array, 1.0, out=array)  # in place: the decoded arrays are ours
         fl.send(fl.Model(params=params, num_examples=1))
-        mark(args.mark_dir, site, "sent", rnd)
+        mark(mark_dir, site, "sent", rnd)
         # The next is_running() decodes the next round's model: drop this one first, or a
         # 1 GiB model is held twice while it arrives.
         del model, params

@@ -3,14 +3,18 @@
 Uses atoll's own tools only: `atoll provision` for the CA and the kits, `atoll server start` /
 `atoll site start` in the foreground (so the harness tags and measures them, and their job
 workers with them), the `atoll job submit|list|abort` CLI as a user runs it, and one
-`atoll.session.Session` per poll loop (bench/compare/atoll/ctl.py) to watch readiness and job
+`atoll.admin.session.Session` per poll loop (bench/compare/atoll/ctl.py) to watch readiness and job
 status. ATOLL_HOME points into the run's work folder so no saved login of the user is used.
-Mutual TLS is always on in atoll; every job worker runs through the process launcher.
+Mutual TLS is always on in atoll; every job worker runs through the process launcher, which
+confines it (`process.sandbox: bwrap`, the default since issue 19): the site script reaches the
+harness's mark folder as the study's dataset `marks`, read-write, which the driver maps in each
+site's local/study_runtime.yaml before each job.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -32,6 +36,15 @@ ATOLL_DIR = COMPARE_DIR / "atoll"
 VENV = REPO / ".venv"
 ADMIN = "admin@bench.local"
 SITES = ("site-1", "site-2")
+MARKS_DATASET = "marks"  # the job's name for the mark folder (site_train.py)
+
+# Each site's local/study_runtime.yaml, written before each job (re-read at every launch): the
+# benchmark jobs run in the default study and get the job's mark folder as a dataset, the only
+# way a confined worker reaches a host folder outside its run folder. JSON is YAML.
+STUDY_RUNTIME = """\
+# local/study_runtime.yaml, written by bench/compare (drivers/atoll.py) before each job
+{doc}
+"""
 
 PROJECT_YAML = """\
 name: bench
@@ -47,6 +60,8 @@ class AtollDriver(Driver):
     name = "atoll"
     title = "atoll"
     _compiled = False  # src/ byte-compiled once per run
+    # Set by run.py for the sandbox's cost: each job's CPU time, all processes (JobRun.extra).
+    measure_cpu = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -110,6 +125,7 @@ class AtollDriver(Driver):
 
     # -- jobs --------------------------------------------------------------------------
     def prepare_job(self, model_mb: float, rounds: int, mark_dir: Path) -> Path:
+        self._map_marks(mark_dir)
         jobs = self.workdir / "jobs"
         name = f"bench-{len(list(jobs.glob('*'))) if jobs.exists() else 0}"
         res = self.run_cmd(
@@ -143,18 +159,39 @@ class AtollDriver(Driver):
             ) from None
 
     def submit(self, job: object) -> JobRun:
+        cpu = None
+        if self.measure_cpu:
+            parents = [p.pid for p in ProcessTable.scan(self.table) if p.role == "deployment"]
+            cpu = CpuSampler(parents)
         t0 = time.time()
-        answer = self._admin("job", "submit", str(job), timeout=600)
+        try:
+            answer = self._admin("job", "submit", str(job), timeout=600)
+        except BaseException:
+            if cpu is not None:
+                cpu.stop()
+            raise
         job_id = answer.get("job_id") if isinstance(answer, dict) else None
         if not job_id:
             raise DriverError(f"atoll: no job_id in the submit output: {answer}")
-        return JobRun(job_id=job_id, submitted_at=t0, extra={"submit_cli_s": time.time() - t0})
+        extra = {"submit_cli_s": time.time() - t0}
+        if cpu is not None:
+            extra["cpu_sampler"] = cpu
+        return JobRun(job_id=job_id, submitted_at=t0, extra=extra)
 
     def wait_finished(self, run: JobRun, timeout: float) -> None:
-        answer = self._ctl("wait", run.job_id, timeout)
+        try:
+            answer = self._ctl("wait", run.job_id, timeout)
+        except BaseException:
+            if "cpu_sampler" in run.extra:
+                run.extra.pop("cpu_sampler").stop()
+            raise
         if not answer.get("finished"):
             raise DriverError(f"atoll: job {run.job_id} not finished in {timeout} s: {answer}")
         run.finished_at, run.status = answer["t"], answer["status"]
+        if "cpu_sampler" in run.extra:
+            sampler = run.extra.pop("cpu_sampler")
+            run.extra["cpu_s"] = sampler.stop(wait_children_s=30)
+            run.extra["others_cores"] = sampler.others_cores
         if answer.get("reason"):
             run.extra["reason"] = answer["reason"]
             if not run.status.endswith("COMPLETED"):
@@ -175,6 +212,19 @@ class AtollDriver(Driver):
         return "-m atoll.worker" in cmdline
 
     # -- helpers -------------------------------------------------------------------------
+    def _map_marks(self, mark_dir: Path) -> None:
+        doc = {
+            "format_version": 2,
+            "studies": {
+                "default": {
+                    "datasets": {MARKS_DATASET: {"source": str(mark_dir.resolve()), "mode": "rw"}}
+                }
+            },
+        }
+        for site in SITES:
+            path = self.kits / site / "local" / "study_runtime.yaml"
+            path.write_text(STUDY_RUNTIME.format(doc=json.dumps(doc, indent=1)))
+
     def _byte_compile(self) -> None:
         """atoll runs from an editable install (src/), the peers from wheels that pip
         byte-compiled at install. Compile src/ the same way (a no-op when up to date), or where
@@ -222,6 +272,87 @@ class WorkerAwareTable(ProcessTable):
         return found
 
 
+class CpuSampler:
+    """CPU seconds a deployment spends on one job: its parents' own and reaped children's
+    (utime + stime + cutime + cstime, before the submit and once every worker is reaped), plus
+    the processes below the parents' children, sampled from /proc at `hz` (their last reading).
+
+    Why both: a parent's cutime holds what its direct children used once it reaped them (the
+    unconfined workers, the helpers it runs), but nothing of what runs inside bwrap: the
+    sandboxed worker is a child of bwrap's own init, whose CPU time never reaches the parent
+    (a child spinning 1 CPU-s under bwrap adds 0.002 s to its parent's RUSAGE_CHILDREN). Those
+    are sampled; each may lose what it spent after its last sample (at most 1/hz s)."""
+
+    def __init__(self, parents: list[int], hz: float = 20.0):
+        self.machine0, self.t0 = _machine_busy(), time.monotonic()
+        self.others_cores = None  # CPU cores the rest of the machine used meanwhile (stop())
+        self.parents = {pid: _cpu_times(pid) for pid in parents}
+        self.period = 1.0 / hz
+        self.below: dict[tuple[int, int], float] = {}  # (pid, start) -> own CPU seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.period)
+
+    def _sample(self) -> None:
+        queue = [c for pid in self.parents for c in _children(pid)]  # parents' children: cutime
+        queue = [g for c in queue for g in _children(c)]
+        while queue:
+            pid = queue.pop()
+            times = _cpu_times(pid, start=True)
+            if times is not None:
+                own, _, start = times
+                self.below[(pid, start)] = max(own, self.below.get((pid, start), 0.0))
+            queue += _children(pid)
+
+    def stop(self, wait_children_s: float = 0.0) -> float:
+        """Stop sampling once the parents have no child left (or after wait_children_s);
+        returns the job's CPU seconds."""
+        deadline = time.monotonic() + wait_children_s
+        while any(_children(pid) for pid in self.parents) and time.monotonic() < deadline:
+            time.sleep(0.02)  # a worker (or its zombie) is left: not in the parent's cutime yet
+        self._stop.set()
+        self._thread.join(timeout=5)
+        total = sum(self.below.values())
+        for pid, before in self.parents.items():
+            after = _cpu_times(pid)
+            if before is not None and after is not None:
+                total += sum(after[:2]) - sum(before[:2])
+        busy, elapsed = _machine_busy() - self.machine0, time.monotonic() - self.t0
+        if elapsed > 0:
+            self.others_cores = max(0.0, busy - total) / elapsed
+        return total
+
+
+def _machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (all CPUs, /proc/stat, idle and iowait
+    left out)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICKS
+
+
+def _cpu_times(pid: int, start: bool = False):
+    """(own, reaped children's) CPU seconds of a process, and its start time when asked; None
+    once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    own = (int(fields[11]) + int(fields[12])) / _TICKS
+    children = (int(fields[13]) + int(fields[14])) / _TICKS
+    return (own, children, int(fields[19])) if start else (own, children)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def _children(pid: int) -> list[int]:
     out: list[int] = []
     try:
@@ -234,3 +365,58 @@ def _children(pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return out
+
+
+# Run by the atoll venv's Python (PyYAML): sets process.sandbox to none in one kit's
+# local/site.yaml and keeps every other key. Without a process block the line is appended, so
+# the file's comments stay; with one, the file is rewritten from its parsed document. Then the
+# kit's local/ is checked and recorded as `atoll provision` does for the files it writes, so
+# that this parent, like the sandboxed one, starts without checking local/ again.
+_UNCONFINE = """\
+import sys, yaml
+from pathlib import Path
+from atoll.parent.local_config import record_local_config
+kit, is_site = Path(sys.argv[1]), sys.argv[2] == "site"
+path = kit / "local" / "site.yaml"
+text = open(path).read()
+doc = yaml.safe_load(text) or {}
+if doc.get("launcher", "process") != "process":
+    sys.exit(f"{path}: launcher is {doc['launcher']!r}, not process")
+block = doc.get("process")
+if block is None and "process" not in doc:
+    text = text.rstrip("\\n") + "\\n\\n# bench/compare atoll-unconfined: workers without bwrap\\n"
+    text += "process: {sandbox: none}\\n"
+else:
+    if not isinstance(block, dict):
+        sys.exit(f"{path}: process is {block!r}, not a mapping")
+    doc["process"] = {**block, "sandbox": "none"}
+    text = yaml.safe_dump(doc, sort_keys=False)
+open(path, "w").write(text)
+check = yaml.safe_load(open(path).read())
+assert check["process"]["sandbox"] == "none", check
+assert {k: v for k, v in check.items() if k != "process"} == \\
+    {k: v for k, v in doc.items() if k != "process"}, check
+record_local_config(kit / "local", is_site, kit / "workspace")
+"""
+
+
+class AtollUnconfinedDriver(AtollDriver):
+    """atoll as above, but every worker (the server's and the sites') without the sandbox.
+
+    Provisioned the same way, then `process: {sandbox: none}` is set in the server's and each
+    site's local/site.yaml (the site operator's opt-out, issue 19), and the kit's record of
+    its checked local/ (workspace/local-checked.json) is made again for the edited file, so
+    both variants' parents start the same way.
+    """
+
+    name = "atoll-unconfined"
+    title = "atoll, sandbox: none"
+
+    def prepare(self) -> None:
+        super().prepare()
+        for kit in ("server", *SITES):
+            site_yaml = self.kits / kit / "local" / "site.yaml"
+            if not site_yaml.is_file():
+                raise DriverError(f"atoll-unconfined: provision made no {site_yaml}")
+            role = "server" if kit == "server" else "site"
+            self.run_cmd([self.python, "-c", _UNCONFINE, str(self.kits / kit), role], timeout=60)
