@@ -31,6 +31,7 @@ test: $(STAMP) lint proto-check
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/gen_cli_docs.py --check
 
 proto:

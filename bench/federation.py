@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from atoll.session import Session
+from atoll.admin.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 ATOLL = [sys.executable, "-m", "atoll"]

@@ -213,7 +213,7 @@ def p99(values: list[float]) -> float:
 
 
 def measure(calls: int, streams: int, work: Path, blocks: int = 2) -> dict:
-    from atoll.session import Session
+    from atoll.admin.session import Session
 
     kits = provision(work)
     procs = [start(kits, "server", "server", work), start(kits, "site", "site-2", work)]

@@ -176,7 +176,7 @@ class ScaleRun:
         self.result["sites_welcomed"] = len(connected)
 
     def _wait_online(self, session, timeout: float) -> int:
-        from atoll.errors import AtollError
+        from atoll.admin.errors import AtollError
 
         deadline = time.monotonic() + timeout
         online = 0
@@ -317,7 +317,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="py-spy the server parent during each job (raw stacks in the workdir)")
     args = parser.parse_args(argv)
-    from atoll.session import Session
+    from atoll.admin.session import Session
 
     counts = [int(x) for x in args.sites.split(",") if x.strip()]
     raise_fd_limit(4 * max(counts) + 1024)

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from atoll.cli.main import cli
+from atoll.spec.errors import EXIT_CODES
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 
@@ -25,6 +26,19 @@ def _walk(command: click.Command, path: list[str], ctx: click.Context):
                 yield from _walk(sub, [*path, name], click.Context(sub, info_name=name, parent=ctx))
 
 
+def exit_codes() -> str:
+    """The one table of exit codes (atoll.spec.errors.EXIT_CODES), as Markdown."""
+    rows = ["## Exit codes\n",
+            "Every command, parent (`atoll server|site start`) and worker exits with one of these "
+            "codes; an error's message says what to do. The table is `EXIT_CODES` in "
+            "`src/atoll/spec/errors.py`, where each exception class names its code. With "
+            "`--format json` a failing command prints `{\"ok\": false, \"errors\": [{\"file\", "
+            "\"path\", \"message\"}, ...]}` on stdout instead of the text on stderr.\n",
+            "| code | name | meaning |", "| ---: | --- | --- |"]
+    rows += [f"| {code} | `{name}` | {meaning} |" for code, name, meaning in EXIT_CODES]
+    return "\n".join(rows) + "\n"
+
+
 def render() -> str:
     parts = ["# atoll command line\n",
              "Generated from the CLI by `scripts/gen_cli_docs.py`; `make test` checks it is "
@@ -35,6 +49,7 @@ def render() -> str:
         parts.append(f"## `{title}`\n")
         parts.append("```text\n" + command.get_help(ctx).replace("Usage: atoll", "Usage: atoll")
                      + "\n```\n")
+    parts.append(exit_codes())
     return "\n".join(parts)
 
 

@@ -8,7 +8,7 @@ __all__ = ["__version__", "Session"]
 def __getattr__(name: str):
     # Lazy so that `import atoll` stays cheap for the CLI and for workers.
     if name == "Session":
-        from atoll.session import Session
+        from atoll.admin.session import Session
 
         return Session
     raise AttributeError(name)

@@ -1,6 +1,6 @@
 """The hospitals demo learns: federated beats every hospital alone, and nearly matches pooling.
 
-Same data (atoll.fl.demo_data.prepare with its default seed), same job folder and settings as
+Same data (atoll.demo.data.prepare with its default seed), same job folder and settings as
 `make demo`; the job runs in the in-process simulator instead of a TLS federation, which changes
 how the bytes travel, not what is computed.
 """
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-from atoll.fl import demo_data  # noqa: E402
+from atoll.demo import data as demo_data  # noqa: E402
 from atoll.fl.simulator import simulate  # noqa: E402
 
 JOB = Path(__file__).resolve().parents[2] / "examples" / "hospitals"

@@ -1,10 +1,13 @@
-"""The process launcher with real child processes: limits, GPUs, logs, cancel."""
+"""The process launcher with real child processes: limits, GPUs, logs, cancel.
+
+What every launcher does (exit codes, cancel, unknown handles, resources in the render) is
+tests/integration/launchers/test_contract.py; here is this launcher's own behaviour.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import tempfile
 import textwrap
@@ -14,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from atoll.launchers.base import JobIdentity, LaunchError, Outcome
-from atoll.launchers.memory_limit import create_memory_cgroup
 from atoll.launchers.process import ProcessLauncher
+from atoll.launchers.process_memory_limit import create_memory_cgroup
 from atoll.launchers.request import build_request
 from atoll.spec.meta import load_meta
 from atoll.spec.site_config import parse_site_config
@@ -285,5 +288,3 @@ def test_wait_for_an_unknown_handle_says_so(tmp_path):
 
     result = launcher.wait(Handle("process", "999999", "x", extra={"key": "nope"}))
     assert result.outcome is Outcome.FAILED and "no worker 999999 was started here" in result.reason
-    launcher.cancel(Handle("process", "999999", "x", extra={"key": "nope"}))
-    assert signal.SIGKILL  # cancel of an unknown worker is a no-op

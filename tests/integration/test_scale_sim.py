@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from atoll.session import Session
+from atoll.admin.session import Session
 from bench.scale import ScaleRun
 from bench.scale_proc import children
 

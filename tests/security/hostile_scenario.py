@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from atoll.errors import Refused
+from atoll.admin.errors import Refused
 from tests.integration.federation.harness import Federation, job_folder
 
 SITE = "shared"

@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from atoll.errors import AuthError, NotFound, Refused
+from atoll.admin.errors import AuthError, NotFound, Refused
 from atoll.pki.kit import load_kit
 from atoll.pki.tls import channel_credentials
 from atoll.wire import messages as msg

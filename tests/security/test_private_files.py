@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from atoll import daemon
+from atoll.parent import detach
 from atoll.pki.files import append_private, private_dir
 from atoll.server.relay import JobRelay
 from atoll.server.spool import Budget, SpillFiles
@@ -129,7 +129,7 @@ def test_a_detached_parents_log_and_workspace_are_private(tmp_path):
     """`atoll site start --detach`: its log file may quote its configuration."""
     workspace = tmp_path / "workspace"
     with umask(0), pytest.raises(RuntimeError, match="exited with code"):
-        daemon.start_detached("site", tmp_path / "no-such-kit", workspace, timeout=60)
+        detach.start_detached("site", tmp_path / "no-such-kit", workspace, timeout=60)
     assert mode(workspace) == 0o700
     assert mode(workspace / "site.log") == 0o600
 

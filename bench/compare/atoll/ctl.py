@@ -3,7 +3,7 @@
   ctl.py KIT ready N TIMEOUT     -> waits until the server accepts the admin and lists N sites online
   ctl.py KIT wait JOB_ID TIMEOUT -> waits until the job is FINISHED:*
 
-Both keep one `atoll.session.Session` (one mutual-TLS channel) and poll every 0.1 s, so the
+Both keep one `atoll.admin.session.Session` (one mutual-TLS channel) and poll every 0.1 s, so the
 measured time is atoll's, not the cost of a new `atoll` process per poll. Until the server's
 port accepts a TCP connection the session is not created: a gRPC channel that failed to connect
 backs off for a second or more, which would be charged to atoll's start-up.
@@ -16,8 +16,8 @@ import socket
 import sys
 import time
 
-from atoll.errors import ConnectionFailed
-from atoll.session import TERMINAL, Session
+from atoll.admin.errors import ConnectionFailed
+from atoll.admin.session import TERMINAL, Session
 
 POLL_S = 0.1
 

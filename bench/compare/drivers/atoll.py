@@ -3,7 +3,7 @@
 Uses atoll's own tools only: `atoll provision` for the CA and the kits, `atoll server start` /
 `atoll site start` in the foreground (so the harness tags and measures them, and their job
 workers with them), the `atoll job submit|list|abort` CLI as a user runs it, and one
-`atoll.session.Session` per poll loop (bench/compare/atoll/ctl.py) to watch readiness and job
+`atoll.admin.session.Session` per poll loop (bench/compare/atoll/ctl.py) to watch readiness and job
 status. ATOLL_HOME points into the run's work folder so no saved login of the user is used.
 Mutual TLS is always on in atoll; every job worker runs through the process launcher, which
 confines it (`process.sandbox: bwrap`, the default since issue 19): the site script reaches the
@@ -375,7 +375,7 @@ def _children(pid: int) -> list[int]:
 _UNCONFINE = """\
 import sys, yaml
 from pathlib import Path
-from atoll.local_config import record_local_config
+from atoll.parent.local_config import record_local_config
 kit, is_site = Path(sys.argv[1]), sys.argv[2] == "site"
 path = kit / "local" / "site.yaml"
 text = open(path).read()

@@ -1,15 +1,15 @@
 """A hospital's part of the demo: train on its own records, send back only the weights.
 
 Each site maps the study dataset "records" to a folder holding train.npz and val.npz (written by
-`python -m atoll.fl.demo_data prepare`). The model and the training loop are in
-atoll.fl.demo_task, shared with the single-site and centralized baselines.
+`python -m atoll.demo.data prepare`). The model and the training loop are in
+atoll.demo.task, shared with the single-site and centralized baselines.
 """
 
 import numpy as np
 import torch
 
 import atoll.client as fl
-from atoll.fl.demo_task import TrainSettings, evaluate, make_model, train
+from atoll.demo.task import TrainSettings, evaluate, make_model, train
 from atoll.fl.torch_bridge import load_params, to_params
 
 torch.set_num_threads(1)  # tiny model; three sites share two cores in the demo

@@ -1,4 +1,5 @@
-"""What every CLI command shares: finding the kit and session, errors, and output."""
+"""What every CLI command shares: finding the kit and session, errors (the one renderer,
+``render_error``), and output."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -76,28 +77,79 @@ def log_text(text: str) -> str:
     return printable(text, lines=True) if sys.stdout.isatty() else text
 
 
-def fail(message: str, code: int = 2) -> None:
-    click.secho(f"error: {printable(message, lines=True)}", fg="red", err=True)
+Problem = dict[str, str]  # {"file", "path", "message"}: one line of an error's list
+
+
+def error_problems(error: BaseException, file: str = "") -> list[Problem]:
+    """``error`` as the problems it reports: a SpecError's issues (each with its file and path,
+    ``file`` when the error names none), else its message."""
+    from atoll.spec.errors import SpecError
+
+    if isinstance(error, SpecError):
+        return [{"file": error.source or file, "path": i.path, "message": i.message}
+                for i in error.issues]
+    return [{"file": file, "path": "", "message": str(error)}]
+
+
+def render_error(error: BaseException | str | list[Problem], fmt: str | None = None,
+                 code: int | None = None) -> NoReturn:
+    """The CLI's one error renderer: print ``error`` and exit with its code.
+
+    ``error`` is an exception (an AtollError exits with its ``exit_code``; a SpecError lists
+    every issue under its file), a message, or a list of problems from several files. With
+    ``--format json`` (``fmt``, by default the running command's own --format) stdout gets
+    ``{"ok": false, "errors": [{"file", "path", "message"}...]}``; otherwise stderr gets
+    ``error: <message>``, or ``error: <what>: N problems`` and one ``  - <problem>`` line each.
+    """
+    from atoll.spec.errors import EXIT_INTERRUPTED, EXIT_INVALID, AtollError, SpecError
+
+    if code is None:
+        code = (error.exit_code if isinstance(error, AtollError)
+                else EXIT_INTERRUPTED if isinstance(error, KeyboardInterrupt) else EXIT_INVALID)
+    if isinstance(error, KeyboardInterrupt):
+        error = "interrupted"
+    title, problems, named = str(error), None, None
+    if isinstance(error, list):  # from several files: each line names its file
+        title, problems = "", error
+    elif isinstance(error, SpecError):  # one document: the title names it
+        title, problems = error.source or "", error_problems(error)
+        named = error.source or ""
+    if (fmt or _command_format()) == "json":
+        errors = problems if problems is not None else [{"file": "", "path": "", "message": title}]
+        click.echo(json.dumps({"ok": False, "errors": errors}, indent=2))
+        sys.exit(code)
+    if problems is not None:
+        count = len(problems)
+        title = f"{title + ': ' if title else ''}{count} problem{'s' if count != 1 else ''}"
+        lines = [": ".join(x for x in (p["file"] if p["file"] != named else "",
+                                       p["path"], p["message"]) if x) for p in problems]
+        title = "\n".join([title, *(f"  - {line}" for line in lines)])
+    click.secho(f"error: {printable(title, lines=True)}", fg="red", err=True)
     sys.exit(code)
 
 
+def _command_format() -> str:
+    """The --format of the command that runs (``fmt``), text when it has none."""
+    ctx = click.get_current_context(silent=True)
+    return str(ctx.params.get("fmt") or "text") if ctx is not None else "text"
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """``render_error`` for a message of the CLI's own (exit 2: invalid input, by default)."""
+    render_error(message, code=code)
+
+
 def handle_errors(fn):
-    """Turn every expected failure into one clear line (or list) and an exit code."""
+    """Every AtollError (and Ctrl-C) that ends a command is rendered by ``render_error``."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from atoll.errors import AtollError
-        from atoll.pki.kit import KitError
-        from atoll.spec.errors import SpecError
+        from atoll.spec.errors import AtollError
 
         try:
             return fn(*args, **kwargs)
-        except AtollError as exc:
-            fail(str(exc), exc.exit_code)
-        except (SpecError, KitError) as exc:
-            fail(str(exc), 2)
-        except KeyboardInterrupt:
-            fail("interrupted", 130)
+        except (AtollError, KeyboardInterrupt) as exc:
+            render_error(exc)
 
     return wrapper
 
@@ -113,7 +165,7 @@ format_option = click.option(
 
 
 def open_session(kit: Path | None, study: str | None = None):
-    from atoll.session import Session
+    from atoll.admin.session import Session
 
     saved = saved_session()
     kit = kit or (Path(os.environ["ATOLL_KIT"]) if os.environ.get("ATOLL_KIT") else None)

@@ -38,7 +38,7 @@ def parent_argv(argv: list[str]) -> list[str] | None:
 def main() -> None:
     argv = parent_argv(sys.argv[1:])
     if argv is not None:
-        from atoll.run_parent import main as run_parent
+        from atoll.parent.run import main as run_parent
 
         run_parent(argv)  # does not return
     from atoll.cli.main import main as cli_main

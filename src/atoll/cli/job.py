@@ -92,7 +92,9 @@ def submit(job_dir: Path, kit: Path | None, study: str | None, wait: bool,
             job = _follow(session, job["job_id"], study, timeout, fmt)
     emit(job, fmt, _status_text(job) if wait else None)
     if wait and job["state"] != "FINISHED:COMPLETED":
-        raise SystemExit(1)
+        from atoll.spec.errors import EXIT_FAILED
+
+        raise SystemExit(EXIT_FAILED)
 
 
 def _follow(session, job_id: str, study: str | None, timeout: float | None, fmt: str):

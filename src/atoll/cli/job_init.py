@@ -15,6 +15,8 @@ from string import Template
 
 import click
 
+from atoll.cli.common import fail
+
 WORKFLOWS = ("fedavg", "fedopt", "fedprox", "scatter_gather")
 FRAMEWORKS = ("numpy", "torch")
 
@@ -98,7 +100,7 @@ def init_command(
     if bad:
         raise click.BadParameter(f"not a site name: {', '.join(bad)}", param_hint="--sites")
     if directory.exists() and any(directory.iterdir()) and not force:
-        raise click.ClickException(f"{directory} is not empty; choose a new folder or pass --force")
+        fail(f"{directory} is not empty; choose a new folder or pass --force")
     files = render_job(name or directory.resolve().name, workflow, site_list, framework)
     for relative, content in files.items():
         path = directory / relative

@@ -18,7 +18,7 @@ from atoll.cli.common import atoll_home, handle_errors, printable, save_session
 @handle_errors
 def login_command(kit: Path, study: str) -> None:
     """Open a session in STUDY; later commands use it until `atoll logout`."""
-    from atoll.session import Session
+    from atoll.admin.session import Session
 
     with Session(kit) as session:
         answer = session.login(study)

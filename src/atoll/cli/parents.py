@@ -14,20 +14,20 @@ from atoll.cli.common import fail
 def start_parent(kit: Path, role: str, detach: bool, ready_file: Path | None,
                  verbose: bool) -> None:
     """Run the `role` parent of KIT in the foreground, or detached until it is ready."""
-    from atoll import daemon
+    from atoll.parent import detach, pidfile
+    from atoll.parent.run import command
     from atoll.pki.kit import load_kit
-    from atoll.run_parent import command
 
     loaded = load_kit(kit)
     if loaded.kind != role:
         fail(f"{kit} is a {loaded.kind} kit; `atoll {role} start` needs a {role}'s kit")
-    running = daemon.read_pid(loaded.workspace, role)
+    running = pidfile.read_pid(loaded.workspace, role)
     if running:
         fail(f"the {role} parent of {kit} already runs (pid {running}); "
              f"`atoll {role} stop {kit}`")
     if detach:
         try:
-            pid = daemon.start_detached(role, kit, loaded.workspace)
+            pid = detach.start_detached(role, kit, loaded.workspace)
         except RuntimeError as exc:
             fail(str(exc), 3)
         where = (f"listening on {loaded.listen_address}" if role == "server"
@@ -44,11 +44,11 @@ def start_parent(kit: Path, role: str, detach: bool, ready_file: Path | None,
 
 
 def stop_parent(kit: Path, role: str) -> None:
-    from atoll import daemon
+    from atoll.parent import detach
     from atoll.pki.kit import load_kit
 
     loaded = load_kit(kit)
-    if daemon.stop(loaded.workspace, role):
+    if detach.stop(loaded.workspace, role):
         click.echo(f"{role} {loaded.name} stopped")
     else:
         click.echo(f"{role} {loaded.name} was not running")

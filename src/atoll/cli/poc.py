@@ -45,10 +45,12 @@ def provision_poc(n_sites: int, workspace: Path) -> dict[str, Path]:
     provision recorded every local/ as checked, so the parents start without checking it again:
     keep it that way (editing local/ here would void the record).
     """
+    from atoll.parent.local_config import record_kits
     from atoll.pki.project import parse_project
     from atoll.pki.provision import provision
 
     provision(parse_project(poc_project(n_sites, _free_port()), "poc"), workspace, force=True)
+    record_kits(workspace / "poc")
     return kits(workspace)
 
 
@@ -71,19 +73,19 @@ def poc_group() -> None:
 @handle_errors
 def up(n_sites: int, workspace: Path | None) -> None:
     """Provision and start a local federation; log the admin in."""
-    from atoll import daemon
-    from atoll.session import Session
+    from atoll.admin.session import Session
+    from atoll.parent import detach, pidfile
 
     started = time.monotonic()
     workspace = (workspace or default_workspace()).resolve()
-    if (workspace / "poc").exists() and daemon.read_pid(kits(workspace)["server"] / "workspace",
+    if (workspace / "poc").exists() and pidfile.read_pid(kits(workspace)["server"] / "workspace",
                                                         "server"):
         fail(f"a federation already runs in {workspace}; `atoll poc down` first")
     found = provision_poc(n_sites, workspace)
     roles = [("server", found["server"])] + [("site", k) for n, k in found.items()
                                              if n.startswith("site-")]
     try:
-        daemon.start_many([(role, kit, kit / "workspace")
+        detach.start_many([(role, kit, kit / "workspace")
                            for role, kit in roles])
         with Session(found["admin"]) as session:
             deadline = time.monotonic() + 30
@@ -112,7 +114,7 @@ def up(n_sites: int, workspace: Path | None) -> None:
 @handle_errors
 def down(workspace: Path | None) -> None:
     """Stop the local federation's parents (and their workers)."""
-    from atoll import daemon
+    from atoll.parent import detach
 
     workspace = (workspace or default_workspace()).resolve()
     if not (workspace / "poc").exists():
@@ -121,8 +123,8 @@ def down(workspace: Path | None) -> None:
     stopped = 0
     for name, kit in found.items():
         if name.startswith("site-"):
-            stopped += daemon.stop(kit / "workspace", "site")
-    stopped += daemon.stop(found["server"] / "workspace", "server")
+            stopped += detach.stop(kit / "workspace", "site")
+    stopped += detach.stop(found["server"] / "workspace", "server")
     if saved_session().get("kit") == str(found["admin"]):
         (atoll_home() / "session.json").unlink(missing_ok=True)
     click.echo(f"stopped {stopped} parent(s) in {workspace}")

@@ -13,13 +13,12 @@ list every problem. Heavy imports happen inside the commands: ``atoll --help`` s
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from atoll.cli.common import LazyCommands
+from atoll.cli.common import LazyCommands, render_error
 from atoll.pki.identity import ROLES
 
 if TYPE_CHECKING:
@@ -41,36 +40,17 @@ class _ProjectFileGroup(LazyCommands):
         return ["PROJECT.yaml --out DIR [--force]", "|", "COMMAND [ARGS]..."]
 
 
-def _fail(title: str, problems: list[str]) -> NoReturn:
-    from rich.console import Console
-    from rich.markup import escape
-
-    err = Console(stderr=True, highlight=False, soft_wrap=True)  # one problem per line
-    err.print(f"[bold red]error:[/] {escape(title)}")
-    for problem in problems:
-        err.print(f"  - {escape(problem)}")
-    sys.exit(2)
-
-
 def _guarded(action: Any) -> Any:
-    """Run ``action`` and turn atoll's own errors into a list on stderr and exit code 2."""
-    from atoll.pki.ca import CAError
-    from atoll.pki.revocation import CRLError
-    from atoll.pki.state import ProvisionError
-    from atoll.spec.errors import SpecError
+    """Run ``action``; atoll's own errors (every problem of a project.yaml listed) and a file
+    that cannot be written end the command through the CLI's one renderer, exit code 2."""
+    from atoll.spec.errors import AtollError
 
     try:
         return action()
-    except SpecError as exc:
-        count = len(exc.issues)
-        _fail(
-            f"{exc.source}: {count} problem{'s' if count != 1 else ''}",
-            [str(i) for i in exc.issues],
-        )
-    except (ProvisionError, CAError, CRLError) as exc:
-        _fail(str(exc), [])
+    except AtollError as exc:
+        render_error(exc)
     except OSError as exc:
-        _fail(f"cannot write {exc.filename or ''}: {exc.strerror}", [])
+        render_error(f"cannot write {exc.filename or ''}: {exc.strerror}")
 
 
 def _kit_lines(kits: list[WrittenKit], base: Path, ca: bool = False) -> list[str]:
@@ -129,11 +109,13 @@ def create_command(project_file: Path, out_dir: Path, force: bool) -> None:
     from rich.console import Console
     from rich.markup import escape
 
+    from atoll.parent.local_config import record_kits
     from atoll.pki.project import load_project
     from atoll.pki.provision import provision
 
     project = _guarded(lambda: load_project(project_file))
     result = _guarded(lambda: provision(project, out_dir, force=force))
+    record_kits(result.project_dir)
     out = Console(highlight=False, soft_wrap=True)
     out.print(f"Provisioned [bold]{escape(project.name)}[/] in {escape(str(result.project_dir))}/")
     for line in _kit_lines(result.kits, result.project_dir, ca=True):
@@ -155,9 +137,11 @@ def create_command(project_file: Path, out_dir: Path, force: bool) -> None:
 @click.option("--org", required=True, help="Organization the site belongs to.")
 def add_site_command(project_dir: Path, name: str, org: str) -> None:
     """Sign a new site with the project's CA and write only its kit."""
+    from atoll.parent.local_config import record_kits
     from atoll.pki.provision import add_site
 
     kit = _guarded(lambda: add_site(project_dir, name, org))
+    record_kits(kit.path)
     _report_added(
         kit,
         "Enrol it in a study with `atoll study add-site`; the server accepts it "

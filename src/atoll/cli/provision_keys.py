@@ -99,9 +99,11 @@ def assemble_command(bundle: Path, kit_dir: Path) -> None:
 
     Checks that the certificate is for your key and signed by the bundle's root CA; compare
     that CA's fingerprint (printed) with the one the project admin gave you."""
+    from atoll.parent.local_config import record_kits
     from atoll.pki.request import assemble
 
     made = _guarded(lambda: assemble(bundle, kit_dir))
+    record_kits(made.folder)
     out = _out()
     out.print(f"Assembled the kit of the {escape(_who(made.kind, made.name, made.org, made.role))}"
               f" in {escape(str(made.folder))}/")

@@ -17,11 +17,13 @@ from typing import Any
 
 import click
 
+from atoll.cli.common import Problem, error_problems, fail, printable, render_error
+
 _dir = click.Path(exists=True, file_okay=False, path_type=Path)
 POLICY_FILE = "local/authorization.json"
 
 
-def load_site_policy(site_dir: Path) -> tuple[Any, list[dict[str, str]]]:
+def load_site_policy(site_dir: Path) -> tuple[Any, list[Problem]]:
     """SITE_DIR's policy (the default one when it has no file) and its problems."""
     from atoll.spec.authorization import load_policy
     from atoll.spec.errors import SpecError
@@ -29,8 +31,7 @@ def load_site_policy(site_dir: Path) -> tuple[Any, list[dict[str, str]]]:
     try:
         return load_policy(site_dir / "local"), []
     except SpecError as err:
-        return None, [{"file": err.source or POLICY_FILE, "path": i.path, "message": i.message}
-                      for i in err.issues]
+        return None, error_problems(err, POLICY_FILE)
 
 
 def policy_report(site_dir: Path, policy: Any) -> dict[str, Any]:
@@ -63,7 +64,7 @@ def site_org(site_dir: Path) -> str:
 
 
 def job_decision(site_dir: Path, policy: Any, job_dir: Path, study: str, user: Any,
-                 org: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
+                 org: str) -> tuple[dict[str, Any], list[Problem]]:
     """Would this site run JOB_DIR submitted by ``user`` in ``study``: (what render reports,
     the refusals as problems)."""
     from atoll.pki.job_signature import SignatureError, content_digest, manifest_of_tree
@@ -87,7 +88,7 @@ def job_decision(site_dir: Path, policy: Any, job_dir: Path, study: str, user: A
             digest = content_digest(manifest_of_tree(job_dir))
             out["digest"], out["approved"] = digest, is_approved(site_dir / "local", digest)
         except (SignatureError, ApprovalsError, OSError) as err:
-            problems.append({"file": "", "path": "", "message": str(err)})
+            problems += error_problems(err)
             return out, problems
         if not out["approved"]:
             problems.append({"file": "local/approved_jobs.json", "path": "", "message": (
@@ -107,7 +108,6 @@ def approve_command(site_dir: Path, job_dir: Path, fmt: str) -> None:
 
     Review the whole folder first: the digest covers every file and meta.json, so a job
     submitted with exactly this content runs here, and any change needs a new approval."""
-    from atoll.cli.common import fail, printable
     from atoll.pki.job_signature import SignatureError, content_digest, manifest_of_tree
     from atoll.site.approvals import ApprovalsError, approve
     from atoll.spec.errors import SpecError
@@ -120,7 +120,7 @@ def approve_command(site_dir: Path, job_dir: Path, fmt: str) -> None:
         digest = content_digest(manifest_of_tree(job_dir))
         added = approve(site_dir / "local", digest, name)
     except (SpecError, SignatureError, ApprovalsError) as err:
-        fail(str(err))
+        render_error(err)
     except OSError as err:
         fail(f"cannot read {job_dir} or write {site_dir}/local: {err.strerror}")
     policy, problems = load_site_policy(site_dir)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
-EXIT_INVALID = 2
+from atoll.cli.common import Problem, error_problems, render_error
+
 _dir = click.Path(exists=True, file_okay=False, path_type=Path)
 _fmt = click.option(
     "--format",
@@ -32,58 +32,38 @@ _fmt = click.option(
 
 TLS_PLACEHOLDER = "<the worker endpoint certificate, made when the parent starts>"
 
-def _problems_exit(problems: list[dict[str, str]], fmt: str) -> NoReturn:
-    if fmt == "json":
-        click.echo(json.dumps({"ok": False, "errors": problems}, indent=2))
-    else:
-        click.secho(f"{len(problems)} problem(s):", fg="red", err=True)
-        for p in problems:
-            where = ": ".join(x for x in (p["file"], p["path"]) if x)
-            click.echo(f"  {where}: {p['message']}", err=True)
-    sys.exit(EXIT_INVALID)
 
-
-def _as_problems(err: Exception, file: str) -> list[dict[str, str]]:
-    from atoll.spec.errors import SpecError
-
-    if isinstance(err, SpecError):
-        return [
-            {"file": err.source or file, "path": i.path, "message": i.message} for i in err.issues
-        ]
-    return [{"file": file, "path": "", "message": str(err)}]
-
-
-def _load_site(site_dir: Path) -> tuple[Any, Any, list[dict[str, str]]]:
+def _load_site(site_dir: Path) -> tuple[Any, Any, list[Problem]]:
     """site.yaml then study_runtime.yaml (checked for the site's launcher), all problems."""
     from atoll.spec.errors import SpecError
     from atoll.spec.site_config import load_site_config, read_yaml
     from atoll.spec.study_runtime import load_study_runtime
 
     local = site_dir / "local"
-    problems: list[dict[str, str]] = []
+    problems: list[Problem] = []
     config = runtime = None
     launcher = None
     try:
         config = load_site_config(local / "site.yaml")
         launcher = config.launcher
     except SpecError as err:
-        problems += _as_problems(err, "local/site.yaml")
+        problems += error_problems(err, "local/site.yaml")
         raw = _quiet(lambda: read_yaml(local / "site.yaml"))
         guess = raw.get("launcher") if isinstance(raw, dict) else None
         launcher = guess if guess in ("process", "docker", "k8s", "slurm") else None
     try:
         runtime = load_study_runtime(local, launcher)
     except SpecError as err:
-        problems += _as_problems(err, "local/study_runtime.yaml")
+        problems += error_problems(err, "local/study_runtime.yaml")
     if config is not None and runtime is not None:
         from atoll.spec.study_runtime import unconfined_issues
 
-        problems += _as_problems(SpecError(unconfined_issues(config, runtime)),
-                                 "local/study_runtime.yaml")
+        problems += error_problems(SpecError(unconfined_issues(config, runtime)),
+                                   "local/study_runtime.yaml")
     return config, runtime, problems
 
 
-def _sandbox_problems(config: Any) -> tuple[str | None, list[dict[str, str]]]:
+def _sandbox_problems(config: Any) -> tuple[str | None, list[Problem]]:
     """The process launcher's sandbox, tried for real: one empty sandbox is started."""
     if config.launcher != "process":
         return None, []
@@ -121,7 +101,7 @@ def validate_command(site_dir: Path, fmt: str) -> None:
     if not problems:
         sandbox, problems = _sandbox_problems(config)
     if problems:
-        _problems_exit(problems, fmt)
+        render_error(problems, fmt)
     studies = sorted(runtime.studies)
     report = policy_report(site_dir, policy)
     if fmt == "json":
@@ -173,7 +153,7 @@ def render_command(
     try:
         meta = load_meta(job_dir)
     except SpecError as err:
-        problems += _as_problems(err, "meta.json")
+        problems += error_problems(err, "meta.json")
     site = site_name or site_dir.resolve().name
     decision = None
     if site != "server" and not problems:  # the server runs its workflow under no site policy
@@ -186,7 +166,7 @@ def render_command(
                                               own_org)
             problems += refusals
     if problems:
-        _problems_exit(problems, fmt)
+        render_error(problems, fmt)
     job_id = job_id or hashlib.sha256(f"{job_dir.resolve()}:{study}".encode()).hexdigest()[:32]
     identity = JobIdentity(job_id, meta.name, study, site, "server" if site == "server" else "site")
     endpoint = config.worker_endpoint
@@ -202,9 +182,9 @@ def render_command(
         )
         rendered = get_launcher(config.launcher, config).render(request)
     except SpecError as err:
-        _problems_exit(_as_problems(err, "meta.json"), fmt)
+        render_error(error_problems(err, "meta.json"), fmt)
     except (LaunchError, ValueError) as err:
-        _problems_exit([{"file": "", "path": "", "message": str(err)}], fmt)
+        render_error(error_problems(err), fmt)
     res = request.resources
     summary = {
         "site": site,

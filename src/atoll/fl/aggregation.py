@@ -26,13 +26,14 @@ import numpy as np
 
 from atoll.fl.model import Model
 from atoll.fl.serde import CHUNK_SIZE, ModelStream, SerdeError
+from atoll.spec.errors import AtollError
 
 
-class ResultRejected(ValueError):
+class ResultRejected(AtollError, ValueError):
     """A site's result that cannot be aggregated; the message says what the site must change."""
 
 
-class AggregateCorrupted(RuntimeError):
+class AggregateCorrupted(AtollError, RuntimeError):
     """A streamed result broke off after part of it was folded in: the sum is unusable."""
 
 

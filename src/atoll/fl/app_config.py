@@ -24,6 +24,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
+
 APP_FILE = "app.yaml"
 
 
@@ -143,8 +145,10 @@ class AppConfig(_Strict):
     site: SiteSection | None = None
 
 
-class AppConfigError(ValueError):
+class AppConfigError(AtollError, ValueError):
     """Every problem of one app.yaml, each naming its field."""
+
+    exit_code = EXIT_INVALID
 
     def __init__(self, source: str, errors: list[str]):
         self.source = source

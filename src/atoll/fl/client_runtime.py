@@ -15,15 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from atoll.fl.channels import SiteChannel, Task
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, encode
-from atoll.worker.channels import SiteChannel, Task
+from atoll.spec.errors import AtollError
 
 TRAIN, VALIDATE = "train", "validate"
 Evaluator = Callable[[Model], "dict[str, float] | Model"]
 
 
-class ClientError(RuntimeError):
+class ClientError(AtollError, RuntimeError):
     """The script used the client API out of order; the message says what to call instead."""
 
 

@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 
 from atoll.fl.app_config import APP_FILE, AppConfigError, SiteSection, load_app_config
+from atoll.fl.channels import ServerChannel, SiteChannel
 from atoll.fl.client_runtime import ClientSession, bind, unbind
 from atoll.fl.model import Model
 from atoll.fl.serde import SerdeError, dtype_name, load_file
-from atoll.worker.channels import ServerChannel, SiteChannel
+from atoll.spec.errors import AtollError
 
 
-class SiteScriptError(RuntimeError):
+class SiteScriptError(AtollError, RuntimeError):
     """The site script ended with a non-zero exit status."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from atoll.fl.model import PARAMS_TYPES, Model
+from atoll.spec.errors import EXIT_INVALID, AtollError
 
 CHUNK_SIZE = 4 * 1024 * 1024  # 1-4 MiB messages are where gRPC over TLS is fastest
 SMALL_ARRAY = 256 * 1024  # arrays below this are gathered into a shared chunk
@@ -53,8 +54,10 @@ DTYPES: dict[str, np.dtype] = {
 _NAME_OF = {(dt.kind, dt.itemsize): name for name, dt in DTYPES.items()}
 
 
-class SerdeError(ValueError):
+class SerdeError(AtollError, ValueError):
     """A payload that is not a valid model document; the message says what is wrong."""
+
+    exit_code = EXIT_INVALID
 
 
 def dtype_name(dtype: np.dtype) -> str:

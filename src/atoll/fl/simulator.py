@@ -33,13 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atoll.worker.channels import Chunk, Reply, Task
+from atoll.fl.channels import Chunk, Reply, Task
+from atoll.spec.errors import EXIT_INVALID, AtollError
 
 EventSink = Callable[[dict[str, Any]], None]
 
 
-class SimulationError(RuntimeError):
+class SimulationError(AtollError, RuntimeError):
     """The job cannot be simulated as given (meta.json, sites); the message says what to fix."""
+
+    exit_code = EXIT_INVALID
 
 
 @dataclass

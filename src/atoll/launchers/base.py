@@ -20,12 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
+
 if TYPE_CHECKING:  # the spec models import pydantic, which parents load only for a job
     from atoll.spec.resources import Resources
 
 
-class LaunchError(Exception):
+class LaunchError(AtollError):
     """The backend refused to create the worker; the message says what to change and where."""
+
+    exit_code = EXIT_INVALID
 
 
 @dataclass(frozen=True)

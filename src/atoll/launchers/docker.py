@@ -1,12 +1,14 @@
 """The Docker launcher: one container per job worker, through the Docker SDK (or Podman's API).
 
 ``render`` is ``docker_render.render_docker``. The I/O goes through one injected
-``docker.DockerClient`` (default: site.yaml ``docker.base_url``, else ``DOCKER_HOST``):
+``docker.DockerClient`` (default: site.yaml ``docker.base_url``, else what the Docker SDK reads
+from its own ``DOCKER_HOST``; this launcher reads no environment itself):
 
 - launch: create the container (pulling a missing image only when ``docker.pull_policy`` is
-  ``missing``), add the secret variables to its environment, start it. Engine refusals become
-  LaunchError naming what to change: the image and where it was configured, GPUs on an engine
-  without the NVIDIA runtime, a bind source that does not exist.
+  ``missing``), add the job token and the study's secret variables to its environment (their
+  values come only from the request's credentials, where the site parent put them), start it.
+  Engine refusals become LaunchError naming what to change: the image and where it was
+  configured, GPUs on an engine without the NVIDIA runtime, a bind source that does not exist.
 - wait: ``container.wait()``; the exit code and ``State.OOMKilled`` become an Outcome; the
   container's logs are saved to ``<workdir>/logs/worker.log``; the container is removed.
 - cancel: stop (1 s of SIGTERM grace), save the logs, remove. Idempotent.
@@ -19,7 +21,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,7 @@ from atoll.launchers.base import (
 )
 from atoll.launchers.docker_render import render_docker
 from atoll.launchers.job_files import create_job_file
-from atoll.launchers.request import secret_env_values
-from atoll.spec.errors import SpecError
+from atoll.launchers.request import launch_credentials
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +46,9 @@ LOG_FILE = Path("logs") / "worker.log"
 class DockerLauncher(Launcher):
     name = "docker"
 
-    def __init__(
-        self,
-        site_config: Any,
-        client: Any = None,
-        environ: Mapping[str, str] | None = None,
-    ) -> None:
+    def __init__(self, site_config: Any, client: Any = None) -> None:
         self.site_config = site_config
         self._client = client
-        self._environ = os.environ if environ is None else environ
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
 
@@ -69,15 +63,30 @@ class DockerLauncher(Launcher):
                     docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
                 )
             except docker.errors.DockerException as err:
-                where = base_url or self._environ.get("DOCKER_HOST", "the default socket")
+                where = self._engine_url() or "the default socket"
                 raise LaunchError(
                     f"cannot reach the Docker engine at {where} (docker.base_url in "
                     f"local/site.yaml, else DOCKER_HOST): {err}"
                 ) from None
         return self._client
 
+    def _engine_url(self) -> str:
+        """site.yaml ``docker.base_url``, else the engine the Docker SDK finds in its own
+        environment (``DOCKER_HOST``), else '' (the SDK's default socket)."""
+        if self.site_config.settings.base_url:
+            return self.site_config.settings.base_url
+        try:
+            from docker.errors import DockerException
+            from docker.utils import kwargs_from_env
+        except ImportError:  # the [docker] extra is missing: `launch` says so
+            return ""
+        try:
+            return kwargs_from_env().get("base_url") or ""
+        except DockerException:  # a TLS setting the SDK refuses: the client says so when used
+            return ""
+
     def _engine_socket(self) -> str | None:
-        url = self.site_config.settings.base_url or self._environ.get("DOCKER_HOST", "")
+        url = self._engine_url()
         return url.removeprefix("unix://") if url.startswith("unix://") else None
 
     def render(self, request: LaunchRequest) -> dict[str, Any]:
@@ -90,7 +99,7 @@ class DockerLauncher(Launcher):
 
         rendered = self.render(request)
         kwargs = dict(rendered["containers.run"])
-        kwargs["environment"] = {**kwargs["environment"], **self._secret_values(request)}
+        kwargs["environment"] = {**kwargs["environment"], **launch_credentials(request)}
         image, source = kwargs["image"], rendered["image_source"]
         self._prepare_workdir(request.workdir, kwargs["user"])
         if on_progress:
@@ -135,18 +144,6 @@ class DockerLauncher(Launcher):
                 f"in {source}): {_explanation(err)}"
             ) from None
         return self.client.containers.create(**kwargs)
-
-    def _secret_values(self, request: LaunchRequest) -> dict[str, str]:
-        """The study's secret_env (from credentials, else the parent's environment) + token."""
-        entry = request.study_runtime
-        missing = entry is not None and any(n not in request.credentials for n in entry.secret_env)
-        try:
-            values = secret_env_values(entry, self._environ) if missing else {}
-        except SpecError as err:
-            raise LaunchError(
-                f"study {request.identity.study}: " + "; ".join(str(i) for i in err.issues)
-            ) from None
-        return {**values, **request.credentials}
 
     @staticmethod
     def _prepare_workdir(workdir: Path, user: str) -> None:

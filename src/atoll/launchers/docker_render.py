@@ -3,7 +3,8 @@
 ``render_docker`` returns ``{"containers.run": kwargs, "secret_env": refs, "image_source": s}``.
 ``kwargs`` are exactly what the launcher passes to the engine, minus the secret variables: those
 (the job token, the study's ``secret_env``) are listed in ``secret_env`` as references and their
-values are added to ``environment`` only at launch, from the site parent's memory/environment.
+values are added to ``environment`` only at launch, from the request's credentials (where the
+site parent put them).
 
 Precedence of the keyword arguments, lowest first: site.yaml ``docker.run_kwargs``, the study's
 ``docker_kwargs``, the job's ``launcher_spec`` (``shm_size``), then the launcher-owned keys
@@ -28,7 +29,6 @@ Rules worth knowing:
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from pathlib import PurePosixPath
 from typing import Any
@@ -36,6 +36,7 @@ from typing import Any
 from atoll.launchers.base import LaunchError, LaunchRequest
 from atoll.launchers.images import choose_image
 from atoll.spec.docker_kwargs import docker_kwargs_issues
+from atoll.spec.names import address_host, is_loopback
 from atoll.spec.quantity import memory_to_bytes
 from atoll.spec.study_runtime import data_root, dataset_mount_path
 
@@ -216,23 +217,8 @@ def _gpu_requests(count: int) -> list[dict[str, Any]]:
     return [{"driver": "", "count": count, "capabilities": [["gpu"]]}]
 
 
-def parent_host(address: str) -> str:
-    """``"127.0.0.1:7001"`` -> ``127.0.0.1``; ``"[::1]:7001"`` -> ``::1``."""
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _network(network: str | None, parent_address: str) -> dict[str, str]:
-    loopback = is_loopback(parent_host(parent_address))
+    loopback = is_loopback(address_host(parent_address))
     if network == "host" or (network is None and loopback):
         return {"network_mode": "host"}
     if network is None:

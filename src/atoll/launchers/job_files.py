@@ -24,6 +24,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
+
 MAX_BYTES = 64 * 1024 * 1024  # read_job_file / open_job_file: more is refused, not cut
 MAX_DEPTH = 32  # iter_job_files: folders nested deeper are skipped with a note
 MAX_FILES = 100_000  # iter_job_files: a results folder with more entries is refused
@@ -33,8 +35,10 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
-class JobFileError(OSError):
+class JobFileError(AtollError, OSError):
     """A file of a job's run folder that a parent refuses to read or write."""
+
+    exit_code = EXIT_INVALID
 
     def __init__(self, rel: str, problem: str):
         super().__init__(f"{rel} in the job's run folder {problem}; a parent reads a job's "

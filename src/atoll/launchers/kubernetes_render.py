@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import ipaddress
 import re
 from typing import Any
 
 from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest
 from atoll.launchers.images import choose_image
 from atoll.spec.errors import Issue
+from atoll.spec.names import address_host, is_loopback
 from atoll.spec.pod_template import (  # noqa: F401  (LOCKED: re-exported, the documented list)
     ATOLL_VOLUME_PREFIX,
     GPU_RESOURCE,
@@ -116,16 +116,6 @@ def image_for(request: LaunchRequest) -> str:
         default_image=settings.default_image,
         allowed_job_images=settings.allow_job_images,
     ).image
-
-
-def _is_loopback(address: str) -> bool:
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # --- template checks ---------------------------------------------------------------------------
@@ -245,7 +235,7 @@ def render_pod(request: LaunchRequest) -> dict[str, Any]:
     ident = request.identity
     settings = request.site_config.settings
     host_network = settings.host_network
-    if _is_loopback(request.parent_address) and not host_network:
+    if is_loopback(address_host(request.parent_address)) and not host_network:
         raise LaunchError(
             f"the site parent listens on {request.parent_address}, which a pod cannot reach: "
             "set worker_endpoint.host in site.yaml to an address pods reach (e.g. the parent "

@@ -11,8 +11,9 @@
   runtime and its own processes (process_sandbox.py). ``sandbox: none`` is the site's explicit
   opt-out: the worker then runs with the parent's privileges.
 - Environment: atoll's variables, the study's ``env``, ``ATOLL_DATASETS`` (JSON name -> path),
-  a few harmless variables of the parent (PATH, locale...). Never the parent's whole
-  environment: it may hold other studies' secrets.
+  a few harmless variables of the parent (PATH, locale...: ``inherited_env``, the one read of
+  the parent's environment in the launchers). Never the parent's whole environment: it may hold
+  other studies' secrets.
 - Credentials (job token, secret_env values) go through a pipe the worker reads once
   (``ATOLL_CREDENTIALS_FD``), never an environment block that ``/proc`` shows.
 - stdout and stderr go to ``<workdir>/logs/worker.log``.
@@ -34,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from atoll.launchers.allocation import CpuAllocator, GpuAllocator, HostCpuLeases
 from atoll.launchers.base import (
     Handle,
     Launcher,
@@ -45,7 +45,7 @@ from atoll.launchers.base import (
     WorkerExit,
 )
 from atoll.launchers.job_files import JobFileError, create_job_file
-from atoll.launchers.memory_limit import MemoryCgroup, create_memory_cgroup
+from atoll.launchers.process_allocation import CpuAllocator, GpuAllocator, HostCpuLeases
 from atoll.launchers.process_group import (
     CredentialsTooLarge,
     credentials_pipe,
@@ -53,6 +53,7 @@ from atoll.launchers.process_group import (
     signal_text,
     wait_group_gone,
 )
+from atoll.launchers.process_memory_limit import MemoryCgroup, create_memory_cgroup
 from atoll.launchers.process_sandbox import (
     SANDBOX_TMP,
     Mount,
@@ -66,6 +67,18 @@ from atoll.launchers.process_sandbox import (
 from atoll.spec.site_config import ProcessSettings
 
 INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+
+
+def inherited_env() -> dict[str, str]:
+    """The variables a process worker inherits from its parent: ``INHERITED_ENV``, no others.
+
+    The one place a launcher reads the parent's environment: a child process needs PATH and the
+    locale of its host. Secret values never come from here (the site parent puts them in the
+    request's credentials), nor does any launcher's configuration (the Docker SDK alone reads
+    its ``DOCKER_HOST``, the Kubernetes client its kubeconfig).
+    """
+    return {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+
 LOG_FILE = Path("logs") / "worker.log"
 MemoryMode = Literal["auto", "cgroup", "rlimit"]
 CREDENTIALS_FD_ENV = "ATOLL_CREDENTIALS_FD"
@@ -271,7 +284,7 @@ class ProcessLauncher(Launcher):
         cgroup: MemoryCgroup | None,
         rlimit: int | None,
     ) -> subprocess.Popen:
-        env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        env = inherited_env()
         env.update(spec["env"])
         log_file = Path(spec["log_file"])
         log_file.parent.mkdir(parents=True, exist_ok=True)

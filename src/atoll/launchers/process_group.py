@@ -10,12 +10,14 @@ import signal
 import time
 from typing import Any
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
+
 # A pipe holds 64 KiB before a writer blocks; credentials are written before the worker runs.
 MAX_CREDENTIAL_BYTES = 60 * 1024
 
 
-class CredentialsTooLarge(ValueError):
-    pass
+class CredentialsTooLarge(AtollError, ValueError):
+    exit_code = EXIT_INVALID
 
 
 def signal_text(number: int) -> str:

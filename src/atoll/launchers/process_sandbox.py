@@ -26,6 +26,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
+
 # Top-level folders a Python process may need, read-only; each may be a folder or (merged /usr)
 # a link into /usr. Nothing here holds a secret of the parent.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -42,8 +44,10 @@ _RUNTIME_PROBE = ("import json, sys; print(json.dumps([sys.prefix, sys.base_pref
                   "sys.exec_prefix, sys.base_exec_prefix, *sys.path[1:]]))")
 
 
-class SandboxUnavailable(Exception):
+class SandboxUnavailable(AtollError):
     """No sandbox can be made on this host; the message says what the operator can do."""
+
+    exit_code = EXIT_INVALID
 
 
 @dataclass(frozen=True)
@@ -103,10 +107,12 @@ def runtime_folders(python: str) -> tuple[str, ...]:
     without its first entry (the working directory), so that a parent started inside its kit
     never lends the kit to a job.
     """
+    from atoll.launchers.process import inherited_env  # imports this module
+
+    path = inherited_env().get("PATH", "/usr/bin:/bin")
     try:
         out = subprocess.run([python, "-c", _RUNTIME_PROBE], capture_output=True, text=True,
-                             cwd="/", env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                             timeout=60, check=True).stdout
+                             cwd="/", env={"PATH": path}, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise SandboxUnavailable(f"cannot ask the worker's Python {python!r} where it lives: "
                                  f"{exc}") from exc

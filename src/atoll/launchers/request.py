@@ -1,7 +1,8 @@
 """From a job and a site's own settings to one LaunchRequest (used by the site parent and render).
 
-Everything a launcher needs is resolved here, once: the target's resources, the job's block of
-launcher_spec for this site's backend (checked against the site's limits), the study's entry of
+Everything a launcher needs is resolved here, once: the target's resources (unless the parent
+admitted the job with them already: it passes them on), the job's block of launcher_spec for
+this site's backend (checked against the site's limits), the study's entry of
 study_runtime.yaml, and the worker's non-secret environment. Problems are collected and raised
 together as one SpecError.
 """
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from atoll.launchers.base import JobIdentity, LaunchRequest
+from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest
 from atoll.spec.errors import Issue, SpecError
 from atoll.spec.launcher_spec import resolve_launcher_spec
 from atoll.spec.meta import JobMeta
@@ -22,6 +23,7 @@ from atoll.spec.site_config import Capacity, SiteConfig
 from atoll.spec.study_runtime import StudyEntry, StudyRuntime
 
 WORKER_ARGS = ("-m", "atoll.worker")
+TOKEN_VAR = "ATOLL_JOB_TOKEN"
 
 
 def worker_env(identity: JobIdentity, parent_address: str) -> dict[str, str]:
@@ -79,9 +81,10 @@ def capacity_issues(resources: Resources, capacity: Capacity) -> list[Issue]:
 def secret_env_values(entry: StudyEntry | None, environ: Mapping[str, str]) -> dict[str, str]:
     """Values of ``secret_env`` with ``source: env`` from the parent's environment.
 
-    For the process, docker and slurm launchers the parent passes them in
-    ``LaunchRequest.credentials`` (each backend's secret channel). Raises SpecError naming every
-    missing variable, never a value.
+    The site parent calls it with its own environment and passes the values in
+    ``LaunchRequest.credentials`` (each backend's secret channel): the launchers read no
+    environment of their own (``launch_credentials``). Raises SpecError naming every missing
+    variable, never a value.
     """
     if entry is None:
         return {}
@@ -106,6 +109,24 @@ def secret_env_values(entry: StudyEntry | None, environ: Mapping[str, str]) -> d
     return values
 
 
+def launch_credentials(request: LaunchRequest) -> dict[str, str]:
+    """What the worker gets through its backend's secret channel: the job token and the value
+    of every ``source: env`` secret of its study, all from ``request.credentials``, where the
+    site parent put them. LaunchError names whatever is missing, never a value."""
+    entry = request.study_runtime
+    wanted = [TOKEN_VAR]
+    if entry is not None:
+        wanted += [name for name, ref in entry.secret_env.items() if ref.source == "env"]
+    missing = [name for name in wanted if name not in request.credentials]
+    if missing:
+        raise LaunchError(
+            f"study {request.identity.study}: the launch request carries no value for "
+            f"{', '.join(missing)}; the site parent passes the job token and the values of "
+            "secret_env (source: env, read from its own environment) in its credentials"
+        )
+    return dict(request.credentials)
+
+
 def build_request(
     *,
     meta: JobMeta,
@@ -119,17 +140,23 @@ def build_request(
     check_capacity: bool = True,
     parent_cert: str | None = None,
     shared_folders: tuple[Path, ...] = (),
+    resources: Resources | None = None,
 ) -> LaunchRequest:
-    """Resolve everything for ``identity.site`` on this site's launcher; SpecError lists all."""
+    """Resolve everything for ``identity.site`` on this site's launcher; SpecError lists all.
+
+    ``resources``: what the parent already resolved for the target from this meta (the site
+    admits a job with them); resolved here when None.
+    """
     target = identity.site
     issues: list[Issue] = []
     if meta.app_for(target) is None:
         issues.append(Issue("deploy_map", f"this job deploys no app to {target!r}"))
-    resources = Resources()
-    try:
-        resources = resolve_resources(meta.resource_spec, target)
-    except SpecError as err:
-        issues += err.issues
+    if resources is None:
+        resources = Resources()
+        try:
+            resources = resolve_resources(meta.resource_spec, target)
+        except SpecError as err:
+            issues += err.issues
     spec: dict[str, Any] = {}
     try:
         spec = resolve_launcher_spec(meta, target, site_config.launcher, site_config)

@@ -4,8 +4,10 @@ Slurm is driven through its commands (no pyslurm release matches current Slurm v
 through one injected ``runner`` (argv, timeout) -> CompletedProcess, so tests can record them.
 
 - ``launch``: render (slurm_render.py), write the batch script and the 0600 secrets file into the
-  run folder, submit. A refusal (unknown partition, account or QoS, impossible resources) is a
-  LaunchError naming the directive, where it was configured and sbatch's own message.
+  run folder (the job token and secret values, only from the request's credentials, where the
+  site parent put them: the launcher reads no environment of its own), submit. A refusal
+  (unknown partition, account or QoS, impossible resources) is a LaunchError naming the
+  directive, where it was configured and sbatch's own message.
 - Watching: one SlurmPoller thread per launcher polls every live job in one ``squeue`` call (and
   ``sacct`` for jobs squeue has forgotten), maps the state through slurm_states.py, reports
   ``pending: <Reason>`` / ``running on <nodes>`` to ``on_progress`` and cancels a job pending
@@ -20,7 +22,7 @@ import contextlib
 import logging
 import os
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,17 +34,10 @@ from atoll.launchers.base import (
     ProgressCallback,
     WorkerExit,
 )
-from atoll.launchers.request import secret_env_values
+from atoll.launchers.request import launch_credentials
 from atoll.launchers.slurm_poller import BACKOFF_S, SlurmPoller, Watched
-from atoll.launchers.slurm_render import (
-    LOG_DIR,
-    TOKEN_VAR,
-    render_slurm,
-    secrets_file_text,
-    topology,
-)
+from atoll.launchers.slurm_render import LOG_DIR, render_slurm, secrets_file_text
 from atoll.launchers.slurm_states import SACCT_FIELDS, SQUEUE_FIELDS, parse_sacct, parse_squeue
-from atoll.spec.errors import SpecError
 from atoll.spec.site_config import SlurmSettings
 
 log = logging.getLogger(__name__)
@@ -78,7 +73,6 @@ class SlurmLauncher(Launcher):
         site_config: Any = None,
         runner: Runner | None = None,
         *,
-        environ: Mapping[str, str] | None = None,
         backoff: tuple[float, ...] = BACKOFF_S,
         command_timeout_s: float = COMMAND_TIMEOUT_S,
     ) -> None:
@@ -87,7 +81,6 @@ class SlurmLauncher(Launcher):
             raise LaunchError(f"site.yaml chooses launcher {site_config.launcher}, not slurm")
         self._settings = settings
         self._runner = runner or run_command
-        self._environ = os.environ if environ is None else environ
         self._timeout = command_timeout_s
         self._poller = SlurmPoller(self._query, self._scancel, backoff=backoff)
 
@@ -100,7 +93,7 @@ class SlurmLauncher(Launcher):
 
     def launch(self, request: LaunchRequest, on_progress: ProgressCallback | None = None) -> Handle:
         rendered = self.render(request)
-        values = self._secret_values(request)
+        values = launch_credentials(request)
         secrets = Path(rendered["secrets_file"]["path"])
         self._write_files(request.workdir, Path(rendered["script_path"]), rendered["script"])
         _write_private(secrets, secrets_file_text(values))
@@ -159,30 +152,11 @@ class SlurmLauncher(Launcher):
         )
 
     def _limits(self, request: LaunchRequest, rendered: dict[str, Any]) -> dict[str, Any]:
-        topo = topology(request)
+        """What the poller watches the job against: its pending_timeout (the job's, at most the
+        site's), and the time and memory limits render decided."""
         asked = request.launcher_spec.get("pending_timeout")
         site = self._settings.pending_timeout
-        time_arg = next((a for a in rendered["sbatch_argv"] if a.startswith("--time=")), None)
-        return {
-            "pending_timeout": min(asked, site) if asked else site,
-            "mem": f"{topo['mem_mib']}M" if topo["mem_mib"] is not None else None,
-            "time": time_arg.partition("=")[2] if time_arg else None,
-        }
-
-    def _secret_values(self, request: LaunchRequest) -> dict[str, str]:
-        """The study's secret_env (from credentials, else the parent's environment) + token."""
-        entry = request.study_runtime
-        missing = entry is not None and any(n not in request.credentials for n in entry.secret_env)
-        try:
-            values = secret_env_values(entry, self._environ) if missing else {}
-        except SpecError as err:
-            raise LaunchError(
-                f"study {request.identity.study}: " + "; ".join(str(i) for i in err.issues)
-            ) from None
-        values = {**values, **request.credentials}
-        if TOKEN_VAR not in values:
-            raise LaunchError(f"no {TOKEN_VAR} in the launch request's credentials")
-        return values
+        return {"pending_timeout": min(asked, site) if asked else site, **rendered["limits"]}
 
     @staticmethod
     def _write_files(workdir: Path, script_path: Path, script: str) -> None:
@@ -242,7 +216,7 @@ def refusal_message(
     what = ""
     for word, key in _REFUSALS:
         if word in lower:
-            value = next((a.partition("=")[2] for a in argv if a.startswith(f"--{key}=")), None)
+            value = rendered["directives"].get(key)
             where = sources.get(key, "no setting: Slurm's default")
             what = f"{key} {value!r} (from {where})" if value else f"{key} (Slurm's default)"
             break

@@ -1,7 +1,9 @@
 """Pure: a LaunchRequest -> the ``sbatch`` argv and batch script of its worker.
 
 ``render_slurm`` returns ``{"sbatch_argv", "script", "script_path", "secrets_file",
-"directive_sources"}``. Nothing here touches Slurm or holds a secret value: the job token and the
+"directives", "directive_sources", "limits"}``: the values of the directives (``--time``,
+``--partition``...) and where each was configured, and the limits the launcher watches the job
+against (``time``, ``mem``), as values, so nothing is read back out of the argv. Nothing here touches Slurm or holds a secret value: the job token and the
 study's ``secret_env`` values are written at launch into ``secrets_file`` (mode 0600, in the run
 folder), which the script sources and deletes before it starts the worker.
 
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.base import LaunchError, LaunchRequest
+from atoll.launchers.request import TOKEN_VAR
 from atoll.spec.names import is_env_name
 from atoll.spec.quantity import memory_to_mib
 from atoll.spec.study_runtime import data_root, dataset_mount_path
@@ -48,7 +51,6 @@ SCRIPT_FILE = Path("slurm") / "worker.sbatch"
 SECRETS_FILE = Path("slurm") / "secrets.env"
 LOG_DIR = Path("logs")
 LOG_PATTERN = "slurm-%j.out"  # %j: Slurm's job id
-TOKEN_VAR = "ATOLL_JOB_TOKEN"
 APPTAINER_PREFIX = "APPTAINERENV_"
 APPTAINER_FLAGS = ("--containall", "--cleanenv", "--no-home")
 # Directives the study's slurm block may override; the others are the site's alone.
@@ -99,7 +101,12 @@ def render_slurm(request: LaunchRequest) -> dict[str, Any]:
             "mode": "0600",
             "variables": secrets,
         },
+        "directives": directives,
         "directive_sources": sources,
+        "limits": {  # what the poller explains a kill with: Slurm's time limit, memory per node
+            "time": directives.get("time"),
+            "mem": f"{topo['mem_mib']}M" if topo["mem_mib"] is not None else None,
+        },
     }
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atoll.pki.files import PRIVATE, PUBLIC, write_atomic
+from atoll.spec.errors import EXIT_INVALID, AtollError
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -23,8 +24,10 @@ CA_KEY_FILE = "rootCA.key"
 CA_VALID_DAYS = 3650
 
 
-class CAError(ValueError):
+class CAError(AtollError, ValueError):
     """The CA folder is missing or unreadable; the message names the file."""
+
+    exit_code = EXIT_INVALID
 
 
 @dataclass(frozen=True)

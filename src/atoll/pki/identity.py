@@ -11,12 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
+
 KINDS = ("server", "site", "admin")
 ROLES = ("project_admin", "org_admin", "lead", "member")
 
 
-class IdentityError(ValueError):
+class IdentityError(AtollError, ValueError):
     """The certificate is not one atoll issued (missing or unknown subject fields)."""
+
+    exit_code = EXIT_INVALID
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atoll.pki.identity import Identity, IdentityError, identity_from_cert
+from atoll.spec.errors import EXIT_INVALID, AtollError
 
 if TYPE_CHECKING:
     import zipfile
@@ -55,8 +56,10 @@ _CHUNK = 1 << 20
 _RESUBMIT = "submit the job folder again with `atoll job submit` or atoll.Session"
 
 
-class SignatureError(ValueError):
+class SignatureError(AtollError, ValueError):
     """A job's signature is missing, not the project's, or does not match what it signs."""
+
+    exit_code = EXIT_INVALID
 
 
 @dataclass(frozen=True)

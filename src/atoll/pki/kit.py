@@ -21,7 +21,7 @@ text of kit.yaml. While kit.yaml is as provision wrote it, the document comes fr
 kit.json and PyYAML (~25 ms of import) is never loaded; a kit.yaml edited since, or a kit.json
 missing, corrupt or foreign, is parsed as YAML. Both documents pass the same checks. A parent
 reads its kit in its own process only when no YAML is needed (``load_kit_without_yaml``), else
-in a forked child (atoll.forked), and keeps the ``Kit``, not PyYAML.
+in a forked child (atoll.parent.forked), and keeps the ``Kit``, not PyYAML.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from atoll.spec.errors import EXIT_INVALID, AtollError
 
 DEFAULT_WORKSPACE = "workspace"  # kit.yaml's `workspace`, relative to the kit folder
 
@@ -41,8 +43,10 @@ _KINDS = ("server", "site", "admin")
 _PROVISION_HINT = "run `atoll provision PROJECT.yaml --out DIR` and pass DIR/<project>/<name>"
 
 
-class KitError(ValueError):
+class KitError(AtollError, ValueError):
     """The folder is not a usable startup kit; the message says which file and what to do."""
+
+    exit_code = EXIT_INVALID
 
 
 def cert_file_names(kind: str) -> tuple[str, str]:

@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from atoll.pki.identity import ROLES
 from atoll.spec.errors import Issue, SpecError, describe, issues_from_validation_error
+from atoll.spec.names import LOOPBACK_NAMES, is_loopback
 
 Role = Literal["project_admin", "org_admin", "lead", "member"]  # == identity.ROLES (tested)
 
@@ -34,7 +35,6 @@ _HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 # "server" names the server in deploy maps; "ca" is the CA's folder next to the kits.
 RESERVED_SITE_NAMES = frozenset({"server", "ca"})
 RESERVED_STUDY_NAMES = frozenset({"default"})
-_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
 class ProjectError(SpecError):
@@ -107,20 +107,11 @@ def _check_listen_host(value: str) -> str:
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        if value not in _LOOPBACK_NAMES:
+        if value not in LOOPBACK_NAMES:
             raise ValueError(
                 f"{value!r} is not an IP address to listen on (e.g. 0.0.0.0, 127.0.0.1, ::)"
             ) from None
     return value
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 ProjectName = Annotated[str, AfterValidator(_check_project_name)]

@@ -26,13 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atoll.local_config import record_local_config
 from atoll.pki.ca import CertificateAuthority, create_ca, load_ca, save_ca
 from atoll.pki.certs import Kind, issue_cert
 from atoll.pki.files import PUBLIC, write_atomic
 from atoll.pki.kit import (
     CA_FILE,
-    DEFAULT_WORKSPACE,
     KIT_CACHE_FILE,
     KIT_FILE,
     PROJECT_FILE,
@@ -141,9 +139,6 @@ def write_local(dest: Path, local: dict[str, str], kind: str) -> None:
     """The operator's ``local/`` templates, into the existing ``dest/local``."""
     for file_name, text in local.items():
         write_atomic(dest / "local" / file_name, text, PUBLIC)
-    # The files just written pass the check (a test holds the templates to it); recording
-    # that spares the parent's first start the check (local_record.py).
-    record_local_config(dest / "local", kind == "site", dest / DEFAULT_WORKSPACE)
 
 
 def site_local_files(studies: list[str], default_study: bool = True) -> dict[str, str]:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from atoll.errors import AtollError
 from atoll.pki.files import PRIVATE, write_atomic
+from atoll.spec.errors import EXIT_INVALID, AtollError
 
 CRL_FILE = "crl.pem"
 VERIFY_TIMEOUT_S = 60.0
@@ -29,7 +29,7 @@ class CRLError(AtollError, ValueError):
     """A revocation list that is refused: not signed by the project's CA, older than the one
     held, unreadable. The message says which and what to do."""
 
-    exit_code = 2
+    exit_code = EXIT_INVALID
 
 
 @dataclass(frozen=True)

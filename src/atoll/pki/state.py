@@ -24,7 +24,7 @@ from atoll.pki.project import (
     check_site_name,
     check_user_name,
 )
-from atoll.spec.errors import Issue
+from atoll.spec.errors import EXIT_INVALID, AtollError, Issue
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -33,8 +33,10 @@ STATE_FILE = "state.json"
 STATE_VERSION = 1
 
 
-class ProvisionError(Exception):
+class ProvisionError(AtollError):
     """Provisioning cannot proceed; the message says what to change."""
+
+    exit_code = EXIT_INVALID
 
 
 def record(cert: x509.Certificate, kind: str, org: str, role: str | None,

@@ -18,8 +18,9 @@ import asyncio
 import json
 import logging
 import math
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -36,14 +37,19 @@ from atoll.server.auth import (
     soon,
 )
 from atoll.server.jobs import job_summary
-from atoll.server.sessions import Grant
+from atoll.server.sessions import Grant, SessionSigner
+from atoll.server.site_links import SiteLinks
 from atoll.server.site_policies import SitePolicies
 from atoll.server.store import JobRecord
 from atoll.server.studies import DEFAULT, SUBMIT_ROLES, Denied
 from atoll.server.waiters import StoreChanges
+from atoll.spec.errors import EXIT_NOT_FOUND, AtollError
 from atoll.wire import frames
 from atoll.wire import messages as msg
-from atoll.wire.jobzip import IntakeError
+from atoll.wire.job_archive import IntakeError
+
+if TYPE_CHECKING:
+    from atoll.server.store import JobStore
 
 log = logging.getLogger("atoll.server.admin")
 LOG_TAIL_BYTES = 256 * 1024
@@ -54,25 +60,62 @@ ACTIONS = {"abort_job": "abort"}  # an operation's name in the audit log, where 
 STUDY_SCOPED = {"list_jobs", "job_status", "job_logs", "abort_job", "list_sites"}
 
 
-class NoSuchJob(Exception):
+class NoSuchJob(AtollError):
+    exit_code = EXIT_NOT_FOUND
+
     def __init__(self, job_id: str, detail: str = "no such job"):
         super().__init__(job_id)
         self.detail = detail  # for the audit log only: the caller learns nothing more
 
 
+# An operation: (caller, study, request body) -> the answer, as JSON-able values.
+Op = Callable[[Identity, str, dict[str, Any]], Any]
+
+
+class Members(Protocol):
+    """Who is in which study (server/studies.py)."""
+
+    def require_member(self, who: Identity, study: str) -> None: ...
+
+    def remember_user(self, who: Identity) -> None: ...
+
+    def visible(self, who: Identity) -> list[str]: ...
+
+    def sites(self, study: str) -> list[str]: ...
+
+
+class AdminJobs(Protocol):
+    """What admins do to jobs (server/jobs.py): their folders, intake and abort."""
+
+    @property
+    def jobs_dir(self) -> Path: ...
+
+    def submit(self, who: Identity, study: str, chunks: Iterator[bytes]) -> JobRecord: ...
+
+    def abort(self, job_id: str, reason: str) -> None: ...
+
+
 class AdminService:
-    def __init__(self, parent):
-        self.parent = parent
-        self.ops = {
+    def __init__(self, *, store: JobStore, studies: Members, jobs: AdminJobs, links: SiteLinks,
+                 signer: SessionSigner, ops: Mapping[str, Op], scratch: Path,
+                 stopping: Callable[[], bool]):
+        """``ops``: the operations served beside the service's own (studies, revocations);
+        ``scratch``: where a download's zip is built."""
+        self.store = store
+        self.studies = studies
+        self.jobs = jobs
+        self.links = links
+        self.signer = signer
+        self.scratch = scratch
+        self.ops: dict[str, Op] = {
             "login": self.login, "whoami": self.whoami, "list_jobs": self.list_jobs,
             "job_status": self.job_status, "job_logs": self.job_logs, "abort_job": self.abort_job,
             "list_sites": self.list_sites, "audit": self.audit_log,
         }
-        self.ops.update(parent.study_ops())
-        self.ops.update(parent.revocations.ops())  # crl_push, crl_show
-        self.gate = Gate("Admin", "admin", parent.store)
-        self.site_policies = SitePolicies(parent.links)
-        self.changes = StoreChanges(parent.store, lambda: parent.stopping)
+        self.ops.update(ops)
+        self.gate = Gate("Admin", "admin", store)
+        self.site_policies = SitePolicies(links)
+        self.changes = StoreChanges(store, stopping)
         self._known: set[Identity] = set()
         self._audits = AuditThrottle()
 
@@ -102,7 +145,7 @@ class AdminService:
         token = dict(context.invocation_metadata()).get(SESSION_KEY)
         if not token:
             return None
-        grant = self.parent.signer.check(token, who.name)
+        grant = self.signer.check(token, who.name)
         if grant is None:
             raise PeerRefused(grpc.StatusCode.UNAUTHENTICATED,
                               "this session token was not issued to you by this server; run "
@@ -136,7 +179,7 @@ class AdminService:
 
     def _remember(self, who: Identity) -> None:
         if who not in self._known:  # once per certificate, not a write on every call
-            self.parent.studies.remember_user(who)
+            self.studies.remember_user(who)
             self._known.add(who)
 
     async def Call(self, request, context):
@@ -176,7 +219,7 @@ class AdminService:
             # Without a study (`default`), what is not about one study's jobs and sites runs
             # as before `default` was scoped (everybody was in it): each op checks its caller.
             if name != "login" and (name in STUDY_SCOPED or study != DEFAULT):
-                self.parent.studies.require_member(who, study)
+                self.studies.require_member(who, study)
             return json.dumps(op(who, study, body)), None
         except NoSuchJob as exc:
             self._refused(who, fingerprint, study, action, str(exc), exc.detail)
@@ -203,7 +246,7 @@ class AdminService:
         return min(wait_s, MAX_WAIT_S) if math.isfinite(wait_s) and wait_s > 0 else 0.0
 
     def _job(self, study: str, job_id: Any) -> JobRecord:
-        record = self.parent.store.get_job(str(job_id))
+        record = self.store.get_job(str(job_id))
         if record is None:
             raise NoSuchJob(str(job_id))
         if record.study != study:
@@ -212,7 +255,7 @@ class AdminService:
 
     def _audit(self, who: Identity, study: str, action: str, target: str, outcome: str,
                detail: str = "") -> None:
-        self.parent.store.audit(who.name, who.org, who.role or "", study, action, target, outcome,
+        self.store.audit(who.name, who.org, who.role or "", study, action, target, outcome,
                                 detail)
 
     def _refused(self, who: Identity, fingerprint: str, study: str, action: str, target: str,
@@ -239,17 +282,17 @@ class AdminService:
 
     # -- operations ----------------------------------------------------------------------------
     def login(self, who, study, body):
-        self.parent.studies.require_member(who, study)  # a refusal is audited by _run
+        self.studies.require_member(who, study)  # a refusal is audited by _run
         self._audit(who, study, "login", study, "ok")
-        return {"token": self.parent.signer.issue(who.name, study), "study": study,
+        return {"token": self.signer.issue(who.name, study), "study": study,
                 "user": who.name, "org": who.org, "role": who.role}
 
     def whoami(self, who, study, body):
         return {"user": who.name, "org": who.org, "role": who.role, "study": study,
-                "studies": self.parent.studies.visible(who)}
+                "studies": self.studies.visible(who)}
 
     def list_jobs(self, who, study, body):
-        return {"jobs": [job_summary(r) for r in self.parent.store.list_jobs(study=study)]}
+        return {"jobs": [job_summary(r) for r in self.store.list_jobs(study=study)]}
 
     def _unfinished(self, who, study, body) -> bool:
         return not self._job(study, body.get("job_id")).finished
@@ -257,16 +300,16 @@ class AdminService:
     def job_status(self, who, study, body):
         """A job's status. With `since` (the `version` of an earlier answer) and `wait_s`, Call
         first waits up to wait_s for anything to change: watchers need no polling loop."""
-        version = self.parent.store.version  # read before the record: never miss a change
+        version = self.store.version  # read before the record: never miss a change
         record = self._job(study, body.get("job_id"))
         out = job_summary(record)
         out["version"] = version
-        out["progress"] = self.parent.store.events(record.id)[-50:]
+        out["progress"] = self.store.events(record.id)[-50:]
         return out
 
     def job_logs(self, who, study, body):
         record = self._job(study, body.get("job_id"))
-        folder = self.parent.jobs.jobs_dir / record.id
+        folder = self.jobs.jobs_dir / record.id
         logs = {}
         # The server worker's log is the job's file, the sites' tails this parent's copies: all
         # are read without following a link the job could have planted (launchers/job_files.py).
@@ -279,21 +322,21 @@ class AdminService:
             except OSError as exc:  # JobFileError names only the path inside the job's folder
                 why = exc if isinstance(exc, JobFileError) else exc.strerror
                 logs[name] = f"[atoll: the server did not read this log: {why}]\n"
-        return {"job_id": record.id, "logs": logs, "events": self.parent.store.events(record.id)}
+        return {"job_id": record.id, "logs": logs, "events": self.store.events(record.id)}
 
     def abort_job(self, who, study, body):
         record = self._job(study, body.get("job_id"))
         if not self._may_manage(who, record):  # audited by _run
             raise Denied(f"{who.name} ({who.role}) may not abort {record.submitter}'s job")
         self._sites_allow(who, record, "manage_job", "abort")
-        self.parent.jobs.abort(record.id, f"aborted by {who.name}")
+        self.jobs.abort(record.id, f"aborted by {who.name}")
         self._audit(who, study, "abort", record.id, "ok")
-        return job_summary(self.parent.store.get_job(record.id))
+        return job_summary(self.store.get_job(record.id))
 
     def list_sites(self, who, study, body):
-        online = self.parent.links.online()
+        online = self.links.online()
         sites = []
-        for name in self.parent.studies.sites(study):
+        for name in self.studies.sites(study):
             link = online.get(name)
             sites.append({"name": name, "online": link is not None,
                           "launcher": link.hello.get("launcher") if link else None,
@@ -307,7 +350,7 @@ class AdminService:
         only, limit = body.get("only_study"), body.get("limit", 1000)
         if not isinstance(only, str | None) or not isinstance(limit, int):
             raise ValueError("only_study must be a study's name and limit a number of entries")
-        return {"entries": self.parent.store.audit_log(study=only, limit=limit)}
+        return {"entries": self.store.audit_log(study=only, limit=limit)}
 
     # -- streams -------------------------------------------------------------------------------
     def Submit(self, request_iterator, context):
@@ -322,8 +365,8 @@ class AdminService:
             context.abort(exc.code, exc.details)
         self._remember(who)
         try:
-            self.parent.studies.require_member(who, study)
-            record = self.parent.jobs.submit(who, study, chunks)
+            self.studies.require_member(who, study)
+            record = self.jobs.submit(who, study, chunks)
         except Denied as exc:
             self._refused(who, peer_fingerprint(context), study, "submit", "-", str(exc))
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
@@ -347,7 +390,7 @@ class AdminService:
         self._remember(who)
         fingerprint = peer_fingerprint(context)
         try:
-            self.parent.studies.require_member(who, study)
+            self.studies.require_member(who, study)
             record = self._job(study, body.get("job_id"))
             if not self._may_manage(who, record):
                 raise Denied(f"{who.name} ({who.role}) may not download {record.submitter}'s job")
@@ -359,8 +402,8 @@ class AdminService:
             self._refused(who, fingerprint, study, "download", _target(body, study), str(exc))
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         self._audit(who, study, "download", record.id, "ok")
-        folder = self.parent.jobs.jobs_dir / record.id
-        with tempfile.TemporaryDirectory(dir=self.parent.workspace / "tmp") as tmp:
+        folder = self.jobs.jobs_dir / record.id
+        with tempfile.TemporaryDirectory(dir=self.scratch) as tmp:
             out = write_results_zip(folder, Path(tmp) / "results.zip", job_summary(record))
             yield frames.header({"job_id": record.id, "size": out.stat().st_size})
             for chunk in frames.file_chunks(out):

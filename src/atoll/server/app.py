@@ -1,8 +1,11 @@
 """The server parent: one mutual-TLS port for sites and admins, the job store, the scheduler,
 the relay, and the endpoint its own server workers dial.
 
-Exit codes of `atoll server start`: 0 stopped cleanly; 2 bad kit or configuration; 3 the port
-could not be opened.
+This is where the server's services are wired: each receives, here and nowhere else, the
+collaborators it uses (the Protocols beside each service name what it needs of them).
+
+Exit codes of `atoll server start` (from the one table, atoll.spec.errors.EXIT_CODES): 0 stopped
+cleanly; 2 bad kit or configuration; 3 the port could not be opened; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,22 +17,29 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.local_config import UNCONFINED_WARNING, LocalConfig, load_local_config
+from atoll.parent.local_config import UNCONFINED_WARNING, LocalConfig, load_local_config
+from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
 from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
 from atoll.pki.tls import server_credentials
 from atoll.server.admin_service import AdminService
 from atoll.server.federation_service import FederationService
-from atoll.server.jobs import JobManager, ServerWorkerBackend
+from atoll.server.job_signing import SubmissionCheck
+from atoll.server.jobs import JobManager
 from atoll.server.revocation import ServerRevocations
-from atoll.server.scheduler import Scheduler
+from atoll.server.scheduler import JobQueue, Scheduler
 from atoll.server.sessions import SessionSigner
 from atoll.server.site_links import SiteLinks
 from atoll.server.store import JobRecord, JobStore
 from atoll.server.studies import Studies
-from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint
+from atoll.server.worker_backend import ServerWorkerBackend
+
+if TYPE_CHECKING:
+    from atoll.launchers.base import Launcher
+    from atoll.spec.meta import JobMeta
 
 log = logging.getLogger("atoll.server")
 
@@ -70,9 +80,15 @@ class ServerParent:
         self.revocations = ServerRevocations(self.workspace, kit.ca, self.links, self.store)
         self.revocations.activate()
         self.tokens = WorkerTokens()
-        self.jobs = JobManager(self)
-        self.scheduler = Scheduler(self)
         self._stopped = threading.Event()
+        # Intake hands each job's validated meta to the queue; the scheduler takes it from there
+        # to dispatch, and the job keeps it while it runs.
+        self.queue = JobQueue()
+        self.jobs = JobManager(
+            store=self.store, studies=self.studies, links=self.links, queue=self.queue,
+            host=self, tokens=self.tokens, limits=self.limits, workspace=self.workspace,
+            check=SubmissionCheck(kit.ca, kit.project, self.studies))
+        self.scheduler = Scheduler(self.queue, self.store, self.studies, self.links, self.jobs)
         self._grpc = None
         self._workers = None
         self._endpoint = None
@@ -83,26 +99,20 @@ class ServerParent:
     def stopping(self) -> bool:
         return self._stopped.is_set()
 
+    # -- what the jobs use of this parent (server/jobs.py, WorkerHost) ------------------------
     @property
-    def launcher(self):
+    def launcher(self) -> Launcher:
         return self.local.launcher
 
-    def study_ops(self) -> dict:
-        try:
-            from atoll.server.study_ops import study_ops
-        except ImportError:
-            return {}
-        return study_ops(self)
-
-    def launch_request(self, record: JobRecord, target: str, run_dir: Path,
+    def launch_request(self, record: JobRecord, meta: JobMeta, run_dir: Path,
                        token: str, shared: tuple[Path, ...] = ()) -> LaunchRequest:
+        """The server worker's request, from the meta the job carries since intake."""
         from atoll.launchers.request import build_request
-        from atoll.spec.meta import load_meta
 
         private_dir(run_dir / "logs")
         return build_request(
-            meta=load_meta(record.meta),
-            identity=JobIdentity(record.id, record.name, record.study, target, "server"),
+            meta=meta,
+            identity=JobIdentity(record.id, record.name, record.study, "server", "server"),
             site_config=self.local.site_config, study_runtime=None, workdir=run_dir,
             parent_address=self.worker_address, credentials={"ATOLL_JOB_TOKEN": token},
             parent_cert=self._endpoint.cert_pem, check_capacity=False, shared_folders=shared)
@@ -114,7 +124,13 @@ class ServerParent:
         server = LoopServer(HANDLER_THREADS)
         self._grpc = server
         # each call admitted (certificate, kind, per-peer limits) before its request is read
-        federation, admin = FederationService(self), AdminService(self)
+        federation = FederationService(
+            store=self.store, jobs=self.jobs, studies=self.studies, links=self.links,
+            revocations=self.revocations, wake=self.queue.wake, stopping=self._stopped.is_set)
+        admin = AdminService(
+            store=self.store, studies=self.studies, jobs=self.jobs, links=self.links,
+            signer=self.signer, scratch=self.workspace / "tmp", stopping=self._stopped.is_set,
+            ops={**_study_ops(self.studies, self.store), **self.revocations.ops()})
         server.serve("Federation", federation, federation.admit)
         server.serve("Admin", admin, admin.admit)
         self.port = server.add_secure_port(self.kit.listen_address, server_credentials(self.kit))
@@ -125,7 +141,7 @@ class ServerParent:
         # which needs local/'s check (started before this process imported gRPC).
         endpoint = self.local.endpoint
         self._endpoint = start_worker_endpoint(
-            self.tokens, ServerWorkerBackend(self.jobs), endpoint.host, endpoint.port,
+            self.tokens, ServerWorkerBackend(self.jobs, self.store), endpoint.host, endpoint.port,
             endpoint.dial_host, endpoint.uses_tls)
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         self.scheduler.start()
@@ -158,18 +174,27 @@ class ServerParent:
             pass
 
 
+def _study_ops(studies: Studies, store: JobStore) -> dict[str, Any]:
+    """The admin operations on studies (server/study_ops.py), where that module is present."""
+    try:
+        from atoll.server.study_ops import study_ops
+    except ImportError:
+        return {}
+    return study_ops(studies, store)
+
+
 def run_forever(kit: Kit, ready_file: Path | None = None,
                 local: LocalConfig | None = None) -> int:
     import signal
 
-    from atoll.memory import tune_for_streaming
+    from atoll.parent.malloc_tuning import tune_for_streaming
 
     tune_for_streaming()
 
-    parent = ServerParent(kit, local=local)
-    parent.start()
+    server = ServerParent(kit, local=local)
+    server.start()
     if ready_file is not None:
-        ready_file.write_text(json.dumps({"pid": os.getpid(), "port": parent.port,
+        ready_file.write_text(json.dumps({"pid": os.getpid(), "port": server.port,
                                           "at": time.time()}))
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -178,5 +203,5 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
     # thread next wakes up, so wake up now and then (an untimed wait missed SIGTERMs).
     while not done.wait(0.5):
         pass
-    parent.stop()
+    server.stop()
     return 0

@@ -22,6 +22,7 @@ import grpc
 
 from atoll.pki.identity import Identity, IdentityError, identity_from_cert, identity_from_subject
 from atoll.server import revocation
+from atoll.spec.errors import EXIT_AUTH, AtollError
 
 log = logging.getLogger("atoll.server.auth")
 
@@ -44,7 +45,9 @@ LOG_EVERY_S = 30.0  # one warning per peer and reason in this time, not one per 
 AUDIT_EVERY_S = 10.0
 
 
-class PeerRefused(Exception):
+class PeerRefused(AtollError):
+    exit_code = EXIT_AUTH
+
     def __init__(self, code: grpc.StatusCode, details: str):
         super().__init__(details)
         self.code, self.details = code, details

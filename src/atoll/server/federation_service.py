@@ -18,20 +18,50 @@ import json
 import logging
 import math
 import time
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from atoll.server.auth import Gate, peer_identity_async
 from atoll.server.relay import END, RelayError
-from atoll.server.site_links import HEARTBEAT_S, SiteLink
+from atoll.server.site_links import HEARTBEAT_S, SiteLink, SiteLinks
 from atoll.server.spool import SpoolError
 from atoll.spec.quantity import is_memory
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.guard import Stalled
 
+if TYPE_CHECKING:
+    from atoll.server.jobs import LiveJob
+    from atoll.server.store import JobStore
+
 log = logging.getLogger("atoll.server.federation")
+
+
+class SiteJobs(Protocol):
+    """What the sites' calls do to the jobs (server/jobs.py)."""
+
+    def running_at(self, job_id: str, site: str) -> LiveJob | None: ...
+
+    def app_zip(self, job_id: str, target: str) -> Path: ...
+
+    def site_state(self, site: str, body: dict[str, Any]) -> None: ...
+
+    def site_offline(self, site: str) -> None: ...
+
+
+class SiteRegistry(Protocol):
+    """The sites the server has seen, by org (server/studies.py)."""
+
+    def remember_site(self, name: str, org: str) -> None: ...
+
+
+class RevocationPush(Protocol):
+    """The project's revocation list, sent to a site after its welcome (server/revocation.py)."""
+
+    def on_connect(self, link: SiteLink, context: Any) -> None: ...
 
 
 def _object(text: str, what: str) -> dict[str, Any]:
@@ -72,14 +102,21 @@ def _hello(text: str) -> dict[str, Any]:
 
 
 class FederationService:
-    def __init__(self, parent):
-        self.parent = parent
-        self.gate = Gate("Federation", "site", parent.store)
+    def __init__(self, *, store: JobStore, jobs: SiteJobs, studies: SiteRegistry,
+                 links: SiteLinks, revocations: RevocationPush, wake: Callable[[], None],
+                 stopping: Callable[[], bool]):
+        self.store = store  # the gate's audit entries and the sites' progress events
+        self.jobs = jobs
+        self.studies = studies
+        self.links = links
+        self.revocations = revocations
+        self.wake = wake  # the scheduler: a site came online
+        self.stopping = stopping
+        self.gate = Gate("Federation", "site", store)
         self.admit = self.gate.admit  # wire/guard.py: before a request is read
 
-    def _running(self, job_id: str, site: str):
-        live = self.parent.jobs.live.get(job_id)
-        return live if live is not None and site in live.members else None
+    def _running(self, job_id: str, site: str) -> LiveJob | None:
+        return self.jobs.running_at(job_id, site)
 
     async def Connect(self, request_iterator, context):
         who = await peer_identity_async(context, "site")
@@ -96,9 +133,9 @@ class FederationService:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         loop = asyncio.get_running_loop()
         link = SiteLink(who.name, who.org, hello, loop)
-        await loop.run_in_executor(None, self.parent.studies.remember_site, who.name, who.org)
-        self.parent.links.attach(link)
-        self.parent.revocations.on_connect(link, context)  # the CRL follows the welcome
+        await loop.run_in_executor(None, self.studies.remember_site, who.name, who.org)
+        self.links.attach(link)
+        self.revocations.on_connect(link, context)  # the CRL follows the welcome
         log.info("site %s connected (%s)", who.name, link.hello.get("launcher", "?"))
         reader = asyncio.create_task(self._read(link, events), name=f"site-{who.name}")
         try:
@@ -108,19 +145,19 @@ class FederationService:
                 if self._running(job_id, who.name) is None:
                     link.send("abort", {"job_id": job_id,
                                         "reason": "the server no longer runs this job"})
-            self.parent.scheduler.wake()
+            self.wake()
             while (command := await link.outbox.get()) is not None:
                 yield command
         finally:
             reader.cancel()
             # (a server that is stopping has stopped its jobs and closes its store)
-            if self.parent.links.detach(link) and not self.parent.stopping:
+            if self.links.detach(link) and not self.stopping():
                 log.info("site %s disconnected", who.name)
                 loop.run_in_executor(None, self._offline, who.name)
 
     def _offline(self, site: str) -> None:
         try:
-            self.parent.jobs.site_offline(site)
+            self.jobs.site_offline(site)
         except Exception:  # noqa: BLE001 - nobody awaits this; say what went wrong
             log.exception("could not mark the jobs of %s as failed", site)
 
@@ -135,7 +172,7 @@ class FederationService:
                     link.hello["running_jobs"] = _job_ids(running, "heartbeat")
                 elif kind == "job_state":
                     # one site's states stay in order: the next waits for this one
-                    await loop.run_in_executor(None, self.parent.jobs.site_state, link.name,
+                    await loop.run_in_executor(None, self.jobs.site_state, link.name,
                                                _object(event.job_state, "job_state"))
         except (grpc.RpcError, asyncio.CancelledError):
             pass
@@ -153,7 +190,7 @@ class FederationService:
                                 f"job {request.job_id} is not running at {site}")
         loop = asyncio.get_running_loop()
         # the first fetch builds the zip; the rest find it (a page-cache read, chunk by chunk)
-        path = await loop.run_in_executor(None, self.parent.jobs.app_zip, request.job_id, site)
+        path = await loop.run_in_executor(None, self.jobs.app_zip, request.job_id, site)
         yield frames.header({"size": path.stat().st_size})
         for raw in frames.file_frames(path):
             yield raw
@@ -229,5 +266,5 @@ class FederationService:
         if self._running(job_id, site) is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} is not running at {site}")
         await asyncio.get_running_loop().run_in_executor(
-            None, self.parent.store.add_event, job_id, site, event)
+            None, self.store.add_event, job_id, site, event)
         return msg.Json(body="{}")

@@ -11,33 +11,50 @@ server's word is never what a site relies on.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from atoll.pki.identity import Identity
 from atoll.server.studies import SUBMIT_ROLES, Denied
-from atoll.wire.jobzip import IntakeError
+from atoll.wire.job_archive import IntakeError
 
 
-def verify_submission(parent, tree: Path, who: Identity, study: str) -> str:
-    """The job's content digest; IntakeError (bad or foreign signature) or Denied (a signer
-    who may not submit in ``study``) otherwise."""
-    from atoll.pki.job_signature import SignatureError, verify_job_tree
-    from atoll.server.revocation import refusal
+class Members(Protocol):
+    """Who is in which study (server/studies.py)."""
 
-    try:
-        signed = verify_job_tree(tree, parent.kit.ca, parent.kit.project, study)
-    except SignatureError as exc:
-        raise IntakeError(f"job refused: {exc}") from None
-    signer = signed.signer
-    revoked = refusal(signed.cert_pem)  # the caller's own is checked at every call; this one
-    if revoked is not None:  # signed the job, and may be another certificate of the same name
-        raise IntakeError(f"job refused: the certificate that signed it: {revoked}")
-    if signer != who:
-        raise IntakeError(f"job refused: it was signed by {signer.name} ({signer.role}, "
-                          f"{signer.org}), not by you ({who.name}); a job is submitted by the "
-                          "user who signed it")
-    if signer.role not in SUBMIT_ROLES:
-        raise Denied(f"{signer.name} is a {signer.role}; submitting jobs needs one of "
-                     f"{', '.join(SUBMIT_ROLES)}")
-    parent.studies.require_member(signer, study)
-    return signed.digest
+    def require_member(self, who: Identity, study: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class SubmissionCheck:
+    """What a submitted job's signature is checked against: the project's root CA and name (the
+    server's kit) and its studies."""
+
+    ca: Path
+    project: str
+    studies: Members
+
+    def verify(self, tree: Path, who: Identity, study: str) -> str:
+        """The job's content digest; IntakeError (bad or foreign signature) or Denied (a signer
+        who may not submit in ``study``) otherwise."""
+        from atoll.pki.job_signature import SignatureError, verify_job_tree
+        from atoll.server.revocation import refusal
+
+        try:
+            signed = verify_job_tree(tree, self.ca, self.project, study)
+        except SignatureError as exc:
+            raise IntakeError(f"job refused: {exc}") from None
+        signer = signed.signer
+        revoked = refusal(signed.cert_pem)  # the caller's own is checked at every call; this one
+        if revoked is not None:  # signed the job, and may be another certificate of the same name
+            raise IntakeError(f"job refused: the certificate that signed it: {revoked}")
+        if signer != who:
+            raise IntakeError(f"job refused: it was signed by {signer.name} ({signer.role}, "
+                              f"{signer.org}), not by you ({who.name}); a job is submitted by the "
+                              "user who signed it")
+        if signer.role not in SUBMIT_ROLES:
+            raise Denied(f"{signer.name} is a {signer.role}; submitting jobs needs one of "
+                         f"{', '.join(SUBMIT_ROLES)}")
+        self.studies.require_member(signer, study)
+        return signed.digest

@@ -15,22 +15,28 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import create_job_file
 from atoll.pki.files import PRIVATE, private_dir
 from atoll.pki.job_signature import SIGNATURE_FILE
-from atoll.server.job_signing import verify_submission
-from atoll.server.relay import JobRelay, RelayError
+from atoll.server.relay import JobRelay
 from atoll.server.site_links import ControlTooLarge
 from atoll.server.spool import Budget
 from atoll.server.store import JobRecord
 from atoll.spec.errors import SpecError
-from atoll.wire import frames, handoff
-from atoll.wire.jobzip import Incoming, IntakeError, zip_folder
+from atoll.wire.job_archive import Incoming, IntakeError, zip_folder
 from atoll.wire.reasons import clip, clip_details, public
-from atoll.wire.worker_endpoint import BackendError
+
+if TYPE_CHECKING:
+    from atoll.launchers.base import Launcher, LaunchRequest
+    from atoll.parent.worker_endpoint import WorkerTokens
+    from atoll.pki.identity import Identity
+    from atoll.server.job_signing import SubmissionCheck
+    from atoll.server.store import JobStore
+    from atoll.spec.meta import JobMeta
+    from atoll.spec.resources import Resources
 
 log = logging.getLogger("atoll.server.jobs")
 
@@ -42,6 +48,7 @@ RELAY_MEMORY = 4 * 1024 * 1024
 @dataclass
 class LiveJob:
     record: JobRecord
+    meta: JobMeta  # validated at intake; it went with the job to the scheduler and here
     sites: list[str]
     relay: JobRelay
     folder: Path
@@ -51,8 +58,7 @@ class LiveJob:
     server_reason: str = ""
     aborting: str | None = None
     site_states: dict[str, tuple[str, str]] = field(default_factory=dict)
-    resources: dict[str, Any] = field(default_factory=dict)
-    meta: Any = None  # the job's Meta, loaded once for the app zips sites fetch
+    resources: dict[str, Resources] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.members = frozenset(self.sites)  # `site in live.sites` on every relay call
@@ -75,11 +81,61 @@ def _read_meta(tree: Path):
         raise IntakeError(f"meta.json is invalid:\n{exc}") from None
 
 
+class IntakeLimits(Protocol):
+    """How big a submitted job may be (server/app.py's Limits)."""
+
+    @property
+    def max_upload_bytes(self) -> int: ...
+
+    @property
+    def max_job_bytes(self) -> int: ...
+
+
+class StudySites(Protocol):
+    """The sites enrolled in a study (server/studies.py)."""
+
+    def sites(self, study: str) -> list[str]: ...
+
+
+class SiteCommands(Protocol):
+    """The control streams of connected sites (server/site_links.py): False if it is offline."""
+
+    def send(self, site: str, kind: str, body: dict[str, Any]) -> bool: ...
+
+
+class JobQueue(Protocol):
+    """What the scheduler works through (server/scheduler.py)."""
+
+    def submitted(self, job_id: str, meta: JobMeta) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+class WorkerHost(Protocol):
+    """Where the server worker runs: the server parent's launcher, and the request that starts
+    a worker on it (server/app.py)."""
+
+    @property
+    def launcher(self) -> Launcher: ...
+
+    def launch_request(self, record: JobRecord, meta: JobMeta, run_dir: Path, token: str,
+                       shared: tuple[Path, ...] = ()) -> LaunchRequest: ...
+
+
 class JobManager:
-    def __init__(self, parent):
-        self.parent = parent
-        self.store = parent.store
-        self.jobs_dir: Path = parent.workspace / "jobs"
+    def __init__(self, *, store: JobStore, studies: StudySites, links: SiteCommands,
+                 queue: JobQueue, host: WorkerHost, tokens: WorkerTokens,
+                 check: SubmissionCheck, limits: IntakeLimits, workspace: Path):
+        self.store = store
+        self.studies = studies
+        self.links = links
+        self.queue = queue
+        self.host = host
+        self.tokens = tokens
+        self.check = check  # a submission's signature and signer
+        self.limits = limits
+        self.workspace = workspace
+        self.jobs_dir: Path = workspace / "jobs"
         private_dir(self.jobs_dir)
         self.live: dict[str, LiveJob] = {}
         self._lock = threading.RLock()
@@ -87,10 +143,10 @@ class JobManager:
         self.relay_budget = Budget(RELAY_MEMORY)
 
     # -- intake -------------------------------------------------------------------------------
-    def submit(self, who, study: str, chunks: Iterator[bytes]) -> JobRecord:
+    def submit(self, who: Identity, study: str, chunks: Iterator[bytes]) -> JobRecord:
         """Take a job in; any refusal is an IntakeError naming the entry or field, never one of
         the server's paths (the caller audits it and answers INVALID_ARGUMENT)."""
-        scratch = self.parent.workspace / "tmp"
+        scratch = self.workspace / "tmp"
         try:
             return self._submit(who, study, chunks)
         except IntakeError as exc:
@@ -99,13 +155,13 @@ class JobManager:
             log.warning("job intake failed: %s", exc)
             raise IntakeError(f"the server could not take the job in: {exc.strerror}") from None
 
-    def _submit(self, who, study: str, chunks: Iterator[bytes]) -> JobRecord:
-        limits = self.parent.limits
-        with Incoming(self.parent.workspace / "tmp") as incoming:
+    def _submit(self, who: Identity, study: str, chunks: Iterator[bytes]) -> JobRecord:
+        limits = self.limits
+        with Incoming(self.workspace / "tmp") as incoming:
             incoming.receive(chunks, limits.max_upload_bytes)
             tree = incoming.extract(limits.max_job_bytes)
             meta = _read_meta(tree)
-            study_sites = self.parent.studies.sites(study)
+            study_sites = self.studies.sites(study)
             targets = meta.expand_targets(study_sites)
             problems = []
             for target in targets:
@@ -117,7 +173,7 @@ class JobManager:
                     problems.append(f"deploy_map: app folder {app!r} is missing from the job")
             if problems:
                 raise IntakeError("job refused:\n" + "\n".join(f"- {p}" for p in problems))
-            digest = verify_submission(self.parent, tree, who, study)  # the signature stays in it
+            digest = self.check.verify(tree, who, study)  # the signature stays in it
             import uuid  # with the first job, not at rest: it loads platform and libuuid
 
             job_id = uuid.uuid4().hex
@@ -127,20 +183,19 @@ class JobManager:
         self.store.add_job(job_id, meta.name, study, who.name, who.org, record_meta, targets)
         log.info("job %s submitted by %s in %s, signed, content %s", job_id, who.name, study,
                  digest)
-        self.parent.scheduler.wake()
+        self.queue.submitted(job_id, meta)  # validated here: the scheduler does not parse it again
         return self.store.get_job(job_id)
 
     def app_zip(self, job_id: str, target: str) -> Path:
         """The zipped app folder (plus meta.json) a participant runs; built once per app."""
-        from atoll.spec.meta import load_meta
-
         live = self.live.get(job_id)
         folder = self.jobs_dir / job_id
-        meta = live.meta if live is not None else None
-        if meta is None:  # a thousand sites fetch at once: read meta.json once, not each time
+        if live is not None:  # a thousand sites fetch at once: the meta the job came with
+            meta = live.meta
+        else:  # it ended since the caller found it running
+            from atoll.spec.meta import load_meta
+
             meta = load_meta(folder / "job")
-            if live is not None:
-                live.meta = meta
         app = meta.app_for(target)
         out = folder / "apps" / f"{app}.zip"
         with self._zip_lock:  # sites fetch at the same moment; build each app's zip once
@@ -153,12 +208,26 @@ class JobManager:
         return out
 
     # -- dispatch -----------------------------------------------------------------------------
-    def dispatch(self, record: JobRecord, sites: list[str], skipped: dict[str, str],
-                 resources: dict[str, Any]) -> None:
+    def held(self) -> dict[str, list[Resources]]:
+        """What the running jobs hold at each site, until that site's part has ended."""
+        used: dict[str, list[Resources]] = {}
+        for live in list(self.live.values()):
+            for site, res in live.resources.items():
+                if site not in live.site_states:
+                    used.setdefault(site, []).append(res)
+        return used
+
+    def running_at(self, job_id: str, site: str) -> LiveJob | None:
+        """The job, if it runs now and ``site`` takes part in it."""
+        live = self.live.get(job_id)
+        return live if live is not None and site in live.members else None
+
+    def dispatch(self, record: JobRecord, meta: JobMeta, sites: list[str],
+                 skipped: dict[str, str], resources: dict[str, Resources]) -> None:
         folder = self.jobs_dir / record.id
         relay = JobRelay(record.id, folder / "relay", sites, self.relay_budget,
-                         handoff=self.parent.launcher.shares_host)
-        live = LiveJob(record, sites, relay, folder, resources=resources)
+                         handoff=self.host.launcher.shares_host)
+        live = LiveJob(record, meta, sites, relay, folder, resources=resources)
         with self._lock:
             self.live[record.id] = live
         record.state = "DISPATCHED"
@@ -170,7 +239,7 @@ class JobManager:
         for site in sites:
             self.store.set_part_state(record.id, site, "DISPATCHED")
             try:
-                self.parent.links.send(site, "dispatch", body)
+                self.links.send(site, "dispatch", body)
             except ControlTooLarge as exc:  # intake bounds the meta: only a bug gets here
                 self.site_state(site, {"job_id": record.id, "state": "FINISHED:FAILED",
                                        "reason": f"the job could not be sent to {site}: {exc}"})
@@ -180,25 +249,23 @@ class JobManager:
     def _run_server_worker(self, live: LiveJob) -> None:
         import shutil  # with the first job, not at rest: it loads bz2 and lzma
 
-        from atoll.spec.meta import load_meta
-
         run_dir = live.folder / "run" / "server"
         try:
-            app = load_meta(live.folder / "job").app_for("server")
+            app = live.meta.app_for("server")
             shutil.copytree(live.folder / "job" / app, private_dir(run_dir) / "app",
                             dirs_exist_ok=True)
-            token = self.parent.tokens.issue(live.id)
+            token = self.tokens.issue(live.id)
             shared = (live.relay.handoff.path,) if live.relay.handoff is not None else ()
-            request = self.parent.launch_request(live.record, "server", run_dir, token, shared)
+            request = self.host.launch_request(live.record, live.meta, run_dir, token, shared)
             self.store.set_part_state(live.id, "server", "STARTING")
-            live.handle = self.parent.launcher.launch(request)
+            live.handle = self.host.launcher.launch(request)
         except (LaunchError, SpecError, OSError) as exc:
             self._server_ended(live, WorkerExit(Outcome.FAILED, self._public(
                 live, f"server worker could not start: {exc}")))
             return
         if live.aborting:  # aborted while starting
-            self.parent.launcher.cancel(live.handle)
-        self._server_ended(live, self.parent.launcher.wait(live.handle))
+            self.host.launcher.cancel(live.handle)
+        self._server_ended(live, self.host.launcher.wait(live.handle))
 
     def _server_ended(self, live: LiveJob, exit: WorkerExit) -> None:
         if live.aborting:
@@ -214,9 +281,9 @@ class JobManager:
         live.relay.end()
         for site in self._unfinished_sites(live):
             if state == "COMPLETED":
-                self.parent.links.send(site, "end", {"job_id": live.id})
+                self.links.send(site, "end", {"job_id": live.id})
             else:
-                self.parent.links.send(site, "abort", {"job_id": live.id, "reason": reason})
+                self.links.send(site, "abort", {"job_id": live.id, "reason": reason})
         if state == "COMPLETED" and self._unfinished_sites(live):
             timer = threading.Timer(END_GRACE_S, self._end_stragglers, args=(live,))
             timer.daemon = True
@@ -226,11 +293,11 @@ class JobManager:
     def _public(self, live: LiveJob, reason: str) -> str:
         """A reason as users see it: paths relative to the job, none of the server's own."""
         run = live.folder / "run" / "server"
-        return public(reason, [run, live.folder / "job", live.folder], self.parent.workspace)
+        return public(reason, [run, live.folder / "job", live.folder], self.workspace)
 
     def _end_stragglers(self, live: LiveJob) -> None:
         for site in self._unfinished_sites(live):
-            self.parent.links.send(site, "abort", {
+            self.links.send(site, "abort", {
                 "job_id": live.id, "reason": f"did not finish within {END_GRACE_S:.0f} s of the "
                                              "workflow's end"})
 
@@ -284,12 +351,12 @@ class JobManager:
         if live.server_state == "COMPLETED" and failed:
             reason = "sites that dropped out: " + "; ".join(failed)
         self.store.set_job_state(live.id, f"FINISHED:{live.server_state}", reason)
-        self.parent.tokens.revoke(live.id)
+        self.tokens.revoke(live.id)
         live.relay.close()
         import shutil
 
         shutil.rmtree(live.relay.folder, ignore_errors=True)
-        self.parent.scheduler.wake()
+        self.queue.wake()  # what the job held at its sites is free
         log.info("job %s finished: %s %s", live.id, live.server_state, reason)
 
     # -- abort ----------------------------------------------------------------------------------
@@ -307,11 +374,11 @@ class JobManager:
         live.aborting = reason
         live.relay.end()
         for site in self._unfinished_sites(live):
-            if not self.parent.links.send(site, "abort", {"job_id": job_id, "reason": reason}):
+            if not self.links.send(site, "abort", {"job_id": job_id, "reason": reason}):
                 self.site_state(site, {"job_id": job_id, "state": "FINISHED:ABORTED",
                                        "reason": f"{reason} (site offline)"})
         if live.handle is not None:  # in the background: the admin's call returns at once
-            threading.Thread(target=self.parent.launcher.cancel, args=(live.handle,),
+            threading.Thread(target=self.host.launcher.cancel, args=(live.handle,),
                              name=f"cancel-{job_id[:8]}", daemon=True).start()
 
     def recover(self) -> None:
@@ -326,84 +393,7 @@ class JobManager:
     def stop_all(self) -> None:
         for live in list(self.live.values()):
             if live.handle is not None:
-                self.parent.launcher.cancel(live.handle)
-
-
-class ServerWorkerBackend:
-    """What the server worker (the workflow) can do through the server parent's endpoint."""
-
-    def __init__(self, jobs: JobManager):
-        self.jobs = jobs
-
-    def _live(self, job_id: str) -> LiveJob:
-        live = self.jobs.live.get(job_id)
-        if live is None:
-            raise BackendError(f"job {job_id} is not running")
-        return live
-
-    def on_register(self, job_id: str) -> dict[str, Any]:
-        live = self._live(job_id)
-        self.jobs.store.set_part_state(job_id, "server", "RUNNING")
-        if live.record.state == "DISPATCHED":
-            live.record.state = "RUNNING"
-            self.jobs.store.set_job_state(job_id, "RUNNING")
-        info = {"sites": live.sites,
-                "job_args": {"min_clients": live.record.meta.get("min_clients")}}
-        if live.relay.handoff is not None:
-            info["handoff"] = str(live.relay.handoff.path)
-        return info
-
-    def app_zip(self, job_id: str) -> Path:
-        self._live(job_id)
-        return self.jobs.app_zip(job_id, "server")
-
-    def send_task(self, job_id, head, chunks):
-        relay = self._live(job_id).relay
-        try:
-            task_id = relay.add_task(
-                list(head.get("targets") or []), str(head.get("topic", "")),
-                dict(head.get("headers") or {}), handoff.payload_of(head, chunks, relay.handoff))
-        except RelayError as exc:
-            raise BackendError(str(exc)) from None
-        return {"task_id": task_id}
-
-    def next_reply(self, job_id, task_id, wait_s, many=False, as_files=False):
-        relay = self._live(job_id).relay
-        as_files = as_files and relay.handoff is not None
-        try:
-            entry = relay.next_reply(task_id, min(max(wait_s, 0.0), 30.0))
-        except RelayError as exc:
-            raise BackendError(str(exc)) from None
-        if entry is None:
-            yield frames.header({"none": True})
-        while entry is not None:
-            if entry.error is not None:
-                yield frames.header({"site": entry.site, "error": entry.error})
-            elif as_files:  # the worker reads the reply's own file (wire/handoff.py)
-                yield frames.header({"site": entry.site, "headers": entry.headers,
-                                     handoff.KEY: entry.spool.hand_over()})
-            else:
-                yield frames.header({"site": entry.site, "headers": entry.headers})
-                yield from entry.spool.read("workflow")
-            # replies already waiting follow in the same call: at a thousand sites, a call
-            # per reply cost the workflow more than the replies did
-            entry = relay.next_reply(task_id, 0) if many else None
-
-    def next_task(self, job_id, wait_s, as_files=False):
-        raise BackendError("the server worker runs the workflow; it takes no tasks")
-
-    def send_reply(self, job_id, head, chunks):
-        raise BackendError("the server worker runs the workflow; it sends no replies")
-
-    def report(self, job_id, body):
-        self._live(job_id)
-        self.jobs.store.add_event(job_id, "server", body)
-
-    def finish(self, job_id, ok, error):
-        live = self._live(job_id)
-        live.report = (ok, clip(str(error or "")))  # job code's text: it goes to every site
-        if ok:  # the workflow is over: the sites wind down while its process exits
-            live.relay.end()
+                self.host.launcher.cancel(live.handle)
 
 
 def job_summary(record: JobRecord) -> dict[str, Any]:

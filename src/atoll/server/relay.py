@@ -21,6 +21,7 @@ from typing import Any
 from atoll.pki.files import private_dir
 from atoll.server.spool import Budget, SpillFiles, Spool
 from atoll.server.waiters import AsyncWaiters, until
+from atoll.spec.errors import EXIT_INVALID, AtollError
 from atoll.wire.handoff import HandoffDir
 
 END = object()  # returned by wait_task once the job is over
@@ -45,8 +46,8 @@ class ReplyEntry:
     error: str | None = None
 
 
-class RelayError(Exception):
-    pass
+class RelayError(AtollError):
+    exit_code = EXIT_INVALID
 
 
 class JobRelay:

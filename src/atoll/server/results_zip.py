@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.job_files import JobFileError, iter_job_files
-from atoll.wire.jobzip import STORE_FROM_BYTES
+from atoll.wire.job_archive import STORE_FROM_BYTES
 
 SKIPPED = "skipped.txt"
 

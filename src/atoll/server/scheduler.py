@@ -4,18 +4,25 @@ A job can run when its mandatory sites are online, at least `min_clients` of its
 online (all of them when unset), and every site it would use has room for what the job asks
 (the capacity each site reported, minus what its running jobs hold). Until then the job stays
 SUBMITTED with a reason that says what it is waiting for.
+
+What it drives is what it receives (server/app.py wires them): the job queue intake fills, the
+store it lists waiting jobs from, the studies' sites, the links' online sites and their
+capacity, and the jobs it dispatches or aborts.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from atoll.spec.capacity import fits
 from atoll.spec.errors import SpecError
 
 if TYPE_CHECKING:
+    from atoll.server.site_links import SiteLink
+    from atoll.server.store import JobRecord, JobStore
+    from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
 
 log = logging.getLogger("atoll.server.scheduler")
@@ -23,10 +30,75 @@ log = logging.getLogger("atoll.server.scheduler")
 TICK_S = 1.0
 
 
-class Scheduler:
-    def __init__(self, parent):
-        self.parent = parent
+class StudySites(Protocol):
+    """The sites enrolled in a study (server/studies.py)."""
+
+    def sites(self, study: str) -> list[str]: ...
+
+
+class OnlineSites(Protocol):
+    """The sites connected now, with the capacity each reported (server/site_links.py)."""
+
+    def online(self) -> dict[str, SiteLink]: ...
+
+
+class Dispatcher(Protocol):
+    """What the scheduler does with jobs (server/jobs.py)."""
+
+    def held(self) -> dict[str, list[Resources]]: ...
+
+    def dispatch(self, record: JobRecord, meta: JobMeta, sites: list[str],
+                 skipped: dict[str, str], resources: dict[str, Resources]) -> None: ...
+
+    def abort(self, job_id: str, reason: str) -> None: ...
+
+
+class JobQueue:
+    """The jobs waiting for the scheduler: the meta intake validated for each (kept while the
+    job waits, so that no tick parses it again), and the event that wakes the scheduler."""
+
+    def __init__(self) -> None:
         self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._metas: dict[str, JobMeta] = {}
+
+    def submitted(self, job_id: str, meta: JobMeta) -> None:
+        """A job intake took in (already in the store), with its validated meta."""
+        with self._lock:
+            self._metas[job_id] = meta
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def wait(self, timeout: float) -> None:
+        self._wake.wait(timeout)
+        self._wake.clear()
+
+    def take(self) -> dict[str, JobMeta]:
+        """The metas held so far; the scheduler puts back (`keep`) those of jobs still waiting,
+        so that those of jobs dispatched or aborted meanwhile are dropped."""
+        with self._lock:
+            held, self._metas = self._metas, {}
+        return held
+
+    def get(self, job_id: str) -> JobMeta | None:
+        with self._lock:
+            return self._metas.get(job_id)
+
+    def keep(self, job_id: str, meta: JobMeta) -> None:
+        with self._lock:
+            self._metas.setdefault(job_id, meta)
+
+
+class Scheduler:
+    def __init__(self, queue: JobQueue, store: JobStore, studies: StudySites,
+                 links: OnlineSites, jobs: Dispatcher):
+        self.queue = queue
+        self.store = store
+        self.studies = studies
+        self.links = links
+        self.jobs = jobs
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
@@ -35,51 +107,49 @@ class Scheduler:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
-
-    def wake(self) -> None:
-        self._wake.set()
+        self.queue.wake()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(TICK_S)
-            self._wake.clear()
+            self.queue.wait(TICK_S)
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - the scheduler must outlive one bad job
                 log.exception("scheduler tick failed")
 
     def tick(self) -> None:
-        store = self.parent.store
-        for record in sorted(store.list_jobs(states=["SUBMITTED"]), key=lambda r: r.seq):
-            reason = self._try(record)
+        held = self.queue.take()
+        for record in sorted(self.store.list_jobs(states=["SUBMITTED"]), key=lambda r: r.seq):
+            meta = held.get(record.id)
+            if meta is None:  # handed over since `take`, or submitted before a restart
+                meta = self.queue.get(record.id)
+            if meta is None and (meta := self._load(record)) is None:
+                continue
+            self.queue.keep(record.id, meta)  # while it waits; a dispatched one is dropped next
+            reason = self._try(record, meta)
             if reason is not None and reason != record.reason:
-                store.set_job_state(record.id, "SUBMITTED", reason)
+                self.store.set_job_state(record.id, "SUBMITTED", reason)
 
-    def _used(self) -> dict[str, list[Resources]]:
-        used: dict[str, list[Resources]] = {}
-        for live in list(self.parent.jobs.live.values()):
-            for site, res in live.resources.items():
-                if site not in live.site_states:
-                    used.setdefault(site, []).append(res)
-        return used
-
-    def _try(self, record) -> str | None:
-        """Dispatch the job if it can run now; otherwise return what it waits for."""
-        # The spec models import pydantic: only once there is a job, not in a parent at rest.
-        from atoll.spec.meta import load_meta
-        from atoll.spec.resources import resolve_resources
+    def _load(self, record: JobRecord) -> JobMeta | None:
+        """The meta of a job intake did not hand over (one submitted before a restart),
+        validated once; None, and the job aborted, when it is no longer valid."""
+        from atoll.spec.meta import load_meta  # pydantic: only once there is a job
 
         try:
-            meta = load_meta(record.meta)
+            return load_meta(record.meta)
         except SpecError as exc:
-            self.parent.jobs.abort(record.id, f"meta.json no longer valid: {exc}")
+            self.jobs.abort(record.id, f"meta.json no longer valid: {exc}")
             return None
-        study_sites = self.parent.studies.sites(record.study)
+
+    def _try(self, record: JobRecord, meta: JobMeta) -> str | None:
+        """Dispatch the job if it can run now; otherwise return what it waits for."""
+        from atoll.spec.resources import resolve_resources
+
+        study_sites = self.studies.sites(record.study)
         targets = [t for t in meta.expand_targets(study_sites) if t != "server"]
         # Never dispatch outside the study, even to a site removed after the job was submitted.
         sites = [t for t in targets if t in study_sites]
-        online = self.parent.links.online()
+        online = self.links.online()
         missing = [s for s in meta.mandatory_clients if s not in online]
         if missing:
             return f"waiting for mandatory site(s) {', '.join(missing)} to come online"
@@ -88,7 +158,7 @@ class Scheduler:
         if len(ready) < needed:
             return (f"waiting for sites: {len(ready)} of {len(sites)} online, "
                     f"{needed} needed (min_clients)")
-        used = self._used()
+        used = self.jobs.held()
         resources: dict[str, Resources] = {}
         for site in ready:
             asked = resolve_resources(meta.resource_spec, site)
@@ -99,5 +169,5 @@ class Scheduler:
         skipped = {s: "not dispatched: the site was offline" for s in sites if s not in online}
         skipped.update({s: f"not dispatched: no longer enrolled in study {record.study}"
                         for s in targets if s not in study_sites})
-        self.parent.jobs.dispatch(record, ready, skipped, resources)
+        self.jobs.dispatch(record, meta, ready, skipped, resources)
         return None

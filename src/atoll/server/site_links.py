@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
 from atoll.wire import messages as msg
 from atoll.wire.frames import MAX_CONTROL
 
@@ -20,8 +21,10 @@ HEARTBEAT_S = 5.0
 STALE_S = 20.0  # a site silent this long is treated as gone
 
 
-class ControlTooLarge(ValueError):
+class ControlTooLarge(AtollError, ValueError):
     """A command would not fit in one control message; it is not sent (the link stays up)."""
+
+    exit_code = EXIT_INVALID
 
 
 @dataclass

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from atoll.server.waiters import AsyncWaiters
+from atoll.spec.errors import EXIT_CONNECTION, AtollError
 from atoll.wire.frames import FrameError
 
 if TYPE_CHECKING:
@@ -31,8 +32,10 @@ PATIENCE_S = 2.0  # how long a live writer waits for a lagging reader before spi
 _WAIT = object()  # Spool._step: the reader is ahead of the writer
 
 
-class SpoolError(Exception):
+class SpoolError(AtollError):
     """The payload broke off before it was complete."""
+
+    exit_code = EXIT_CONNECTION
 
 
 class Budget:

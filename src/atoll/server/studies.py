@@ -19,14 +19,17 @@ from typing import Any
 
 from atoll.pki.identity import Identity
 from atoll.server.store import JobStore
+from atoll.spec.errors import EXIT_INVALID, AtollError
 
 DEFAULT = "default"
 STUDY_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,61}[a-z0-9])?$")
 SUBMIT_ROLES = ("project_admin", "org_admin", "lead")
 
 
-class Denied(Exception):
+class Denied(AtollError):
     """The caller may not do this; the message says why."""
+
+    exit_code = EXIT_INVALID
 
 
 class NoSuchStudy(Denied):

@@ -11,21 +11,26 @@ names exist. Only a project admin, who may see them all, is told what is missing
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atoll.pki.identity import Identity
 from atoll.server.studies import DEFAULT, STUDY_NAME, Denied
 
+if TYPE_CHECKING:
+    from atoll.server.store import JobStore
+    from atoll.server.studies import Studies
 
-def study_ops(parent) -> dict[str, Any]:
-    return StudyOps(parent).table()
+
+def study_ops(studies: Studies, store: JobStore) -> dict[str, Any]:
+    return StudyOps(studies, store).table()
 
 
 class StudyOps:
-    def __init__(self, parent):
-        self.parent = parent
-        self.studies = parent.studies
-        self.store = parent.store
+    """Receives the studies it manages and the store it audits and counts jobs in."""
+
+    def __init__(self, studies: Studies, store: JobStore):
+        self.studies = studies
+        self.store = store
 
     def table(self) -> dict[str, Any]:
         return {

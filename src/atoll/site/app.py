@@ -1,7 +1,11 @@
 """The site parent: dials the server, supervises this site's job workers, relays their traffic.
 
 It holds the site's certificate and key; its workers never do. Exit codes of `atoll site
-start`: 0 stopped cleanly; 2 bad kit or configuration.
+start` (from the one table, atoll.spec.errors.EXIT_CODES): 0 stopped cleanly; 2 bad kit or
+configuration; 130 interrupted.
+
+This is where the site's services are wired: each receives, here and nowhere else, the
+collaborators it uses (the Protocols beside each service name what it needs of them).
 """
 
 from __future__ import annotations
@@ -12,22 +16,27 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atoll import __version__
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.local_config import UNCONFINED_WARNING, LocalConfig, load_local_config
+from atoll.parent.local_config import UNCONFINED_WARNING, LocalConfig, load_local_config
+from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
 from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
 from atoll.pki.tls import channel_credentials
 from atoll.site.connection import ServerLink
 from atoll.site.revocation import SiteRevocations
-from atoll.site.supervisor import Supervisor
+from atoll.site.supervisor import SiteJob, Supervisor
 from atoll.site.worker_backend import SiteWorkerBackend
 from atoll.spec.authorization import load_policy
 from atoll.wire import rpc
 from atoll.wire.grpc_setup import secure_channel
-from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint
+
+if TYPE_CHECKING:
+    from atoll.launchers.base import Launcher
+    from atoll.spec.meta import JobMeta
+    from atoll.spec.study_runtime import StudyRuntime
 
 log = logging.getLogger("atoll.site")
 
@@ -42,7 +51,7 @@ class SiteParent:
         for folder in (self.workspace, self.workspace / "tmp", self.workspace / "jobs"):
             private_dir(folder)
         # Before any thread exists: the check runs in a forked child (local_config). It also
-        # checks study_runtime.yaml, to fail fast; each launch reads that file again.
+        # checks study_runtime.yaml, to fail fast; each job's admission reads that file again.
         self.local = local or load_local_config(kit.local_dir, study_runtime=True,
                                                 workspace=kit.workspace)
         # local/authorization.json, checked now so that a broken one stops the parent rather
@@ -54,51 +63,48 @@ class SiteParent:
         self.tokens = WorkerTokens()
         self.channel = secure_channel(kit.server_address, channel_credentials(kit), None)
         self.stub = rpc.stub(self.channel, "Federation")
-        self.supervisor = Supervisor(self)
         self.link = ServerLink(self.channel, self.stub, self._hello, self._on_command,
                                kit.server_address)
+        self.supervisor = Supervisor(kit, host=self, link=self.link, server=self.stub,
+                                     tokens=self.tokens)
         self._workers = None
         self._endpoint = None
         self.worker_address = ""
         self._stopped = threading.Event()
         self._serving = threading.Event()
 
+    # -- what the supervisor uses of this parent (site/supervisor.py, LaunchHost) --------------
     @property
-    def launcher(self):
+    def launcher(self) -> Launcher:
         return self.local.launcher
 
-    # -- configuration, re-read at every launch --------------------------------------------------
-    def study_runtime(self):
+    def study_runtime(self) -> StudyRuntime:
+        """local/study_runtime.yaml as it is now: read once per job, at its admission."""
         from atoll.spec.study_runtime import load_study_runtime
 
         return load_study_runtime(self.kit.local_dir, self.local.launcher_name)
 
-    def study_entry(self, study: str):
-        return self.study_runtime().entry(study)
-
     def capacity(self) -> dict[str, Any]:
         return dict(self.local.capacity)
 
-    def launch_request(self, body: dict[str, Any], meta, workdir: Path,
+    def launch_request(self, job: SiteJob, name: str, meta: JobMeta,
                        token: str) -> LaunchRequest:
+        """The request of an admitted job: the resources it was admitted with, the
+        study_runtime.yaml and study entry read then, and the secrets that entry names."""
         from atoll.launchers.request import build_request, secret_env_values
         from atoll.spec.errors import SpecError
         from atoll.spec.study_runtime import RUNTIME_FILE, unconfined_issues
 
-        study = str(body["study"])
-        runtime = self.study_runtime()
-        # Re-read at every launch, so checked again: an unconfined site maps one study at most.
-        if issues := unconfined_issues(self.local.site_config, runtime):
+        # Read again at every admission, so checked again: an unconfined site maps one study
+        # at most.
+        if issues := unconfined_issues(self.local.site_config, job.runtime):
             raise SpecError(issues, source=f"local/{RUNTIME_FILE}")
-        credentials = {"ATOLL_JOB_TOKEN": token,
-                       **secret_env_values(runtime.entry(study), os.environ)}
+        credentials = {"ATOLL_JOB_TOKEN": token, **secret_env_values(job.entry, os.environ)}
         return build_request(
-            meta=meta,
-            identity=JobIdentity(str(body["job_id"]), str(body.get("name", "")), study,
-                                 self.name, "site"),
-            site_config=self.local.site_config, study_runtime=runtime, workdir=workdir,
-            parent_address=self.worker_address, credentials=credentials,
-            parent_cert=self._endpoint.cert_pem)
+            meta=meta, identity=JobIdentity(job.job_id, name, job.study, self.name, "site"),
+            site_config=self.local.site_config, study_runtime=job.runtime,
+            resources=job.resources, workdir=job.workdir, parent_address=self.worker_address,
+            credentials=credentials, parent_cert=self._endpoint.cert_pem)
 
     def _hello(self) -> dict[str, Any]:
         self._serving.wait()  # no job may arrive before its workers have an endpoint to dial
@@ -125,7 +131,9 @@ class SiteParent:
         threading.Thread(target=self.link.run, name="server-link", daemon=True).start()
         endpoint = self.local.endpoint
         self._endpoint = start_worker_endpoint(
-            self.tokens, SiteWorkerBackend(self), endpoint.host, endpoint.port,
+            self.tokens, SiteWorkerBackend(self.name, jobs=self.supervisor, link=self.link,
+                                           server=self.stub, host=self),
+            endpoint.host, endpoint.port,
             endpoint.dial_host, endpoint.uses_tls)
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         self._serving.set()
@@ -149,12 +157,12 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
                 local: LocalConfig | None = None) -> int:
     import signal
 
-    from atoll.memory import tune_for_streaming
+    from atoll.parent.malloc_tuning import tune_for_streaming
 
     tune_for_streaming()
 
-    parent = SiteParent(kit, local)
-    parent.start()
+    site = SiteParent(kit, local)
+    site.start()
     if ready_file is not None:
         ready_file.write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
     done = threading.Event()
@@ -164,5 +172,5 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
     # thread next wakes up, so wake up now and then (an untimed wait missed SIGTERMs).
     while not done.wait(0.5):
         pass
-    parent.stop()
+    site.stop()
     return 0

@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from atoll.pki.files import PUBLIC, write_atomic
+from atoll.spec.errors import EXIT_INVALID, AtollError
 
 APPROVALS_FILE = "approved_jobs.json"
 MAX_BYTES = 16 * 1024 * 1024
 
 
-class ApprovalsError(ValueError):
+class ApprovalsError(AtollError, ValueError):
     """The approvals file cannot be read; the message names it and what to do."""
+
+    exit_code = EXIT_INVALID
 
 
 def read_approvals(local_dir: Path) -> dict[str, dict[str, Any]]:

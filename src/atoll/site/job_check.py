@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from atoll.pki.job_signature import SignatureError, Signed, bind, check_files, verify_apart
 from atoll.site import revocation
 from atoll.spec.authorization import SITE_RIGHTS, Actor, load_policy
+from atoll.spec.errors import EXIT_INVALID, AtollError
 from atoll.spec.meta import META_FILE, load_meta, parse_meta, read_meta_bytes
 
 if TYPE_CHECKING:
@@ -36,8 +37,10 @@ if TYPE_CHECKING:
     from atoll.spec.meta import JobMeta
 
 
-class JobRefused(Exception):
+class JobRefused(AtollError):
     """This site will not run the job; the message is the reason its status shows."""
+
+    exit_code = EXIT_INVALID
 
 
 @dataclass(frozen=True)
@@ -46,9 +49,11 @@ class Accepted:
     meta: JobMeta
 
 
-def check_job(tree: Path, body: dict[str, Any], kit: Kit) -> Accepted:
+def check_job(tree: Path, body: dict[str, Any], kit: Kit,
+              dispatched: JobMeta | None = None) -> Accepted:
     """Checks 1-5 on the unpacked job in ``tree`` (meta.json and this site's app) dispatched
-    with ``body``; JobRefused names what failed."""
+    with ``body``, whose meta the site parsed already (``dispatched``; parsed here when None);
+    JobRefused names what failed."""
     site, study = kit.name, str(body.get("study"))
     try:
         signed, files = verify_apart(tree, kit.ca)
@@ -60,7 +65,7 @@ def check_job(tree: Path, body: dict[str, Any], kit: Kit) -> Accepted:
         app = meta.app_for(site)
         check_files(signed.statement, files,
                     scope=lambda path: path.split("/", 1)[0] in (app, META_FILE))
-        _check_dispatch(body, meta, signed)
+        _check_dispatch(body, meta, signed, dispatched)
     except SignatureError as exc:
         raise JobRefused(f"{site} refused the job: {exc}. The job was changed after it was "
                          "signed (on the wire, in the server's store or by the server), or was "
@@ -90,7 +95,8 @@ def _check_revoked(site: str, signed: Signed) -> None:
                          f"signed the job is revoked: {reason}; nothing of it ran here")
 
 
-def _check_dispatch(body: dict[str, Any], meta: JobMeta, signed: Signed) -> None:
+def _check_dispatch(body: dict[str, Any], meta: JobMeta, signed: Signed,
+                    parsed: JobMeta | None) -> None:
     served = body.get("meta")
     if not isinstance(served, dict):
         raise SignatureError("the server sent no meta with the job")
@@ -99,7 +105,9 @@ def _check_dispatch(body: dict[str, Any], meta: JobMeta, signed: Signed) -> None
                              f"{served.get('study')!r} as the job's submitter; "
                              f"{signed.signer.name} signed it for study "
                              f"{signed.statement.study!r}")
-    dispatched = load_meta(served).model_dump(mode="json")  # study, submitter dropped
+    if parsed is None:
+        parsed = load_meta(served)
+    dispatched = parsed.model_dump(mode="json")  # study, submitter dropped
     signed_meta = meta.model_dump(mode="json")
     differ = sorted(k for k in dispatched.keys() | signed_meta.keys()
                     if dispatched.get(k) != signed_meta.get(k))

@@ -10,21 +10,28 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.pki.files import PRIVATE, private_dir
 from atoll.spec.capacity import fits
-from atoll.spec.errors import SpecError
+from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.reasons import public
 
 if TYPE_CHECKING:
+    from atoll.launchers.base import Launcher, LaunchRequest
+    from atoll.parent.worker_endpoint import WorkerTokens
+    from atoll.pki.kit import Kit
+    from atoll.site.job_check import Accepted
+    from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
+    from atoll.spec.study_runtime import StudyEntry, StudyRuntime
     from atoll.wire.handoff import HandoffDir
 
 log = logging.getLogger("atoll.site.supervisor")
@@ -39,7 +46,11 @@ class SiteJob:
     job_id: str
     study: str
     workdir: Path
-    resources: Resources
+    resources: Resources  # what the job was admitted with; its launch request asks the same
+    # local/study_runtime.yaml as read at admission, and the job's study in it: its launch
+    # request uses them rather than reading the file again
+    runtime: StudyRuntime | None = None
+    entry: StudyEntry | None = None
     handle: Handle | None = None
     ended: threading.Event = field(default_factory=threading.Event)
     aborting: str | None = None
@@ -50,13 +61,48 @@ class SiteJob:
     app_zip: Path | None = None
 
 
-class Refused(Exception):
-    pass
+class NotAdmitted(AtollError):
+    """The site cannot take the job now: its study is not mapped here, the job already runs,
+    or the job does not fit the capacity left; the message is the reason its status shows."""
+
+    exit_code = EXIT_INVALID
+
+
+class LaunchHost(Protocol):
+    """What the site parent lends its supervisor (site/app.py): its launcher, its capacity and
+    study_runtime.yaml as they are now, and the launch request of an admitted job."""
+
+    @property
+    def launcher(self) -> Launcher: ...
+
+    def capacity(self) -> dict[str, Any]: ...
+
+    def study_runtime(self) -> StudyRuntime: ...
+
+    def launch_request(self, job: SiteJob, name: str, meta: JobMeta,
+                       token: str) -> LaunchRequest: ...
+
+
+class StateReports(Protocol):
+    """The link that reports a job's states to the server (site/connection.py)."""
+
+    def send_state(self, job_id: str, state: str, reason: str = "", **extra: Any) -> None: ...
+
+
+class JobFetch(Protocol):
+    """The server's FetchJob call (the parent's Federation stub)."""
+
+    def FetchJob(self, request: Any) -> Iterable[bytes]: ...
 
 
 class Supervisor:
-    def __init__(self, parent):
-        self.parent = parent
+    def __init__(self, kit: Kit, host: LaunchHost, link: StateReports, server: JobFetch,
+                 tokens: WorkerTokens):
+        self.kit = kit  # this site's name, workspace, and what job_check checks against
+        self.host = host
+        self.link = link
+        self.server = server
+        self.tokens = tokens
         self.jobs: dict[str, SiteJob] = {}
         self._lock = threading.Lock()
 
@@ -64,32 +110,37 @@ class Supervisor:
         with self._lock:
             return list(self.jobs)
 
+    def job(self, job_id: str) -> SiteJob | None:
+        return self.jobs.get(job_id)
+
     def dispatch(self, body: dict[str, Any]) -> None:
         threading.Thread(target=self._run, args=(body,), daemon=True,
                          name=f"job-{str(body.get('job_id'))[:8]}").start()
 
     def _report(self, job_id: str, state: str, reason: str = "", **extra: Any) -> None:
-        workdir = self.parent.workspace / "jobs" / job_id  # paths relative to the job's folder
-        reason = public(reason, [workdir], self.parent.workspace)
-        self.parent.link.send_state(job_id, state, reason, **extra)
+        workdir = self.kit.workspace / "jobs" / job_id  # paths relative to the job's folder
+        reason = public(reason, [workdir], self.kit.workspace)
+        self.link.send_state(job_id, state, reason, **extra)
 
     def _admit(self, job_id: str, study: str, meta) -> SiteJob:
         from atoll.spec.resources import resolve_resources
 
-        site = self.parent.name
-        entry = self.parent.study_entry(study)
+        site = self.kit.name
+        runtime = self.host.study_runtime()  # read once per launch: the request gets it
+        entry = runtime.entry(study)
         if entry is None:
-            raise Refused(f"site {site} does not map study {study!r} in its local/"
-                          "study_runtime.yaml; the site operator must add it")
+            raise NotAdmitted(f"site {site} does not map study {study!r} in its local/"
+                              "study_runtime.yaml; the site operator must add it")
         resources = resolve_resources(meta.resource_spec, site)
         with self._lock:
             if job_id in self.jobs:
-                raise Refused(f"job {job_id} is already running at {site}")
+                raise NotAdmitted(f"job {job_id} is already running at {site}")
             used = [j.resources for j in self.jobs.values()]
-            short = fits(self.parent.capacity(), used, resources)
+            short = fits(self.host.capacity(), used, resources)
             if short:
-                raise Refused(f"site {site} has no room for the job: {short}")
-            job = SiteJob(job_id, study, self.parent.workspace / "jobs" / job_id, resources)
+                raise NotAdmitted(f"site {site} has no room for the job: {short}")
+            job = SiteJob(job_id, study, self.kit.workspace / "jobs" / job_id, resources,
+                          runtime, entry)
             self.jobs[job_id] = job
         return job
 
@@ -100,22 +151,25 @@ class Supervisor:
 
         from atoll.site.job_check import JobRefused
         from atoll.spec.meta import load_meta
-        from atoll.wire.jobzip import IntakeError
+        from atoll.wire.job_archive import IntakeError
 
-        job_id, study, site = str(body["job_id"]), str(body["study"]), self.parent.name
+        job_id, study, site = str(body["job_id"]), str(body["study"]), self.kit.name
         job = None
         try:
-            meta = load_meta(body["meta"])
-            job = self._admit(job_id, study, meta)
-            meta = self._fetch(job, body).meta  # what the submitter signed
-            token = self.parent.tokens.issue(job_id)
-            request = self.parent.launch_request(body, meta, job.workdir, token)
-            self._report(job_id, "STARTING", f"launching through {self.parent.launcher.name}")
-            job.handle = self.parent.launcher.launch(
+            served = body.get("meta")
+            if not isinstance(served, dict):  # never a path: load_meta would read this disk
+                raise NotAdmitted(f"{site} refused the job: the server sent no meta document")
+            dispatched = load_meta(served)  # parsed once here; job_check compares it
+            job = self._admit(job_id, study, dispatched)
+            meta = self._fetch(job, body, dispatched).meta  # what the submitter signed
+            token = self.tokens.issue(job_id)
+            request = self.host.launch_request(job, str(body.get("name", "")), meta, token)
+            self._report(job_id, "STARTING", f"launching through {self.host.launcher.name}")
+            job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
-        except (Refused, JobRefused, SpecError, LaunchError, IntakeError, OSError,
+        except (NotAdmitted, JobRefused, SpecError, LaunchError, IntakeError, OSError,
                 zipfile.BadZipFile) as exc:
-            reason = (str(exc) if isinstance(exc, Refused | JobRefused)
+            reason = (str(exc) if isinstance(exc, NotAdmitted | JobRefused)
                       else f"{site} refused the job: {exc}")
             self._report(job_id, "FINISHED:FAILED", reason)
             self._forget(job_id, job)
@@ -126,29 +180,29 @@ class Supervisor:
             self._forget(job_id, job)
             return
         if job.aborting:
-            self.parent.launcher.cancel(job.handle)
-        self._finish(job, self.parent.launcher.wait(job.handle))
+            self.host.launcher.cancel(job.handle)
+        self._finish(job, self.host.launcher.wait(job.handle))
 
-    def _fetch(self, job: SiteJob, body: dict[str, Any]):
+    def _fetch(self, job: SiteJob, body: dict[str, Any], dispatched: JobMeta) -> Accepted:
         """Fetch this site's app into a new private run folder once the job passed the site's
         checks (its signature, content and policy); keep the zip (outside the folder) for
         workers that cannot see this folder."""
         import shutil
 
         from atoll.site.job_check import check_job
-        from atoll.wire.jobzip import unpack_app
+        from atoll.wire.job_archive import unpack_app
 
         shutil.rmtree(job.workdir, ignore_errors=True)
         private_dir(job.workdir)
-        job.app_zip = private_dir(self.parent.workspace / "apps") / f"{job.job_id}.zip"
-        stream = self.parent.stub.FetchJob(msg.JobRef(job_id=job.job_id))
+        job.app_zip = private_dir(self.kit.workspace / "apps") / f"{job.job_id}.zip"
+        stream = self.server.FetchJob(msg.JobRef(job_id=job.job_id))
         _, chunks = frames.split(iter(stream))
         frames.write_chunks(chunks, job.app_zip, limit=1 << 31)
         job.app_zip.chmod(PRIVATE)
         accepted = []
-        unpack_app(job.app_zip, self.parent.name, job.workdir / "app",
-                   self.parent.workspace / "tmp",
-                   check=lambda tree: accepted.append(check_job(tree, body, self.parent.kit)))
+        unpack_app(job.app_zip, self.kit.name, job.workdir / "app", self.kit.workspace / "tmp",
+                   check=lambda tree: accepted.append(
+                       check_job(tree, body, self.kit, dispatched=dispatched)))
         private_dir(job.workdir / "logs")
         log.info("job %s: signed by %s (%s), content %s", job.job_id,
                  accepted[0].signed.signer.name, accepted[0].signed.signer.role,
@@ -167,7 +221,7 @@ class Supervisor:
         self._forget(job.job_id, job)
 
     def _forget(self, job_id: str, job: SiteJob | None) -> None:
-        self.parent.tokens.revoke(job_id)
+        self.tokens.revoke(job_id)
         with self._lock:
             if job is not None and self.jobs.get(job_id) is job:
                 del self.jobs[job_id]
@@ -204,7 +258,7 @@ class Supervisor:
         job.aborting = job.aborting or reason
         job.ended.set()
         if job.handle is not None:
-            threading.Thread(target=self.parent.launcher.cancel, args=(job.handle,),
+            threading.Thread(target=self.host.launcher.cancel, args=(job.handle,),
                              daemon=True).start()
 
     def end(self, job_id: str) -> None:
@@ -217,7 +271,7 @@ class Supervisor:
             if self.jobs.get(job_id) is job and job.handle is not None:
                 job.report = (False, f"did not exit within {END_GRACE_S:.0f} s of the "
                                      "workflow's end")
-                self.parent.launcher.cancel(job.handle)
+                self.host.launcher.cancel(job.handle)
 
         timer = threading.Timer(END_GRACE_S, overdue)
         timer.daemon = True
@@ -227,4 +281,4 @@ class Supervisor:
         for job in list(self.jobs.values()):
             job.aborting = job.aborting or "the site parent stopped"
             if job.handle is not None:
-                self.parent.launcher.cancel(job.handle)
+                self.host.launcher.cancel(job.handle)

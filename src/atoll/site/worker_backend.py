@@ -11,31 +11,63 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
+from atoll.parent.worker_endpoint import BackendError
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.handoff import KEY, HandoffDir, payload_of
-from atoll.wire.worker_endpoint import BackendError
+
+if TYPE_CHECKING:
+    from atoll.launchers.base import Launcher
+    from atoll.site.supervisor import SiteJob, StateReports
+
+
+class SiteJobs(Protocol):
+    """The jobs this site runs now (site/supervisor.py)."""
+
+    def job(self, job_id: str) -> SiteJob | None: ...
+
+
+class ServerCalls(Protocol):
+    """The calls a worker's traffic takes to the server (the parent's Federation stub)."""
+
+    def PullTask(self, request: Any, timeout: float | None = None) -> Iterator[bytes]: ...
+
+    def PushReply(self, request_iterator: Iterator[bytes]) -> Any: ...
+
+    def Report(self, request: Any) -> Any: ...
+
+
+class LauncherHost(Protocol):
+    """The site parent's launcher, made at first use (site/app.py)."""
+
+    @property
+    def launcher(self) -> Launcher: ...
 
 
 class SiteWorkerBackend:
-    def __init__(self, parent):
-        self.parent = parent
+    def __init__(self, site: str, jobs: SiteJobs, link: StateReports, server: ServerCalls,
+                 host: LauncherHost):
+        self.site = site
+        self.jobs = jobs
+        self.link = link  # a worker's registration is its job's RUNNING
+        self.server = server
+        self.host = host  # whether workers share this host: tasks and replies go as files
 
-    def _job(self, job_id: str):
-        job = self.parent.supervisor.jobs.get(job_id)
+    def _job(self, job_id: str) -> SiteJob:
+        job = self.jobs.job(job_id)
         if job is None:
             raise BackendError(f"job {job_id} is not running at this site")
         return job
 
     def on_register(self, job_id: str) -> dict[str, Any]:
         job = self._job(job_id)
-        self.parent.link.send_state(job_id, "RUNNING", "worker connected")
-        info: dict[str, Any] = {"site": self.parent.name}
-        if self.parent.launcher.shares_host:
+        self.link.send_state(job_id, "RUNNING", "worker connected")
+        info: dict[str, Any] = {"site": self.site}
+        if self.host.launcher.shares_host:
             if job.handoff is None:
                 job.handoff = HandoffDir(job.workdir / "handoff", create=True)
             info["handoff"] = str(job.handoff.path)
@@ -53,7 +85,7 @@ class SiteWorkerBackend:
             yield frames.header({"end": True})
             return
         try:
-            stream = self.parent.stub.PullTask(
+            stream = self.server.PullTask(
                 msg.PullRequest(job_id=job_id, wait_s=min(max(wait_s, 0.0), 30.0)),
                 timeout=max(wait_s, 0.0) + 600)
             if as_files and job.handoff is not None:
@@ -76,7 +108,7 @@ class SiteWorkerBackend:
             yield from data  # forwarded as received: no copy here
 
         try:
-            answer = self.parent.stub.PushReply(relay())
+            answer = self.server.PushReply(relay())
         except grpc.RpcError as exc:
             raise BackendError(f"the server refused the reply: {exc.details()}") from None
         return json.loads(answer.body or "{}")
@@ -90,7 +122,7 @@ class SiteWorkerBackend:
     def report(self, job_id: str, body: dict[str, Any]) -> None:
         self._job(job_id)
         try:
-            self.parent.stub.Report(msg.Json(body=json.dumps({"job_id": job_id, "event": body})))
+            self.server.Report(msg.Json(body=json.dumps({"job_id": job_id, "event": body})))
         except grpc.RpcError as exc:
             raise BackendError(f"the server did not take the report: {exc.details()}") from None
 

@@ -1,4 +1,29 @@
-"""Validation errors of the contract layer: every problem of a document, each with its path.
+"""atoll's one error root, its exit codes, and the validation errors of the contract layer.
+
+Every exception atoll defines derives from ``AtollError`` (spec is the bottom layer, so every
+layer may import it); each class keeps the stdlib base its callers catch (``KitError`` is an
+``AtollError`` and a ``ValueError``) and carries the ``exit_code`` a command or parent exits
+with when it ends on that error. The CLI prints every error through one renderer
+(``atoll.cli.common.render_error``). The codes, in one table (``EXIT_CODES``; docs/cli.md
+"Exit codes" is generated from it):
+
+    code  name         meaning
+    0     OK           success; a parent stopped cleanly; a worker's part of the job completed
+    1     FAILED       an error with no more specific code; `atoll job submit --wait`: the job
+                       did not complete; a worker: the workflow or training script failed (its
+                       traceback is in the worker log)
+    2     INVALID      invalid input or a refusal: a bad argument, kit, configuration, job
+                       folder or document (every problem is listed), a request the server or
+                       a site refused; a worker: started without its environment
+    3     CONNECTION   no connection: the server cannot be reached (is it running? is the
+                       kit's address right?); a parent: its port could not be opened or it did
+                       not start detached; a worker: its parent refused its registration
+    4     AUTH         certificate or session refused: run `atoll login`
+    5     NOT_FOUND    no such job (also for another study's job)
+    70    PARENT_DIED  a worker: its parent died, so it stopped
+    130   INTERRUPTED  interrupted (Ctrl-C)
+
+Validation errors of the contract layer: every problem of a document, each with its path.
 
 ``SpecError`` is the one exception the spec loaders raise. It carries every ``Issue`` found in a
 document (a file's errors are reported together, never one at a time), each naming the path of
@@ -40,8 +65,39 @@ class Issue:
         return f"{self.path}: {self.message}" if self.path else self.message
 
 
-class SpecError(Exception):
+# code, name, meaning: the one table of exit codes (the module docstring shows it).
+EXIT_CODES: tuple[tuple[int, str, str], ...] = (
+    (0, "OK", "success; a parent stopped cleanly; a worker's part of the job completed"),
+    (1, "FAILED", "an error with no more specific code; `atoll job submit --wait`: the job did "
+     "not complete; a worker: the workflow or training script failed (its traceback is in "
+     "the worker log)"),
+    (2, "INVALID", "invalid input or a refusal: a bad argument, kit, configuration, job folder "
+     "or document (every problem is listed), a request the server or a site refused; a "
+     "worker: started without its environment"),
+    (3, "CONNECTION", "no connection: the server cannot be reached (is it running? is the "
+     "kit's address right?); a parent: its port could not be opened or it did not start "
+     "detached; a worker: its parent refused its registration"),
+    (4, "AUTH", "certificate or session refused: run `atoll login`"),
+    (5, "NOT_FOUND", "no such job (also for another study's job)"),
+    (70, "PARENT_DIED", "a worker: its parent died, so it stopped"),
+    (130, "INTERRUPTED", "interrupted (Ctrl-C)"),
+)
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_CONNECTION = 0, 1, 2, 3
+EXIT_AUTH, EXIT_NOT_FOUND, EXIT_PARENT_DIED, EXIT_INTERRUPTED = 4, 5, 70, 130
+
+
+class AtollError(Exception):
+    """The root of every error atoll raises; the message says what happened and what to do.
+
+    ``exit_code`` (one of ``EXIT_CODES``) is what a command or parent exits with on it."""
+
+    exit_code: int = EXIT_FAILED
+
+
+class SpecError(AtollError):
     """A document is invalid; ``issues`` lists every problem found, ``source`` names the file."""
+
+    exit_code = EXIT_INVALID
 
     def __init__(self, issues: Iterable[Issue], source: str | None = None) -> None:
         self.issues: list[Issue] = list(issues)
@@ -63,8 +119,10 @@ class SpecError(Exception):
         return "\n".join(lines)
 
 
-class IssuesError(ValueError):
+class IssuesError(AtollError, ValueError):
     """Raised inside a pydantic validator to report several problems under its location."""
+
+    exit_code = EXIT_INVALID
 
     def __init__(self, issues: Sequence[Issue]) -> None:
         self.issues = list(issues)

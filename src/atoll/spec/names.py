@@ -53,3 +53,24 @@ def check_env_name(name: str) -> str:
             "digits and '_', not starting with a digit"
         )
     return name
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def is_loopback(host: str) -> bool:
+    """A host name or address that never leaves this machine (``localhost``, 127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def address_host(address: str) -> str:
+    """``"127.0.0.1:7001"`` -> ``127.0.0.1``; ``"[::1]:7001"`` -> ``::1``."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host

@@ -7,7 +7,6 @@ that. A block for a launcher other than the chosen one is an error: it would be 
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +16,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.errors import Issue, IssuesError, SpecError, describe
 from atoll.spec.model import NoNullModel, check_fields, validate_into
-from atoll.spec.names import is_subdomain
+from atoll.spec.names import is_loopback, is_subdomain
 from atoll.spec.quantity import check_memory
 
 SITE_FILE = "site.yaml"
@@ -253,15 +252,6 @@ class WorkerEndpoint(NoNullModel):
     @property
     def uses_tls(self) -> bool:
         return self.tls == "always" or not is_loopback(self.dial_host)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 _SETTINGS = {

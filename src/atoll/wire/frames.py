@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
+
 CHUNK = 1024 * 1024  # 1 MiB: cheap per message, and little held in flight at each relay hop
 MAX_MESSAGE = 8 * 1024 * 1024
 # One control message (a command to a site, a site's report): half of MAX_MESSAGE, so that a
@@ -29,8 +31,10 @@ HEADER_TAG = 0x0A  # field 1 (header), length-delimited
 DATA_TAG = 0x12  # field 2 (data), length-delimited
 
 
-class FrameError(Exception):
+class FrameError(AtollError):
     """A stream did not follow the header-then-data shape."""
+
+    exit_code = EXIT_INVALID
 
 
 def varint(n: int) -> bytes:

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from atoll.spec.errors import EXIT_CONNECTION, EXIT_INVALID, AtollError
 from atoll.wire import messages, rpc
 
 Admit = Callable[[Any, str], Awaitable[Callable[[], None]]]
@@ -39,12 +40,16 @@ class Deadlines:
     next_s: float = 30.0  # each later message of a stream
 
 
-class Stalled(Exception):
+class Stalled(AtollError):
     """The client sent nothing within a read deadline."""
 
+    exit_code = EXIT_CONNECTION
 
-class BadMessage(Exception):
+
+class BadMessage(AtollError):
     """A request message that does not decode as its type."""
+
+    exit_code = EXIT_INVALID
 
 
 def _decoder(type_name: str) -> Callable[[bytes], Any]:

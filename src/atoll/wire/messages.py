@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from typing import Any, ClassVar
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
 from atoll.wire.frames import read_varint, varint
 
 _STRING, _DOUBLE = "string", "double"
@@ -28,8 +29,10 @@ _LEN, _FIXED64, _VARINT, _FIXED32 = 2, 1, 0, 5  # protobuf wire types
 _DEFAULTS = {_STRING: "", _DOUBLE: 0.0}
 
 
-class DecodeError(ValueError):
+class DecodeError(AtollError, ValueError):
     """Bytes that are not an encoding of the message they were read as."""
+
+    exit_code = EXIT_INVALID
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:

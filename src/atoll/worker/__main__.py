@@ -1,8 +1,9 @@
 """`python -m atoll.worker`: the job-side runtime a launcher starts for one job.
 
-Exit codes: 0 the job's part completed; 1 the workflow or training script failed (traceback in
-the worker log); 2 the worker was misconfigured (missing environment); 3 its parent refused it
-(bad, reused or other-job token); 70 its parent died.
+Exit codes (rows of the one table, atoll.spec.errors.EXIT_CODES): 0 the job's part completed;
+1 the workflow or training script failed (traceback in the worker log); 2 the worker was
+misconfigured (missing environment); 3 its parent refused it (bad, reused or other-job token);
+70 its parent died (worker/lifeline.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import sys
 import traceback
 from pathlib import Path
 
-EXIT_FAILED, EXIT_CONFIG, EXIT_REFUSED = 1, 2, 3
+from atoll.spec.errors import EXIT_CONNECTION, EXIT_FAILED, EXIT_INVALID
+
+EXIT_CONFIG, EXIT_REFUSED = EXIT_INVALID, EXIT_CONNECTION  # what those rows mean for a worker
 
 
 def _env(name: str) -> str:
@@ -28,7 +31,7 @@ def _env(name: str) -> str:
 def _fetch_app(stub, metadata, workdir: Path, target: str) -> None:
     from atoll.wire import frames
     from atoll.wire import messages as msg
-    from atoll.wire.jobzip import unpack_app
+    from atoll.wire.job_archive import unpack_app
 
     workdir.mkdir(parents=True, exist_ok=True)
     _, chunks = frames.split(iter(stub.FetchApp(msg.Json(body="{}"), metadata=metadata)))
@@ -86,7 +89,7 @@ def main() -> int:
 
     tie_to_parent(int(parent_pid) if parent_pid else None)
 
-    from atoll.memory import tune_for_streaming
+    from atoll.parent.malloc_tuning import tune_for_streaming
 
     tune_for_streaming()
 
@@ -94,7 +97,7 @@ def main() -> int:
 
     from atoll.wire import messages as msg
     from atoll.wire import rpc
-    from atoll.wire.worker_endpoint import worker_channel
+    from atoll.wire.worker_link import worker_channel
 
     stub = rpc.stub(worker_channel(parent, os.environ.get("ATOLL_PARENT_CERT")), "WorkerLink")
     try:

@@ -8,11 +8,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from atoll.fl.channels import Chunk, Reply, Task
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.handoff import KEY, HandoffDir
-from atoll.wire.worker_endpoint import HANDOFF_KEY, MANY_REPLIES_KEY
-from atoll.worker.channels import Chunk, Reply, Task
+from atoll.wire.worker_link import HANDOFF_KEY, MANY_REPLIES_KEY
 
 POLL_S = 5.0  # long-poll slice: short enough to notice a dead parent, long enough to be idle
 

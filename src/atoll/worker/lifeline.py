@@ -8,6 +8,8 @@ import signal
 import threading
 import time
 
+from atoll.spec.errors import EXIT_PARENT_DIED
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -20,12 +22,12 @@ def tie_to_parent(parent_pid: int | None) -> None:
     except OSError:
         pass
     if os.getppid() != parent_pid:
-        os._exit(70)  # the parent died before we could tie ourselves to it
+        os._exit(EXIT_PARENT_DIED)  # the parent died before we could tie ourselves to it
 
     def watch() -> None:
         while True:
             if os.getppid() != parent_pid:
-                os._exit(70)
+                os._exit(EXIT_PARENT_DIED)
             time.sleep(0.5)
 
     threading.Thread(target=watch, name="lifeline", daemon=True).start()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -79,10 +78,11 @@ def test_worker_completes_with_mounts_env_and_secrets(
         (workdir / "result.txt").write_text("done")
         print("worker finished")
     """)
-    launcher = DockerLauncher(
-        site_config(docker_engine), environ={"IT_DB_PASSWORD": "pw-from-parent"}
-    )
-    request = make_request(tmp_path / "run", program, site_config=launcher.site_config, study=study)
+    launcher = DockerLauncher(site_config(docker_engine))
+    # The site parent read DB_PASSWORD's value from its environment (IT_DB_PASSWORD): it reaches
+    # the launcher only in the request's credentials.
+    request = make_request(tmp_path / "run", program, site_config=launcher.site_config, study=study,
+                           credentials={"DB_PASSWORD": "pw-from-parent"})
     (tmp_path / "run").mkdir()
     handle = launcher.launch(request)
     result = launcher.wait(handle)
@@ -143,36 +143,16 @@ def test_memory_hog_fails_with_out_of_memory(launcher: DockerLauncher, tmp_path:
     assert result.reason.startswith("out of memory (limit 64Mi)"), result.reason
 
 
-def test_nonzero_exit_fails_with_the_code_and_keeps_the_log(
-    launcher: DockerLauncher, tmp_path: Path
-) -> None:
-    request = make_request(
-        tmp_path, "import sys; print('bad input'); sys.exit(3)", site_config=launcher.site_config
-    )
-    result = launcher.wait(launcher.launch(request))
-    assert (result.outcome, result.exit_code) == (Outcome.FAILED, 3)
-    assert "exited with code 3" in result.reason
-    assert "bad input" in (tmp_path / "logs" / "worker.log").read_text()
-
-
-def test_cancel_removes_the_container_and_is_idempotent(
+def test_a_cancelled_workers_log_is_kept(
     launcher: DockerLauncher, docker_engine: Engine, tmp_path: Path
 ) -> None:
-    request = make_request(tmp_path, SLEEPER, site_config=launcher.site_config)
-    handle = launcher.launch(request)
+    """The container's log is saved before it is removed (what every launcher does on cancel
+    is in tests/integration/launchers/test_contract.py)."""
+    handle = launcher.launch(make_request(tmp_path, SLEEPER, site_config=launcher.site_config))
     wait_running(docker_engine, handle.native_id)
-    outcome: list = []
-    waiter = threading.Thread(target=lambda: outcome.append(launcher.wait(handle)))
-    waiter.start()
-    started = time.monotonic()
     launcher.cancel(handle)
-    print(f"cancel took {time.monotonic() - started:.3f} s")  # reported (-s), never asserted
     assert_gone(docker_engine, handle.native_id)
-    waiter.join(timeout=30)
-    assert outcome and outcome[0].outcome is Outcome.ABORTED
     assert "started" in (tmp_path / "logs" / "worker.log").read_text()
-    launcher.cancel(handle)  # again: already gone counts as cancelled
-    assert launcher.wait(handle).outcome is Outcome.ABORTED
 
 
 def test_missing_image_names_the_image_and_where_it_was_configured(

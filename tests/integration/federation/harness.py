@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atoll.admin.session import Session
 from atoll.pki.project import parse_project
 from atoll.pki.provision import provision
-from atoll.session import Session
 
 PROJECT = "fedtest"
 

@@ -13,7 +13,7 @@ import json
 import grpc
 import pytest
 
-from atoll.errors import Refused
+from atoll.admin.errors import Refused
 from atoll.spec.errors import SpecError
 from tests.integration.federation.harness import Federation, job_folder
 from tests.integration.federation.jobs import app_yaml

@@ -12,10 +12,10 @@ import zipfile
 import grpc
 import pytest
 
-from atoll.errors import Refused
+from atoll.admin.errors import Refused
+from atoll.admin.session import CHECK_BEFORE_UPLOAD
 from atoll.pki.kit import load_kit
 from atoll.pki.tls import channel_credentials
-from atoll.session import CHECK_BEFORE_UPLOAD
 from atoll.spec.errors import SpecError
 from atoll.wire import frames, rpc
 from atoll.wire import messages as msg

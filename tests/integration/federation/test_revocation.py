@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from atoll.errors import AuthError
+from atoll.admin.errors import AuthError
 from tests.integration.federation.harness import Federation
 from tests.integration.federation.jobs import make_job
 

@@ -16,7 +16,7 @@ import time
 import grpc
 import pytest
 
-from atoll.errors import Refused
+from atoll.admin.errors import Refused
 from tests.integration.federation.harness import Federation
 from tests.integration.federation.jobs import ECHO, make_job
 from tests.integration.federation.zips import job_zip, signed, submit

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from atoll.errors import NotFound, Refused
+from atoll.admin.errors import NotFound, Refused
 from tests.integration.federation.harness import Federation, job_folder
 
 ADMIN, LEAD_A, LEAD_B = "admin@consortium.org", "lead@a.org", "lead@b.org"

@@ -9,11 +9,11 @@ import shutil
 import grpc
 import pytest
 
+from atoll.admin.session import Session
 from atoll.pki.ca import create_ca, load_ca
 from atoll.pki.certs import issue_cert
 from atoll.pki.kit import load_kit
 from atoll.pki.tls import channel_credentials
-from atoll.session import Session
 from atoll.wire import frames, rpc
 from atoll.wire import messages as msg
 from tests.integration.federation.conftest import ADMIN

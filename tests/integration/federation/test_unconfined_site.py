@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from atoll.local_config import UNCONFINED_WARNING
+from atoll.parent.local_config import UNCONFINED_WARNING
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation
 from tests.integration.federation.jobs import make_job

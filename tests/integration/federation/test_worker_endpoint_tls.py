@@ -8,9 +8,10 @@ import grpc
 import pytest
 import yaml
 
+from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
 from atoll.wire import messages as msg
 from atoll.wire import rpc
-from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint, worker_channel
+from atoll.wire.worker_link import worker_channel
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation
 from tests.integration.federation.jobs import make_job

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from atoll.session import Session
+from atoll.admin.session import Session
 from atoll.wire import frames
 
 LOCAL, CENTRAL = b"PK\x03\x04", b"PK\x01\x02"

@@ -1,13 +1,14 @@
 """KubernetesLauncher against the real single-node cluster of scripts/backends/k8s.sh.
 
-Times are printed (run with -s to see them), never asserted: the machine is shared.
+What every launcher does (exit codes, cancel, unknown handles, resources in the render) is
+tests/integration/launchers/test_contract.py. Times are printed (run with -s to see them), never
+asserted: the machine is shared.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,7 +18,6 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-import docker
 from atoll.launchers.base import Outcome
 from atoll.spec.resources import Resources
 from tests.integration.k8s.conftest import (
@@ -204,41 +204,6 @@ def test_gpus_above_capacity_fail_after_pending_timeout(cluster: Cluster, tmp_pa
     assert gone(cluster.api.read_namespaced_pod, handle.native_id, cluster.namespace)
 
 
-def test_abort_deletes_pod_and_secret(cluster: Cluster, tmp_path: Path) -> None:
-    launcher = make_launcher(cluster)
-    request = make_request(launcher, "trap '' TERM; sleep 300", tmp_path)
-    notes: list[str] = []
-    handle = launcher.launch(request, on_progress=notes.append)
-    results: list[Any] = []
-    waiter = threading.Thread(target=lambda: results.append(launcher.wait(handle)))
-    waiter.start()
-    wait_for(lambda: any(n.startswith("running") for n in notes), 60)
-    ns, api = cluster.namespace, cluster.api
-    start = time.monotonic()
-    launcher.cancel(handle)
-    wait_for(
-        lambda: (
-            gone(api.read_namespaced_pod, handle.native_id, ns)
-            and gone(api.read_namespaced_secret, handle.extra["secret"], ns)
-        ),
-        30,
-    )
-    deleted = time.monotonic() - start
-    # The kubelet then really stops the worker: no container of the pod runs on the node.
-    engine = docker.DockerClient(base_url=cluster.env["ATOLL_K8S_DOCKER_HOST"])
-    running = {"label": f"io.kubernetes.pod.name={handle.native_id}", "status": "running"}
-    wait_for(lambda: not engine.containers.list(filters=running), 60)
-    stopped = time.monotonic() - start
-    engine.close()
-    waiter.join(30)
-    print(
-        f"\n[k8s] abort: pod and Secret gone {deleted:.2f} s after cancel(), "
-        f"worker container stopped after {stopped:.2f} s"
-    )
-    assert results and results[0].outcome is Outcome.ABORTED
-    launcher.cancel(handle)  # idempotent: gone counts as cancelled
-
-
 def test_missing_image_fails_fast_naming_it(cluster: Cluster, tmp_path: Path) -> None:
     image = f"atoll-test/no-such-image:{SESSION_ID}"
     launcher = make_launcher(cluster, default_image=image)
@@ -248,14 +213,6 @@ def test_missing_image_fails_fast_naming_it(cluster: Cluster, tmp_path: Path) ->
     print(f"\n[k8s] missing image failed in {time.monotonic() - start:.2f} s")
     assert result.outcome is Outcome.FAILED
     assert image in result.reason and "ErrImageNeverPull" in result.reason
-
-
-def test_failed_worker_reports_its_exit_code(cluster: Cluster, tmp_path: Path) -> None:
-    launcher = make_launcher(cluster)
-    result = launcher.wait(launcher.launch(make_request(launcher, "echo bye; exit 3", tmp_path)))
-    assert (result.outcome, result.exit_code) == (Outcome.FAILED, 3)
-    assert "exited with code 3" in result.reason
-    assert "bye" in (tmp_path / "logs" / "worker.log").read_text()
 
 
 def test_missing_namespace_is_explained(cluster: Cluster, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.base import Outcome
-from atoll.wire.worker_endpoint import BackendError, WorkerTokens, start_worker_endpoint
+from atoll.parent.worker_endpoint import BackendError, WorkerTokens, start_worker_endpoint
 from tests.integration.k8s.conftest import Cluster, make_launcher, make_request
 
 

@@ -3,6 +3,8 @@
 Each test drives SlurmLauncher directly with a tiny worker program (``worker_args``). Slurm
 checks time limits every 30 s and its smallest ``--time`` is one minute, so the TIMEOUT job is
 submitted when this module starts and checked by its last test: the other tests run meanwhile.
+What every launcher does (exit codes, cancel, unknown handles, resources in the render) is
+tests/integration/launchers/test_contract.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from atoll.launchers.base import Handle, LaunchError, Outcome
+from atoll.launchers.base import LaunchError, Outcome
 from atoll.launchers.slurm import SlurmLauncher, run_command
 from atoll.spec.resources import Resources
 from tests.integration.slurm.conftest import (
@@ -102,30 +104,6 @@ def test_slurm_gets_the_rendered_resources_and_directives(tmp_path: Path) -> Non
         launcher.close()
 
 
-def test_cancel_is_aborted_promptly_and_idempotent(launcher, tmp_path: Path) -> None:
-    notes: list[str] = []
-    handle = launcher.launch(
-        make_request(tmp_path, "import time; time.sleep(300)"), on_progress=notes.append
-    )
-    deadline = time.monotonic() + 15
-    while not any(n.startswith("running on ") for n in notes) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert any(n.startswith("running on ") for n in notes), notes
-    started = time.monotonic()
-    launcher.cancel(handle)
-    result = launcher.wait(handle)
-    took = time.monotonic() - started
-    assert result.outcome is Outcome.ABORTED, result.reason
-    assert result.reason == f"cancelled (scancel of Slurm job {handle.native_id})"
-    assert took < 5, f"cancel -> ABORTED took {took:.1f} s"
-    launcher.cancel(handle)  # idempotent: already gone counts as cancelled
-    fresh = SlurmLauncher(slurm_site())  # a parent that restarted: the job is long gone
-    try:
-        fresh.cancel(Handle("slurm", handle.native_id, handle.job_id))
-    finally:
-        fresh.close()
-
-
 def test_memory_hog_is_out_of_memory(launcher, tmp_path: Path) -> None:
     hog = "x = bytearray(400 * 1024 * 1024); import time; time.sleep(2)"
     request = make_request(tmp_path, hog, resources=Resources(num_of_cpus=1, memory="64Mi"))
@@ -203,9 +181,7 @@ def test_secrets_travel_in_a_0600_file_that_is_removed(tmp_path: Path) -> None:
             modes.append((tmp_path / "slurm" / "secrets.env").stat().st_mode & 0o777)
         return run_command(argv, timeout)
 
-    launcher = SlurmLauncher(
-        slurm_site(), recording_runner, environ={"PATHOLOGY_DB_PASSWORD": password}
-    )
+    launcher = SlurmLauncher(slurm_site(), recording_runner)
     study = study_entry(
         secret_env={"DB_PASSWORD": {"source": "env", "key": "PATHOLOGY_DB_PASSWORD"}}
     )
@@ -217,7 +193,10 @@ def test_secrets_travel_in_a_0600_file_that_is_removed(tmp_path: Path) -> None:
         "h(os.environ['DB_PASSWORD']) + ' ' + str((w / 'slurm' / 'secrets.env').exists()))\n"
     )
     try:
-        request = make_request(tmp_path, check, study=study, credentials={"ATOLL_JOB_TOKEN": token})
+        # The site parent read DB_PASSWORD's value from its environment (PATHOLOGY_DB_PASSWORD):
+        # it reaches the launcher only in the request's credentials.
+        credentials = {"ATOLL_JOB_TOKEN": token, "DB_PASSWORD": password}
+        request = make_request(tmp_path, check, study=study, credentials=credentials)
         handle = launcher.launch(request)
         result = launcher.wait(handle)
     finally:

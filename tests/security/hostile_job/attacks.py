@@ -133,7 +133,7 @@ def register(env: dict[str, str]) -> bytes:
     """Register with another job's parent as that job's worker, with its token."""
     from atoll.wire import messages as msg
     from atoll.wire import rpc
-    from atoll.wire.worker_endpoint import worker_channel
+    from atoll.wire.worker_link import worker_channel
 
     channel = worker_channel(env["ATOLL_PARENT"], env.get("ATOLL_PARENT_CERT"))
     try:

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from atoll.launchers.allocation import CpuAllocator, HostCpuLeases
+from atoll.launchers.process_allocation import CpuAllocator, HostCpuLeases
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_a_lease_counts_while_its_process_lives_and_is_removed_after(leases):
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys
             from pathlib import Path
-            from atoll.launchers.allocation import CpuAllocator, HostCpuLeases
+            from atoll.launchers.process_allocation import CpuAllocator, HostCpuLeases
             CpuAllocator([0, 1], HostCpuLeases(Path({str(leases.folder)!r}))).allocate("j", 1)
             print("held", flush=True)
             sys.stdin.read()

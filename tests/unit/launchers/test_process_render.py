@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from atoll.launchers.allocation import CpuAllocator, GpuAllocator
 from atoll.launchers.base import JobIdentity, LaunchError
 from atoll.launchers.process import ProcessLauncher
+from atoll.launchers.process_allocation import CpuAllocator, GpuAllocator
 from atoll.launchers.process_sandbox import SandboxHost
 from atoll.launchers.registry import LAUNCHERS, get_launcher, launcher_class
 from atoll.launchers.request import build_request, job_run_folder, secret_env_values

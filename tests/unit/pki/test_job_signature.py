@@ -23,7 +23,7 @@ from atoll.pki.job_signature import (
 )
 from atoll.pki.kit import load_kit
 from atoll.pki.provision import ProvisionResult
-from atoll.wire.jobzip import zip_folder
+from atoll.wire.job_archive import zip_folder
 
 PROJECT, LEAD = "pathology-consortium", "lead@hospital-a.org"
 META = {"name": "fedavg", "deploy_map": {"app": ["@ALL"]},

@@ -13,7 +13,8 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from atoll.local_record import fingerprint, read_record
+from atoll.parent.local_config import record_kits
+from atoll.parent.local_record import fingerprint, read_record
 from atoll.pki import certs
 from atoll.pki import provision as provision_module
 from atoll.pki.identity import Identity, identity_from_cert
@@ -47,13 +48,12 @@ def test_layout(provisioned: ProvisionResult) -> None:
         "server/startup/server.crt", "server/startup/server.key", "server/startup/rootCA.pem",
         "server/startup/kit.yaml", "server/startup/kit.json", "server/startup/project.json",
         "server/local/site.yaml",
-        "server/workspace/local-checked.json",
     }  # fmt: skip
     for site in ("hospital-a", "hospital-b", "university"):
         expected |= {f"{site}/startup/{f}" for f in ("client.crt", "client.key", "rootCA.pem")}
         expected |= {f"{site}/startup/{f}" for f in ("kit.yaml", "kit.json")}
         expected |= {f"{site}/local/site.yaml", f"{site}/local/authorization.json"}
-        expected |= {f"{site}/local/study_runtime.yaml", f"{site}/workspace/local-checked.json"}
+        expected |= {f"{site}/local/study_runtime.yaml"}
     for user in ("admin@consortium.org", "lead@hospital-a.org"):
         expected |= {f"{user}/startup/{f}" for f in ("client.crt", "client.key", "rootCA.pem")}
         expected |= {f"{user}/startup/kit.yaml", f"{user}/startup/kit.json"}
@@ -70,7 +70,9 @@ def test_layout(provisioned: ProvisionResult) -> None:
 
 
 def test_each_parent_kit_records_that_its_local_files_pass(provisioned: ProvisionResult) -> None:
-    """A parent started from a fresh kit skips the check of local/ (atoll.local_record)."""
+    """A parent started from a fresh kit skips the check of local/ (atoll.parent.local_record):
+    `atoll provision` records it (record_kits) once pki has written the kits."""
+    record_kits(provisioned.project_dir)
     for kit in provisioned.kits:
         if kit.kind == "admin":
             continue
@@ -251,7 +253,6 @@ def test_add_site_writes_only_its_kit_and_the_state(fresh: Path) -> None:
         "clinic-c/startup/rootCA.pem", "clinic-c/startup/kit.yaml", "clinic-c/startup/kit.json",
         "clinic-c/local/site.yaml", "clinic-c/local/study_runtime.yaml",
         "clinic-c/local/authorization.json",
-        "clinic-c/workspace/", "clinic-c/workspace/local-checked.json",
     }  # fmt: skip
     assert kit.path == fresh / "clinic-c"
     assert stat.S_IMODE((kit.path / "startup" / "client.key").stat().st_mode) == 0o600

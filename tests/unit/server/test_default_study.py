@@ -3,8 +3,6 @@ that it is an ordinary study (kept, with no members, only if it has jobs)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from atoll.pki.identity import Identity
@@ -27,7 +25,7 @@ def store(tmp_path):
 
 
 def _ops(store) -> StudyOps:
-    return StudyOps(SimpleNamespace(studies=Studies(store), store=store))
+    return StudyOps(Studies(store), store)
 
 
 def _job_in_default(store) -> None:

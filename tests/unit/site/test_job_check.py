@@ -18,7 +18,7 @@ from atoll.pki.provision import provision
 from atoll.site.approvals import approve
 from atoll.site.job_check import JobRefused, check_job
 from atoll.spec.meta import load_meta
-from atoll.wire.jobzip import zip_folder
+from atoll.wire.job_archive import zip_folder
 
 LEAD_A, LEAD_B = "lead@a.org", "lead@b.org"
 PROJECT = {

@@ -139,7 +139,7 @@ def test_the_service_table_is_atoll_protos():
 
 def test_stubs_and_servicers_load_no_protobuf():
     probe = ("import sys\nfrom atoll.wire import rpc\nimport atoll.server.admin_service, "
-             "atoll.server.federation_service, atoll.site.connection, atoll.session\n"
+             "atoll.server.federation_service, atoll.site.connection, atoll.admin.session\n"
              "print(sorted(m for m in sys.modules if m.startswith('google')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True)

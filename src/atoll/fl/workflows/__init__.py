@@ -10,12 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 from atoll.fl.app_config import FedProxArgs
+from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
 from atoll.fl.workflows.fedavg import run_fedavg
 from atoll.fl.workflows.fedopt import run_fedopt
 from atoll.fl.workflows.rounds import WorkflowError
 from atoll.fl.workflows.scatter_gather import run_scatter_gather
-from atoll.worker.channels import ServerChannel
 
 
 def run_fedprox(

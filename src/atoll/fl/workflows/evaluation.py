@@ -15,10 +15,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, iter_file
 from atoll.fl.workflows.rounds import Outcome, gather, send_model
-from atoll.worker.channels import ServerChannel
 
 VALIDATE = "validate"
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from atoll.fl.aggregation import WeightedMean, weighted_metrics
 from atoll.fl.app_config import FedAvgArgs
+from atoll.fl.channels import ServerChannel
 from atoll.fl.metrics_log import MetricsLog
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, save_file
@@ -50,7 +51,6 @@ from atoll.fl.workflows.rounds import (
     resolve_min_clients,
     send_model,
 )
-from atoll.worker.channels import ServerChannel
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from atoll.fl.app_config import FedOptArgs
+from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
 from atoll.fl.workflows.fedavg import Params, run_fedavg
-from atoll.worker.channels import ServerChannel
 
 
 class ServerOptimizer:

@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atoll.fl.aggregation import AggregateCorrupted, ResultRejected
+from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, SerdeError, encode, open_model
-from atoll.worker.channels import ServerChannel
+from atoll.spec.errors import AtollError
 
 log = logging.getLogger(__name__)
 
 
-class WorkflowError(RuntimeError):
+class WorkflowError(AtollError, RuntimeError):
     """The workflow cannot go on; the message names the round, the sites and what happened."""
 
 

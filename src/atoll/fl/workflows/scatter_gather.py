@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from atoll.fl.app_config import ScatterGatherArgs
+from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream
 from atoll.fl.workflows.rounds import gather, require, resolve_min_clients, send_model
-from atoll.worker.channels import ServerChannel
 
 
 def make_payload(size: int) -> np.ndarray:

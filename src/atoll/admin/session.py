@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from atoll.errors import AtollError, Refused, from_rpc_error
+from atoll.admin.errors import AtollError, Refused, from_rpc_error
 from atoll.pki.kit import Kit, load_kit
 from atoll.pki.tls import channel_credentials
 from atoll.wire import frames, rpc
@@ -103,7 +103,7 @@ class Session:
         import tempfile
 
         from atoll.pki.job_signature import SignatureError, sign_archive
-        from atoll.wire.jobzip import IntakeError, zip_folder
+        from atoll.wire.job_archive import IntakeError, zip_folder
 
         job_dir = Path(job_dir)
         if not job_dir.is_dir():

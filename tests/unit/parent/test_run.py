@@ -1,4 +1,4 @@
-"""A parent process keeps the system's OpenSSL out (run_parent._without_system_openssl), and
+"""A parent process keeps the system's OpenSSL out (parent/run.py: _without_system_openssl), and
 everything that needs a digest, an HMAC or Python's ssl still works in it. It reads a kit as
 provisioned in its own process, from kit.json, and an edited one in a forked child: PyYAML stays
 out either way."""
@@ -14,7 +14,7 @@ from atoll.pki.provision import provision
 
 PROBE = r"""
 import sys
-from atoll.run_parent import _without_system_openssl
+from atoll.parent.run import _without_system_openssl
 
 _without_system_openssl()
 import hashlib, hmac
@@ -55,13 +55,13 @@ def test_parent_runs_without_system_openssl_and_ssl_still_imports_later():
 KIT_PROBE = r"""
 import sys
 from pathlib import Path
-import atoll.forked
+import atoll.parent.forked
 forked = []
 def run_forked(fn, *args):
     forked.append(fn.__name__)
     return real(fn, *args)
-real, atoll.forked.run_forked = atoll.forked.run_forked, run_forked
-from atoll.run_parent import run
+real, atoll.parent.forked.run_forked = atoll.parent.forked.run_forked, run_forked
+from atoll.parent.run import run
 code = run("server", Path(sys.argv[1]), None, False)  # a site kit: refused once it is read
 print(code, forked, "yaml" in sys.modules)
 """

@@ -9,9 +9,9 @@ site keeps a fifth of its slice for local validation (federated evaluation).
 Alone, a site rarely sees the other sites' digits and misclassifies them; federated training
 learns all ten while no image leaves its site.
 
-    python -m atoll.fl.demo_data prepare DATA_DIR          # the .npz files, one folder per site
-    python -m atoll.fl.demo_data compare RESULTS DATA_DIR  # federated vs alone vs centralized
-    python -m atoll.fl.demo_data simulate DATA_DIR         # the job in one process, then compare
+    python -m atoll.demo.data prepare DATA_DIR          # the .npz files, one folder per site
+    python -m atoll.demo.data compare RESULTS DATA_DIR  # federated vs alone vs centralized
+    python -m atoll.demo.data simulate DATA_DIR         # the job in one process, then compare
 
 ``DATA_DIR/<site>`` is what each site maps as the study dataset ``records``.
 """
@@ -100,7 +100,7 @@ def baselines(data_dir: str | Path, job_dir: str | Path = JOB_DIR) -> dict[str, 
     sites' training data together (centralized)."""
     import torch
 
-    from atoll.fl.demo_task import TrainSettings, evaluate, make_model, train
+    from atoll.demo.task import TrainSettings, evaluate, make_model, train
 
     torch.set_num_threads(1)  # like each site's worker (num_of_cpus 1): a tiny model, no gain
     config, rounds = job_settings(job_dir)
@@ -127,7 +127,7 @@ def federated_accuracy(
     data_dir: str | Path,
     model_file: str = "global_model_final.safetensors",
 ) -> float:
-    from atoll.fl.demo_task import evaluate, make_model
+    from atoll.demo.task import evaluate, make_model
     from atoll.fl.serde import load_file
     from atoll.fl.torch_bridge import load_params
 
@@ -157,7 +157,7 @@ def format_comparison(scores: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m atoll.fl.demo_data", description=__doc__.split("\n")[0]
+        prog="python -m atoll.demo.data", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="write each site's slice and the test split")

@@ -1,55 +1,21 @@
-"""Running a parent in the background: start detached, wait until ready, stop by pid file."""
+"""The CLI's control of a parent in the background: start detached, wait until ready, stop."""
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-
-def setup_logging(verbose: bool = False) -> None:
-    """One structured line per event: time, level, component, message."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-        format="ts=%(asctime)s level=%(levelname)s component=%(name)s msg=%(message)r",
-    )
-
-
-def pid_file(workspace: Path, role: str) -> Path:
-    return workspace / f"{role}.pid"
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a detached parent that exited is a zombie until init reaps it: that is gone too
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def read_pid(workspace: Path, role: str) -> int | None:
-    try:
-        pid = int(json.loads(pid_file(workspace, role).read_text())["pid"])
-    except (OSError, ValueError, KeyError):
-        return None
-    return pid if alive(pid) else None
+from atoll.parent.pidfile import alive, pid_file, read_pid
 
 
 def start_detached(role: str, kit: Path, workspace: Path, timeout: float = 30.0) -> int:
-    """Start the `role` parent of `kit` (atoll.run_parent) in its own session; wait until it
+    """Start the `role` parent of `kit` (atoll.parent.run) in its own session; wait until it
     is ready."""
+    from atoll.parent.run import command  # the parent's own entry; it imports none of this
     from atoll.pki.files import append_private, private_dir
-    from atoll.run_parent import command
 
     private_dir(workspace)
     ready = workspace / f"{role}.ready"
@@ -95,8 +61,3 @@ def stop(workspace: Path, role: str, timeout: float = 10.0) -> bool:
         os.kill(pid, signal.SIGKILL)
     pid_file(workspace, role).unlink(missing_ok=True)
     return True
-
-
-def write_pid(workspace: Path, role: str) -> None:
-    workspace.mkdir(parents=True, exist_ok=True)
-    pid_file(workspace, role).write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))

@@ -1,11 +1,12 @@
-"""``python -m atoll.run_parent server|site KIT [--ready-file FILE] [--verbose]``: a parent's
+"""``python -m atoll.parent server|site KIT [--ready-file FILE] [--verbose]``: a parent's
 own process.
 
 ``atoll server|site start`` checks its arguments, then replaces itself with this entry (or, with
 ``--detach``, spawns it), so that a parent that runs for months carries none of the CLI (click
 and atoll.cli, ~1.5 MiB). Its kit is read here from the kit.json that provision wrote next to
 kit.yaml; a kit.yaml edited since is parsed in a forked child, which keeps PyYAML (~1 MiB) out of
-the parent too. Errors and exit codes are those of ``atoll server|site start``.
+the parent too. Errors and exit codes are those of ``atoll server|site start`` (the table in
+``atoll.spec.errors``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,18 @@ RUNNERS = {"server": "atoll.server.app", "site": "atoll.site.app"}
 def command(role: str, kit: Path, ready_file: Path | None = None,
             verbose: bool = False) -> list[str]:
     """The argv that runs the ``role`` parent of ``kit`` in a process of its own."""
-    argv = [sys.executable, "-m", "atoll.run_parent", role, str(kit)]
+    argv = [sys.executable, "-m", "atoll.parent", role, str(kit)]
     if ready_file is not None:
         argv += ["--ready-file", str(ready_file)]
     return argv + (["--verbose"] if verbose else [])
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """One structured line per event: time, level, component, message."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+        format="ts=%(asctime)s level=%(levelname)s component=%(name)s msg=%(message)r",
+    )
 
 
 def _fail(message: str, code: int) -> int:
@@ -59,11 +68,10 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> in
     # modes of its own folders and files explicitly.
     os.umask(0o077)
     _without_system_openssl()
-    from atoll import daemon
-    from atoll.errors import AtollError
-    from atoll.forked import run_forked
+    from atoll.parent import pidfile
+    from atoll.parent.forked import run_forked
     from atoll.pki.kit import KitError, load_kit, load_kit_without_yaml
-    from atoll.spec.errors import SpecError
+    from atoll.spec.errors import EXIT_CONNECTION, EXIT_INTERRUPTED, EXIT_INVALID, AtollError
 
     try:
         # The fork and the child's import of PyYAML cost 35-45 ms of start; only an edited
@@ -72,35 +80,33 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> in
         if kit is None:
             kit = run_forked(load_kit, kit_path)
     except KitError as exc:
-        return _fail(str(exc), 2)
+        return _fail(str(exc), exc.exit_code)
     if kit.kind != role:
         return _fail(f"{kit_path} is a {kit.kind} kit; `atoll {role} start` needs a {role}'s kit",
-                     2)
-    running = daemon.read_pid(kit.workspace, role)
+                     EXIT_INVALID)
+    running = pidfile.read_pid(kit.workspace, role)
     if running:
         return _fail(f"the {role} parent of {kit_path} already runs (pid {running}); "
-                     f"`atoll {role} stop {kit_path}`", 2)
+                     f"`atoll {role} stop {kit_path}`", EXIT_INVALID)
     # The check of local/ starts now, in a child forked before gRPC's threads exist, and runs
     # while this process imports and starts listening.
-    from atoll.local_config import load_local_config
+    from atoll.parent.local_config import load_local_config
 
     local = load_local_config(kit.local_dir, study_runtime=role == "site",
                               workspace=kit.workspace)
     run_forever = importlib.import_module(RUNNERS[role]).run_forever
-    daemon.setup_logging(verbose)
-    daemon.write_pid(kit.workspace, role)
+    setup_logging(verbose)
+    pidfile.write_pid(kit.workspace, role)
     try:
         return run_forever(kit, ready_file, local)
-    except OSError as exc:
-        return _fail(f"cannot start the {role} parent: {exc}", 3)
-    except AtollError as exc:
+    except AtollError as exc:  # a SpecError lists every problem of local/
         return _fail(str(exc), exc.exit_code)
-    except SpecError as exc:
-        return _fail(str(exc), 2)
+    except OSError as exc:
+        return _fail(f"cannot start the {role} parent: {exc}", EXIT_CONNECTION)
     except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+        return _fail("interrupted", EXIT_INTERRUPTED)
     finally:
-        daemon.pid_file(kit.workspace, role).unlink(missing_ok=True)
+        pidfile.pid_file(kit.workspace, role).unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> None:
@@ -114,7 +120,7 @@ def main(argv: list[str]) -> None:
         ready_file = Path(args[at + 1])
         del args[at:at + 2]
     if len(args) != 2 or args[0] not in RUNNERS:
-        sys.exit(_fail("usage: python -m atoll.run_parent server|site KIT "
+        sys.exit(_fail("usage: python -m atoll.parent server|site KIT "
                        "[--ready-file FILE] [--verbose]", 2))
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")  # as atoll.cli.main sets them
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")

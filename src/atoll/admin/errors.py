@@ -1,33 +1,42 @@
 """Errors a user of the CLI or the Session API meets; each message says what to do next.
 
-    AtollError
-     ├── ConnectionFailed   the server cannot be reached
-     ├── AuthError          certificate or session refused (run `atoll login`)
-     ├── Refused            not allowed, or the request is invalid (message names the field)
-     └── NotFound           no such job (also for another study's job)
+They derive from atoll's one error root, ``atoll.spec.errors.AtollError`` (re-exported here),
+and exit with the codes of its table:
+
+    AtollError (atoll.spec.errors)   exit 1
+     ├── ConnectionFailed   exit 3: the server cannot be reached
+     ├── AuthError          exit 4: certificate or session refused (run `atoll login`)
+     ├── Refused            exit 2: not allowed, or the request is invalid (names the field)
+     └── NotFound           exit 5: no such job (also for another study's job)
 """
 
 from __future__ import annotations
 
+from atoll.spec.errors import (
+    EXIT_AUTH,
+    EXIT_CONNECTION,
+    EXIT_INVALID,
+    EXIT_NOT_FOUND,
+    AtollError,
+)
 
-class AtollError(Exception):
-    exit_code = 1
+__all__ = ["AtollError", "AuthError", "ConnectionFailed", "NotFound", "Refused", "from_rpc_error"]
 
 
 class ConnectionFailed(AtollError):
-    exit_code = 3
+    exit_code = EXIT_CONNECTION
 
 
 class AuthError(AtollError):
-    exit_code = 4
+    exit_code = EXIT_AUTH
 
 
 class Refused(AtollError):
-    exit_code = 2
+    exit_code = EXIT_INVALID
 
 
 class NotFound(AtollError):
-    exit_code = 5
+    exit_code = EXIT_NOT_FOUND
 
 
 def from_rpc_error(exc, server: str) -> AtollError:

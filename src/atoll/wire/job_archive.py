@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import zipfile
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
 from atoll.wire.frames import FrameError, write_chunks
 
 MAX_ENTRIES = 10_000
@@ -38,8 +39,10 @@ MAX_DIRECTORY_BYTES = MAX_ENTRIES * (46 + MAX_PATH_BYTES + 256)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-class IntakeError(Exception):
+class IntakeError(AtollError):
     """The job folder cannot be accepted; the message says why and what to change."""
+
+    exit_code = EXIT_INVALID
 
 
 class Incoming:

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from atoll import local_record
-from atoll.forked import _single_threaded, run_forked
-from atoll.local_config import load_local_config
-from atoll.local_record import RECORD_FILE
+from atoll.parent import local_record
+from atoll.parent.forked import _single_threaded, run_forked
+from atoll.parent.local_config import load_local_config
+from atoll.parent.local_record import RECORD_FILE
 from atoll.spec.errors import Issue, SpecError
 from atoll.spec.site_config import load_site_config
 
@@ -157,3 +157,31 @@ def test_a_local_federation_starts_on_the_records_provision_wrote(tmp_path):
         _forge(workspace, memory="77Gi")
         config = load_local_config(found[name] / "local", name != "server", workspace)
         assert config.capacity["memory"] == "77Gi", f"{name} checked local/ again"
+
+
+def test_the_sandbox_is_probed_at_start_not_on_the_first_job(tmp_path, monkeypatch):
+    """The probe of the process sandbox (~150 ms) runs in a child forked at start, with the
+    check or beside a record, and the launcher is made with its answer."""
+    from atoll.launchers import process as process_mod
+
+    local, workspace = _site_kit(tmp_path)
+    probes = []
+    for attempt in ("checked", "recorded"):
+        config = load_local_config(local, True, workspace)
+        monkeypatch.setattr(process_mod, "probe_host", lambda *a: probes.append(a))
+        launcher = config.launcher
+        assert launcher._sandbox_host is not None, attempt
+        assert launcher.sandbox_host() is launcher._sandbox_host and probes == [], attempt
+        monkeypatch.undo()
+        config.close()
+
+
+def test_a_host_without_a_sandbox_fails_the_start_naming_the_opt_out(tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "site.yaml").write_text("launcher: process\nprocess: {bwrap: /bin/false}\n")
+    config = load_local_config(local, study_runtime=False)
+    with pytest.raises(SpecError) as err:
+        config.launcher_name  # noqa: B018 - the first value waits for the check
+    assert err.value.issues[0].path == "process.sandbox"
+    assert "`process: {sandbox: none}`" in err.value.issues[0].message

@@ -19,18 +19,11 @@ from typing import Any, Protocol
 
 import grpc
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
 from atoll.wire import frames, rpc
 from atoll.wire import messages as msg
 from atoll.wire.grpc_setup import new_server
-
-SESSION_KEY = "x-atoll-worker"
-# NextReply: a workflow that sends this ("1") takes every reply already waiting in one call,
-# one header-then-data message after the other (frames.split_many); else one reply per call.
-MANY_REPLIES_KEY = "x-atoll-replies"
-# NextReply, NextTask: a worker that sends this ("1") takes replies or tasks as files in the
-# handoff folder its parent offered at registration (wire/handoff.py), each header naming its
-# file. A worker sends its own payloads that way by naming the file in the payload's header.
-HANDOFF_KEY = "x-atoll-handoff"
+from atoll.wire.worker_link import HANDOFF_KEY, MANY_REPLIES_KEY, SESSION_KEY
 
 
 class WorkerBackend(Protocol):
@@ -46,8 +39,10 @@ class WorkerBackend(Protocol):
     def finish(self, job_id: str, ok: bool, error: str) -> None: ...
 
 
-class BackendError(Exception):
+class BackendError(AtollError):
     """Raised by a backend to answer the worker with a clear FAILED_PRECONDITION."""
+
+    exit_code = EXIT_INVALID
 
 
 @dataclass
@@ -92,6 +87,26 @@ class WorkerTokens:
                 del self._sessions[session]
 
 
+# A worker's own report or finish note: job code's text, kept and shown to people.
+MAX_BODY_BYTES = 64 * 1024
+
+
+def _body(request, context) -> dict[str, Any]:
+    """A worker's JSON body: an object of at most MAX_BODY_BYTES, else INVALID_ARGUMENT (the
+    worker runs the job's code: it is as trusted as that code)."""
+    text = request.body or "{}"
+    if len(text) > MAX_BODY_BYTES:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"body of {len(text)} bytes; at most {MAX_BODY_BYTES} are taken")
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "body is not JSON")
+    if not isinstance(body, dict):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "body must be a JSON object")
+    return body
+
+
 class WorkerLinkServicer:
     def __init__(self, tokens: WorkerTokens, backend: WorkerBackend):
         self.tokens = tokens
@@ -105,7 +120,7 @@ class WorkerLinkServicer:
         return job_id
 
     def Register(self, request, context):
-        body = json.loads(request.body or "{}")
+        body = _body(request, context)
         job_id, token = str(body.get("job_id", "")), str(body.get("token", ""))
         session = self.tokens.exchange(job_id, token)
         if session is None:
@@ -149,12 +164,12 @@ class WorkerLinkServicer:
 
     def Report(self, request, context):
         job_id = self._job(context)
-        self._call(context, self.backend.report, job_id, json.loads(request.body or "{}"))
+        self._call(context, self.backend.report, job_id, _body(request, context))
         return msg.Json(body="{}")
 
     def Finish(self, request, context):
         job_id = self._job(context)
-        body = json.loads(request.body or "{}")
+        body = _body(request, context)
         self._call(context, self.backend.finish, job_id, bool(body.get("ok")),
                    str(body.get("error", "")))
         return msg.Json(body="{}")
@@ -204,13 +219,3 @@ def start_worker_endpoint(tokens: WorkerTokens, backend: WorkerBackend, host: st
     server.start()
     address = f"[{dial_host}]:{bound}" if ":" in dial_host else f"{dial_host}:{bound}"
     return Endpoint(server, address, cert_pem)
-
-
-def worker_channel(address: str, cert_pem: str | None) -> grpc.Channel:
-    """The worker's channel to its parent: TLS pinned to the parent's certificate if it has one."""
-    from atoll.wire.grpc_setup import OPTIONS
-
-    if cert_pem:
-        creds = grpc.ssl_channel_credentials(root_certificates=cert_pem.encode())
-        return grpc.secure_channel(address, creds, options=OPTIONS)
-    return grpc.insecure_channel(address, options=OPTIONS)

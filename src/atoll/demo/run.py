@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -73,9 +72,9 @@ def show_progress(job: dict[str, Any], seen: dict[str, Any]) -> None:
 
 
 def run(workspace: Path) -> int:
-    from atoll import daemon
-    from atoll.fl import demo_data
-    from atoll.session import Session
+    from atoll.admin.session import Session
+    from atoll.demo import data as demo_data
+    from atoll.parent import detach
 
     started = time.monotonic()
     shutil.rmtree(workspace, ignore_errors=True)
@@ -87,7 +86,7 @@ def run(workspace: Path) -> int:
     parents = [("server", project / "server")] + [("site", project / s) for s in demo_data.SITES]
     console.print(f"provisioned a PKI and {len(parents)} startup kits in {project}")
     try:
-        daemon.start_many([(role, kit, kit / "workspace")
+        detach.start_many([(role, kit, kit / "workspace")
                            for role, kit in parents])
         with Session(project / RESEARCHER, study=STUDY) as session:
             while not all(s["online"] for s in session.sites()["sites"]):
@@ -107,7 +106,7 @@ def run(workspace: Path) -> int:
             out = session.download(job["job_id"], workspace / "results")
     finally:
         for role, kit in reversed(parents):  # sites first, then the server
-            daemon.stop(kit / "workspace", role)
+            detach.stop(kit / "workspace", role)
     console.print(demo_data.format_comparison(
         demo_data.compare(out / "results", workspace / "data")), markup=False)
     plot = out / "results" / "training_curves.png"
@@ -122,7 +121,3 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the kits, data and results go (recreated)")
     args = parser.parse_args(argv)
     return run(args.workspace.resolve())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,6 @@
-"""Parents and job workers keep free memory at the top of their heap (memory.py): a process that
-frees a 1 MiB frame and takes the next one reuses the pages instead of faulting them in again."""
+"""Parents and job workers keep free memory at the top of their heap (parent/malloc_tuning.py):
+a process that frees a 1 MiB frame and takes the next one reuses the pages instead of faulting
+them in again."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import sys
 
 import pytest
 
-from atoll.memory import TOP_PAD_BYTES
+from atoll.parent.malloc_tuning import TOP_PAD_BYTES
 
 PROBE = r"""
 import resource, sys
-from atoll.memory import tune_for_streaming
+from atoll.parent.malloc_tuning import tune_for_streaming
 if not tune_for_streaming(top_pad=int(sys.argv[1])):
     print("no-mallopt")
     raise SystemExit

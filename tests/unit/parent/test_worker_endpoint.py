@@ -7,9 +7,9 @@ import json
 import grpc
 import pytest
 
+from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
 from atoll.wire import messages as msg
 from atoll.wire import rpc
-from atoll.wire.worker_endpoint import WorkerTokens, start_worker_endpoint
 
 
 class _NoBackend:
@@ -40,6 +40,21 @@ def test_a_token_is_spent_once_and_only_for_its_job():
         for err in (foreign, reused, revoked):
             assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert "job token refused" in err.value.details()
+    finally:
+        channel.close()
+        endpoint.server.stop(0)
+
+
+@pytest.mark.parametrize("body", ["not json", "[1, 2]", "[" * 100000, "{\"x\": \"" + "a" * 70000 + "\"}"])
+def test_a_bad_body_is_invalid_argument_not_a_traceback(body):
+    """The worker runs the job's code: whatever it sends gets a clear answer."""
+    tokens = WorkerTokens()
+    endpoint = start_worker_endpoint(tokens, _NoBackend(), "127.0.0.1", 0)
+    channel = grpc.insecure_channel(endpoint.address)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            rpc.stub(channel, "WorkerLink").Register(msg.Json(body=body), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         channel.close()
         endpoint.server.stop(0)

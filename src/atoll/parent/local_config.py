@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atoll.forked import Forked, start_forked
-from atoll.local_record import fingerprint, read_record, write_record
+from atoll.parent.forked import Forked, start_forked
+from atoll.parent.local_record import fingerprint, read_record, write_record
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
+    from atoll.launchers.process_sandbox import SandboxHost
     from atoll.spec.site_config import SiteConfig
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Checked:
     site_config: bytes | None = None  # the validated SiteConfig, pickled by the check's child
     site_yaml: bytes | None = None  # or site.yaml as fingerprinted, when a record vouched for it
     unconfined: bool = False  # process.sandbox: none (the parent warns at every start)
+    # The process launcher's sandbox facts, probed by the check's child (not recorded: they
+    # depend on the host's Python and bwrap, not on local/).
+    sandbox: SandboxHost | None = None
 
     def values(self) -> dict[str, Any]:
         """What a record keeps (local_record.py)."""
@@ -62,9 +66,11 @@ class LocalConfig:
     still be running in its child: the first value asked for waits for it (and raises its
     SpecError)."""
 
-    def __init__(self, local_dir: Path, checking: Forked[Checked] | Checked):
+    def __init__(self, local_dir: Path, checking: Forked[Checked] | Checked,
+                 probing: Forked[SandboxHost | None] | None = None):
         self._local_dir = local_dir
         self._checking = checking
+        self._probing = probing
         self._site_config: SiteConfig | None = None
         self._launcher: Launcher | None = None
         self._lock = threading.Lock()
@@ -112,7 +118,11 @@ class LocalConfig:
             if self._launcher is None:
                 from atoll.launchers.registry import get_launcher
 
-                self._launcher = get_launcher(self.launcher_name, config)
+                host = self._checked().sandbox
+                if host is None and self._probing is not None:
+                    host = self._probing.result()  # SpecError when no sandbox can be made
+                extra = {"sandbox_host": host} if host is not None else {}
+                self._launcher = get_launcher(self.launcher_name, config, **extra)
             return self._launcher
 
     def close(self) -> None:
@@ -142,9 +152,14 @@ def load_local_config(local_dir: Path, study_runtime: bool,
     if found is not None:
         checked = _from_record(read_record(workspace, found[0]), found[1])
         if checked is not None:
-            return LocalConfig(local_dir, checked)
+            # The record stands for the check, not for the sandbox's probe (~150 ms: a query
+            # of the worker's Python and one empty sandbox): that runs now, beside the start,
+            # rather than on the first job's path.
+            sandboxed = checked.launcher == "process" and not checked.unconfined
+            probing = start_forked(_probe_sandbox, local_dir) if sandboxed else None
+            return LocalConfig(local_dir, checked, probing)
     return LocalConfig(local_dir, start_forked(_check, local_dir, study_runtime, workspace,
-                                               found[0] if found else None))
+                                               found[0] if found else None, True))
 
 
 def record_local_config(local_dir: Path, study_runtime: bool, workspace: Path) -> None:
@@ -156,7 +171,7 @@ def record_local_config(local_dir: Path, study_runtime: bool, workspace: Path) -
 
 
 def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
-           print_: str | None = None) -> Checked:
+           print_: str | None = None, probe: bool = False) -> Checked:
     from atoll.spec.errors import SpecError
     from atoll.spec.site_config import load_site_config
     from atoll.spec.study_runtime import RUNTIME_FILE, load_study_runtime, unconfined_issues
@@ -171,12 +186,36 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
     checked = Checked(config.launcher,
                       {"gpus": cap.gpus, "cpus": cap.cpus, "memory": cap.memory},
                       Endpoint(ep.host, ep.port, ep.dial_host, ep.uses_tls), pickle.dumps(config),
-                      unconfined=unconfined)
+                      unconfined=unconfined, sandbox=_sandbox_of(config, local_dir) if probe else None)
     if workspace is not None and print_ is not None:
         again = fingerprint(local_dir, study_runtime)
         if again is not None and again[0] == print_:  # nothing changed while it was checked
             write_record(workspace, print_, checked.values())
     return checked
+
+
+def _probe_sandbox(local_dir: Path) -> SandboxHost | None:
+    from atoll.spec.site_config import load_site_config
+
+    return _sandbox_of(load_site_config(local_dir / "site.yaml"), local_dir)
+
+
+def _sandbox_of(config: SiteConfig, local_dir: Path) -> SandboxHost | None:
+    """The process launcher's sandbox on this host, or None where it has none to make; a host
+    that cannot make one is a problem of site.yaml's process.sandbox (SpecError)."""
+    if config.launcher != "process" or config.settings.sandbox != "bwrap":
+        return None
+    import sys
+
+    from atoll.launchers.process_sandbox import SandboxUnavailable, bwrap_binary, probe_host
+    from atoll.spec.errors import Issue, SpecError
+
+    try:
+        return probe_host(config.settings.python or sys.executable,
+                          bwrap_binary(config.settings.bwrap))
+    except SandboxUnavailable as exc:
+        raise SpecError([Issue("process.sandbox", str(exc))],
+                        source=str(local_dir / "site.yaml")) from None
 
 
 def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | None:
@@ -194,3 +233,13 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
         return None
     return (Checked(launcher, capacity, endpoint, site_yaml=site_yaml, unconfined=unconfined)
             if ok else None)
+
+
+def record_kits(folder: Path) -> None:
+    """Record the check of every kit's ``local/`` under ``folder`` (or of ``folder`` itself), as
+    ``atoll provision`` wrote them: the templates pass the check (a test holds them to it), and
+    the record spares each parent's first start the check (local_record.py)."""
+    for local in [folder / "local", *sorted(folder.glob("*/local"))]:
+        if (local / "site.yaml").is_file():
+            record_local_config(local, (local / "study_runtime.yaml").is_file(),
+                                local.parent / "workspace")

@@ -1,0 +1,38 @@
+"""A parent's pid file in its workspace: written at start, read by `stop` and by a second start."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+def pid_file(workspace: Path, role: str) -> Path:
+    return workspace / f"{role}.pid"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a detached parent that exited is a zombie until init reaps it: that is gone too
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def read_pid(workspace: Path, role: str) -> int | None:
+    try:
+        pid = int(json.loads(pid_file(workspace, role).read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if alive(pid) else None
+
+
+def write_pid(workspace: Path, role: str) -> None:
+    workspace.mkdir(parents=True, exist_ok=True)
+    pid_file(workspace, role).write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))

@@ -1,0 +1,93 @@
+"""What the server's own worker (the workflow) can do through the server parent's endpoint:
+send tasks to sites, take their replies, report and finish (the site's side: site/worker_backend.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from atoll.parent.worker_endpoint import BackendError
+from atoll.server.jobs import JobManager, LiveJob
+from atoll.server.relay import RelayError
+from atoll.wire import frames, handoff
+from atoll.wire.reasons import clip
+
+if TYPE_CHECKING:
+    from atoll.server.store import JobStore
+
+
+class ServerWorkerBackend:
+    """What the server worker (the workflow) can do through the server parent's endpoint."""
+
+    def __init__(self, jobs: JobManager, store: JobStore):
+        self.jobs = jobs
+        self.store = store
+
+    def _live(self, job_id: str) -> LiveJob:
+        live = self.jobs.live.get(job_id)
+        if live is None:
+            raise BackendError(f"job {job_id} is not running")
+        return live
+
+    def on_register(self, job_id: str) -> dict[str, Any]:
+        live = self._live(job_id)
+        self.store.set_part_state(job_id, "server", "RUNNING")
+        if live.record.state == "DISPATCHED":
+            live.record.state = "RUNNING"
+            self.store.set_job_state(job_id, "RUNNING")
+        info = {"sites": live.sites, "job_args": {"min_clients": live.meta.min_clients}}
+        if live.relay.handoff is not None:
+            info["handoff"] = str(live.relay.handoff.path)
+        return info
+
+    def app_zip(self, job_id: str) -> Path:
+        self._live(job_id)
+        return self.jobs.app_zip(job_id, "server")
+
+    def send_task(self, job_id, head, chunks):
+        relay = self._live(job_id).relay
+        try:
+            task_id = relay.add_task(
+                list(head.get("targets") or []), str(head.get("topic", "")),
+                dict(head.get("headers") or {}), handoff.payload_of(head, chunks, relay.handoff))
+        except RelayError as exc:
+            raise BackendError(str(exc)) from None
+        return {"task_id": task_id}
+
+    def next_reply(self, job_id, task_id, wait_s, many=False, as_files=False):
+        relay = self._live(job_id).relay
+        as_files = as_files and relay.handoff is not None
+        try:
+            entry = relay.next_reply(task_id, min(max(wait_s, 0.0), 30.0))
+        except RelayError as exc:
+            raise BackendError(str(exc)) from None
+        if entry is None:
+            yield frames.header({"none": True})
+        while entry is not None:
+            if entry.error is not None:
+                yield frames.header({"site": entry.site, "error": entry.error})
+            elif as_files:  # the worker reads the reply's own file (wire/handoff.py)
+                yield frames.header({"site": entry.site, "headers": entry.headers,
+                                     handoff.KEY: entry.spool.hand_over()})
+            else:
+                yield frames.header({"site": entry.site, "headers": entry.headers})
+                yield from entry.spool.read("workflow")
+            # replies already waiting follow in the same call: at a thousand sites, a call
+            # per reply cost the workflow more than the replies did
+            entry = relay.next_reply(task_id, 0) if many else None
+
+    def next_task(self, job_id, wait_s, as_files=False):
+        raise BackendError("the server worker runs the workflow; it takes no tasks")
+
+    def send_reply(self, job_id, head, chunks):
+        raise BackendError("the server worker runs the workflow; it sends no replies")
+
+    def report(self, job_id, body):
+        self._live(job_id)
+        self.store.add_event(job_id, "server", body)
+
+    def finish(self, job_id, ok, error):
+        live = self._live(job_id)
+        live.report = (ok, clip(str(error or "")))  # job code's text: it goes to every site
+        if ok:  # the workflow is over: the sites wind down while its process exits
+            live.relay.end()
