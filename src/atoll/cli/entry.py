@@ -1,7 +1,7 @@
 """The `atoll` command's entry point.
 
 `atoll server start KIT` and `atoll site start KIT` in the foreground go straight to the
-parent's own entry (atoll/run_parent.py) in this process, without loading the CLI: the parent
+parent's own entry (atoll/parent/run.py) in this process, without loading the CLI: the parent
 would otherwise start twice (click, then an exec of itself without click). Any other form of
 those commands, and every other command, goes to the CLI (atoll/cli/main.py), which checks and
 explains bad arguments.
@@ -16,7 +16,7 @@ _FLAGS = {"-v": "--verbose", "--verbose": "--verbose"}
 
 
 def parent_argv(argv: list[str]) -> list[str] | None:
-    """run_parent's arguments for a plain foreground `server|site start KIT`, else None."""
+    """parent/run.py's arguments for a plain foreground `server|site start KIT`, else None."""
     if len(argv) < 3 or argv[0] not in ("server", "site") or argv[1] != "start":
         return None
     out, kit, rest = [argv[0]], None, argv[2:]

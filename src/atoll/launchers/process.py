@@ -3,9 +3,9 @@
 - Own session and process group (``start_new_session``), so cancel reaches the whole tree.
 - GPUs: ``num_of_gpus`` exclusive ids from ``process.gpu_ids`` as ``CUDA_VISIBLE_DEVICES``
   (an empty value when the job asks none, so it sees no GPU); never two jobs on one GPU.
-- CPUs: ``num_of_cpus`` as CPU affinity, the host's least-used CPUs (see allocation.py), and as
+- CPUs: ``num_of_cpus`` as CPU affinity, the host's least-used CPUs (see process_allocation.py), and as
   ``OMP_NUM_THREADS`` unless the study's env sets it.
-- Memory: a cgroup limit where the host allows one, else ``RLIMIT_AS`` (memory_limit.py).
+- Memory: a cgroup limit where the host allows one, else ``RLIMIT_AS`` (process_memory_limit.py).
 - Confinement (``process.sandbox: bwrap``, the default): the worker runs under bubblewrap and
   sees only its run folder, its study's datasets at ``/data/<study>/<dataset>``, its Python
   runtime and its own processes (process_sandbox.py). ``sandbox: none`` is the site's explicit
@@ -47,8 +47,10 @@ from atoll.launchers.base import (
 from atoll.launchers.job_files import JobFileError, create_job_file
 from atoll.launchers.process_allocation import CpuAllocator, GpuAllocator, HostCpuLeases
 from atoll.launchers.process_group import (
+    INHERITED_ENV,
     CredentialsTooLarge,
     credentials_pipe,
+    inherited_env,
     kill_group,
     signal_text,
     wait_group_gone,
@@ -65,19 +67,6 @@ from atoll.launchers.process_sandbox import (
     sandbox_argv,
 )
 from atoll.spec.site_config import ProcessSettings
-
-INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
-
-
-def inherited_env() -> dict[str, str]:
-    """The variables a process worker inherits from its parent: ``INHERITED_ENV``, no others.
-
-    The one place a launcher reads the parent's environment: a child process needs PATH and the
-    locale of its host. Secret values never come from here (the site parent puts them in the
-    request's credentials), nor does any launcher's configuration (the Docker SDK alone reads
-    its ``DOCKER_HOST``, the Kubernetes client its kubeconfig).
-    """
-    return {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
 
 LOG_FILE = Path("logs") / "worker.log"
 MemoryMode = Literal["auto", "cgroup", "rlimit"]

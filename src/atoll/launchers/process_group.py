@@ -1,5 +1,6 @@
-"""The process launcher's plumbing around a worker process: its process group and the pipe
-that hands it its credentials. Plain system calls, no atoll state."""
+"""The process launcher's plumbing around a worker process: what it inherits of the parent's
+environment, its process group, and the pipe that hands it its credentials. Plain system
+calls, no atoll state."""
 
 from __future__ import annotations
 
@@ -11,6 +12,20 @@ import time
 from typing import Any
 
 from atoll.spec.errors import EXIT_INVALID, AtollError
+
+INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+
+
+def inherited_env() -> dict[str, str]:
+    """The variables a process worker inherits from its parent: ``INHERITED_ENV``, no others.
+
+    The one place a launcher reads the parent's environment: a child process needs PATH and the
+    locale of its host. Secret values never come from here (the site parent puts them in the
+    request's credentials), nor does any launcher's configuration (the Docker SDK alone reads
+    its ``DOCKER_HOST``, the Kubernetes client its kubeconfig).
+    """
+    return {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+
 
 # A pipe holds 64 KiB before a writer blocks; credentials are written before the worker runs.
 MAX_CREDENTIAL_BYTES = 60 * 1024

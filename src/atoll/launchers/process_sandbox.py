@@ -107,7 +107,7 @@ def runtime_folders(python: str) -> tuple[str, ...]:
     without its first entry (the working directory), so that a parent started inside its kit
     never lends the kit to a job.
     """
-    from atoll.launchers.process import inherited_env  # imports this module
+    from atoll.launchers.process_group import inherited_env
 
     path = inherited_env().get("PATH", "/usr/bin:/bin")
     try:

@@ -1,7 +1,7 @@
 """Parents at rest keep pydantic and PyYAML out of their memory: the kit comes from its kit.json
-(an edited kit.yaml, and local/ when it changed, are read in a forked child: run_parent.py,
+(an edited kit.yaml, and local/ when it changed, are read in a forked child: parent/run.py,
 local_config.py), the spec models load with a job. They never map the system's OpenSSL (gRPC has
-its own TLS; run_parent._without_system_openssl), and shutil's compressors come with the first
+its own TLS; parent.run._without_system_openssl), and shutil's compressors come with the first
 job. Nothing loads the protobuf runtime (wire/messages.py speaks the few control messages)."""
 
 from __future__ import annotations
