@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -188,3 +190,20 @@ def test_a_host_without_a_working_bwrap_says_how_to_opt_out(tmp_path):
     with pytest.raises(LaunchError, match=r"could not make a sandbox here.*`process: "
                                           r"\{sandbox: none\}`"):
         launcher.launch(request)
+
+
+def test_a_python_under_tmp_is_seen_through_the_private_tmp(tmp_path):
+    """A runtime folder under /tmp (a virtual environment in a temporary clone, as CI has it)
+    is mounted over the sandbox's private /tmp, not hidden by it."""
+    import sys
+
+    from atoll.launchers.process_sandbox import bwrap_binary, probe_host
+
+    venv = Path(tempfile.mkdtemp(dir="/tmp", prefix="atoll-venv-"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        python = str(venv / "bin" / "python")
+        host = probe_host(python, bwrap_binary(None))  # starts one sandbox with that Python
+        assert str(venv) in host.runtime
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)

@@ -163,9 +163,11 @@ def sandbox_argv(host: SandboxHost, *, run_folder: str, app_folder: str | None,
         argv += ["--symlink", link, path] if link else ["--ro-bind", path, path]
     for name in ETC_FILES:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    # The private /tmp first: a later mount shows through it, an earlier one under /tmp (a
+    # Python or a run folder in a temporary folder) would be hidden by it.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", SANDBOX_TMP]
     for folder in host.runtime:
         argv += ["--ro-bind", folder, folder]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", SANDBOX_TMP]
     if not gpu_ids:  # CPU topology, which math libraries read to size their thread pools
         argv += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
     else:  # the GPU driver's libraries find their devices through /sys
