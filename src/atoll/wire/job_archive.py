@@ -107,7 +107,8 @@ class Incoming:
                 except OSError as exc:  # strerror only: the exception names our own path
                     raise IntakeError(f"job folder entry {info.filename!r} could not be "
                                       f"written: {exc.strerror}") from None
-                except (zipfile.BadZipFile, EOFError, zlib.error, ValueError) as exc:
+                except (zipfile.BadZipFile, EOFError, zlib.error, ValueError,
+                        NotImplementedError) as exc:  # a local header's features zipfile lacks
                     raise IntakeError(f"job folder entry {info.filename!r} is damaged: {exc}; "
                                       "zip the folder again") from None
         return self.tree
@@ -200,6 +201,9 @@ def _check_entry(info: zipfile.ZipInfo) -> tuple[str, ...]:
         raise IntakeError(f"job folder entry {name!r} is not a regular file")
     if info.flag_bits & 0x1:
         raise IntakeError(f"job folder entry {name!r} is encrypted; zip it without a password")
+    if info.flag_bits & 0x20:  # "compressed patched data", which zipfile cannot read
+        raise IntakeError(f"job folder entry {name!r} holds patched data; zip the folder again "
+                          "with a plain zip tool")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         raise IntakeError(f"job folder entry {name!r} uses compression method "
                           f"{info.compress_type}; zip it with deflate (or store it)")

@@ -153,6 +153,12 @@ def test_an_encrypted_entry(server, session):
     refused(server, session, data, "entry 'app/a.py' is encrypted")
 
 
+def test_an_entry_of_patched_data(server, session):
+    """Flag bit 5, which zipfile cannot read (found by `make fuzz`: it answered UNKNOWN)."""
+    data = patch(job_zip(extra={"app/a.py": b"x"}), "app/a.py", flags=0x20)
+    refused(server, session, data, "entry 'app/a.py' holds patched data")
+
+
 def test_a_name_too_long_for_the_file_system(server, session):
     refused(server, session, job_zip(extra={"app/" + "n" * 300: b"x"}), "has a name too long")
 
