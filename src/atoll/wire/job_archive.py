@@ -83,7 +83,8 @@ class Incoming:
         except UnicodeDecodeError:
             raise IntakeError("job upload is damaged: an entry's name is marked UTF-8 but is "
                               "not") from None
-        except (zipfile.BadZipFile, ValueError, EOFError, OverflowError) as exc:
+        except (zipfile.BadZipFile, ValueError, EOFError, OverflowError,
+                NotImplementedError) as exc:  # e.g. a zip version zipfile does not read
             raise IntakeError(f"job upload is not a zip archive ({exc})") from None
         with archive:
             infos = archive.infolist()

@@ -159,6 +159,14 @@ def test_an_entry_of_patched_data(server, session):
     refused(server, session, data, "entry 'app/a.py' holds patched data")
 
 
+def test_a_zip_version_the_server_cannot_read(server, session):
+    """A central record asking for zip version 6.4 (found by `make fuzz`: it answered UNKNOWN)."""
+    data = bytearray(job_zip(extra={"app/a.py": b"x"}))
+    central = data.index(b"PK\x01\x02")
+    data[central + 6:central + 8] = (64).to_bytes(2, "little")  # version needed to extract
+    refused(server, session, bytes(data), "zip file version 6.4")
+
+
 def test_a_name_too_long_for_the_file_system(server, session):
     refused(server, session, job_zip(extra={"app/" + "n" * 300: b"x"}), "has a name too long")
 
