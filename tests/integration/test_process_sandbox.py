@@ -158,6 +158,15 @@ def test_without_the_sandbox_the_same_worker_reaches_the_parent(host, secret_hol
     assert os.getpid() in seen["pids"] and secret_holder in seen["marker_seen"]
 
 
+def _trivial_request(config, runtime, workdir: Path):
+    """A study alpha job whose worker does nothing: for launches refused before it runs."""
+    return build_request(
+        meta=load_meta({"name": "t", "deploy_map": {"app": ["@ALL"]}}),
+        identity=JobIdentity("b" * 32, "t", "alpha", "site-a", "site"), site_config=config,
+        study_runtime=runtime, workdir=workdir, parent_address="127.0.0.1:1",
+        worker_args=("-c", "pass"))
+
+
 def test_a_missing_dataset_folder_is_a_launch_error_naming_it(host):
     config = parse_site_config({"launcher": "process", "process": {"sandbox": "bwrap"}})
     launcher = ProcessLauncher(config, share_cpus=False)
@@ -168,11 +177,7 @@ def test_a_missing_dataset_folder_is_a_launch_error_naming_it(host):
             datasets:
               images: {{source: {host}/data/missing, mode: ro}}
         """)), "process")
-    request = build_request(
-        meta=load_meta({"name": "t", "deploy_map": {"app": ["@ALL"]}}),
-        identity=JobIdentity("b" * 32, "t", "alpha", "site-a", "site"), site_config=config,
-        study_runtime=runtime, workdir=host / "job", parent_address="127.0.0.1:1",
-        worker_args=("-c", "pass"))
+    request = _trivial_request(config, runtime, host / "job")
     with pytest.raises(LaunchError, match=r"dataset images of study alpha: .*/data/missing is not "
                                           r"a folder on this host \(local/study_runtime.yaml\)"):
         launcher.launch(request)
@@ -182,11 +187,7 @@ def test_a_host_without_a_working_bwrap_says_how_to_opt_out(tmp_path):
     config = parse_site_config({"launcher": "process",
                                 "process": {"sandbox": "bwrap", "bwrap": "/bin/false"}})
     launcher = ProcessLauncher(config, share_cpus=False)
-    request = build_request(
-        meta=load_meta({"name": "t", "deploy_map": {"app": ["@ALL"]}}),
-        identity=JobIdentity("c" * 32, "t", "alpha", "site-a", "site"), site_config=config,
-        study_runtime=None, workdir=tmp_path / "job", parent_address="127.0.0.1:1",
-        worker_args=("-c", "pass"))
+    request = _trivial_request(config, None, tmp_path / "job")
     with pytest.raises(LaunchError, match=r"could not make a sandbox here.*`process: "
                                           r"\{sandbox: none\}`"):
         launcher.launch(request)

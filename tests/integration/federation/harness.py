@@ -135,6 +135,17 @@ class Federation:
         self.kill("server")
 
 
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition", poll: float = 0.05):
+    """The predicate's first true value, polled until ``timeout``; TimeoutError names ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
 def job_folder(path: Path, meta: dict[str, Any], app_yaml: str, files: dict[str, str]) -> Path:
     """Write a job folder: meta.json, app/app.yaml and the app's files."""
     (path / "app").mkdir(parents=True)

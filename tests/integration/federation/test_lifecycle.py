@@ -6,7 +6,6 @@ import io
 import json
 import os
 import signal
-import time
 import zipfile
 
 import grpc
@@ -20,18 +19,8 @@ from atoll.spec.errors import SpecError
 from atoll.wire import frames, rpc
 from atoll.wire import messages as msg
 from tests.integration.federation.conftest import ADMIN, USERS
-from tests.integration.federation.harness import Federation, pids_with_env
+from tests.integration.federation.harness import Federation, pids_with_env, wait_for
 from tests.integration.federation.jobs import CRASH, LEFT_FOR_EXIT, STALL, make_job
-
-
-def _wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def _all_running(session, job_id):
@@ -92,20 +81,20 @@ def test_abort_mid_job_leaves_no_worker(federation, tmp_path):
     with federation.session(ADMIN) as s:
         job = s.submit(make_job(tmp_path / "stall", script=STALL))
         job_id = job["job_id"]
-        _wait_for(lambda: _all_running(s, job_id), what="every worker running")
+        wait_for(lambda: _all_running(s, job_id), what="every worker running")
         assert len(pids_with_env(f"ATOLL_JOB_ID={job_id}")) == 3
         s.abort(job_id)
         final = s.wait(job_id, timeout=30)
     assert final["state"] == "FINISHED:ABORTED"
     assert {p["state"] for p in final["parts"].values()} == {"FINISHED:ABORTED"}
     assert "aborted by admin@test.org" in final["parts"]["site-1"]["reason"]
-    _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True), 10, "workers gone")
+    wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True), 10, "workers gone")
 
 
 def test_killed_site_worker_fails_the_job_naming_the_site(federation, tmp_path):
     with federation.session(ADMIN) as s:
         job_id = s.submit(make_job(tmp_path / "victim", script=STALL, min_clients=2))["job_id"]
-        _wait_for(lambda: _all_running(s, job_id), what="every worker running")
+        wait_for(lambda: _all_running(s, job_id), what="every worker running")
         site1 = [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}")
                  if b"ATOLL_SITE=site-1" in open(f"/proc/{p}/environ", "rb").read()]
         assert len(site1) == 1
@@ -114,7 +103,7 @@ def test_killed_site_worker_fails_the_job_naming_the_site(federation, tmp_path):
     assert final["state"] == "FINISHED:FAILED"
     assert "site-1" in final["reason"]
     assert "SIGKILL" in final["parts"]["site-1"]["reason"]
-    _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True), 15, "workers gone")
+    wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True), 15, "workers gone")
 
 
 def test_crashing_script_fails_its_site_with_the_traceback(federation, tmp_path):
@@ -140,7 +129,7 @@ def test_worker_tokens_are_in_no_environment_and_wrong_ones_are_refused(federati
     a wrong token, or one for another job, is refused. Reuse: tests/unit/wire/."""
     with federation.session(ADMIN) as s:
         job_id = s.submit(make_job(tmp_path / "tokens", script=STALL))["job_id"]
-        _wait_for(lambda: _all_running(s, job_id), what="every worker running")
+        wait_for(lambda: _all_running(s, job_id), what="every worker running")
         workers = pids_with_env(f"ATOLL_JOB_ID={job_id}")
         environs = [open(f"/proc/{p}/environ", "rb").read() for p in workers]
         assert len(environs) == 3 and not any(b"ATOLL_JOB_TOKEN" in e for e in environs)
@@ -266,9 +255,9 @@ def test_killed_site_parent_takes_its_workers_along(own_federation, tmp_path):
     fed = own_federation
     with fed.session(ADMIN) as s:
         job_id = s.submit(make_job(tmp_path / "orphan", script=STALL))["job_id"]
-        _wait_for(lambda: _all_running(s, job_id), what="every worker running")
+        wait_for(lambda: _all_running(s, job_id), what="every worker running")
         fed.kill("site-1", signal.SIGKILL)
-        _wait_for(lambda: not [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True)
+        wait_for(lambda: not [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True)
                                if b"ATOLL_SITE=site-1" in open(f"/proc/{p}/environ", "rb").read()],
                   10, "site-1's worker gone")
         final = s.wait(job_id, timeout=60)
@@ -281,7 +270,7 @@ def test_server_restart_keeps_records_and_sites_reconnect(own_federation, tmp_pa
     with fed.session(ADMIN) as s:
         done = s.submit(make_job(tmp_path / "before"), wait=True, timeout=120)
         running = s.submit(make_job(tmp_path / "during", script=STALL))["job_id"]
-        _wait_for(lambda: _all_running(s, running), what="every worker running")
+        wait_for(lambda: _all_running(s, running), what="every worker running")
     job_dir = fed.workspace("server") / "jobs" / done["job_id"]
     files_before = sorted(p.relative_to(job_dir) for p in job_dir.rglob("*"))
     fed.kill("server", signal.SIGKILL)
@@ -293,6 +282,6 @@ def test_server_restart_keeps_records_and_sites_reconnect(own_federation, tmp_pa
         assert interrupted["state"] == "FINISHED:FAILED"
         assert "server restarted" in interrupted["reason"]
         assert sorted(p.relative_to(job_dir) for p in job_dir.rglob("*")) == files_before
-        _wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={running}", sandboxes=True), 20, "workers gone")
+        wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={running}", sandboxes=True), 20, "workers gone")
         again = s.submit(make_job(tmp_path / "after"), wait=True, timeout=120)
     assert again["state"] == "FINISHED:COMPLETED"

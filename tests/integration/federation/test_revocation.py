@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from atoll.admin.errors import AuthError
-from tests.integration.federation.harness import Federation
+from tests.integration.federation.harness import Federation, wait_for
 from tests.integration.federation.jobs import make_job
 
 ADMIN = "admin@test.org"
@@ -46,16 +46,6 @@ def atoll(*args: str, home: Path, check: bool = True) -> subprocess.CompletedPro
     return proc
 
 
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
 def online(fed: Federation) -> set[str]:
     with fed.session(ADMIN) as s:
         return {x["name"] for x in s.sites()["sites"] if x["online"]}
@@ -70,7 +60,7 @@ def test_a_revoked_users_cli_is_refused_at_once_and_the_sites_refuse_their_waiti
 
     # site-2 is away: the leaver's job waits on the server (SUBMITTED, not dispatched)
     fed.kill("site-2")
-    wait_for(lambda: "site-2" not in online(fed), what="site-2 to go offline")
+    wait_for(lambda: "site-2" not in online(fed), 60, what="site-2 to go offline")
     with fed.session(LEAVER) as s:
         waiting = s.submit(make_job(tmp_path / "waiting"))
     assert waiting["state"] == "SUBMITTED"
@@ -115,7 +105,7 @@ def test_a_revoked_site_is_dropped_and_refused_and_lists_only_move_forward(feder
     fed = federation
     home = tmp_path / "admin-home"
     admin_kit = str(fed.kit(ADMIN))
-    wait_for(lambda: {"site-1", "site-2"} <= online(fed), what="both sites online")
+    wait_for(lambda: {"site-1", "site-2"} <= online(fed), 60, what="both sites online")
     number = int(atoll("crl", "show", "--kit", admin_kit, "--format", "json", home=home)
                  .stdout.split('"number": ')[1].split(",")[0])
     older = tmp_path / "older.pem"
@@ -127,7 +117,7 @@ def test_a_revoked_site_is_dropped_and_refused_and_lists_only_move_forward(feder
     pushed = atoll("crl", "push", str(fed.root / "ca" / "crl.pem"), "--kit", admin_kit,
                    home=home)
     assert "Closed the links of: site-2." in pushed.stdout
-    wait_for(lambda: "site-2" not in online(fed), what="site-2's link to be closed")
+    wait_for(lambda: "site-2" not in online(fed), 60, what="site-2's link to be closed")
     time.sleep(6)  # past the site's longest reconnect backoff: it is refused, not back
     assert online(fed) == {"site-1"}
     assert "this certificate is revoked" in fed.log("site-2")
