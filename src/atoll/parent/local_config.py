@@ -48,6 +48,10 @@ class Checked:
     site_config: bytes | None = None  # the validated SiteConfig, pickled by the check's child
     site_yaml: bytes | None = None  # or site.yaml as fingerprinted, when a record vouched for it
     unconfined: bool = False  # process.sandbox: none (the parent warns at every start)
+    # site.yaml's process.python and process.bwrap (None: the defaults), so that probing the
+    # sandbox beside a start vouched for by a record needs no pydantic parse of site.yaml.
+    sandbox_python: str | None = None
+    sandbox_bwrap: str | None = None
     # The process launcher's sandbox facts, probed by the check's child (not recorded: they
     # depend on the host's Python and bwrap, not on local/).
     sandbox: SandboxHost | None = None
@@ -57,6 +61,7 @@ class Checked:
         ep = self.endpoint
         return {"launcher": self.launcher, "capacity": self.capacity,
                 "unconfined": self.unconfined,
+                "sandbox": {"python": self.sandbox_python, "bwrap": self.sandbox_bwrap},
                 "endpoint": {"host": ep.host, "port": ep.port, "dial_host": ep.dial_host,
                              "uses_tls": ep.uses_tls}}
 
@@ -152,11 +157,13 @@ def load_local_config(local_dir: Path, study_runtime: bool,
     if found is not None:
         checked = _from_record(read_record(workspace, found[0]), found[1])
         if checked is not None:
-            # The record stands for the check, not for the sandbox's probe (~150 ms: a query
+            # The record stands for the check, not for the sandbox's probe (~50 ms: a query
             # of the worker's Python and one empty sandbox): that runs now, beside the start,
-            # rather than on the first job's path.
+            # rather than on the first job's path, from the recorded settings (parsing
+            # site.yaml again would import pydantic, ~0.2 CPU-s, into the probe's child).
             sandboxed = checked.launcher == "process" and not checked.unconfined
-            probing = start_forked(_probe_sandbox, local_dir) if sandboxed else None
+            probing = (start_forked(_probe_sandbox, local_dir, checked.sandbox_python,
+                                    checked.sandbox_bwrap) if sandboxed else None)
             return LocalConfig(local_dir, checked, probing)
     return LocalConfig(local_dir, start_forked(_check, local_dir, study_runtime, workspace,
                                                found[0] if found else None, True))
@@ -183,10 +190,14 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
             raise SpecError(issues, source=str(local_dir / RUNTIME_FILE))
     cap, ep = config.capacity, config.worker_endpoint
     unconfined = config.launcher == "process" and config.settings.sandbox == "none"
+    process = config.launcher == "process"
     checked = Checked(config.launcher,
                       {"gpus": cap.gpus, "cpus": cap.cpus, "memory": cap.memory},
                       Endpoint(ep.host, ep.port, ep.dial_host, ep.uses_tls), pickle.dumps(config),
-                      unconfined=unconfined, sandbox=_sandbox_of(config, local_dir) if probe else None)
+                      unconfined=unconfined,
+                      sandbox_python=config.settings.python if process else None,
+                      sandbox_bwrap=config.settings.bwrap if process else None,
+                      sandbox=_sandbox_of(config, local_dir) if probe else None)
     if workspace is not None and print_ is not None:
         again = fingerprint(local_dir, study_runtime)
         if again is not None and again[0] == print_:  # nothing changed while it was checked
@@ -194,25 +205,22 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
     return checked
 
 
-def _probe_sandbox(local_dir: Path) -> SandboxHost | None:
-    from atoll.spec.site_config import load_site_config
-
-    return _sandbox_of(load_site_config(local_dir / "site.yaml"), local_dir)
-
-
 def _sandbox_of(config: SiteConfig, local_dir: Path) -> SandboxHost | None:
     """The process launcher's sandbox on this host, or None where it has none to make; a host
     that cannot make one is a problem of site.yaml's process.sandbox (SpecError)."""
     if config.launcher != "process" or config.settings.sandbox != "bwrap":
         return None
+    return _probe_sandbox(local_dir, config.settings.python, config.settings.bwrap)
+
+
+def _probe_sandbox(local_dir: Path, python: str | None, bwrap: str | None) -> SandboxHost:
     import sys
 
     from atoll.launchers.process_sandbox import SandboxUnavailable, bwrap_binary, probe_host
     from atoll.spec.errors import Issue, SpecError
 
     try:
-        return probe_host(config.settings.python or sys.executable,
-                          bwrap_binary(config.settings.bwrap))
+        return probe_host(python or sys.executable, bwrap_binary(bwrap))
     except SandboxUnavailable as exc:
         raise SpecError([Issue("process.sandbox", str(exc))],
                         source=str(local_dir / "site.yaml")) from None
@@ -226,13 +234,15 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
         launcher, capacity, ep = values["launcher"], values["capacity"], values["endpoint"]
         endpoint = Endpoint(str(ep["host"]), int(ep["port"]), str(ep["dial_host"]),
                             bool(ep["uses_tls"]))
-        unconfined = values["unconfined"]
+        unconfined, sandbox = values["unconfined"], values["sandbox"]
+        python, bwrap = sandbox["python"], sandbox["bwrap"]
         ok = (isinstance(launcher, str) and isinstance(capacity, dict)
-              and set(capacity) == {"gpus", "cpus", "memory"} and isinstance(unconfined, bool))
+              and set(capacity) == {"gpus", "cpus", "memory"} and isinstance(unconfined, bool)
+              and all(v is None or isinstance(v, str) for v in (python, bwrap)))
     except (KeyError, TypeError, ValueError):
         return None
-    return (Checked(launcher, capacity, endpoint, site_yaml=site_yaml, unconfined=unconfined)
-            if ok else None)
+    return (Checked(launcher, capacity, endpoint, site_yaml=site_yaml, unconfined=unconfined,
+                    sandbox_python=python, sandbox_bwrap=bwrap) if ok else None)
 
 
 def record_kits(folder: Path) -> None:

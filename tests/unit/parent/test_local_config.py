@@ -160,7 +160,7 @@ def test_a_local_federation_starts_on_the_records_provision_wrote(tmp_path):
 
 
 def test_the_sandbox_is_probed_at_start_not_on_the_first_job(tmp_path, monkeypatch):
-    """The probe of the process sandbox (~150 ms) runs in a child forked at start, with the
+    """The probe of the process sandbox (~50 ms) runs in a child forked at start, with the
     check or beside a record, and the launcher is made with its answer."""
     from atoll.launchers import process as process_mod
 
@@ -185,3 +185,21 @@ def test_a_host_without_a_sandbox_fails_the_start_naming_the_opt_out(tmp_path):
         config.launcher_name  # noqa: B018 - the first value waits for the check
     assert err.value.issues[0].path == "process.sandbox"
     assert "`process: {sandbox: none}`" in err.value.issues[0].message
+
+
+def test_the_probe_beside_a_record_takes_its_settings_from_the_record(tmp_path):
+    """Beside a record, the sandbox's probe does not parse site.yaml again (that would import
+    pydantic into the probe's child at every start): process.python and process.bwrap come from
+    the record. A forged bwrap in the record is the one the probe runs."""
+    local, workspace = _site_kit(tmp_path)
+    load_local_config(local, True, workspace).launcher_name  # noqa: B018 - waits for the check
+    path = workspace / RECORD_FILE
+    record = json.loads(path.read_text())
+    assert record["values"]["sandbox"] == {"python": None, "bwrap": None}
+    record["values"]["sandbox"]["bwrap"] = "/bin/false"
+    path.write_text(json.dumps(record))
+    config = load_local_config(local, True, workspace)
+    with pytest.raises(SpecError) as err:
+        _ = config.launcher
+    assert err.value.issues[0].path == "process.sandbox"
+    assert "/bin/false" in err.value.issues[0].message
