@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from atoll.fl.app_config import APP_FILE, AppConfigError, SiteSection, load_app_config
+from atoll.fl.app_config import (
+    APP_FILE,
+    AppConfigError,
+    SiteSection,
+    custom_workflow,
+    load_app_config,
+)
 from atoll.fl.channels import ServerChannel, SiteChannel
 from atoll.fl.client_runtime import ClientSession, bind, unbind
 from atoll.fl.model import Model
@@ -107,19 +113,68 @@ def _as_model(made: Any, reference: str, source: str) -> Model:
 def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, Any]) -> None:
     app_dir = Path(app_dir)
     config, args = load_app_config(app_dir)
-    if config.server is None or args is None:
+    source = str(app_dir / APP_FILE)
+    if config.server is None:
         raise AppConfigError(
-            str(app_dir / APP_FILE),
-            [
-                "server: missing: the server runs this app, so app.yaml needs server: {workflow, args}"
-            ],
+            source,
+            ["server: missing: the server runs this app, so app.yaml needs server: {workflow, args}"],
         )
+    from atoll.fl.workflows import BUILTINS  # the server's alone: site workers skip it
+    from atoll.fl.workflows.api import Context
+
+    custom = custom_workflow(config.server.workflow)
+    if custom is None:
+        workflow_class = BUILTINS[config.server.workflow]
+    else:  # the job's own code: it runs here, in the server's confined worker, like a script
+        workflow_class = load_workflow_class(app_dir, *custom)
+        args = _workflow_args(workflow_class, config.server.args, source)
     initial = None
     if config.server.initial_model:
         initial = load_initial_model(app_dir, config.server.initial_model)
-    from atoll.fl.workflows import WORKFLOWS  # the server's alone: site workers skip it
+    ctx = Context(channel, args, initial, dict(job_args or {}))
+    try:
+        workflow_class(ctx).run()
+    finally:
+        ctx.close()
 
-    WORKFLOWS[config.server.workflow](channel, args, initial, dict(job_args or {}))
+
+def load_workflow_class(app_dir: Path, relative: str, name: str) -> type:
+    """The ``Workflow`` subclass ``name`` of the app folder's ``relative`` file, loaded as a site
+    script is (working directory the app folder, the folder importable)."""
+    from atoll.fl.workflows.api import Workflow
+
+    path = _inside(app_dir, relative, "server.workflow")
+    saved_cwd, saved_path = os.getcwd(), sys.path[:]
+    try:
+        os.chdir(app_dir)
+        sys.path.insert(0, str(path.parent))
+        found = runpy.run_path(str(path), run_name="atoll_workflow").get(name)
+    finally:
+        sys.path[:] = saved_path
+        os.chdir(saved_cwd)
+    if not (isinstance(found, type) and issubclass(found, Workflow)):
+        what = "has no class" if found is None else f"defines {name} as a {type(found).__name__}, not"
+        raise AppConfigError(
+            str(app_dir / APP_FILE),
+            [f"server.workflow: {relative} {what} {name!r} a subclass of atoll.workflow.Workflow"],
+        )
+    return found
+
+
+def _workflow_args(workflow_class: type, raw: dict[str, Any], source: str) -> Any:
+    """``server.args`` validated with the class's ``Args`` model, or the plain dict."""
+    from pydantic import ValidationError
+
+    model = getattr(workflow_class, "Args", None)
+    if model is None:
+        return dict(raw)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        errors = [
+            f"server.args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        ]
+        raise AppConfigError(source, errors) from None
 
 
 def _site_section(app_dir: Path) -> SiteSection:
