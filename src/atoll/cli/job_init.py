@@ -17,7 +17,8 @@ import click
 
 from atoll.cli.common import fail
 
-WORKFLOWS = ("fedavg", "fedopt", "fedprox", "scatter_gather")
+WORKFLOWS = ("fedavg", "fedopt", "fedprox", "scatter_gather", "custom")
+CUSTOM_WORKFLOW = "my_workflow.py:MyFedAvg"  # the class the custom template writes
 FRAMEWORKS = ("numpy", "torch")
 
 _SERVER_ARGS = {
@@ -25,6 +26,7 @@ _SERVER_ARGS = {
     "fedprox": {"num_rounds": 5, "key_metric": "accuracy", "mu": 0.01},
     "fedopt": {"num_rounds": 5, "key_metric": "accuracy", "optimizer": "adam", "server_lr": 0.1},
     "scatter_gather": {"num_rounds": 1, "payload_bytes": 1024},
+    "custom": {"num_rounds": 5, "robust": False, "patience": 2},
 }
 
 
@@ -51,14 +53,17 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str) -> di
         args["round_timeout"] = 600
     server_args = "\n".join(f"    {key}: {json.dumps(value)}" for key, value in args.items())
     app_yaml = Template(_template("app.yaml.tmpl")).substitute(
-        workflow=workflow, server_args=server_args
+        workflow=CUSTOM_WORKFLOW if workflow == "custom" else workflow, server_args=server_args
     )
     script = "echo.py.tmpl" if workflow == "scatter_gather" else f"train_{framework}.py.tmpl"
-    return {
+    files = {
         "meta.json": json.dumps(meta, indent=2) + "\n",
         "app/app.yaml": app_yaml,
         "app/train.py": _template(script),
     }
+    if workflow == "custom":  # the workflow class of docs/federated-learning.md, to change
+        files["app/my_workflow.py"] = _template("my_workflow.py.tmpl")
+    return files
 
 
 @click.command("init")

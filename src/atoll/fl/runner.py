@@ -153,11 +153,12 @@ def load_workflow_class(app_dir: Path, relative: str, name: str) -> type:
         sys.path[:] = saved_path
         os.chdir(saved_cwd)
     if not (isinstance(found, type) and issubclass(found, Workflow)):
-        what = "has no class" if found is None else f"defines {name} as a {type(found).__name__}, not"
-        raise AppConfigError(
-            str(app_dir / APP_FILE),
-            [f"server.workflow: {relative} {what} {name!r} a subclass of atoll.workflow.Workflow"],
+        problem = (
+            f"has no class {name!r}"
+            if found is None
+            else f"defines {name!r}, but it is not a subclass of atoll.workflow.Workflow"
         )
+        raise AppConfigError(str(app_dir / APP_FILE), [f"server.workflow: {relative} {problem}"])
     return found
 
 

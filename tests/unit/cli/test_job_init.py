@@ -52,6 +52,17 @@ def test_scatter_gather_template_echoes(tmp_path):
     }
 
 
+def test_custom_template_runs_its_own_workflow_class(tmp_path):
+    job = _init(tmp_path, "--workflow", "custom")
+    assert "class MyFedAvg(Workflow)" in (job / "app" / "my_workflow.py").read_text()
+    config, _ = load_app_config(job / "app")
+    assert config.server.workflow == "my_workflow.py:MyFedAvg"
+    simulate(job, SITES, results_dir=tmp_path / "results")
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    assert 1 <= summary["rounds"] <= 5 and summary["best_loss"] < 0.6
+    assert (tmp_path / "results" / "global_model_final.safetensors").is_file()
+
+
 def test_the_written_app_yaml_validates(tmp_path):
     job = _init(tmp_path, "--workflow", "fedopt")
     config, args = load_app_config(job / "app")
