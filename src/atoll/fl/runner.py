@@ -188,11 +188,17 @@ def _site_section(app_dir: Path) -> SiteSection:
     return config.site
 
 
-def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[str, str]) -> None:
+def run_site_app(
+    channel: SiteChannel,
+    app_dir: Path,
+    site: str,
+    datasets: dict[str, str],
+    statistics_rules: dict[str, Any] | None = None,
+) -> None:
     app_dir = Path(app_dir)
     section = _site_section(app_dir)
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config))
+    bind(ClientSession(channel, site, datasets, section.config, statistics_rules))
     saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
     try:
         sys.argv = [str(script), *section.args]
@@ -208,7 +214,11 @@ def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[
 
 
 def run_site_app_in_thread(
-    channel: SiteChannel, app_dir: Path, site: str, datasets: dict[str, str]
+    channel: SiteChannel,
+    app_dir: Path,
+    site: str,
+    datasets: dict[str, str],
+    statistics_rules: dict[str, Any] | None = None,
 ) -> None:
     """The simulator's variant: several sites share one process, one thread each.
 
@@ -220,7 +230,8 @@ def run_site_app_in_thread(
     app_dir = Path(app_dir)
     section = _site_section(app_dir)
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config), thread_only=True)
+    bind(ClientSession(channel, site, datasets, section.config, statistics_rules),
+         thread_only=True)
     try:
         code = compile(script.read_bytes(), str(script), "exec")
         namespace = {
