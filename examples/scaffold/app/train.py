@@ -29,7 +29,7 @@ while fl.is_running():
     rng = np.random.default_rng(config.get("seed", 0) * 1000 + zlib.crc32(fl.site_name().encode())
                                 + 7919 * (model.current_round or 0))
 
-    def batch_gradient(params, step):
+    def batch_gradient(params, step, rng=rng):
         if not BATCH:
             return gradient(params, x_train, y_train)
         rows = rng.choice(len(y_train), size=BATCH, replace=False)

@@ -79,7 +79,7 @@ class FederatedStatistics(Workflow):
             for index in part["suppressed_bins"]:
                 notes.append(f"{site}: {column} bin {index} ({edges[column][index]:.4g} to "
                              f"{edges[column][index + 1]:.4g}) suppressed: under its min_count")
-            histogram = [h + (c or 0.0) for h, c in zip(histogram, part["histogram"])]
+            histogram = [h + (c or 0.0) for h, c in zip(histogram, part["histogram"], strict=True)]
             own = sites[site]
             own.update(site_spread_stats(own, part, means[column]))
             own["histogram"] = part["histogram"]
