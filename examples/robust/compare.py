@@ -4,6 +4,7 @@ weighted_mean, median and trimmed_mean in turn, and with no attacker, in the sim
     python examples/robust/compare.py [DATA_DIR]
 """
 
+import importlib.util
 import shutil
 import sys
 import tempfile
@@ -13,8 +14,10 @@ import numpy as np
 import yaml
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from make_data import SITES, write_clinics  # noqa: E402
+_spec = importlib.util.spec_from_file_location("robust_make_data", HERE / "make_data.py")
+_make_data = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_make_data)
+SITES, write_clinics = _make_data.SITES, _make_data.write_clinics
 
 
 def variant(work: Path, name: str, aggregator: str, attacker: bool) -> Path:
