@@ -125,3 +125,50 @@ def test_robust_aggregation_with_a_poisoned_hospital(fed, tmp_path):
         params = load_file(next(out.rglob("global_model_final.safetensors"))).params
         scores[aggregator] = _test_accuracy(fed, params)
     assert scores["median"] > 0.5 and scores["weighted_mean"] < 0.3, scores
+
+
+PROBE = '''
+"""A job's own workflow that tries to reach what it must not: the server's key and kit."""
+import os
+
+from atoll.workflow import Model, Workflow
+
+
+class Probe(Workflow):
+    def run(self):
+        tried = {}
+        for path in self.args["paths"]:
+            try:
+                with open(path, "rb") as handle:
+                    tried[path] = f"read {len(handle.read())} bytes"
+            except OSError as exc:
+                tried[path] = type(exc).__name__
+        tried["environ"] = sorted(k for k in os.environ if k.startswith("ATOLL_"))
+        tried["cwd"] = os.getcwd()
+        replies = self.ctx.ask("train", Model(), timeout=120)  # the link to its sites works
+        tried["replied"] = sorted(replies.results)
+        self.ctx.save_json("probe", tried)
+'''
+
+
+def test_a_jobs_own_workflow_runs_confined_with_its_link_and_folder(fed, tmp_path):
+    key = fed.kit("server") / "startup" / "server.key"
+    assert key.is_file()  # it is there, on the same host, for the server parent
+    secrets = [str(key), str(fed.kit("server") / "local" / "site.yaml"),
+               str(fed.workspace("server") / "jobs.db")]
+    job = tmp_path / "probe"
+    (job / "app").mkdir(parents=True)
+    (job / "meta.json").write_text(json.dumps({"name": "probe", "deploy_map": {"app": ["@ALL"]}}))
+    (job / "app" / "probe.py").write_text(PROBE)
+    (job / "app" / "train.py").write_text(
+        "import numpy as np\nimport atoll.client as fl\nfl.init()\nwhile fl.is_running():\n"
+        "    fl.receive()\n    fl.send(fl.Model(params={'w': np.zeros(1)}, num_examples=1))\n")
+    (job / "app" / "app.yaml").write_text(yaml.safe_dump({
+        "server": {"workflow": "probe.py:Probe", "args": {"paths": secrets}},
+        "site": {"script": "train.py"}}))
+    out = _run(fed, job, tmp_path)
+    probe = json.loads(next(out.rglob("probe.json")).read_text())
+    for path in secrets:
+        assert probe[path] in ("FileNotFoundError", "PermissionError"), (path, probe[path])
+    assert "ATOLL_JOB_TOKEN" not in probe["environ"]
+    assert probe["replied"] == SITES
