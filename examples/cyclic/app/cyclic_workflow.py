@@ -47,7 +47,7 @@ class Cyclic(Workflow):
                 model = Model(params=result.params, round=step)
                 visits.append({"cycle": cycle, "site": site, "metrics": result.metrics})
                 ctx.log_metrics(result.metrics, round=step, site=site)
-                ctx.report({"event": "round", "round": step, "total_rounds": total,
+                ctx.report({"event": "round", "round": step, "num_rounds": total,
                             "metrics": {f"{site}/{k}": v for k, v in result.metrics.items()}})
         if not any("metrics" in visit for visit in visits):
             raise WorkflowError(f"no site trained the model: {visits}")

@@ -38,7 +38,7 @@ class Scaffold(Workflow):
                                 num_examples=model.num_examples)
             overall = checked.mean_metrics()
             ctx.log_metrics(overall, round=round_, phase="validate")
-            ctx.report({"event": "round", "round": round_, "total_rounds": args.num_rounds,
+            ctx.report({"event": "round", "round": round_, "num_rounds": args.num_rounds,
                         "metrics": overall, "failed": {**replies.failed, **checked.failed}})
         ctx.save_model("global_model_final", Model(params=x))
         ctx.save_model("control_variate_final", Model(params=c))
