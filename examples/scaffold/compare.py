@@ -42,10 +42,14 @@ def validation_curve(results: Path) -> list[float]:
 
 
 def test_accuracy(results: Path, data_dir: Path) -> float:
-    sys.path.insert(0, str(HERE / "app"))
-    from scaffold import evaluate
+    import importlib.util
 
     from atoll.fl.serde import load_file
+
+    spec = importlib.util.spec_from_file_location("scaffold_model", HERE / "app" / "scaffold.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    evaluate = model.evaluate
 
     params = load_file(results / "global_model_final.safetensors").params
     with np.load(data_dir / SITES[0] / "test.npz") as test:
