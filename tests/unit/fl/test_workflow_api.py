@@ -150,3 +150,49 @@ def test_robust_aggregators_refuse_mismatched_results_and_apply_diffs():
         median.add("a", Model(params={"w": np.ones(3)}, num_examples=1))
     median.add("a", Model(params={"w": np.full(2, 0.5)}, num_examples=1, params_type="diff"))
     np.testing.assert_allclose(median.result()["w"], np.full(2, 1.5))
+
+
+def test_filters_see_every_model_before_the_wire_and_the_aggregator(tmp_path):
+    """The seam for privacy filters: a task filter changes what leaves the server, a result
+    filter what the aggregator gets, and can refuse a site's result."""
+    from atoll.fl.simulator import Federation
+    from atoll.fl.workflows.api import Context
+
+    federation = Federation(["a", "b", "c"], tmp_path)
+    seen_by_sites: dict[str, float] = {}
+
+    def site(name: str, value: float) -> None:
+        from atoll.fl.serde import decode, encode
+
+        channel = federation.site_channel(name)
+        task = channel.receive()
+        model = decode(task.chunks)
+        seen_by_sites[name] = float(model.params["w"][0])
+        answer = Model(params={"w": np.full(2, value)}, num_examples=1)
+        channel.reply(task.task_id, {}, encode(answer))
+
+    import threading
+
+    threads = [threading.Thread(target=site, args=(n, v)) for n, v in
+               (("a", 1.0), ("b", 3.0), ("c", 100.0))]
+    for thread in threads:
+        thread.start()
+    ctx = Context(federation.server_channel(), {"min_clients": 2})
+
+    def clip_outgoing(target: str, model: Model) -> Model:
+        return Model(params={k: np.clip(v, -1, 1) for k, v in model.params.items()})
+
+    def refuse_outliers(site: str, model: Model) -> Model:
+        if np.abs(model.params["w"]).max() > 10:
+            raise ResultRejected("an update beyond the norm bound")
+        return model
+
+    ctx.task_filters.append(clip_outgoing)
+    ctx.result_filters.append(refuse_outliers)
+    sent = ctx.send("train", Model(params={"w": np.full(2, 5.0)}))
+    gathered = ctx.gather(sent, timeout=60, aggregator=WeightedAverage())
+    for thread in threads:
+        thread.join()
+    assert seen_by_sites == {"a": 1.0, "b": 1.0, "c": 1.0}
+    assert gathered.failed == {"c": "an update beyond the norm bound"}
+    np.testing.assert_allclose(gathered.aggregate["w"], np.full(2, 2.0))
