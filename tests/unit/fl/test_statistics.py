@@ -127,3 +127,28 @@ def test_bad_tables_name_file_line_and_column(tmp_path):
 def test_quantiles_from_a_histogram_interpolate_within_bins():
     assert quantiles([0, 1, 2], [10, 10], [0.25, 0.5, 0.75]) == {
         "0.25": 0.5, "0.5": 1.0, "0.75": 1.5}
+
+
+def test_noise_and_a_jobs_stricter_min_count_through_the_job(tmp_path):
+    import shutil
+
+    import yaml
+
+    job = tmp_path / "job"
+    shutil.copytree(EXAMPLE, job, ignore=shutil.ignore_patterns("__pycache__"))
+    app = yaml.safe_load((job / "app" / "app.yaml").read_text())
+    app["server"]["args"]["min_count"] = 130  # stricter than every site: hospital-3 has 120
+    (job / "app" / "app.yaml").write_text(yaml.safe_dump(app))
+    folders = _make_data().write_cohorts(tmp_path / "data")
+    sites = {site: {"cohort": str(folder)} for site, folder in folders.items()}
+    simulate(job, sites, results_dir=tmp_path / "results",
+             statistics_rules={s: {"min_count": 5, "noise": 0.05} for s in sites})
+    result = json.loads((tmp_path / "results" / "statistics.json").read_text())
+    assert result["rules"]["hospital-1"] == {"min_count": 130, "noise": 0.05}
+    age = result["columns"]["age"]
+    assert "suppressed" in age["sites"]["hospital-3"]
+    pooled = _pooled({s: f for s, f in folders.items() if s != "hospital-3"}, "age")
+    got = age["global"]
+    assert got["count"] != len(pooled)  # noisy
+    assert abs(got["count"] - len(pooled)) <= 0.05 * len(pooled)
+    assert abs(got["mean"] - pooled.mean()) <= 0.11 * pooled.mean()  # sum and count each +-5 %
