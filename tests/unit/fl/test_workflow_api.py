@@ -196,3 +196,41 @@ def test_filters_see_every_model_before_the_wire_and_the_aggregator(tmp_path):
     assert seen_by_sites == {"a": 1.0, "b": 1.0, "c": 1.0}
     assert gathered.failed == {"c": "an update beyond the norm bound"}
     np.testing.assert_allclose(gathered.aggregate["w"], np.full(2, 2.0))
+
+
+def test_gather_takes_who_answers_in_time_and_names_the_rest(tmp_path):
+    """Two sites answer, one never does: with min_replies 2 the task succeeds after the
+    timeout, the silent site is late (not dropped: it stays active); a dropped-out site leaves
+    ctx.active; asking for 3 fails naming both."""
+    import threading
+
+    from atoll.fl.serde import decode, encode
+    from atoll.fl.simulator import Federation
+    from atoll.fl.workflows.api import Context
+    from atoll.workflow import WorkflowError
+
+    federation = Federation(["a", "b", "silent", "gone"], tmp_path)
+    done = threading.Event()
+
+    def answer(name: str) -> None:
+        channel = federation.site_channel(name)
+        while (task := channel.receive(timeout=30)) is not None and not done.is_set():
+            decode(task.chunks)
+            channel.reply(task.task_id, {}, encode(Model(metrics={"n": 1.0}, num_examples=2)))
+
+    threads = [threading.Thread(target=answer, args=(n,), daemon=True) for n in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    federation.drop("gone", "gone dropped out: worker killed by signal 9")
+    ctx = Context(federation.server_channel(), {})
+    sent = ctx.send("count", targets=["a", "b", "silent", "gone"])
+    got = ctx.gather(sent, timeout=1.0, min_replies=2)
+    assert sorted(got.ok) == ["a", "b"] and got.mean_metrics() == {"n": 1.0}
+    assert got.failed == {"silent": "no reply within round_timeout=1.0s",
+                          "gone": "gone dropped out: worker killed by signal 9"}
+    assert ctx.active == ["a", "b", "silent"] and list(ctx.dropped) == ["gone"]
+    again = ctx.send("count", targets=["a", "b", "silent"])
+    with pytest.raises(WorkflowError, match=r"count: 2 site\(s\).*min_clients is 3.*silent"):
+        ctx.gather(again, timeout=1.0, min_replies=3)
+    done.set()
+    federation.close()
