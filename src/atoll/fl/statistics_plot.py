@@ -3,19 +3,26 @@ global histogram with each site's own histogram drawn over it as a step line."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def plot_histograms(columns: dict[str, dict[str, Any]], path: Path) -> bool:
     """``columns``: column -> {"edges", "global": {"histogram"}, "sites": {site: {"histogram"}}}.
-    Suppressed bins (None) are drawn as 0. Returns False when no column has a histogram."""
+    Suppressed bins (None) are drawn as 0. Returns False when no column has a histogram, or
+    matplotlib is not installed (a warning says so; the statistics themselves are unaffected)."""
     drawable = {c: v for c, v in columns.items() if v.get("edges") and v.get("global", {}).get(
         "histogram")}
     if not drawable:
         return False
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError as exc:
+        log.warning("no %s: %s (install matplotlib)", Path(path).name, exc)
+        return False
     matplotlib.use("Agg")  # no display on servers and workers
     import matplotlib.pyplot as plt
 
