@@ -2,7 +2,8 @@
 
 The folder holds ``meta.json`` (deploy map, min_clients, resources), ``app/app.yaml`` (the
 workflow and its arguments, the site script) and ``app/train.py`` (a numpy or PyTorch training
-loop on synthetic data, with the places to change marked). Templates live in
+loop on synthetic data, with the places to change marked); a workflow the job ships (scaffold,
+cyclic, stats, custom) adds its class and helpers to ``app/``. Templates live in
 ``atoll/fl/templates``.
 """
 
@@ -17,7 +18,23 @@ import click
 
 from atoll.cli.common import fail
 
-WORKFLOWS = ("fedavg", "fedopt", "fedprox", "scatter_gather")
+WORKFLOWS = ("fedavg", "fedopt", "fedprox", "scatter_gather", "scaffold", "cyclic", "stats",
+             "custom")
+# Workflows written on the public API and shipped in the job: app.yaml's name for the class,
+# then the app's files (its workflow, the site script, helpers) -> their templates. The
+# scaffold, cyclic and stats workflows are the examples' own (examples/), kept equal by a test.
+JOB_WORKFLOWS: dict[str, tuple[str, dict[str, str]]] = {
+    "custom": ("my_workflow.py:MyFedAvg", {"my_workflow.py": "my_workflow.py.tmpl"}),
+    "scaffold": ("scaffold_workflow.py:Scaffold", {
+        "scaffold_workflow.py": "scaffold_workflow.py.tmpl", "scaffold.py": "scaffold.py.tmpl",
+        "train.py": "train_scaffold.py.tmpl"}),
+    "cyclic": ("cyclic_workflow.py:Cyclic", {
+        "cyclic_workflow.py": "cyclic_workflow.py.tmpl", "model.py": "cyclic_model.py.tmpl",
+        "train.py": "train_cyclic.py.tmpl"}),
+    "stats": ("statistics_workflow.py:FederatedStatistics", {
+        "statistics_workflow.py": "statistics_workflow.py.tmpl",
+        "train.py": "site_statistics.py.tmpl"}),
+}
 FRAMEWORKS = ("numpy", "torch")
 
 _SERVER_ARGS = {
@@ -25,6 +42,10 @@ _SERVER_ARGS = {
     "fedprox": {"num_rounds": 5, "key_metric": "accuracy", "mu": 0.01},
     "fedopt": {"num_rounds": 5, "key_metric": "accuracy", "optimizer": "adam", "server_lr": 0.1},
     "scatter_gather": {"num_rounds": 1, "payload_bytes": 1024},
+    "custom": {"num_rounds": 5, "robust": False, "patience": 2},
+    "scaffold": {"num_rounds": 5, "server_lr": 1.0},
+    "cyclic": {"num_cycles": 3},
+    "stats": {"columns": ["age", "bmi"], "bins": 10, "quantiles": [0.25, 0.5, 0.75]},
 }
 
 
@@ -50,15 +71,18 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str) -> di
     if workflow != "scatter_gather":
         args["round_timeout"] = 600
     server_args = "\n".join(f"    {key}: {json.dumps(value)}" for key, value in args.items())
+    shipped, app_files = JOB_WORKFLOWS.get(workflow, (workflow, {}))
     app_yaml = Template(_template("app.yaml.tmpl")).substitute(
-        workflow=workflow, server_args=server_args
+        workflow=shipped, server_args=server_args
     )
     script = "echo.py.tmpl" if workflow == "scatter_gather" else f"train_{framework}.py.tmpl"
-    return {
+    files = {
         "meta.json": json.dumps(meta, indent=2) + "\n",
         "app/app.yaml": app_yaml,
         "app/train.py": _template(script),
     }
+    files.update({f"app/{name}": _template(source) for name, source in app_files.items()})
+    return files
 
 
 @click.command("init")
@@ -68,7 +92,8 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str) -> di
     type=click.Choice(WORKFLOWS),
     default="fedavg",
     show_default=True,
-    help="The server workflow the job runs.",
+    help="The server workflow the job runs: a built-in, or one shipped in the job (scaffold, "
+    "cyclic, stats: federated statistics, custom: a workflow class to change).",
 )
 @click.option(
     "--sites",

@@ -2,7 +2,7 @@
 
 ```yaml
 server:                       # present in the app the server runs
-  workflow: fedavg            # fedavg | fedopt | fedprox | scatter_gather
+  workflow: fedavg            # fedavg | fedopt | fedprox | scatter_gather | FILE.py:CLASS
   args: {num_rounds: 10, min_clients: 3, key_metric: accuracy}
   initial_model: init.safetensors   # optional: a file in this app folder, or
                                     # model.py:make_model, a function there that makes it
@@ -61,6 +61,14 @@ class FedAvgArgs(RoundArgs):
         description="At the end every site evaluates the global model ('global'), and also every "
         "site's last local model ('all').",
     )
+    aggregator: Literal["weighted_mean", "median", "trimmed_mean"] = Field(
+        "weighted_mean",
+        description="How results become the new model: the example-weighted mean, or a robust "
+        "coordinate-wise median or trimmed mean (atoll.fl.aggregators).",
+    )
+    trim_fraction: float = Field(
+        0.2, ge=0, lt=0.5, description="trimmed_mean: share of lowest and of highest values cut."
+    )
 
 
 class FedProxArgs(FedAvgArgs):
@@ -103,9 +111,17 @@ def _relative_file(value: str, suffixes: tuple[str, ...]) -> str:
     return value
 
 
+def custom_workflow(value: str) -> tuple[str, str] | None:
+    """``(file, class)`` of a job's own workflow (``FILE.py:CLASS``); None for a built-in name."""
+    file, colon, name = value.partition(":")
+    return (file, name) if colon else None
+
+
 class ServerSection(_Strict):
-    workflow: Literal["fedavg", "fedopt", "fedprox", "scatter_gather"] = Field(
-        ..., description="The workflow the server worker runs."
+    workflow: str = Field(
+        ...,
+        description="The workflow the server worker runs: a built-in "
+        f"({' | '.join(WORKFLOW_ARGS)}) or FILE.py:CLASS, a Workflow class of the app folder.",
     )
     args: dict[str, Any] = Field(default_factory=dict, description="The workflow's arguments.")
     initial_model: str | None = Field(
@@ -114,6 +130,22 @@ class ServerSection(_Strict):
         "a Python file of the app folder that makes the model on the server (for models too big "
         "to ship with the job).",
     )
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, value: str) -> str:
+        custom = custom_workflow(value)
+        if custom is None:
+            if value not in WORKFLOW_ARGS:
+                raise ValueError(
+                    f"must be one of {', '.join(WORKFLOW_ARGS)} or FILE.py:CLASS (a workflow "
+                    f"class in a file of the app folder), got {value!r}"
+                )
+            return value
+        _relative_file(custom[0], (".py",))
+        if not custom[1].isidentifier():
+            raise ValueError(f"the part after ':' must name a class, got {custom[1]!r}")
+        return value
 
     @field_validator("initial_model")
     @classmethod

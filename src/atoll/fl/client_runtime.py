@@ -35,8 +35,12 @@ class ClientSession:
         site: str,
         datasets: dict[str, str] | None = None,
         config: dict[str, Any] | None = None,
+        statistics_rules: dict[str, Any] | None = None,
     ):
         self.channel = channel
+        # The site's rules for federated statistics (its local/study_runtime.yaml), or None:
+        # atoll.fl.statistics applies them, with its defaults when the site set none.
+        self.statistics_rules = dict(statistics_rules) if statistics_rules else None
         self.site = site
         self.datasets = dict(datasets or {})
         self.config = dict(config or {})

@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from atoll.fl.app_config import APP_FILE, AppConfigError, SiteSection, load_app_config
+from atoll.fl.app_config import (
+    APP_FILE,
+    AppConfigError,
+    SiteSection,
+    custom_workflow,
+    load_app_config,
+)
 from atoll.fl.channels import ServerChannel, SiteChannel
 from atoll.fl.client_runtime import ClientSession, bind, unbind
 from atoll.fl.model import Model
@@ -107,19 +113,69 @@ def _as_model(made: Any, reference: str, source: str) -> Model:
 def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, Any]) -> None:
     app_dir = Path(app_dir)
     config, args = load_app_config(app_dir)
-    if config.server is None or args is None:
+    source = str(app_dir / APP_FILE)
+    if config.server is None:
         raise AppConfigError(
-            str(app_dir / APP_FILE),
-            [
-                "server: missing: the server runs this app, so app.yaml needs server: {workflow, args}"
-            ],
+            source,
+            ["server: missing: the server runs this app, so app.yaml needs server: {workflow, args}"],
         )
+    from atoll.fl.workflows import BUILTINS  # the server's alone: site workers skip it
+    from atoll.fl.workflows.api import Context
+
+    custom = custom_workflow(config.server.workflow)
+    if custom is None:
+        workflow_class = BUILTINS[config.server.workflow]
+    else:  # the job's own code: it runs here, in the server's confined worker, like a script
+        workflow_class = load_workflow_class(app_dir, *custom)
+        args = _workflow_args(workflow_class, config.server.args, source)
     initial = None
     if config.server.initial_model:
         initial = load_initial_model(app_dir, config.server.initial_model)
-    from atoll.fl.workflows import WORKFLOWS  # the server's alone: site workers skip it
+    ctx = Context(channel, args, initial, dict(job_args or {}))
+    try:
+        workflow_class(ctx).run()
+    finally:
+        ctx.close()
 
-    WORKFLOWS[config.server.workflow](channel, args, initial, dict(job_args or {}))
+
+def load_workflow_class(app_dir: Path, relative: str, name: str) -> type:
+    """The ``Workflow`` subclass ``name`` of the app folder's ``relative`` file, loaded as a site
+    script is (working directory the app folder, the folder importable)."""
+    from atoll.fl.workflows.api import Workflow
+
+    path = _inside(app_dir, relative, "server.workflow")
+    saved_cwd, saved_path = os.getcwd(), sys.path[:]
+    try:
+        os.chdir(app_dir)
+        sys.path.insert(0, str(path.parent))
+        found = runpy.run_path(str(path), run_name="atoll_workflow").get(name)
+    finally:
+        sys.path[:] = saved_path
+        os.chdir(saved_cwd)
+    if not (isinstance(found, type) and issubclass(found, Workflow)):
+        problem = (
+            f"has no class {name!r}"
+            if found is None
+            else f"defines {name!r}, but it is not a subclass of atoll.workflow.Workflow"
+        )
+        raise AppConfigError(str(app_dir / APP_FILE), [f"server.workflow: {relative} {problem}"])
+    return found
+
+
+def _workflow_args(workflow_class: type, raw: dict[str, Any], source: str) -> Any:
+    """``server.args`` validated with the class's ``Args`` model, or the plain dict."""
+    from pydantic import ValidationError
+
+    model = getattr(workflow_class, "Args", None)
+    if model is None:
+        return dict(raw)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        errors = [
+            f"server.args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        ]
+        raise AppConfigError(source, errors) from None
 
 
 def _site_section(app_dir: Path) -> SiteSection:
@@ -132,11 +188,17 @@ def _site_section(app_dir: Path) -> SiteSection:
     return config.site
 
 
-def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[str, str]) -> None:
+def run_site_app(
+    channel: SiteChannel,
+    app_dir: Path,
+    site: str,
+    datasets: dict[str, str],
+    statistics_rules: dict[str, Any] | None = None,
+) -> None:
     app_dir = Path(app_dir)
     section = _site_section(app_dir)
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config))
+    bind(ClientSession(channel, site, datasets, section.config, statistics_rules))
     saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
     try:
         sys.argv = [str(script), *section.args]
@@ -152,7 +214,11 @@ def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[
 
 
 def run_site_app_in_thread(
-    channel: SiteChannel, app_dir: Path, site: str, datasets: dict[str, str]
+    channel: SiteChannel,
+    app_dir: Path,
+    site: str,
+    datasets: dict[str, str],
+    statistics_rules: dict[str, Any] | None = None,
 ) -> None:
     """The simulator's variant: several sites share one process, one thread each.
 
@@ -164,7 +230,8 @@ def run_site_app_in_thread(
     app_dir = Path(app_dir)
     section = _site_section(app_dir)
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config), thread_only=True)
+    bind(ClientSession(channel, site, datasets, section.config, statistics_rules),
+         thread_only=True)
     try:
         code = compile(script.read_bytes(), str(script), "exec")
         namespace = {

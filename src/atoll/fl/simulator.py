@@ -231,8 +231,12 @@ def simulate(
     job_args: dict[str, Any] | None = None,
     on_event: EventSink | None = None,
     raise_on_error: bool = True,
+    statistics_rules: dict[str, dict[str, Any]] | None = None,
 ) -> SimulationResult:
     """Run the job in ``job_dir`` with ``sites`` (site -> {dataset name: path}) in this process.
+
+    ``statistics_rules``: site -> the rules its study_runtime.yaml would set under
+    ``statistics`` (``min_count``, ``noise``) for ``atoll.fl.statistics``.
 
     Returns where the results are and every progress event. The server workflow's exception is
     re-raised (after the sites stopped) unless ``raise_on_error`` is False; a site script's
@@ -260,7 +264,8 @@ def simulate(
 
     def site_main(site: str) -> None:
         try:
-            run_site_app_in_thread(federation.site_channel(site), site_app, site, sites[site])
+            run_site_app_in_thread(federation.site_channel(site), site_app, site, sites[site],
+                                   (statistics_rules or {}).get(site))
             federation.drop(site, f"{site}: the site script ended before answering")
         except BaseException as exc:  # noqa: BLE001 - a site's crash is a drop-out, reported
             site_errors[site] = traceback.format_exc()

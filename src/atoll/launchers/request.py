@@ -20,6 +20,7 @@ from atoll.spec.meta import JobMeta
 from atoll.spec.quantity import memory_to_bytes
 from atoll.spec.resources import Resources, resolve_resources
 from atoll.spec.site_config import Capacity, SiteConfig
+from atoll.spec.statistics_rules import RULES_ENV
 from atoll.spec.study_runtime import StudyEntry, StudyRuntime
 
 WORKER_ARGS = ("-m", "atoll.worker")
@@ -166,17 +167,22 @@ def build_request(
         issues += capacity_issues(resources, site_config.capacity)
     if issues:
         raise SpecError(issues)
+    entry = study_runtime.entry(identity.study) if study_runtime else None
+    rules = {}
+    if entry is not None and entry.statistics is not None and identity.role == "site":
+        rules = {RULES_ENV: entry.statistics.to_env()}  # the site's own: the job cannot set it
     return LaunchRequest(
         identity=identity,
         resources=resources,
         launcher_spec=spec,
-        study_runtime=study_runtime.entry(identity.study) if study_runtime else None,
+        study_runtime=entry,
         site_config=site_config,
         workdir=Path(workdir),
         parent_address=parent_address,
         worker_env={**worker_env(identity, parent_address),
                     # The parent's endpoint certificate (public) when it speaks TLS.
-                    **({"ATOLL_PARENT_CERT": parent_cert} if parent_cert else {})},
+                    **({"ATOLL_PARENT_CERT": parent_cert} if parent_cert else {}),
+                    **rules},
         credentials=dict(credentials or {}),
         worker_args=tuple(worker_args),
         shared_folders=tuple(Path(f) for f in shared_folders),

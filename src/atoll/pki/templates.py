@@ -51,6 +51,8 @@ _STUDY_EXAMPLE = """\
     # secret_env: {{DB_PASSWORD: {{source: env, key: {env}_DB_PASSWORD}}}}
     # The worker image (docker, k8s, slurm with a container sandbox):
     # container: {{image: registry.example.org/{study}-trainer:1.0}}
+    # What federated statistics may reveal here (default min_count 10, no noise):
+    # statistics: {{min_count: 10, noise: 0.0}}
 """
 
 _NO_STUDY = """\

@@ -30,6 +30,7 @@ from atoll.spec.model import NoNullModel, validate_into
 from atoll.spec.names import check_label, is_env_name, is_label, is_subdomain
 from atoll.spec.pod_template import dataset_claims, load_pod_template, pod_template_issues
 from atoll.spec.site_config import read_yaml
+from atoll.spec.statistics_rules import StatisticsRules
 
 RUNTIME_FILE = "study_runtime.yaml"
 FORMAT_VERSION = 2
@@ -205,6 +206,9 @@ class StudyEntry(NoNullModel):
         None, description="A Pod manifest (inline, or a file under local/) to start from (k8s)"
     )
     slurm: SlurmStudySettings | None = Field(None, description="Slurm overrides (slurm only)")
+    statistics: StatisticsRules | None = Field(
+        None, description="Rules for federated statistics at this site (min_count, noise)"
+    )
 
     @field_validator(*_FIELD_LAUNCHERS, mode="before")
     @classmethod

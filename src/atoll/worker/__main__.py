@@ -131,9 +131,12 @@ def main() -> int:
 
             site = _env("ATOLL_SITE")
             datasets = json.loads(os.environ.get("ATOLL_DATASETS", "{}") or "{}")
+            # The site's statistics rules, taken before the job's code runs (atoll.fl.statistics)
+            rules = os.environ.pop("ATOLL_STATISTICS_RULES", "")
             channel = GrpcSiteChannel(stub, session, job_id, site, _handoff(info))
             gc.freeze()  # see _exit_now
-            run_site_app(channel, workdir / "app", site, datasets)
+            run_site_app(channel, workdir / "app", site, datasets,
+                         statistics_rules=json.loads(rules) if rules else None)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the job's status
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             pass

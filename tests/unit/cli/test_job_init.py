@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -50,6 +51,63 @@ def test_scatter_gather_template_echoes(tmp_path):
         "site-1": True,
         "site-2": True,
     }
+
+
+def test_custom_template_runs_its_own_workflow_class(tmp_path):
+    job = _init(tmp_path, "--workflow", "custom")
+    assert "class MyFedAvg(Workflow)" in (job / "app" / "my_workflow.py").read_text()
+    config, _ = load_app_config(job / "app")
+    assert config.server.workflow == "my_workflow.py:MyFedAvg"
+    simulate(job, SITES, results_dir=tmp_path / "results")
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    assert 1 <= summary["rounds"] <= 5 and summary["best_loss"] < 0.6
+    assert (tmp_path / "results" / "global_model_final.safetensors").is_file()
+
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+@pytest.mark.parametrize(
+    ("template", "example"),
+    [
+        ("scaffold_workflow.py", "scaffold/app/scaffold_workflow.py"),
+        ("scaffold.py", "scaffold/app/scaffold.py"),
+        ("cyclic_workflow.py", "cyclic/app/cyclic_workflow.py"),
+        ("cyclic_model.py", "cyclic/app/model.py"),
+        ("statistics_workflow.py", "statistics/app/statistics_workflow.py"),
+    ],
+)
+def test_shipped_workflow_templates_are_the_examples_own(template, example):
+    from importlib import resources
+
+    text = resources.files("atoll.fl").joinpath("templates", f"{template}.tmpl").read_text()
+    assert text == (EXAMPLES / example).read_text(), f"copy examples/{example} over the template"
+
+
+def test_scaffold_template_trains(tmp_path):
+    job = _init(tmp_path, "--workflow", "scaffold")
+    assert (job / "app" / "scaffold.py").is_file()
+    result = simulate(job, SITES, results_dir=tmp_path / "results")
+    assert result.site_errors == {}
+    accuracy = [e["metrics"]["accuracy"] for e in result.events if e.get("event") == "round"]
+    assert len(accuracy) == 5 and accuracy[-1] > accuracy[0] and accuracy[-1] > 0.5
+
+
+def test_cyclic_template_trains(tmp_path):
+    job = _init(tmp_path, "--workflow", "cyclic")
+    result = simulate(job, SITES, results_dir=tmp_path / "results")
+    assert result.site_errors == {}
+    visits = json.loads((tmp_path / "results" / "cyclic.json").read_text())["visits"]
+    assert [v["site"] for v in visits] == ["site-1", "site-2"] * 3
+
+
+def test_stats_template_counts(tmp_path):
+    job = _init(tmp_path, "--workflow", "stats")
+    result = simulate(job, SITES, results_dir=tmp_path / "results")
+    assert result.site_errors == {}
+    stats = json.loads((tmp_path / "results" / "statistics.json").read_text())
+    assert stats["columns"]["age"]["global"]["count"] == 400
+    assert (tmp_path / "results" / "histograms.png").is_file()
 
 
 def test_the_written_app_yaml_validates(tmp_path):

@@ -84,7 +84,8 @@ def test_all_errors_are_reported_together_each_naming_its_field():
     [
         (
             {"server": {"workflow": "fedsgd"}},
-            "server.workflow: Input should be 'fedavg', 'fedopt', 'fedprox' or 'scatter_gather', got 'fedsgd'",
+            "server.workflow: must be one of fedavg, fedprox, fedopt, scatter_gather or FILE.py:CLASS "
+                "(a workflow class in a file of the app folder), got 'fedsgd'",
         ),
         ({"server": {"workflow": "fedavg"}}, "server.args.num_rounds: Field required"),
         (

@@ -1,42 +1,50 @@
 """The server-side workflows an app.yaml can name, registered explicitly (no import side effects).
 
-Each entry takes ``(channel, args, initial_model, job_args)``; ``args`` is the validated
-``server.args`` model of ``atoll.fl.app_config.WORKFLOW_ARGS``.
+Each built-in is a ``Workflow`` class of the public API (``atoll.fl.workflows.api``, also
+``atoll.workflow``); ``BUILTINS`` maps its app.yaml name to it. A job may name its own class
+instead (``workflow: my_workflow.py:MyWorkflow``; ``atoll.fl.runner`` loads it). The ``run_*``
+functions take ``(channel, args, initial_model, job_args)`` and run one built-in directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from atoll.fl.app_config import FedProxArgs
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
-from atoll.fl.workflows.fedavg import run_fedavg
-from atoll.fl.workflows.fedopt import run_fedopt
+from atoll.fl.workflows.api import Context, Workflow
+from atoll.fl.workflows.fedavg import FedAvg, FedAvgRun, run_fedavg
+from atoll.fl.workflows.fedopt import FedOpt, run_fedopt
 from atoll.fl.workflows.rounds import WorkflowError
-from atoll.fl.workflows.scatter_gather import run_scatter_gather
+from atoll.fl.workflows.scatter_gather import ScatterGather, run_scatter_gather
+
+
+class FedProx(Workflow):
+    """FedProx (Li et al. 2020): FedAvg on the server; the sites add the proximal term
+    (``atoll.fl.fedprox.proximal_term``) with the ``mu`` they find in ``model.meta['fedprox_mu']``."""
+
+    Args = FedProxArgs
+
+    def run(self) -> None:
+        FedAvgRun.on(self.ctx, "fedprox", site_meta={"fedprox_mu": self.args.mu}).run()
 
 
 def run_fedprox(
     channel: ServerChannel, args: FedProxArgs, initial: Model | None, job_args: dict[str, Any]
 ) -> None:
-    """FedProx (Li et al. 2020): FedAvg on the server; the sites add the proximal term
-    (``atoll.fl.fedprox.proximal_term``) with the ``mu`` they find in ``model.meta['fedprox_mu']``."""
-    run_fedavg(
-        channel, args, initial, job_args, workflow="fedprox", site_meta={"fedprox_mu": args.mu}
-    )
+    FedProx(Context(channel, args, initial, job_args)).run()
 
 
-WORKFLOWS: dict[str, Callable[..., None]] = {
-    "fedavg": run_fedavg,
-    "fedprox": run_fedprox,
-    "fedopt": run_fedopt,
-    "scatter_gather": run_scatter_gather,
+BUILTINS: dict[str, type[Workflow]] = {
+    "fedavg": FedAvg,
+    "fedprox": FedProx,
+    "fedopt": FedOpt,
+    "scatter_gather": ScatterGather,
 }
 
 __all__ = [
-    "WORKFLOWS",
+    "BUILTINS",
     "WorkflowError",
     "run_fedavg",
     "run_fedopt",

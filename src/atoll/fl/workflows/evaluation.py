@@ -14,11 +14,13 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
-from atoll.fl.serde import ModelStream, iter_file
-from atoll.fl.workflows.rounds import Outcome, gather, send_model
+from atoll.fl.workflows.rounds import Outcome
+
+if TYPE_CHECKING:  # the workflow API imports this package; at run time the context is passed in
+    from atoll.fl.workflows.api import Context, Gathered
 
 VALIDATE = "validate"
 
@@ -30,50 +32,40 @@ class Evaluation:
     outcome: Outcome = field(default_factory=Outcome)
 
 
-def _collect(
-    channel: ServerChannel, task_id: str, targets: Sequence[str], timeout: float | None
-) -> Evaluation:
-    evaluation = Evaluation()
-
-    def on_result(site: str, stream: ModelStream) -> None:
-        model = stream.read()
+def _evaluation(gathered: Gathered) -> Evaluation:
+    evaluation = Evaluation(outcome=gathered.outcome)
+    for site, model in gathered.results.items():
         evaluation.metrics[site] = model.metrics
         evaluation.num_examples[site] = model.num_examples
-
-    evaluation.outcome = gather(channel, task_id, targets, timeout, on_result)
     return evaluation
 
 
 def evaluate(
-    channel: ServerChannel,
+    ctx: Context,
     targets: Sequence[str],
     model: Model,
     label: str,
     timeout: float | None,
 ) -> Evaluation:
     """Every target evaluates ``model`` (``label`` tells them which model it is)."""
-    headers = {"round": model.round, "model": label}
-    model.meta = {**model.meta, "model": label}
-    task_id = send_model(channel, targets, VALIDATE, model, headers)
-    return _collect(channel, task_id, targets, timeout)
+    sent = ctx.send(VALIDATE, model, targets=targets, args={"model": label})
+    return _evaluation(ctx.gather(sent, timeout=timeout, min_replies=0))
 
 
 def evaluate_file(
-    channel: ServerChannel,
+    ctx: Context,
     targets: Sequence[str],
     path: Path,
     label: str,
     timeout: float | None,
 ) -> Evaluation:
     """Like ``evaluate`` for a saved model, streamed from its file without loading it."""
-    task_id = channel.send(
-        list(targets), VALIDATE, {"round": None, "model": label}, iter_file(path)
-    )
-    return _collect(channel, task_id, targets, timeout)
+    sent = ctx.send_file(VALIDATE, path, targets, {"round": None, "model": label})
+    return _evaluation(ctx.gather(sent, timeout=timeout, min_replies=0))
 
 
 def cross_site_table(
-    channel: ServerChannel,
+    ctx: Context,
     targets: Sequence[str],
     models: Iterable[tuple[str, Path]],
     timeout: float | None,
@@ -82,7 +74,7 @@ def cross_site_table(
     table: dict[str, dict[str, dict[str, float]]] = {}
     failures: dict[str, dict[str, str]] = {}
     for label, path in models:
-        result = evaluate_file(channel, targets, path, label, timeout)
+        result = evaluate_file(ctx, targets, path, label, timeout)
         table[label] = result.metrics
         if result.outcome.failed:
             failures[label] = result.outcome.failed

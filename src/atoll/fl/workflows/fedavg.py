@@ -19,7 +19,7 @@ site that sends an unusable result or misses ``round_timeout`` only misses that 
 or evaluation with fewer than ``min_clients`` usable answers fails the workflow with a
 ``WorkflowError`` naming every failed site and why.
 
-Results in ``channel.results_dir``: ``global_model_final.safetensors``,
+Results in ``ctx.results_dir``: ``global_model_final.safetensors``,
 ``global_model_best.safetensors``, ``metrics.jsonl``, ``metrics.csv``, ``training_curves.png``,
 ``cross_site_eval.json``, ``summary.json`` (and ``site_models/`` with ``cross_site_eval: all``).
 """
@@ -35,22 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from atoll.fl.aggregation import WeightedMean, weighted_metrics
+from atoll.fl.aggregation import weighted_metrics
+from atoll.fl.aggregators import CoordinateMedian, TrimmedMean, WeightedAverage
 from atoll.fl.app_config import FedAvgArgs
 from atoll.fl.channels import ServerChannel
-from atoll.fl.metrics_log import MetricsLog
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, save_file
+from atoll.fl.workflows.api import Aggregator, Context, Workflow
 from atoll.fl.workflows.evaluation import cross_site_table, evaluate, format_table, save_table
-from atoll.fl.workflows.rounds import (
-    Outcome,
-    WorkflowError,
-    describe,
-    gather,
-    require,
-    resolve_min_clients,
-    send_model,
-)
+from atoll.fl.workflows.rounds import Outcome, describe, require
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +68,19 @@ def run_fedavg(
     FedAvgRun(channel, args, initial, job_args, workflow, server_update, site_meta or {}).run()
 
 
+class FedAvg(Workflow):
+    """``workflow: fedavg``: the loop below, on the public workflow API."""
+
+    Args = FedAvgArgs
+
+    def run(self) -> None:
+        FedAvgRun.on(self.ctx, "fedavg").run()
+
+
 class FedAvgRun:
     def __init__(
         self,
-        channel: ServerChannel,
+        channel: ServerChannel | Context,
         args: FedAvgArgs,
         initial: Model | None,
         job_args: dict[str, Any],
@@ -86,23 +88,34 @@ class FedAvgRun:
         server_update: ServerUpdate | None,
         site_meta: dict[str, Any],
     ):
-        self.channel = channel
+        ctx = channel if isinstance(channel, Context) else Context(channel, args, initial, job_args)
+        self.ctx = ctx
         self.args = args
         self.workflow = workflow
         self.server_update = server_update
         self.site_meta = site_meta
-        self.results = Path(channel.results_dir)
-        self.results.mkdir(parents=True, exist_ok=True)
-        self.min_clients = resolve_min_clients(args.min_clients, job_args, channel.sites)
-        self.active = list(channel.sites)
-        self.dropped: dict[str, str] = {}
+        self.results = ctx.results_dir
+        self.min_clients = ctx.min_clients
+        self.active = ctx.active  # the context's list: gather removes sites that drop out
+        self.dropped = ctx.dropped
         self.global_params: Params = dict(initial.params) if initial else {}
         if initial is not None:
             initial.params.clear()  # ours now: one copy of the model, updated in place
         self.saw_diff = False  # a site sent a diff: keep the global model aside in every round
         self.last_validation: dict[str, float] = {}
         self.best: tuple[int, float] | None = None
-        self.metrics = MetricsLog(self.results)
+        self.metrics = ctx.metrics
+
+    @classmethod
+    def on(
+        cls,
+        ctx: Context,
+        workflow: str,
+        server_update: ServerUpdate | None = None,
+        site_meta: dict[str, Any] | None = None,
+    ) -> FedAvgRun:
+        """The loop for a workflow that already has its context (built-ins, subclasses)."""
+        return cls(ctx, ctx.args, ctx.initial_model, {}, workflow, server_update, site_meta or {})
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -118,7 +131,7 @@ class FedAvgRun:
             table = self.cross_site(final)
             self._write_summary(table)
         finally:
-            self.metrics.close()
+            self.ctx.close()
 
     def _global_model(self, round_: int) -> Model:
         return Model(
@@ -133,18 +146,14 @@ class FedAvgRun:
         )
 
     def _check_active(self, what: str) -> None:
-        if len(self.active) < self.min_clients:
-            raise WorkflowError(
-                f"{what}: only {len(self.active)} site(s) left ({', '.join(self.active) or 'none'}), "
-                f"min_clients is {self.min_clients}. Dropped: {describe(self.dropped)}"
-            )
+        self.ctx.require_active(what)
 
-    def _drop(self, outcome: Outcome) -> None:
-        for site, reason in outcome.dropped.items():
-            self.dropped[site] = reason
-            if site in self.active:
-                self.active.remove(site)
-            log.warning("%s dropped out: %s", site, reason)
+    def _aggregator(self, reuse: bool) -> Aggregator:
+        if self.args.aggregator == "median":
+            return CoordinateMedian(self.global_params or None)
+        if self.args.aggregator == "trimmed_mean":
+            return TrimmedMean(self.args.trim_fraction, self.global_params or None)
+        return WeightedAverage(self.global_params, reuse_reference=reuse)
 
     def train_round(self, round_: int) -> None:
         what = f"round {round_}"
@@ -152,32 +161,32 @@ class FedAvgRun:
         last = round_ == self.args.num_rounds - 1
         keep_site_models = last and self.args.cross_site_eval == "all"
         outgoing = self._global_model(round_)
-        headers = {"round": round_, "total_rounds": self.args.num_rounds}
-        task_id = send_model(self.channel, self.active, "train", outgoing, headers)
+        sent = self.ctx.send("train", outgoing, round=round_, total_rounds=self.args.num_rounds)
         del outgoing  # uploaded: the channel holds no view of our buffers any more
-        reuse = self.server_update is None and not keep_site_models and not self.saw_diff
-        mean = WeightedMean(self.global_params, reuse_reference=reuse)
+        reuse = (
+            self.server_update is None
+            and not keep_site_models
+            and not self.saw_diff
+            and self.args.aggregator == "weighted_mean"
+        )
+        aggregator = _NotingDiffs(self._aggregator(reuse), self)
         if reuse:
             self.global_params = {}  # the mean's now: its first full result overwrites it
-        train: dict[str, tuple[dict[str, float], int]] = {}
 
-        def on_result(site: str, stream: ModelStream) -> None:
-            if stream.model.params_type == "diff":
-                self.saw_diff = True
-            if keep_site_models:  # the whole model is needed, for its own file
-                model = stream.read()
-                mean.check(model)
-                self._save_site_model(site, model, round_)
-                mean.add(model)
-            else:
-                model = mean.add_stream(stream)  # folded in as it arrives, never held whole
-            train[site] = (model.metrics, model.num_examples)
+        def keep_site_model(site: str, model: Model) -> None:
+            self._save_site_model(site, model, round_)
 
-        outcome = gather(self.channel, task_id, self.active, self.args.round_timeout, on_result,
-                         self.min_clients)
-        self._drop(outcome)
+        gathered = self.ctx.gather(
+            sent,
+            timeout=self.args.round_timeout,
+            aggregator=aggregator,
+            on_result=keep_site_model if keep_site_models else None,
+            require_min=False,
+        )
+        outcome = gathered.outcome
         require(outcome, self.min_clients, what)
-        averaged = mean.result()
+        train = {site: (m.metrics, m.num_examples) for site, m in gathered.results.items()}
+        averaged = gathered.aggregate or {}
         if self.server_update is not None and self.global_params:
             self.global_params = self.server_update(self.global_params, averaged, round_)
         else:
@@ -186,7 +195,8 @@ class FedAvgRun:
             self.metrics.record(round_, "train", site, metrics, n)
         global_train = weighted_metrics(train.values())
         if global_train:
-            self.metrics.record(round_, "train", "global", global_train, int(mean.total_weight))
+            total = sum(n for _, n in train.values())
+            self.metrics.record(round_, "train", "global", global_train, int(total))
         validation = self.validate(round_) if self._evaluation_due(round_) else None
         self._report_round(round_, train, global_train, validation, outcome)
 
@@ -198,9 +208,8 @@ class FedAvgRun:
         what = f"round {round_} validation"
         self._check_active(what)
         result = evaluate(
-            self.channel, self.active, self._global_model(round_), "global", self.args.round_timeout
+            self.ctx, self.active, self._global_model(round_), "global", self.args.round_timeout
         )
-        self._drop(result.outcome)
         require(result.outcome, self.min_clients, what)
         for site, metrics in result.metrics.items():
             self.metrics.record(round_, "validate", site, metrics, result.num_examples[site])
@@ -260,11 +269,11 @@ class FedAvgRun:
             folder = self.results / "site_models"
             models += [
                 (site, folder / f"{site}.safetensors")
-                for site in sorted(self.channel.sites)
+                for site in sorted(self.ctx.sites)
                 if (folder / f"{site}.safetensors").exists()
             ]
         table, failures = cross_site_table(
-            self.channel, self.active, models, self.args.round_timeout
+            self.ctx, self.active, models, self.args.round_timeout
         )
         for label, row in table.items():
             for site, metrics in row.items():
@@ -272,7 +281,7 @@ class FedAvgRun:
         save_table(self.results / "cross_site_eval.json", table, failures, self.args.key_metric)
         text = format_table(table, self.args.key_metric)
         log.info("cross-site evaluation (%s):\n%s", self.args.key_metric, text)
-        self.channel.report(
+        self.ctx.report(
             {
                 "event": "cross_site_eval",
                 "key_metric": self.args.key_metric,
@@ -291,12 +300,12 @@ class FedAvgRun:
             "best_round": self.best[0] if self.best else None,
             "best_value": self.best[1] if self.best else None,
             "final_validation": self.last_validation,
-            "sites": list(self.channel.sites),
+            "sites": list(self.ctx.sites),
             "dropped": self.dropped,
             "cross_site_eval": cross_site.get("table", {}),
         }
         (self.results / "summary.json").write_text(json.dumps(summary, indent=2))
-        self.channel.report({"event": "finished", **summary})
+        self.ctx.report({"event": "finished", **summary})
 
     def _headline(self, global_train: dict[str, float], validation: dict[str, Any] | None) -> dict:
         """A flat view for one-line progress: global validation and each site's key metric."""
@@ -348,4 +357,31 @@ class FedAvgRun:
             f", validation {validation['global']}" if validation else "",
             f", failed: {describe(event['failed'])}" if event["failed"] else "",
         )
-        self.channel.report(event)
+        self.ctx.report(event)
+
+
+class _NotingDiffs:
+    """Passes results on to the aggregator, noting a diff first (even one it then rejects):
+    from then on every round keeps the global model aside."""
+
+    def __init__(self, aggregator: Aggregator, run: FedAvgRun):
+        self.aggregator, self.run = aggregator, run
+        if hasattr(aggregator, "add_stream"):
+            self.add_stream = self._add_stream
+        if hasattr(aggregator, "check"):
+            self.check = aggregator.check  # type: ignore[attr-defined]
+
+    def _note(self, model: Model) -> None:
+        if model.params_type == "diff":
+            self.run.saw_diff = True
+
+    def _add_stream(self, site: str, stream: ModelStream) -> Model:
+        self._note(stream.model)
+        return self.aggregator.add_stream(site, stream)  # type: ignore[attr-defined]
+
+    def add(self, site: str, model: Model) -> None:
+        self._note(model)
+        self.aggregator.add(site, model)
+
+    def result(self) -> Params:
+        return self.aggregator.result()

@@ -26,7 +26,8 @@ import numpy as np
 from atoll.fl.app_config import FedOptArgs
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
-from atoll.fl.workflows.fedavg import Params, run_fedavg
+from atoll.fl.workflows.api import Workflow
+from atoll.fl.workflows.fedavg import FedAvgRun, Params, run_fedavg
 
 
 class ServerOptimizer:
@@ -95,3 +96,15 @@ def run_fedopt(
         workflow=f"fedopt-{args.optimizer}",
         server_update=ServerOptimizer.from_args(args),
     )
+
+
+class FedOpt(Workflow):
+    """``workflow: fedopt``: FedAvg's loop with the server optimizer as its server update."""
+
+    Args = FedOptArgs
+
+    def run(self) -> None:
+        args = self.args
+        FedAvgRun.on(
+            self.ctx, f"fedopt-{args.optimizer}", server_update=ServerOptimizer.from_args(args)
+        ).run()

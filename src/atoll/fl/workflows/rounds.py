@@ -1,4 +1,5 @@
-"""One round trip to the sites: send a model, take each reply as it arrives, account for the rest.
+"""The engine under ``Context.gather`` (``workflows/api.py``): take each reply as it arrives,
+account for the rest.
 
 A site either answers with a model, answers with an error (``Reply.error``: it dropped out, its
 worker died), sends something unusable (rejected, with the reason), or does not answer within
@@ -17,8 +18,7 @@ from typing import Any
 
 from atoll.fl.aggregation import AggregateCorrupted, ResultRejected
 from atoll.fl.channels import ServerChannel
-from atoll.fl.model import Model
-from atoll.fl.serde import ModelStream, SerdeError, encode, open_model
+from atoll.fl.serde import ModelStream, SerdeError, open_model
 from atoll.spec.errors import AtollError
 
 log = logging.getLogger(__name__)
@@ -40,16 +40,6 @@ class Outcome:
     @property
     def failed(self) -> dict[str, str]:
         return {**self.dropped, **self.rejected, **self.late}
-
-
-def send_model(
-    channel: ServerChannel,
-    targets: Sequence[str],
-    topic: str,
-    model: Model,
-    headers: dict[str, Any],
-) -> str:
-    return channel.send(list(targets), topic, headers, encode(model))
 
 
 def gather(

@@ -20,8 +20,8 @@ import numpy as np
 from atoll.fl.app_config import ScatterGatherArgs
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
-from atoll.fl.serde import ModelStream
-from atoll.fl.workflows.rounds import gather, require, resolve_min_clients, send_model
+from atoll.fl.workflows.api import Context, Workflow
+from atoll.fl.workflows.rounds import require
 
 
 def make_payload(size: int) -> np.ndarray:
@@ -36,40 +36,44 @@ def digest(array: np.ndarray) -> str:
 def run_scatter_gather(
     channel: ServerChannel, args: ScatterGatherArgs, initial: Model | None, job_args: dict[str, Any]
 ) -> None:
-    min_clients = resolve_min_clients(args.min_clients, job_args, channel.sites)
-    params = dict(initial.params) if initial else {"payload": make_payload(args.payload_bytes)}
-    sent = {name: digest(a) for name, a in params.items()}
-    rounds: list[dict[str, Any]] = []
-    for round_ in range(args.num_rounds):
-        started = time.monotonic()
-        model = Model(params=params, round=round_, meta={"total_rounds": args.num_rounds})
-        headers = {"round": round_, "total_rounds": args.num_rounds}
-        task_id = send_model(channel, channel.sites, args.topic, model, headers)
-        replies: dict[str, Any] = {}
+    ScatterGather(Context(channel, args, initial, job_args)).run()
 
-        def on_result(site: str, reply: ModelStream, replies: dict[str, Any] = replies) -> None:
-            replies[site] = _describe(reply.read(), sent)
 
-        outcome = gather(channel, task_id, channel.sites, args.round_timeout, on_result,
-                         min_clients)
-        entry = {
-            "round": round_,
-            "seconds": round(time.monotonic() - started, 6),
-            "replies": replies,
-            "failed": outcome.failed,
-        }
-        rounds.append(entry)
-        channel.report(
-            {
-                "event": "round",
+class ScatterGather(Workflow):
+    """``workflow: scatter_gather``."""
+
+    Args = ScatterGatherArgs
+
+    def run(self) -> None:
+        ctx, args = self.ctx, self.args
+        initial = ctx.initial_model
+        params = dict(initial.params) if initial else {"payload": make_payload(args.payload_bytes)}
+        sent_digests = {name: digest(a) for name, a in params.items()}
+        rounds: list[dict[str, Any]] = []
+        for round_ in range(args.num_rounds):
+            started = time.monotonic()
+            model = Model(params=params, round=round_)
+            sent = ctx.send(args.topic, model, targets=ctx.sites, total_rounds=args.num_rounds)
+            gathered = ctx.gather(sent, timeout=args.round_timeout, require_min=False)
+            replies = {s: _describe(m, sent_digests) for s, m in gathered.results.items()}
+            entry = {
                 "round": round_,
-                "total_rounds": args.num_rounds,
-                "sites": {s: {"echoed": r["echoed"]} for s, r in replies.items()},
-                "failed": outcome.failed,
+                "seconds": round(time.monotonic() - started, 6),
+                "replies": replies,
+                "failed": gathered.failed,
             }
-        )
-        _write(Path(channel.results_dir), sent, rounds)
-        require(outcome, min_clients, f"round {round_}")
+            rounds.append(entry)
+            ctx.report(
+                {
+                    "event": "round",
+                    "round": round_,
+                    "total_rounds": args.num_rounds,
+                    "sites": {s: {"echoed": r["echoed"]} for s, r in replies.items()},
+                    "failed": gathered.failed,
+                }
+            )
+            _write(ctx.results_dir, sent_digests, rounds)
+            require(gathered.outcome, ctx.min_clients, f"round {round_}")
 
 
 def _describe(reply: Model, sent: dict[str, str]) -> dict[str, Any]:

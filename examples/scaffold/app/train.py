@@ -1,0 +1,50 @@
+"""A hospital's part: local SGD on its own records; with SCAFFOLD's control variates when the
+server sends them (params "c/..."), plain FedAvg local training otherwise."""
+
+import zlib
+
+import numpy as np
+from scaffold import client_update, evaluate, gradient, zeros
+
+import atoll.client as fl
+
+config = fl.job_args()
+STEPS, LR, BATCH = config["local_steps"], config["lr"], config["batch_size"]  # BATCH 0: full
+records = fl.dataset_path("records")
+with np.load(records / "train.npz") as data:
+    x_train, y_train = data["x"].astype(np.float64), data["y"]
+with np.load(records / "val.npz") as data:
+    x_val, y_val = data["x"].astype(np.float64), data["y"]
+
+
+def validate(model):
+    return fl.Model(metrics=evaluate(model.params, x_val, y_val), num_examples=len(y_val))
+
+
+fl.init(evaluate=validate)
+c_i = None  # this site's control variate: kept here, across rounds, never sent whole
+while fl.is_running():
+    model = fl.receive()
+    x = {k: model.params[k] for k in ("w", "b")} if "w" in model.params else zeros()
+    rng = np.random.default_rng(config.get("seed", 0) * 1000 + zlib.crc32(fl.site_name().encode())
+                                + 7919 * (model.current_round or 0))
+
+    def batch_gradient(params, step, rng=rng):
+        if not BATCH:
+            return gradient(params, x_train, y_train)
+        rows = rng.choice(len(y_train), size=BATCH, replace=False)
+        return gradient(params, x_train[rows], y_train[rows])
+
+    if "c/w" not in model.params:  # FedAvg: plain local SGD (no correction)
+        c = c_i = zeros()
+        y, _ = client_update(x, c, c_i, batch_gradient, STEPS, LR)
+        fl.send(fl.Model(params=y, num_examples=len(y_train), metrics=evaluate(y, x_train, y_train)))
+        continue
+    c = {"w": model.params["c/w"], "b": model.params["c/b"]}
+    if c_i is None:
+        c_i = zeros()
+    y, c_new = client_update(x, c, c_i, batch_gradient, STEPS, LR)
+    update = {f"dy/{k}": y[k] - x[k] for k in x} | {f"dc/{k}": c_new[k] - c_i[k] for k in x}
+    c_i = c_new
+    fl.send(fl.Model(params=update, num_examples=len(y_train),
+                     metrics=evaluate(y, x_train, y_train)))

@@ -1,0 +1,354 @@
+"""The server-side workflow API: what a workflow (built-in or shipped in a job's app) works with.
+
+A workflow is a class with a ``run()`` method; app.yaml names it (``workflow: fedavg`` for a
+built-in, ``workflow: my_workflow.py:MyWorkflow`` for a file of the app folder). The server
+worker makes one ``Context`` (the job's link to its sites and its results folder, nothing else)
+and calls ``MyWorkflow(ctx).run()``; returning ends the job, raising fails it.
+
+```python
+from atoll.workflow import Context, Model, WeightedAverage, Workflow
+
+class MyFedAvg(Workflow):
+    def run(self) -> None:
+        model = self.ctx.initial_model or Model()
+        for round_ in range(self.ctx.args["num_rounds"]):
+            sent = self.ctx.send("train", model, round=round_)        # to every active site
+            replies = self.ctx.gather(sent, timeout=60, aggregator=WeightedAverage())
+            model = Model(params=replies.aggregate, round=round_)
+            self.ctx.log_metrics(replies.mean_metrics(), round=round_)
+        self.ctx.save_model("final", model)
+```
+
+Seams for filters (privacy, compression): ``ctx.task_filters`` change each outgoing model,
+``ctx.result_filters`` each incoming result before any aggregator sees it; aggregators follow
+the ``Aggregator`` protocol (``atoll.fl.aggregators``). Errors: ``WorkflowError`` ends the job
+with its message; an aggregator or filter raises ``ResultRejected`` to refuse one site's result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+from pydantic import BaseModel
+
+from atoll.fl.aggregation import weighted_metrics
+from atoll.fl.channels import ServerChannel
+from atoll.fl.metrics_log import MetricsLog
+from atoll.fl.model import Model
+from atoll.fl.serde import ModelStream, encode, save_file
+from atoll.fl.workflows.rounds import (
+    Outcome,
+    WorkflowError,
+    describe,
+    gather,
+    require,
+    resolve_min_clients,
+)
+
+log = logging.getLogger(__name__)
+
+Params = dict[str, np.ndarray]
+# (site, model) -> model: a task filter sees each outgoing model (site "*": one for all targets),
+# a result filter each incoming result; raise ResultRejected to refuse it.
+Filter = Callable[[str, Model], Model]
+
+
+@runtime_checkable
+class Aggregator(Protocol):
+    """Folds the results of one task into new params. One instance per task."""
+
+    def add(self, site: str, model: Model) -> None:
+        """Take one site's result (raise ``ResultRejected`` to refuse it)."""
+        ...
+
+    def result(self) -> Params:
+        """The aggregate of everything added."""
+        ...
+
+
+@runtime_checkable
+class StreamingAggregator(Aggregator, Protocol):
+    """An aggregator that folds a result in while it arrives, never holding it whole."""
+
+    def add_stream(self, site: str, stream: ModelStream) -> Model:
+        """Fold the stream in; return its header (metrics, num_examples, params empty)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A task on its way: what ``send`` returns and ``gather`` takes."""
+
+    task_id: str
+    task: str
+    targets: tuple[str, ...]
+    round: int | None
+
+
+@dataclass
+class Gathered:
+    """The answers to one task."""
+
+    task: str
+    round: int | None
+    results: dict[str, Model] = field(default_factory=dict)  # params empty if aggregated
+    outcome: Outcome = field(default_factory=Outcome)
+    aggregate: Params | None = None  # the aggregator's result, when one was given
+
+    @property
+    def ok(self) -> list[str]:
+        return list(self.outcome.ok)
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Sites that dropped out, sent something unusable or were late, with why."""
+        return self.outcome.failed
+
+    def mean_metrics(self) -> dict[str, float]:
+        """Each metric's mean over the sites that reported it, weighted by num_examples."""
+        return weighted_metrics((m.metrics, m.num_examples) for m in self.results.values())
+
+
+class Context:
+    """One job as a workflow sees it: its sites, arguments, results folder and link to sites."""
+
+    def __init__(
+        self,
+        channel: ServerChannel,
+        args: Any,
+        initial_model: Model | None = None,
+        job_args: dict[str, Any] | None = None,
+    ):
+        self._channel = channel
+        self.args = args  # the validated server.args (a pydantic model, or a dict)
+        self.initial_model = initial_model
+        self.job_id: str = channel.job_id
+        self.sites: list[str] = list(channel.sites)
+        self.results_dir = Path(channel.results_dir)
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        requested = (
+            args.get("min_clients") if isinstance(args, dict) else getattr(args, "min_clients", None)
+        )
+        self.min_clients = resolve_min_clients(requested, dict(job_args or {}), self.sites)
+        self.active: list[str] = list(self.sites)  # sites that have not dropped out
+        self.dropped: dict[str, str] = {}
+        self.task_filters: list[Filter] = []
+        self.result_filters: list[Filter] = []
+        self._metrics: MetricsLog | None = None
+
+    # --- tasks ------------------------------------------------------------------------------
+
+    def send(
+        self,
+        task: str,
+        model: Model | None = None,
+        *,
+        targets: Sequence[str] | None = None,
+        args: dict[str, Any] | None = None,
+        round: int | None = None,
+        total_rounds: int | None = None,
+    ) -> Sent:
+        """Send ``model`` as task ``task`` to ``targets`` (default: every active site).
+
+        ``args`` (JSON-safe) reach the site script in ``model.meta``; ``round`` in
+        ``model.current_round``. The model is uploaded once, whatever the number of targets.
+        """
+        chosen = list(self.active if targets is None else targets)
+        unknown = [t for t in chosen if t not in self.sites]
+        if unknown:
+            raise WorkflowError(f"task {task}: unknown site(s) {unknown}; sites: {self.sites}")
+        model = model if model is not None else Model()
+        meta = dict(model.meta)
+        meta.update(args or {})
+        if total_rounds is not None:
+            meta["total_rounds"] = total_rounds
+        outgoing = Model(
+            params=model.params,
+            num_examples=model.num_examples,
+            params_type=model.params_type,
+            metrics=model.metrics,
+            round=round if round is not None else model.round,
+            meta=meta,
+        )
+        for task_filter in self.task_filters:
+            outgoing = task_filter("*", outgoing)
+        headers: dict[str, Any] = {"round": outgoing.round}
+        if "total_rounds" in meta:
+            headers["total_rounds"] = meta["total_rounds"]
+        task_id = self._channel.send(chosen, task, headers, encode(outgoing))
+        return Sent(task_id, task, tuple(chosen), outgoing.round)
+
+    def send_file(self, task: str, path: Path, targets: Sequence[str], headers: dict) -> Sent:
+        """Send a saved model file as it is, streamed (cross-site evaluation of saved models)."""
+        from atoll.fl.serde import iter_file
+
+        task_id = self._channel.send(list(targets), task, headers, iter_file(path))
+        return Sent(task_id, task, tuple(targets), headers.get("round"))
+
+    def gather(
+        self,
+        sent: Sent,
+        *,
+        timeout: float | None = None,
+        min_replies: int | None = None,
+        aggregator: Aggregator | None = None,
+        on_result: Callable[[str, Model], None] | None = None,
+        require_min: bool = True,
+        what: str | None = None,
+    ) -> Gathered:
+        """Take the replies to ``sent`` as they arrive, until all answered or ``timeout``.
+
+        Each usable result goes through ``result_filters``, then ``on_result(site, model)``,
+        then ``aggregator.add``; a streaming aggregator without filters or ``on_result`` folds
+        the result in block by block instead. A site whose reply is an error has dropped out:
+        it leaves ``ctx.active``. Once ``min_replies`` (default ``ctx.min_clients``) usable
+        results are out of reach it stops waiting; with fewer it raises ``WorkflowError`` naming
+        every failed site, unless ``require_min`` is False (``what`` starts that message; default: the task and round).
+        """
+        wanted = self.min_clients if min_replies is None else min_replies
+        gathered = Gathered(sent.task, sent.round)
+        stream_in = (
+            isinstance(aggregator, StreamingAggregator)
+            and not self.result_filters
+            and on_result is None
+        )
+
+        def take(site: str, stream: ModelStream) -> None:
+            if stream_in:
+                assert isinstance(aggregator, StreamingAggregator)
+                gathered.results[site] = aggregator.add_stream(site, stream)
+                return
+            model = stream.read()
+            for result_filter in self.result_filters:
+                model = result_filter(site, model)
+            check = getattr(aggregator, "check", None)
+            if check is not None:  # refuse before on_result keeps anything of it
+                check(model)
+            if on_result is not None:
+                on_result(site, model)
+            if aggregator is not None:
+                aggregator.add(site, model)
+            gathered.results[site] = model
+
+        gathered.outcome = gather(
+            self._channel, sent.task_id, sent.targets, timeout, take, wanted
+        )
+        self._note_dropouts(gathered.outcome)
+        if what is None:
+            what = sent.task + (f" in round {sent.round}" if sent.round is not None else "")
+        if require_min:
+            require(gathered.outcome, wanted, what)
+        if aggregator is not None and gathered.outcome.ok:
+            gathered.aggregate = aggregator.result()
+        return gathered
+
+    def ask(
+        self,
+        task: str,
+        model: Model | None = None,
+        *,
+        targets: Sequence[str] | None = None,
+        args: dict[str, Any] | None = None,
+        round: int | None = None,
+        timeout: float | None = None,
+        min_replies: int | None = None,
+        aggregator: Aggregator | None = None,
+    ) -> Gathered:
+        """``send`` then ``gather``: one round trip."""
+        sent = self.send(task, model, targets=targets, args=args, round=round)
+        return self.gather(sent, timeout=timeout, min_replies=min_replies, aggregator=aggregator)
+
+    def require_active(self, what: str, needed: int | None = None) -> None:
+        """Fail when fewer active sites are left than ``needed`` (default ``min_clients``)."""
+        needed = self.min_clients if needed is None else needed
+        if len(self.active) < needed:
+            raise WorkflowError(
+                f"{what}: only {len(self.active)} site(s) left "
+                f"({', '.join(self.active) or 'none'}), min_clients is {needed}. "
+                f"Dropped: {describe(self.dropped)}"
+            )
+
+    def _note_dropouts(self, outcome: Outcome) -> None:
+        for site, reason in outcome.dropped.items():
+            self.dropped[site] = reason
+            if site in self.active:
+                self.active.remove(site)
+            log.warning("%s dropped out: %s", site, reason)
+
+    # --- results ----------------------------------------------------------------------------
+
+    def save_model(self, name: str, model: Model | Params) -> Path:
+        """Save ``model`` as ``<results>/<name>.safetensors`` (part of the job's download)."""
+        if not isinstance(model, Model):
+            model = Model(params=dict(model))
+        return save_file(model, self._result_path(name, ".safetensors"))
+
+    def save_json(self, name: str, data: Any) -> Path:
+        """Save JSON-safe ``data`` as ``<results>/<name>.json``."""
+        path = self._result_path(name, ".json")
+        path.write_text(json.dumps(data, indent=2, sort_keys=True))
+        return path
+
+    def result_path(self, filename: str) -> Path:
+        """A path inside the results folder, for other files (a PNG, a CSV)."""
+        return self._result_path(filename, "")
+
+    def _result_path(self, name: str, suffix: str) -> Path:
+        path = (self.results_dir / f"{name.removesuffix(suffix)}{suffix}").resolve()
+        if not path.is_relative_to(self.results_dir.resolve()) or path == self.results_dir:
+            raise WorkflowError(f"result name {name!r} must stay inside the results folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def metrics(self) -> MetricsLog:
+        """metrics.jsonl / metrics.csv / training_curves.png, opened on first use."""
+        if self._metrics is None:
+            self._metrics = MetricsLog(self.results_dir)
+        return self._metrics
+
+    def log_metrics(
+        self,
+        metrics: dict[str, float],
+        *,
+        round: int | None,
+        site: str = "global",
+        phase: str = "train",
+        num_examples: int = 0,
+    ) -> None:
+        """Record metrics of one round (site ``global`` for the federation's value)."""
+        self.metrics.record(round, phase, site, metrics, num_examples)
+
+    def report(self, event: dict[str, Any]) -> None:
+        """Live progress for ``atoll job status|logs`` (JSON-safe; ``event`` names its kind)."""
+        self._channel.report(event)
+
+    def close(self) -> None:
+        """Flush the metrics files and draw the curves (the runner calls it at the end)."""
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+
+class Workflow:
+    """Base of every server-side workflow: subclass it and write ``run()``.
+
+    ``Args``: an optional pydantic model; app.yaml's ``server.args`` are validated with it
+    before ``run`` (each error naming ``server.args.<field>``) and ``self.args`` is the result.
+    Without it ``self.args`` is the plain dict.
+    """
+
+    Args: ClassVar[type[BaseModel] | None] = None
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.args = ctx.args
+
+    def run(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define run(self)")
