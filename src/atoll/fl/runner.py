@@ -4,7 +4,7 @@ The worker (``python -m atoll.worker``) connects its channel, then calls one of:
 
 - ``run_server_app(channel, app_dir, job_args)``: validates app.yaml, loads the initial model and
   runs the named workflow until it ends; a ``WorkflowError`` says why the job failed.
-- ``run_site_app(channel, app_dir, site, datasets)``: binds the channel into ``atoll.client`` and
+- ``run_site_app(channel, app_dir, site, datasets, ranks)``: binds the channel into ``atoll.client`` and
   runs the site script in this process with ``runpy`` (``sys.argv`` from app.yaml, working
   directory the app folder, the folder importable). An exception from the script propagates
   with its traceback, for the worker to print to the job's log; ``sys.exit(0)`` is a success.
@@ -28,6 +28,7 @@ import numpy as np
 from atoll.fl.app_config import APP_FILE, AppConfigError, SiteSection, load_app_config
 from atoll.fl.channels import ServerChannel, SiteChannel
 from atoll.fl.client_runtime import ClientSession, bind, unbind
+from atoll.fl.distributed import Ranks
 from atoll.fl.model import Model
 from atoll.fl.serde import SerdeError, dtype_name, load_file
 from atoll.spec.errors import AtollError
@@ -132,11 +133,12 @@ def _site_section(app_dir: Path) -> SiteSection:
     return config.site
 
 
-def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[str, str]) -> None:
+def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[str, str],
+                 ranks: Ranks | None = None) -> None:
     app_dir = Path(app_dir)
     section = _site_section(app_dir)
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config))
+    bind(ClientSession(channel, site, datasets, section.config, ranks))
     saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
     try:
         sys.argv = [str(script), *section.args]

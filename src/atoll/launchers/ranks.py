@@ -1,0 +1,40 @@
+"""How many processes a site's worker runs per node, and their rendezvous (PyTorch's names).
+
+A job trains with several processes when it asks for more than one GPU on a node (one process
+per GPU, as ``torchrun --nproc-per-node`` does) or sets ``launcher_spec``
+``processes_per_node``. Only a site's worker ever runs several: the server's workflow is one
+process. Rank 0 alone gets the job's credentials (docs/distributed.md).
+
+- Process, Docker, Kubernetes: one worker starts on one host, container or pod with
+  ``WORLD_SIZE = LOCAL_WORLD_SIZE = N`` and ``MASTER_ADDR=127.0.0.1``, without ``RANK``; it
+  becomes rank 0, picks ``MASTER_PORT`` and starts the other N-1 (worker/local_ranks.py).
+  Several pods or containers for one job are out of scope.
+- Slurm: ``srun`` starts every rank; the batch script sets the rendezvous (slurm_render.py).
+"""
+
+from __future__ import annotations
+
+from atoll.launchers.base import LaunchError, LaunchRequest
+
+LOCAL_MASTER = "127.0.0.1"
+
+
+def processes_per_node(request: LaunchRequest, gpus_per_node: int) -> int:
+    """The ranks on each node; LaunchError when they cannot each get one GPU."""
+    if request.identity.role != "site":
+        return 1
+    asked = request.launcher_spec.get("processes_per_node")
+    if asked and gpus_per_node and asked != gpus_per_node:
+        raise LaunchError(
+            f"launcher_spec processes_per_node is {asked} but the job asks {gpus_per_node} GPU(s) "
+            "per node: each process gets one GPU, so make them equal in the job's meta.json"
+        )
+    return asked or max(gpus_per_node, 1)
+
+
+def single_node_rendezvous(processes: int) -> dict[str, str]:
+    """What a one-node backend renders for ``processes`` ranks (nothing for one process)."""
+    if processes <= 1:
+        return {}
+    return {"WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
+            "MASTER_ADDR": LOCAL_MASTER}
