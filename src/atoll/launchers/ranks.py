@@ -17,6 +17,10 @@ from __future__ import annotations
 from atoll.launchers.base import LaunchError, LaunchRequest
 
 LOCAL_MASTER = "127.0.0.1"
+# Where a rank other than 0 leaves its error, in the run folder, for whoever reports the site's
+# failure: rank 0 on one node (worker/local_ranks.py), the Slurm launcher across nodes.
+RANK_ERROR_FILE = "logs/rank-{rank}.error"
+MAX_RANK_ERROR_BYTES = 2000
 
 
 def processes_per_node(request: LaunchRequest, gpus_per_node: int) -> int:
@@ -24,10 +28,11 @@ def processes_per_node(request: LaunchRequest, gpus_per_node: int) -> int:
     if request.identity.role != "site":
         return 1
     asked = request.launcher_spec.get("processes_per_node")
-    if asked and gpus_per_node and asked != gpus_per_node:
+    if asked and gpus_per_node and asked not in (1, gpus_per_node):
         raise LaunchError(
             f"launcher_spec processes_per_node is {asked} but the job asks {gpus_per_node} GPU(s) "
-            "per node: each process gets one GPU, so make them equal in the job's meta.json"
+            "per node: each process gets one GPU (or one process gets them all), so set it to "
+            f"{gpus_per_node} or 1 in the job's meta.json"
         )
     return asked or max(gpus_per_node, 1)
 

@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
-ERROR_FILE = "logs/rank-{rank}.error"
+from atoll.launchers.ranks import MAX_RANK_ERROR_BYTES as MAX_ERROR_CHARS
+from atoll.launchers.ranks import RANK_ERROR_FILE as ERROR_FILE
+
 POLL_S = 0.2  # how often rank 0 looks at its children
 FINISH_GRACE_S = 60.0  # how long the other ranks may take to end after rank 0's script did
-MAX_ERROR_CHARS = 2000
 
 
 def starts_local_ranks(environ: MutableMapping[str, str]) -> bool:
