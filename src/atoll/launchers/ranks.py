@@ -43,3 +43,14 @@ def single_node_rendezvous(processes: int) -> dict[str, str]:
         return {}
     return {"WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
             "MASTER_ADDR": LOCAL_MASTER}
+
+
+def container_rank_env(request: LaunchRequest) -> dict[str, str]:
+    """The rendezvous of one container or pod running the job's ranks; with one GPU per rank,
+    the GPUs the runtime shows the container (numbered 0..N-1 there) dealt out by index."""
+    gpus = request.resources.num_of_gpus
+    processes = processes_per_node(request, gpus)
+    env = single_node_rendezvous(processes)
+    if env and gpus == processes:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
+    return env
