@@ -230,6 +230,8 @@ def main() -> int:
             if not isinstance(exc, RankFailed):
                 traceback.print_exc()
             error = _error_line(exc)
+            if peers is not None and not isinstance(exc, RankFailed):
+                error = peers.root_cause() or error
     if peers is not None:
         peers.stop()
     try:

@@ -30,7 +30,8 @@ from atoll.launchers.ranks import MAX_RANK_ERROR_BYTES as MAX_ERROR_CHARS
 from atoll.launchers.ranks import RANK_ERROR_FILE as ERROR_FILE
 
 POLL_S = 0.2  # how often rank 0 looks at its children
-FINISH_GRACE_S = 60.0  # how long the other ranks may take to end after rank 0's script did
+FINISH_GRACE_S = 60.0
+CAUSE_GRACE_S = 3.0  # how long rank 0, failed itself, waits for another rank's failure  # how long the other ranks may take to end after rank 0's script did
 
 
 def starts_local_ranks(environ: MutableMapping[str, str]) -> bool:
@@ -135,6 +136,17 @@ class LocalRanks:
                 self.stop()
                 return f"rank {local_rank} did not end within {timeout:g} s after rank 0"
         return self._first_failure()
+
+    def root_cause(self, timeout: float = CAUSE_GRACE_S) -> str | None:
+        """After rank 0 failed: a rank that failed (or fails within ``timeout``) is the likely
+        cause, rank 0 having only lost its peer in a collective ("Connection closed by peer")."""
+        self._ending.set()
+        deadline = time.monotonic() + timeout
+        while (failed := self._first_failure()) is None and time.monotonic() < deadline:
+            if all(child.poll() is not None for child in self._children.values()):
+                return None
+            time.sleep(POLL_S / 4)
+        return failed
 
     def stop(self) -> None:
         self._ending.set()

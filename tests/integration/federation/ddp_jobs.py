@@ -47,6 +47,8 @@ while fl.is_running():
         loss = float(((net(x) - y) ** 2).mean())
         fl.send(fl.Model(metrics={"loss": loss}, num_examples=len(x)))
         continue
+    if fl.job_args().get("raise_rank") == rank:
+        raise RuntimeError(f"rank {rank} broke on purpose")
     if stall is not None:
         open(os.path.join(os.path.dirname(out), f"pid-{rank}"), "w").write(str(os.getpid()))
         time.sleep(3600)  # a test kills one rank here, mid-round

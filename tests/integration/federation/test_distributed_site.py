@@ -26,14 +26,19 @@ RESOURCES = {"@default": {"num_of_cpus": 1},
 
 @pytest.fixture(scope="module")
 def ddp_federation(tmp_path_factory):
+    # The study's secret (like the job token) is rank 0's alone.
+    runtime = {"site-ddp": "format_version: 2\nstudies:\n  default:\n    secret_env:\n"
+                           "      DDP_SECRET: {source: env, key: ATOLL_TEST_DDP_SECRET}\n"}
     fed = Federation.provisioned(tmp_path_factory.mktemp("ddp-fed"), ["site-ddp", "site-one"],
-                                 USERS)
+                                 USERS, runtime=runtime)
     site_yaml = fed.kit("site-ddp") / "local" / "site.yaml"
     config = yaml.safe_load(site_yaml.read_text()) if site_yaml.exists() else {}
     config = {**(config or {}), "launcher": "process"}
     config["process"] = {**(config.get("process") or {}), "gpu_ids": GPU_IDS}
     site_yaml.write_text(yaml.safe_dump(config))
-    fed.start_all()
+    fed.start_server()
+    fed.start_site("site-ddp", env={"ATOLL_TEST_DDP_SECRET": "s3cr3t"})
+    fed.start_site("site-one")
     fed.wait_online(ADMIN)
     yield fed
     fed.stop_all()
@@ -55,6 +60,9 @@ def test_a_two_process_site_federates_with_one_gpu_per_rank(ddp_federation, tmp_
     assert {r["gpus"] for r in records[0]} == {GPU_IDS[0]}
     assert {r["gpus"] for r in records[1]} == {GPU_IDS[1]}
     assert [r["local_rank"] for r in records[1]] == [1, 1, 1]
+    # The study's secret reached rank 0 only (the job token: check_ddp_rounds).
+    assert {r["secret"] for r in records[0]} == {True}
+    assert {r["secret"] for r in records[1]} == {False}
     # The single-process site is rank 0 of 1 and saw no GPU.
     single = rank_records(run_folder(ddp_federation, "site-one", job["job_id"]))
     assert list(single) == [0] and {r["world_size"] for r in single[0]} == {1}
@@ -92,5 +100,22 @@ def test_a_rank_killed_mid_round_fails_the_site_and_leaves_no_process(ddp_federa
     assert part["state"] == "FINISHED:FAILED", part
     assert "rank 1 was killed by signal 9 (SIGKILL)" in part["reason"], part
     print(f"site part failed {noticed:.2f} s after rank 1 was killed")
+    wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True), 15,
+             "every process of the job gone")
+
+
+def test_a_rank_that_raises_fails_the_site_with_its_error(ddp_federation, tmp_path):
+    job_dir = make_ddp_job(tmp_path / "ddp-raise", ["site-ddp", "site-one"], rounds=2,
+                           resource_spec=RESOURCES, config={"raise_rank": 1})
+    with ddp_federation.session(ADMIN) as s:
+        job_id = s.submit(job_dir)["job_id"]
+        part = wait_for(lambda: (p := s.status(job_id)["parts"]["site-ddp"])["state"]
+                        .startswith("FINISHED") and p, 120, "the site's part to end")
+        s.abort(job_id)
+        s.wait(job_id, timeout=60)
+        logs = s.logs(job_id)["logs"]
+    assert part["state"] == "FINISHED:FAILED", part
+    assert part["reason"] == ("rank 1 exited with code 1: RuntimeError: rank 1 broke on purpose"), part
+    assert "Traceback" in logs["site-ddp"] and "broke on purpose" in logs["site-ddp"]
     wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True), 15,
              "every process of the job gone")
