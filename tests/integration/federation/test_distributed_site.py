@@ -119,3 +119,23 @@ def test_a_rank_that_raises_fails_the_site_with_its_error(ddp_federation, tmp_pa
     assert "Traceback" in logs["site-ddp"] and "broke on purpose" in logs["site-ddp"]
     wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True), 15,
              "every process of the job gone")
+
+
+def test_the_torch_ddp_template_federates_with_two_processes_per_site(ddp_federation, tmp_path):
+    """`atoll job init --framework torch-ddp`, submitted as written: both sites train with two
+    ranks (CPU, gloo) through the job's FedAvg rounds and its final cross-site evaluation."""
+    from click.testing import CliRunner
+
+    from atoll.cli.job_init import init_command
+
+    job_dir = tmp_path / "ddp-template"
+    done = CliRunner().invoke(init_command, [str(job_dir), "--framework", "torch-ddp"])
+    assert done.exit_code == 0, done.output
+    with ddp_federation.session(ADMIN) as session:
+        job = session.submit(job_dir, wait=True, timeout=400)
+        logs = session.logs(job["job_id"])["logs"]
+    assert job["state"] == "FINISHED:COMPLETED", (job, logs)
+    for site in ("site-ddp", "site-one"):
+        assert f"{site}: rank 0 of 2 on cpu" in logs[site], logs[site]
+        assert f"{site}: rank 1 of 2 on cpu" in logs[site], logs[site]
+        assert f"{site} round 4:" in logs[site], logs[site]
