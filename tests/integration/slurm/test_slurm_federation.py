@@ -90,6 +90,23 @@ def test_a_two_node_ddp_site_federates_with_a_process_site(slurm_federation, tmp
     assert list(single) == [0]
 
 
+def test_two_gpus_on_one_slurm_node_run_two_ranks_with_one_gpu_each(slurm_federation, tmp_path):
+    """More than one GPU per node: one srun task per GPU (fake GPUs of the test cluster), each
+    rank sees only its own."""
+    spec = {"resource_spec": {"@default": {"num_of_cpus": 1, "memory": "1Gi"},
+                              "site-s": {"num_of_cpus": 2, "memory": "3Gi", "num_of_gpus": 2}}}
+    job_dir = make_ddp_job(tmp_path / "slurm-gpus", ["site-p", "site-s"], rounds=2, **spec)
+    with slurm_federation.session(ADMIN) as session:
+        job = session.submit(job_dir, wait=True, timeout=300)
+    assert job["state"] == "FINISHED:COMPLETED", (job, slurm_federation.log("site-s"))
+    records = rank_records(slurm_federation.workspace("site-s") / "jobs" / job["job_id"])
+    check_ddp_rounds(records, world=2, rounds=2)
+    assert records[0][0]["host"] == records[1][0]["host"]  # one node, two tasks
+    assert [records[r][0]["local_rank"] for r in (0, 1)] == [0, 1]
+    gpus = [records[r][0]["gpus"] for r in (0, 1)]
+    assert all(g is not None and "," not in g for g in gpus) and gpus[0] != gpus[1], gpus
+
+
 def test_a_slurm_rank_killed_mid_round_fails_the_site_and_leaves_no_process(
         slurm_federation, tmp_path):
     job_dir = make_ddp_job(tmp_path / "slurm-ddp-kill", ["site-p", "site-s"], rounds=2,
