@@ -10,9 +10,8 @@
   sees only its run folder, its study's datasets at ``/data/<study>/<dataset>``, its Python
   runtime and its own processes (process_sandbox.py). ``sandbox: none`` is the site's explicit
   opt-out: the worker then runs with the parent's privileges.
-- Several processes (a job asking N > 1 GPUs, or ``processes_per_node``): the worker gets
-  ``WORLD_SIZE``/``LOCAL_WORLD_SIZE``/``MASTER_ADDR`` and starts the other ranks itself, one
-  GPU each, inside the same sandbox (launchers/ranks.py, worker/local_ranks.py).
+- Several processes (N > 1 GPUs, or ``processes_per_node``): the worker starts the other
+  ranks in its sandbox, one GPU each (launchers/ranks.py, worker/local_ranks.py).
 - Environment: atoll's variables, the study's ``env``, ``ATOLL_DATASETS`` (JSON name -> path),
   a few harmless variables of the parent (PATH, locale...: ``inherited_env``, the one read of
   the parent's environment in the launchers). Never the parent's whole environment: it may hold
@@ -167,7 +166,7 @@ class ProcessLauncher(Launcher):
             env["ATOLL_PARENT_PID"] = str(self._parent_pid)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         processes = processes_per_node(request, res.num_of_gpus)
-        env.update(single_node_rendezvous(processes))  # rank 0 starts the others, one GPU each
+        env.update(single_node_rendezvous(processes))
         # Math libraries (OpenMP, BLAS, PyTorch) size their thread pools from the host's cores,
         # not from the CPUs the worker is pinned to; oversubscribed, a small model runs 10x
         # slower. The study's env may still choose otherwise.
