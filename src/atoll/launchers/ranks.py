@@ -15,12 +15,16 @@ process. Rank 0 alone gets the job's credentials (docs/distributed.md).
 from __future__ import annotations
 
 from atoll.launchers.base import LaunchError, LaunchRequest
+from atoll.launchers.request import TOKEN_VAR
 
 LOCAL_MASTER = "127.0.0.1"
 # Where a rank other than 0 leaves its error, in the run folder, for whoever reports the site's
 # failure: rank 0 on one node (worker/local_ranks.py), the Slurm launcher across nodes.
 RANK_ERROR_FILE = "logs/rank-{rank}.error"
 MAX_RANK_ERROR_BYTES = 2000
+# Names (never values) of the variables only rank 0 may keep: in a container or pod the job's
+# secrets arrive in the environment, so rank 0 starts the other ranks without these.
+WITHHELD_ENV = "ATOLL_RANK0_ONLY_ENV"
 
 
 def processes_per_node(request: LaunchRequest, gpus_per_node: int) -> int:
@@ -53,4 +57,8 @@ def container_rank_env(request: LaunchRequest) -> dict[str, str]:
     env = single_node_rendezvous(processes)
     if env and gpus == processes:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
+    if env:  # the container's environment holds its secrets: name them, for rank 0 to withhold
+        entry = request.study_runtime
+        names = {TOKEN_VAR, *request.credentials, *(entry.secret_env if entry else ())}
+        env[WITHHELD_ENV] = ",".join(sorted(names))
     return env

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from atoll.launchers.ranks import MAX_RANK_ERROR_BYTES as MAX_ERROR_CHARS
 from atoll.launchers.ranks import RANK_ERROR_FILE as ERROR_FILE
+from atoll.launchers.ranks import WITHHELD_ENV
 
 POLL_S = 0.2  # how often rank 0 looks at its children
 FINISH_GRACE_S = 60.0
@@ -97,7 +98,9 @@ class LocalRanks:
         self.count = len(gpus)
         self.gpus = gpus
         self.workdir = workdir
-        # The children's environment: rank 0's, less what only rank 0 may hold.
+        # The children's environment: rank 0's, less what only rank 0 may hold (the pipe's
+        # credentials, and in a container the secrets its launcher named).
+        withheld = withheld | set(filter(None, environ.get(WITHHELD_ENV, "").split(",")))
         self._base = {k: v for k, v in environ.items() if k not in withheld}
         self._children: dict[int, subprocess.Popen] = {}
         self._ending = threading.Event()
