@@ -29,15 +29,19 @@ USERS = [{"name": ADMIN, "org": "test", "role": "project_admin"}]
 
 @pytest.fixture(scope="module")
 def slurm_federation(slurm_cluster, tmp_path_factory):
+    # A study secret at the Slurm site: the multi-node tests check that rank 0 alone gets it.
+    runtime = {"site-s": "format_version: 2\nstudies:\n  default:\n    secret_env:\n"
+                         "      DDP_SECRET: {source: env, key: ATOLL_TEST_DDP_SECRET}\n"}
     fed = Federation.provisioned(tmp_path_factory.mktemp("slurm-fed"), ["site-p", "site-s"],
-                                 USERS)
+                                 USERS, runtime=runtime)
     site_yaml = {"launcher": "slurm",
                  "slurm": {"python_path": PYTHON, "pending_timeout": 120},
                  "worker_endpoint": {"host": "127.0.0.1", "port": 0}}
     (fed.kit("site-s") / "local" / "site.yaml").write_text(yaml.safe_dump(site_yaml))
     fed.start_server()
     fed.start_site("site-p")
-    fed.start_site("site-s", env={"SLURM_CONF": str(BASE / "etc" / "slurm.conf")})
+    fed.start_site("site-s", env={"SLURM_CONF": str(BASE / "etc" / "slurm.conf"),
+                                  "ATOLL_TEST_DDP_SECRET": "s3cr3t"})
     fed.wait_online(ADMIN)
     yield fed
     fed.stop_all()
@@ -82,6 +86,8 @@ def test_a_two_node_ddp_site_federates_with_a_process_site(slurm_federation, tmp
     records = rank_records(folder)
     check_ddp_rounds(records, world=2, rounds=3)
     assert {records[0][0]["host"], records[1][0]["host"]} == {"n1", "n2"}, records
+    # The study's secret reached rank 0 only (the job token: check_ddp_rounds).
+    assert [records[r][0]["secret"] for r in (0, 1)] == [True, False]
     # Only rank 0 registered: one worker session at the site for the job's one token.
     log = next((folder / "logs").glob("slurm-*.out")).read_text()
     assert log.count("registered with") == 1, log
