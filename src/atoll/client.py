@@ -22,6 +22,13 @@ A task arrives as one of two topics: ``train`` (send back the trained weights, f
 number of examples evaluated; weights are not sent back). ``fl.receive()`` returns ``None`` once
 the job is over. The script runs inside the site worker; an exception fails this site's part of
 the job, with the traceback in the job's logs.
+
+A site may train with several processes (``torch.distributed``, e.g. DDP): every process runs
+the script and calls the same functions in the same order. Rank 0 alone talks to the parent:
+``fl.receive()`` gives every rank the same model (rank 0 broadcasts it), ``fl.send()`` answers
+from rank 0 only, and ``fl.init()`` joins the process group the launcher prepared
+(``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``...). ``fl.rank()``, ``fl.world_size()`` and
+``fl.local_rank()`` say where the process stands; see docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -42,11 +49,14 @@ __all__ = [
     "is_train",
     "job_args",
     "job_id",
+    "local_rank",
     "log_metrics",
+    "rank",
     "receive",
     "send",
     "site_name",
     "task_name",
+    "world_size",
 ]
 
 
@@ -54,6 +64,8 @@ def init(evaluate: Evaluator | None = None) -> None:
     """Start using the job's channel. ``evaluate(model) -> metrics`` answers validate tasks."""
     session = current()
     session.evaluator = evaluate
+    if session.broadcast is not None:
+        session.broadcast.setup()
     session.initialized = True
 
 
@@ -83,6 +95,21 @@ def is_train() -> bool:
 
 def is_evaluate() -> bool:
     return task_name() == VALIDATE
+
+
+def rank() -> int:
+    """This process's rank among the site's processes (0 talks to the parent)."""
+    return current().ranks.rank
+
+
+def world_size() -> int:
+    """How many processes train for this site (1 unless the job asked for several)."""
+    return current().ranks.world_size
+
+
+def local_rank() -> int:
+    """This process's rank on its node: the index of its GPU where it sees all of them."""
+    return current().ranks.local_rank
 
 
 def site_name() -> str:

@@ -35,6 +35,8 @@ def test_example_renders_the_seed_resources_on_each_backend():
     assert '"nvidia.com/gpu": "1"' in pod or '"nvidia.com/gpu": 1' in pod
     assert "pathology-data-pvc" in pod and "secretKeyRef" in pod
     slurm = json.dumps(_render("university"))
-    for flag in ("--cpus-per-task=4", "--mem=65536M", "--gres=gpu:8", "--account=pathology"):
+    # 8 GPUs: one task (rank) per GPU, the node's 4 CPUs shared, at least one each.
+    for flag in ("--ntasks-per-node=8", "--cpus-per-task=1", "--mem=65536M", "--gres=gpu:8",
+                 "--account=pathology"):
         assert flag in slurm
     assert "login01.hpc.university.example:7101" in slurm  # workers dial the advertised name

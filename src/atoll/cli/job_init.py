@@ -2,8 +2,9 @@
 
 The folder holds ``meta.json`` (deploy map, min_clients, resources), ``app/app.yaml`` (the
 workflow and its arguments, the site script) and ``app/train.py`` (a numpy or PyTorch training
-loop on synthetic data, with the places to change marked); a workflow the job ships (scaffold,
-cyclic, stats, custom) adds its class and helpers to ``app/``. Templates live in
+loop on synthetic data, with the places to change marked; ``torch-ddp``: several
+processes per site with DistributedDataParallel, docs/distributed.md); a workflow the job
+ships (scaffold, cyclic, stats, custom) adds its class and helpers to ``app/``. Templates live in
 ``atoll/fl/templates``.
 """
 
@@ -35,7 +36,10 @@ JOB_WORKFLOWS: dict[str, tuple[str, dict[str, str]]] = {
         "statistics_workflow.py": "statistics_workflow.py.tmpl",
         "train.py": "site_statistics.py.tmpl"}),
 }
-FRAMEWORKS = ("numpy", "torch")
+FRAMEWORKS = ("numpy", "torch", "torch-ddp")
+# torch-ddp: several processes per site (DDP); two on CPUs, so the template runs anywhere.
+_DDP_LAUNCHER_SPEC = {"default": {backend: {"processes_per_node": 2}
+                                  for backend in ("process", "docker", "k8s", "slurm")}}
 
 _SERVER_ARGS = {
     "fedavg": {"num_rounds": 5, "key_metric": "accuracy", "cross_site_eval": "global"},
@@ -67,6 +71,9 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str) -> di
         "min_clients": min_clients,
         "resource_spec": {"@default": {"num_of_cpus": 1, "memory": "2Gi"}},
     }
+    if framework == "torch-ddp":
+        meta["resource_spec"] = {"@default": {"num_of_cpus": 2, "memory": "4Gi"}}
+        meta["launcher_spec"] = _DDP_LAUNCHER_SPEC
     args = {**_SERVER_ARGS[workflow]}
     if workflow != "scatter_gather":
         args["round_timeout"] = 600
@@ -75,7 +82,8 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str) -> di
     app_yaml = Template(_template("app.yaml.tmpl")).substitute(
         workflow=shipped, server_args=server_args
     )
-    script = "echo.py.tmpl" if workflow == "scatter_gather" else f"train_{framework}.py.tmpl"
+    template = framework.replace("-", "_")
+    script = "echo.py.tmpl" if workflow == "scatter_gather" else f"train_{template}.py.tmpl"
     files = {
         "meta.json": json.dumps(meta, indent=2) + "\n",
         "app/app.yaml": app_yaml,

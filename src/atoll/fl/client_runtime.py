@@ -4,6 +4,9 @@ A site worker binds one ``ClientSession`` for the whole process before it runs t
 script (``atoll.fl.runner.run_site_app``); the simulator binds one per thread, so several
 simulated sites can share a process. ``atoll.client`` finds the session bound to the calling
 thread first, then the process-wide one.
+
+A site that trains with several processes has one session per process; only rank 0's channel
+reaches the parent, and each task reaches the other ranks through ``fl/distributed.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.fl.channels import SiteChannel, Task
+from atoll.fl.distributed import Ranks, TaskBroadcast
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, encode
 from atoll.spec.errors import AtollError
@@ -36,11 +40,14 @@ class ClientSession:
         datasets: dict[str, str] | None = None,
         config: dict[str, Any] | None = None,
         statistics_rules: dict[str, Any] | None = None,
+        ranks: Ranks | None = None,
     ):
         self.channel = channel
         # The site's rules for federated statistics (its local/study_runtime.yaml), or None:
         # atoll.fl.statistics applies them, with its defaults when the site set none.
         self.statistics_rules = dict(statistics_rules) if statistics_rules else None
+        self.ranks = ranks or Ranks()
+        self.broadcast = TaskBroadcast(self.ranks) if self.ranks.distributed else None
         self.site = site
         self.datasets = dict(datasets or {})
         self.config = dict(config or {})
@@ -60,7 +67,7 @@ class ClientSession:
         while self._task is None:
             if self.finished:
                 return False
-            task = self.channel.receive(timeout=timeout)
+            task = self._next_task(timeout)
             if task is None:
                 self.finished = True
                 return False
@@ -77,6 +84,11 @@ class ClientSession:
             if task.topic == VALIDATE and self.evaluator is not None:
                 self.send(_as_result(self.evaluator(model)))
         return True
+
+    def _next_task(self, timeout: float | None) -> Task | None:
+        """Rank 0 asks the parent; with several ranks, every rank gets rank 0's answer."""
+        task = self.channel.receive(timeout=timeout) if self.ranks.leader else None
+        return self.broadcast.share(task) if self.broadcast is not None else task
 
     def is_running(self) -> bool:
         return self._fetch(timeout=None)
@@ -109,7 +121,8 @@ class ClientSession:
             model.round = self._model.round
         headers = {"topic": task.topic, "round": task.headers.get("round")}
         self._task, self._model = None, None
-        self.channel.reply(task.task_id, headers, encode(model))
+        if self.ranks.leader:  # the other ranks only close the task: rank 0 answers for all
+            self.channel.reply(task.task_id, headers, encode(model))
         self._spare = dict(model.params)
 
     @property
@@ -144,7 +157,8 @@ class ClientSession:
         )
 
     def report(self, event: dict[str, Any]) -> None:
-        self.channel.report({"site": self.site, **event})
+        if self.ranks.leader:
+            self.channel.report({"site": self.site, **event})
 
 
 def _as_result(value: Any) -> Model:

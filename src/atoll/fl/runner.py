@@ -4,7 +4,7 @@ The worker (``python -m atoll.worker``) connects its channel, then calls one of:
 
 - ``run_server_app(channel, app_dir, job_args)``: validates app.yaml, loads the initial model and
   runs the named workflow until it ends; a ``WorkflowError`` says why the job failed.
-- ``run_site_app(channel, app_dir, site, datasets)``: binds the channel into ``atoll.client`` and
+- ``run_site_app(channel, app_dir, site, datasets, ranks)``: binds the channel into ``atoll.client`` and
   runs the site script in this process with ``runpy`` (``sys.argv`` from app.yaml, working
   directory the app folder, the folder importable). An exception from the script propagates
   with its traceback, for the worker to print to the job's log; ``sys.exit(0)`` is a success.
@@ -34,6 +34,7 @@ from atoll.fl.app_config import (
 )
 from atoll.fl.channels import ServerChannel, SiteChannel
 from atoll.fl.client_runtime import ClientSession, bind, unbind
+from atoll.fl.distributed import Ranks
 from atoll.fl.model import Model
 from atoll.fl.serde import SerdeError, dtype_name, load_file
 from atoll.spec.errors import AtollError
@@ -194,11 +195,12 @@ def run_site_app(
     site: str,
     datasets: dict[str, str],
     statistics_rules: dict[str, Any] | None = None,
+    ranks: Ranks | None = None,
 ) -> None:
     app_dir = Path(app_dir)
     section = _site_section(app_dir)
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config, statistics_rules))
+    bind(ClientSession(channel, site, datasets, section.config, statistics_rules, ranks))
     saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
     try:
         sys.argv = [str(script), *section.args]

@@ -5,12 +5,15 @@ A CPU, contiguous tensor and its numpy array share one buffer (``Tensor.numpy()`
 where it must: a tensor on a GPU (moved to the CPU), a non-contiguous one, or bfloat16, which
 numpy cannot represent (upcast to float32; ``load_state_dict`` casts it back on load).
 
-This is the only atoll module that imports torch: training scripts and the demo use it, the
-parents never do.
+``distributed(module)`` wraps a module for a site that trains with several processes (DDP).
+
+With ``fl/distributed.py`` (lazily, for several ranks), this is the only atoll module that
+imports torch: training scripts and the demo use it, the parents never do.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +27,8 @@ def to_params(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
     The arrays alias the module's live weights: encode or copy them before training further.
     ``fl.send()`` serializes right away, so the usual script is safe.
     """
+    if isinstance(state_dict, torch.nn.parallel.DistributedDataParallel):
+        state_dict = state_dict.module  # its own names, without DDP's "module." prefix
     if isinstance(state_dict, torch.nn.Module):
         state_dict = state_dict.state_dict()
     params: dict[str, np.ndarray] = {}
@@ -55,4 +60,29 @@ def to_state_dict(params: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 def load_params(module: torch.nn.Module, params: Mapping[str, np.ndarray], strict: bool = True):
     """Copy params into a module's own tensors (on its device, in its dtypes)."""
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        module = module.module
     return module.load_state_dict(to_state_dict(params), strict=strict)
+
+
+def device() -> torch.device:
+    """This rank's device: its one GPU (the launcher shows each rank one) or the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    return torch.device("cuda", 0 if len(visible) == 1 else int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def distributed(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` on this rank's device, wrapped in DistributedDataParallel when the site trains
+    with several processes (after ``fl.init()``, which joins the process group); the module
+    itself otherwise, so one script runs in the simulator and on one or many GPUs.
+    ``to_params`` and ``load_params`` accept either."""
+    import torch.distributed as dist
+
+    where = device()
+    module = module.to(where)
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return module
+    ids = [where.index] if where.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)

@@ -25,6 +25,9 @@ Rules worth knowing:
   run folder is the parent's), or ``1000:1000`` when the parent is root (the launcher then hands
   the run folder to that user). Datasets mounted rw must be writable by that user.
 - GPUs: one ``device_requests`` entry with ``count`` = num_of_gpus; 0 renders an empty list.
+- Several processes (N > 1 GPUs, or ``processes_per_node``): all in this one container, started
+  by the worker as rank 0 (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``; launchers/
+  ranks.py). One job never spans several containers.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 
 from atoll.launchers.base import LaunchError, LaunchRequest
 from atoll.launchers.images import choose_image
+from atoll.launchers.ranks import container_rank_env
 from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.names import address_host, is_loopback
 from atoll.spec.quantity import memory_to_bytes
@@ -148,6 +152,7 @@ def _environment(request: LaunchRequest) -> dict[str, str]:
     env["ATOLL_PARENT"] = request.parent_address
     if not request.resources.num_of_gpus:
         env["NVIDIA_VISIBLE_DEVICES"] = NO_GPU
+    env.update(container_rank_env(request))  # several ranks: all in this one container
     return dict(sorted(env.items()))
 
 

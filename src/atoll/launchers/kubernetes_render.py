@@ -7,7 +7,8 @@ applied on top. A template may not set what atoll owns (``LOCKED``) nor hand the
 such path is reported at once. The worker's container is the template's container named
 ``atoll-worker`` (created when the template has none); it always runs unprivileged, without
 capabilities or privilege escalation, under the runtime's default seccomp profile, with no
-service-account token, and with ``NVIDIA_VISIBLE_DEVICES=void`` when the job asks no GPU.
+service-account token, and with ``NVIDIA_VISIBLE_DEVICES=void`` when the job asks no GPU. A job
+of several processes runs them all in this one pod (launchers/ranks.py); never several pods.
 
 The Secret carries the credential *names* only: values are ``<set at launch>`` placeholders here,
 filled by ``KubernetesLauncher.launch``. The worker reads them through ``secretKeyRef``.
@@ -22,6 +23,7 @@ from typing import Any
 
 from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest
 from atoll.launchers.images import choose_image
+from atoll.launchers.ranks import container_rank_env
 from atoll.spec.errors import Issue
 from atoll.spec.names import address_host, is_loopback
 from atoll.spec.pod_template import (  # noqa: F401  (LOCKED: re-exported, the documented list)
@@ -187,6 +189,7 @@ def _env(request: LaunchRequest, secret: str) -> list[dict[str, Any]]:
     atoll_env.pop("ATOLL_PARENT_PID", None)  # the parent's PID means nothing in another pod
     if not request.resources.num_of_gpus:
         atoll_env["NVIDIA_VISIBLE_DEVICES"] = NO_GPU
+    atoll_env.update(container_rank_env(request))  # several ranks: all in this one pod
     env += [{"name": k, "value": v} for k, v in sorted(atoll_env.items())]
     env += [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}}

@@ -10,6 +10,8 @@
   sees only its run folder, its study's datasets at ``/data/<study>/<dataset>``, its Python
   runtime and its own processes (process_sandbox.py). ``sandbox: none`` is the site's explicit
   opt-out: the worker then runs with the parent's privileges.
+- Several processes (N > 1 GPUs, or ``processes_per_node``): the worker starts the other
+  ranks in its sandbox, one GPU each (launchers/ranks.py, worker/local_ranks.py).
 - Environment: atoll's variables, the study's ``env``, ``ATOLL_DATASETS`` (JSON name -> path),
   a few harmless variables of the parent (PATH, locale...: ``inherited_env``, the one read of
   the parent's environment in the launchers). Never the parent's whole environment: it may hold
@@ -66,6 +68,7 @@ from atoll.launchers.process_sandbox import (
     runtime_overlaps,
     sandbox_argv,
 )
+from atoll.launchers.ranks import processes_per_node, single_node_rendezvous
 from atoll.spec.site_config import ProcessSettings
 
 LOG_FILE = Path("logs") / "worker.log"
@@ -162,10 +165,12 @@ class ProcessLauncher(Launcher):
         else:
             env["ATOLL_PARENT_PID"] = str(self._parent_pid)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        processes = processes_per_node(request, res.num_of_gpus)
+        env.update(single_node_rendezvous(processes))
         # Math libraries (OpenMP, BLAS, PyTorch) size their thread pools from the host's cores,
         # not from the CPUs the worker is pinned to; oversubscribed, a small model runs 10x
         # slower. The study's env may still choose otherwise.
-        env.setdefault("OMP_NUM_THREADS", str(res.num_of_cpus))
+        env.setdefault("OMP_NUM_THREADS", str(max(1, res.num_of_cpus // processes)))
         mounts = dataset_mounts(request) if self.sandboxed else ()
         if entry is not None and entry.datasets:
             datasets = {name: d.source for name, d in sorted(entry.datasets.items())}

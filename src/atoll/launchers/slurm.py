@@ -31,13 +31,22 @@ from atoll.launchers.base import (
     Launcher,
     LaunchError,
     LaunchRequest,
+    Outcome,
     ProgressCallback,
     WorkerExit,
 )
+from atoll.launchers.job_files import read_job_file, read_tail
+from atoll.launchers.ranks import MAX_RANK_ERROR_BYTES, RANK_ERROR_FILE
 from atoll.launchers.request import launch_credentials
 from atoll.launchers.slurm_poller import BACKOFF_S, SlurmPoller, Watched
 from atoll.launchers.slurm_render import LOG_DIR, render_slurm, secrets_file_text
-from atoll.launchers.slurm_states import SACCT_FIELDS, SQUEUE_FIELDS, parse_sacct, parse_squeue
+from atoll.launchers.slurm_states import (
+    SACCT_FIELDS,
+    SQUEUE_FIELDS,
+    first_failed_task,
+    parse_sacct,
+    parse_squeue,
+)
 from atoll.spec.site_config import SlurmSettings
 
 log = logging.getLogger(__name__)
@@ -120,7 +129,31 @@ class SlurmLauncher(Launcher):
         job = self._watch(handle)
         job.done.wait()
         assert job.result is not None
-        return job.result
+        return self._naming_the_failed_rank(handle, job.result)
+
+    @staticmethod
+    def _naming_the_failed_rank(handle: Handle, result: WorkerExit) -> WorkerExit:
+        """A job of several tasks that failed: which rank failed first, on which node, and its
+        error if it left one (read as the job's files: never through a link it planted)."""
+        log_file = handle.extra.get("log_file")
+        if result.outcome is not Outcome.FAILED or not log_file:
+            return result
+        run_folder = Path(log_file).parents[1]
+        try:
+            text = read_tail(run_folder, Path(log_file).relative_to(run_folder), 65536)
+        except (OSError, ValueError):
+            return result
+        found = first_failed_task(text.decode("utf-8", "replace"))
+        if found is None:
+            return result
+        tasks, node, what = found
+        detail = f"rank {tasks} on {node} failed first: {what}"
+        if tasks.isdigit():
+            with contextlib.suppress(OSError):
+                error = read_job_file(run_folder, RANK_ERROR_FILE.format(rank=tasks),
+                                      MAX_RANK_ERROR_BYTES).decode("utf-8", "replace").strip()
+                detail += f" ({error})" if error else ""
+        return WorkerExit(result.outcome, f"{result.reason}; {detail}", result.exit_code)
 
     def cancel(self, handle: Handle) -> None:
         job = self._watch(handle)

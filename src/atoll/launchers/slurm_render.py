@@ -10,8 +10,11 @@ folder), which the script sources and deletes before it starts the worker.
 Resources (portable values are totals for the target; native ``launcher_spec`` values are per
 node; ``--mem`` and ``--gres`` are per node in Slurm):
 
-- ``--nodes=N --ntasks=N --ntasks-per-node=1``: one worker task per node (``nodes``, default 1).
-- ``--cpus-per-task``: ``cpus_per_node``, else ``num_of_cpus`` spread over the nodes (rounded up).
+- ``--nodes=N --ntasks=N*T --ntasks-per-node=T``: T tasks (processes, ranks) per node, one per
+  GPU of the node (``gpus_per_node``, else ``num_of_gpus``) or ``processes_per_node``; T is 1
+  without GPUs (launchers/ranks.py).
+- ``--cpus-per-task``: the node's CPUs shared among its T tasks (at least one each); the node's
+  CPUs are ``cpus_per_node``, else ``num_of_cpus`` spread over the nodes (rounded up).
 - ``--mem=<MiB>M``: ``mem_per_node``, else ``memory`` spread over the nodes; omitted when neither
   is given (the partition's default applies).
 - ``--gres=gpu:G``: ``gpus_per_node``, else ``num_of_gpus`` (single node); omitted for no GPU.
@@ -26,9 +29,12 @@ Sandboxes: ``none`` runs ``<python_path> <worker_args>`` on the node; ``apptaine
 ``apptainer exec --containall --cleanenv --no-home`` (``--nv`` with GPUs) with the run folder at
 ``/atoll/job`` and datasets at ``/data/<study>/<dataset>`` (ro/rw), passing variables as
 ``APPTAINERENV_*`` (the only ones ``--cleanenv`` lets in); ``pyxis`` adds ``--container-image``
-and ``--container-mounts`` to ``srun``. Multi-node jobs and pyxis start the worker through
-``srun`` (one task per node) with ``ATOLL_RANK``/``ATOLL_WORLD_SIZE`` from
-``SLURM_PROCID``/``SLURM_NTASKS``; a single bare or apptainer worker runs in the batch step itself
+and ``--container-mounts`` to ``srun``. Jobs of several tasks and pyxis start the worker
+through ``srun`` with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (and
+``ATOLL_RANK``/``ATOLL_WORLD_SIZE``) from ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``;
+with more than one task the batch script also sets ``MASTER_ADDR`` (the first node's NodeAddr)
+and ``MASTER_PORT`` (from the job id), and every rank but 0 loses the job's credentials before
+it starts (``rank_wrapper``). A single bare or apptainer worker runs in the batch step itself
 (rank 0 of 1), which also makes ``scancel`` faster.
 """
 
@@ -41,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.base import LaunchError, LaunchRequest
+from atoll.launchers.ranks import processes_per_node
 from atoll.launchers.request import TOKEN_VAR
 from atoll.spec.names import is_env_name
 from atoll.spec.quantity import memory_to_mib
@@ -57,7 +64,15 @@ APPTAINER_FLAGS = ("--containall", "--cleanenv", "--no-home")
 STUDY_DIRECTIVES = ("partition", "account", "qos")
 SITE_DIRECTIVES = ("constraint", "reservation")
 _UNSAFE_COMMENT = re.compile(r"[^A-Za-z0-9._-]+")
-RANK_WRAPPER = 'export {p}ATOLL_RANK="$SLURM_PROCID" {p}ATOLL_WORLD_SIZE="$SLURM_NTASKS"; exec "$@"'
+# Rendezvous for torch.distributed: rank 0 runs on the allocation's first node, reached at the
+# address Slurm itself uses for it (NodeAddr), on a port derived from the job id (the render
+# cannot know a free one; two jobs collide only if their ids differ by a multiple of 20000).
+RENDEZVOUS = [
+    'master_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+    'master_addr="$(scontrol show node "$master_node" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')"',
+    'export {p}MASTER_ADDR="${{master_addr:-$master_node}}" '
+    '{p}MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"',
+]
 
 
 def render_slurm(request: LaunchRequest) -> dict[str, Any]:
@@ -67,6 +82,7 @@ def render_slurm(request: LaunchRequest) -> dict[str, Any]:
     sandbox = study_slurm.get("sandbox") or settings.sandbox
     python = study_slurm.get("python_path") or settings.python_path
     topo = topology(request)
+    topo["tasks_per_node"] = processes_per_node(request, topo["gpus_per_node"])
     directives, sources = _directives(request, settings, study_slurm)
     workdir = Path(request.workdir)
     script_path = workdir / SCRIPT_FILE
@@ -79,10 +95,7 @@ def render_slurm(request: LaunchRequest) -> dict[str, Any]:
         f"--output={workdir / LOG_DIR / LOG_PATTERN}",
         "--export=NONE",  # the parent's environment may hold other studies' secrets
         "--no-requeue",  # a one-time job token cannot start a worker twice
-        f"--nodes={topo['nodes']}",
-        f"--ntasks={topo['nodes']}",
-        "--ntasks-per-node=1",
-        f"--cpus-per-task={topo['cpus_per_task']}",
+        *_task_flags(topo),
     ]
     if topo["mem_mib"] is not None:
         argv.append(f"--mem={topo['mem_mib']}M")
@@ -151,6 +164,17 @@ def topology(request: LaunchRequest) -> dict[str, Any]:
             )
         gpus = res.num_of_gpus // nodes
     return {"nodes": nodes, "cpus_per_task": cpus, "mem_mib": mem_mib, "gpus_per_node": gpus}
+
+
+def _task_flags(topo: dict[str, Any]) -> list[str]:
+    """One task per process: ``tasks_per_node`` on each node, the node's CPUs shared out."""
+    tasks = topo["tasks_per_node"]
+    return [
+        f"--nodes={topo['nodes']}",
+        f"--ntasks={topo['nodes'] * tasks}",
+        f"--ntasks-per-node={tasks}",
+        f"--cpus-per-task={max(1, topo['cpus_per_task'] // tasks)}",
+    ]
 
 
 def _directives(
@@ -292,9 +316,13 @@ def _script(
     lines += ["", "# The worker's environment."]
     env = _worker_env(request, contained)
     lines += [f"export {prefix}{key}={q(value)}" for key, value in env.items()]
-    multi = topo["nodes"] > 1 or sandbox == "pyxis"
+    ranks = topo["nodes"] * topo["tasks_per_node"]
+    multi = ranks > 1 or sandbox == "pyxis"
     if not multi:
         lines += [f"export {prefix}ATOLL_RANK=0 {prefix}ATOLL_WORLD_SIZE=1"]
+    if ranks > 1:
+        lines += ["", "# torch.distributed's rendezvous: rank 0 is on the first node."]
+        lines += [line.format(p=prefix) for line in RENDEZVOUS]
     if sandbox == "none" and request.study_runtime is not None:
         if request.study_runtime.secret_mounts:
             raise LaunchError(
@@ -302,7 +330,7 @@ def _script(
                 "container: set slurm.sandbox to apptainer or pyxis, or remove secret_mounts"
             )
     lines += ["", "# Start the worker."]
-    segments = _launch_segments(request, sandbox, python, topo, multi, prefix)
+    segments = _launch_segments(request, sandbox, python, topo, multi, prefix, secrets)
     lines.append("exec " + " \\\n    ".join(" ".join(map(q, seg)) for seg in segments))
     return "\n".join(lines) + "\n"
 
@@ -314,6 +342,7 @@ def _launch_segments(
     topo: dict[str, Any],
     multi: bool,
     prefix: str,
+    secrets: list[str],
 ) -> list[list[str]]:
     """The worker's command line as groups of words, one group per line of the script."""
     segments: list[list[str]] = []
@@ -321,10 +350,7 @@ def _launch_segments(
         segments.append(
             [
                 "srun",
-                f"--nodes={topo['nodes']}",
-                f"--ntasks={topo['nodes']}",
-                "--ntasks-per-node=1",
-                f"--cpus-per-task={topo['cpus_per_task']}",
+                *_task_flags(topo),
                 "--export=ALL",  # the batch step runs with SLURM_EXPORT_ENV=NONE
                 "--kill-on-bad-exit=1",
                 "--label",
@@ -338,7 +364,9 @@ def _launch_segments(
                 [f"--container-mounts={mounts}"],
                 [f"--container-workdir={CONTAINER_WORKDIR}", "--no-container-mount-home"],
             ]
-        segments.append(["/bin/sh", "-c", RANK_WRAPPER.format(p=prefix), "atoll-worker"])
+        wrapper = rank_wrapper(prefix, topo["nodes"] * topo["tasks_per_node"],
+                               topo["tasks_per_node"], secrets)
+        segments.append(["/bin/sh", "-c", wrapper, "atoll-worker"])
     if sandbox == "apptainer":
         image, _source = _image(request)
         gpu = ["--nv"] if topo["gpus_per_node"] else []
@@ -347,6 +375,22 @@ def _launch_segments(
         segments.append([apptainer_image(image)])
     segments.append([python, *request.worker_args])
     return segments
+
+
+def rank_wrapper(prefix: str, ranks: int, tasks_per_node: int, secrets: list[str]) -> str:
+    """What each srun task runs before the worker: its rank variables (PyTorch's names and
+    atoll's), and, on every rank but 0, the job's credentials removed: they reach every node in
+    the step's environment, but only rank 0 registers with the parent."""
+    p = prefix
+    if ranks == 1:  # pyxis's one task: rank 0 of 1, nothing to withhold
+        return f'export {p}ATOLL_RANK="$SLURM_PROCID" {p}ATOLL_WORLD_SIZE="$SLURM_NTASKS"; exec "$@"'
+    withheld = " ".join(sorted({*secrets, *(f"{p}{name}" for name in secrets)}))
+    return (
+        f'export {p}RANK="$SLURM_PROCID" {p}WORLD_SIZE="$SLURM_NTASKS" '
+        f'{p}LOCAL_RANK="$SLURM_LOCALID" {p}LOCAL_WORLD_SIZE={tasks_per_node} '
+        f'{p}ATOLL_RANK="$SLURM_PROCID" {p}ATOLL_WORLD_SIZE="$SLURM_NTASKS"; '
+        f'[ "$SLURM_PROCID" = 0 ] || unset {withheld}; exec "$@"'
+    )
 
 
 def secrets_file_text(values: dict[str, str]) -> str:

@@ -21,6 +21,7 @@ in the table is treated as "not finished", as submitit does: a newer Slurm may a
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass
 
@@ -169,6 +170,19 @@ def final_exit(
         log=log,
     )
     return WorkerExit(outcome, f"Slurm job {job.native_id}: {reason}", code)
+
+
+# srun's own line for a task that failed, e.g. "srun: error: n2: task 1: Killed". The ranks'
+# output is labelled ("1: ...", srun --label), so a script cannot print one by accident.
+_SRUN_TASK_ERROR = re.compile(
+    r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9][0-9,-]*): (?P<what>.+)$", re.M
+)
+
+
+def first_failed_task(log_text: str) -> tuple[str, str, str] | None:
+    """``(tasks, node, what)`` of the first failed task srun reports in a job's log."""
+    match = _SRUN_TASK_ERROR.search(log_text)
+    return (match["tasks"], match["node"], match["what"].strip()) if match else None
 
 
 def progress_note(job: JobState) -> str:

@@ -68,8 +68,18 @@ def cpu_quantity_to_millicores(value: str) -> int:
     return round(float(value) * 1000)
 
 
+def _processes_per_node() -> Any:
+    return Field(
+        None, ge=1, le=1024,
+        description=("Processes (torch.distributed ranks) on each node, like torchrun "
+                     "--nproc-per-node; default one per GPU of the node, else 1"),
+    )
+
+
 class ProcessJobSpec(NoNullModel):
-    """The process launcher takes no job settings: resources come from resource_spec."""
+    """Process keys a job may set; resources come from resource_spec."""
+
+    processes_per_node: int | None = _processes_per_node()
 
 
 class DockerJobSpec(NoNullModel):
@@ -83,6 +93,7 @@ class DockerJobSpec(NoNullModel):
     shm_size: str | None = Field(
         None, description="Size of /dev/shm, e.g. 2Gi (a positive integer with Mi, Gi or Ti)"
     )
+    processes_per_node: int | None = _processes_per_node()
 
     _shm = check_fields(check_memory, "shm_size")
 
@@ -107,6 +118,7 @@ class K8sJobSpec(NoNullModel):
     pending_timeout: int | None = Field(
         None, ge=1, description="Seconds the pod may stay Pending; at most the site's value"
     )
+    processes_per_node: int | None = _processes_per_node()
 
     @field_validator("cpu_request", mode="before")
     @classmethod
@@ -140,6 +152,7 @@ class SlurmJobSpec(NoNullModel):
     pending_timeout: int | None = Field(
         None, ge=1, description="Seconds the job may stay PENDING; at most the site's value"
     )
+    processes_per_node: int | None = _processes_per_node()
 
     _mem = check_fields(check_memory, "mem_per_node")
     _time = check_fields(_positive_slurm_time, "time")

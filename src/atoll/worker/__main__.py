@@ -16,8 +16,80 @@ import traceback
 from pathlib import Path
 
 from atoll.spec.errors import EXIT_CONNECTION, EXIT_FAILED, EXIT_INVALID
+from atoll.worker.local_ranks import (
+    LocalRanks,
+    become_rank_zero,
+    one_gpu_per_rank,
+    starts_local_ranks,
+    write_rank_error,
+)
 
 EXIT_CONFIG, EXIT_REFUSED = EXIT_INVALID, EXIT_CONNECTION  # what those rows mean for a worker
+TOKEN_VAR = "ATOLL_JOB_TOKEN"
+
+
+class RankFailed(Exception):
+    """Another rank of this site failed; its own error is the message."""
+
+
+def _error_line(exc: BaseException) -> str:
+    if isinstance(exc, RankFailed):
+        return str(exc)
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _peer_failed(stub, meta, peers: LocalRanks, reason: str) -> None:
+    """A child rank failed while rank 0 trains (maybe blocked in a collective): report, stop."""
+    import grpc
+
+    from atoll.wire import messages as msg
+
+    print(f"atoll worker: {reason}; stopping the site's other ranks", file=sys.stderr, flush=True)
+    peers.stop()
+    try:
+        stub.Finish(msg.Json(body=json.dumps({"ok": False, "error": reason[-2000:]})),
+                    metadata=meta, timeout=10)
+    except grpc.RpcError:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_FAILED)
+
+
+def _other_rank(job_id: str, role: str) -> int:
+    """A rank other than 0: no token, no link to the parent; it runs the site's script with
+    every task broadcast by rank 0 (atoll.fl.distributed)."""
+    os.environ.pop(TOKEN_VAR, None)
+    fd = os.environ.pop("ATOLL_CREDENTIALS_FD", "")
+    if fd:  # never for this rank; close it unread if a launcher passed one anyway
+        os.close(int(fd))
+    if role != "site":
+        print("atoll worker: only a site's worker runs with several ranks", file=sys.stderr)
+        return EXIT_CONFIG
+    from atoll.worker.lifeline import tie_to_parent
+
+    parent_pid = os.environ.get("ATOLL_PARENT_PID")
+    tie_to_parent(int(parent_pid) if parent_pid else None)
+    workdir = Path(os.environ.get("ATOLL_WORKDIR", os.getcwd()))
+    site = _env("ATOLL_SITE")
+    rank = int(os.environ["RANK"])
+    if not (workdir / "app").is_dir():
+        print(f"atoll worker: rank {rank} finds no app in {workdir}: the nodes of a multi-node "
+              "job must share the site's workspace folder", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        from atoll.fl.distributed import NoLink, Ranks
+        from atoll.fl.runner import run_site_app
+
+        datasets = json.loads(os.environ.get("ATOLL_DATASETS", "{}") or "{}")
+        run_site_app(NoLink(job_id, site), workdir / "app", site, datasets, Ranks.from_env())
+    except BaseException as exc:  # noqa: BLE001 - rank 0 reports it for the site
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            return 0
+        traceback.print_exc()
+        write_rank_error(workdir, rank, _error_line(exc))
+        return EXIT_FAILED
+    return 0
 
 
 def _env(name: str) -> str:
@@ -73,9 +145,17 @@ def _credentials() -> dict[str, str]:
 
 def main() -> int:
     job_id, role, parent = _env("ATOLL_JOB_ID"), _env("ATOLL_ROLE"), _env("ATOLL_PARENT")
+    starts_peers = role == "site" and starts_local_ranks(os.environ)
+    node_gpus: list[str | None] = []
+    if starts_peers:
+        node_gpus = become_rank_zero(os.environ)
+    else:
+        one_gpu_per_rank(os.environ)
+    if os.environ.get("RANK", "0") != "0":
+        return _other_rank(job_id, role)
     secret_values = _credentials()
-    token = secret_values.pop("ATOLL_JOB_TOKEN", "") or os.environ.get("ATOLL_JOB_TOKEN", "")
-    os.environ.pop("ATOLL_JOB_TOKEN", None)  # gone from the environment scripts inherit
+    token = secret_values.pop(TOKEN_VAR, "") or os.environ.get(TOKEN_VAR, "")
+    os.environ.pop(TOKEN_VAR, None)  # gone from the environment scripts inherit
     os.environ.update(secret_values)  # the study's secret_env, for the job's own code
     parent_pid = os.environ.get("ATOLL_PARENT_PID")
     workdir = Path(os.environ.get("ATOLL_WORKDIR", os.getcwd()))
@@ -111,7 +191,7 @@ def main() -> int:
     meta = (("x-atoll-worker", session),)
     print(f"atoll worker: job {job_id} role {role} registered with {parent}", flush=True)
 
-    ok, error = True, ""
+    ok, error, peers = True, "", None
     try:
         if not (workdir / "app").is_dir():  # a container, pod or compute node: fetch the app
             _fetch_app(stub, meta, workdir, os.environ.get("ATOLL_SITE", role))
@@ -126,6 +206,7 @@ def main() -> int:
             gc.freeze()  # see _exit_now
             run_server_app(channel, workdir / "app", info.get("job_args", {}))
         else:
+            from atoll.fl.distributed import Ranks
             from atoll.fl.runner import run_site_app
             from atoll.worker.grpc_channels import GrpcSiteChannel
 
@@ -134,16 +215,28 @@ def main() -> int:
             # The site's statistics rules, taken before the job's code runs (atoll.fl.statistics)
             rules = os.environ.pop("ATOLL_STATISTICS_RULES", "")
             channel = GrpcSiteChannel(stub, session, job_id, site, _handoff(info))
+            ranks = Ranks.from_env()
+            if starts_peers:  # after the app is here: the other ranks run it from the run folder
+                peers = LocalRanks(os.environ, workdir, node_gpus, {TOKEN_VAR, *secret_values})
+                peers.start()
+                peers.watch(lambda reason: _peer_failed(stub, meta, peers, reason))
             gc.freeze()  # see _exit_now
             run_site_app(channel, workdir / "app", site, datasets,
-                         statistics_rules=json.loads(rules) if rules else None)
+                         statistics_rules=json.loads(rules) if rules else None, ranks=ranks)
+            if peers is not None and (failure := peers.finish()):
+                raise RankFailed(failure)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the job's status
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             pass
         else:
             ok = False
-            traceback.print_exc()
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            if not isinstance(exc, RankFailed):
+                traceback.print_exc()
+            error = _error_line(exc)
+            if peers is not None and not isinstance(exc, RankFailed):
+                error = peers.root_cause() or error
+    if peers is not None:
+        peers.stop()
     try:
         stub.Finish(msg.Json(body=json.dumps({"ok": ok, "error": error[-2000:]})), metadata=meta,
                     timeout=10)

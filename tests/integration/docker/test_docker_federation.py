@@ -8,6 +8,8 @@ parent listens for its worker on 127.0.0.1: the container reaches it through the
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -24,7 +26,8 @@ STUDIES = {"dockerized": {"sites": ["site-d"], "admins": [ADMIN]}}
 
 @pytest.fixture(scope="module")
 def docker_federation(docker_engine: Engine, tmp_path_factory: pytest.TempPathFactory):
-    runtime = {"site-d": "format_version: 2\nstudies:\n  dockerized: {}\n"}
+    runtime = {"site-d": "format_version: 2\nstudies:\n  dockerized:\n    secret_env:\n"
+                         "      DDP_SECRET: {source: env, key: ATOLL_TEST_DDP_SECRET}\n"}
     fed = Federation.provisioned(
         tmp_path_factory.mktemp("docker-fed"), ["site-d"], USERS, STUDIES, runtime=runtime
     )
@@ -39,7 +42,8 @@ def docker_federation(docker_engine: Engine, tmp_path_factory: pytest.TempPathFa
         "capacity": {"gpus": 0, "cpus": 2, "memory": "2Gi"},
     }
     (fed.kit("site-d") / "local" / "site.yaml").write_text(yaml.safe_dump(site_yaml))
-    fed.start_all()
+    fed.start_server()
+    fed.start_site("site-d", env={"ATOLL_TEST_DDP_SECRET": "s3cr3t"})
     fed.wait_online(ADMIN)
     yield fed
     fed.stop_all()
@@ -58,3 +62,46 @@ def test_a_job_completes_on_a_docker_site(docker_federation: Federation, tmp_pat
     assert job["state"] == "FINISHED:COMPLETED", f"{job}\nsite-d log:\n{site_log}"
     worker_log = docker_federation.workspace("site-d") / "jobs" / job["job_id"] / "logs"
     assert (worker_log / "worker.log").exists()
+
+
+
+# The test job image has no torch (docker.sh builds it without): the ranks only record what they
+# were given, then exit without answering; the DDP training itself runs in the process and
+# Slurm federation tests.
+RANK_PROBE = """
+import json, os
+rank = os.environ["RANK"]
+with open(os.path.join(os.environ["ATOLL_WORKDIR"], f"probe-{rank}.json"), "w") as out:
+    json.dump({k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+               "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ATOLL_JOB_TOKEN",
+               "ATOLL_CREDENTIALS_FD", "DDP_SECRET")}, out)
+"""
+
+
+def test_two_ranks_start_in_the_jobs_one_container(docker_federation: Federation,
+                                                   tmp_path) -> None:
+    """launcher_spec docker.processes_per_node 2: the worker in the job's one container becomes
+    rank 0 (it alone registers and holds the token and the study's secrets) and starts rank 1
+    beside it."""
+    job_dir = make_job(tmp_path / "docker-ranks", script=RANK_PROBE, sites=["site-d"],
+                       round_timeout=20)
+    meta = json.loads((job_dir / "meta.json").read_text())
+    meta["resource_spec"] = {"@default": {"num_of_cpus": 1, "memory": "512Mi"}}
+    meta["launcher_spec"] = {"site-d": {"docker": {"processes_per_node": 2}}}
+    (job_dir / "meta.json").write_text(json.dumps(meta))
+    with docker_federation.session(ADMIN, study="dockerized") as session:
+        job = session.submit(job_dir, wait=True, timeout=180)
+    folder = docker_federation.workspace("site-d") / "jobs" / job["job_id"]
+    assert job["parts"]["site-d"]["state"] == "FINISHED:COMPLETED", job
+    probes = [json.loads((folder / f"probe-{r}.json").read_text()) for r in (0, 1)]
+    for rank, probe in enumerate(probes):
+        assert (probe["RANK"], probe["LOCAL_RANK"]) == (str(rank), str(rank))
+        assert (probe["WORLD_SIZE"], probe["LOCAL_WORLD_SIZE"]) == ("2", "2")
+        assert probe["MASTER_ADDR"] == "127.0.0.1" and probe["MASTER_PORT"].isdigit()
+        assert probe["ATOLL_JOB_TOKEN"] is None and probe["ATOLL_CREDENTIALS_FD"] is None
+    assert probes[0]["MASTER_PORT"] == probes[1]["MASTER_PORT"]
+    # The study's secret is in the container's environment: rank 0 keeps it, rank 1 never
+    # gets it.
+    assert (probes[0]["DDP_SECRET"], probes[1]["DDP_SECRET"]) == ("s3cr3t", None)
+    log = (folder / "logs" / "worker.log").read_text()
+    assert log.count("registered with") == 1, log

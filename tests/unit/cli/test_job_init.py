@@ -127,3 +127,16 @@ def test_a_non_empty_folder_is_not_overwritten(tmp_path):
 def test_reserved_site_names_are_refused(tmp_path):
     result = CliRunner().invoke(init_command, [str(tmp_path / "job"), "--sites", "server"])
     assert result.exit_code == 2 and "not a site name: server" in result.output
+
+
+def test_torch_ddp_template_trains_in_one_process(tmp_path):
+    """The simulator runs each site as one process (rank 0 of 1): the same script, no DDP.
+    With two ranks per site in a real federation: tests/integration/federation/
+    test_distributed_site.py."""
+    pytest.importorskip("torch")
+    job = _init(tmp_path, "--framework", "torch-ddp")
+    meta = json.loads((job / "meta.json").read_text())
+    assert meta["launcher_spec"]["default"]["slurm"] == {"processes_per_node": 2}
+    simulate(job, SITES, results_dir=tmp_path / "results")
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    assert summary["final_validation"]["accuracy"] > 0.8

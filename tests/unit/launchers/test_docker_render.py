@@ -302,3 +302,14 @@ def test_exit_codes_map_to_outcomes(
     result = exit_to_outcome(code, oom, error, "64Gi")
     assert result.outcome is outcome and result.exit_code == code
     assert reason in result.reason
+
+
+def test_a_job_of_several_ranks_runs_them_in_one_container() -> None:
+    env = run_kwargs(request_for(resource_spec={"@default": {"num_of_gpus": 4}}))["environment"]
+    assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["MASTER_ADDR"]) == ("4", "4",
+                                                                               "127.0.0.1")
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # the container's GPUs, one per rank
+    # Names (no values) of what rank 0 alone keeps: the token and the study's secrets.
+    assert env["ATOLL_RANK0_ONLY_ENV"] == "ATOLL_JOB_TOKEN,DB_PASSWORD,DB_USER"
+    one = run_kwargs(request_for(resource_spec={"@default": {"num_of_gpus": 1}}))["environment"]
+    assert "WORLD_SIZE" not in one and "CUDA_VISIBLE_DEVICES" not in one

@@ -374,3 +374,13 @@ def test_loopback_parent_needs_host_network() -> None:
 def test_launcher_render_is_the_pure_render() -> None:
     launcher = KubernetesLauncher(parse_site_config({"launcher": "k8s", "k8s": SITE}), api=object())
     assert launcher.render(request_for()) == render(request_for())
+
+
+def test_a_job_of_several_ranks_runs_them_in_one_pod() -> None:
+    spec = {"default": {"k8s": {"processes_per_node": 2}}}
+    pod = render(request_for(resource_spec={"@default": {"num_of_gpus": 0}},
+                             launcher_spec=spec))["pod"]
+    env = env_of(pod)
+    assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["MASTER_ADDR"]) == ("2", "2",
+                                                                               "127.0.0.1")
+    assert "CUDA_VISIBLE_DEVICES" not in env and "RANK" not in env

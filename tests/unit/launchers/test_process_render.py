@@ -201,3 +201,46 @@ def test_cpu_allocator_spreads_jobs_over_the_least_used_cpus():
     assert cpus.preview(2) == [2, 3]
     with pytest.raises(LaunchError, match="asks for 5 CPU"):
         cpus.allocate("d", 5)
+
+
+# --- several processes (torch.distributed ranks) ----------------------------------------------
+
+
+def _two_gpu_site(tmp_path):
+    local = tmp_path / "local2"
+    local.mkdir()
+    (local / "site.yaml").write_text(
+        "launcher: process\nprocess: {gpu_ids: ['3', '5', '6'], sandbox: none}\n")
+    return load_site_config(local), None
+
+
+def test_a_job_asking_two_gpus_runs_two_ranks_in_one_sandbox(tmp_path):
+    site2 = _two_gpu_site(tmp_path)
+    meta = load_meta({"name": "ddp", "deploy_map": {"app": ["@ALL"]},
+                      "resource_spec": {"@default": {"num_of_gpus": 2, "num_of_cpus": 4}}})
+    launcher = ProcessLauncher(site2[0], parent_pid=1, cpus=[0, 1, 2, 3], share_cpus=False)
+    env = launcher.render(request_for(site2, meta=meta))["env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "3,5"  # the worker deals them out, one per rank
+    assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["MASTER_ADDR"]) == ("2", "2",
+                                                                               "127.0.0.1")
+    assert "RANK" not in env and "MASTER_PORT" not in env  # rank 0 picks a free port
+    assert env["OMP_NUM_THREADS"] == "2"  # the job's 4 CPUs shared by its 2 processes
+    # The server's workflow is always one process, whatever the job asks.
+    server = launcher.render(request_for(site2, target="server", meta=meta))["env"]
+    assert "WORLD_SIZE" not in server and server["OMP_NUM_THREADS"] == "4"
+
+
+def test_processes_per_node_without_gpus_and_a_mismatch(tmp_path):
+    site2 = _two_gpu_site(tmp_path)
+    launcher = ProcessLauncher(site2[0], parent_pid=1, cpus=[0, 1], share_cpus=False)
+
+    def meta(gpus, processes):
+        return load_meta({"name": "ddp", "deploy_map": {"app": ["@ALL"]},
+                          "resource_spec": {"@default": {"num_of_gpus": gpus, "num_of_cpus": 2}},
+                          "launcher_spec": {"default": {"process": {
+                              "processes_per_node": processes}}}})
+
+    env = launcher.render(request_for(site2, meta=meta(0, 3)))["env"]
+    assert env["LOCAL_WORLD_SIZE"] == "3" and env["CUDA_VISIBLE_DEVICES"] == ""
+    with pytest.raises(LaunchError, match="processes_per_node is 3 but the job asks 2 GPU"):
+        launcher.render(request_for(site2, meta=meta(2, 3)))

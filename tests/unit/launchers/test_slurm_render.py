@@ -160,23 +160,85 @@ def test_multi_node_golden() -> None:
     launcher_spec = {"university": {"slurm": {"nodes": 2, "gpus_per_node": 4, "time": "30:00"}}}
     rendered = render_slurm(request_for("university", launcher_spec=launcher_spec))
     assert_golden("slurm/multi_node", golden(rendered))
+    # One task (rank) per GPU: 4 on each of 2 nodes, the node's CPUs shared (at least one each).
     for flag, value in (
         ("nodes", "2"),
-        ("ntasks", "2"),
-        ("ntasks-per-node", None),
+        ("ntasks", "8"),
+        ("ntasks-per-node", "4"),
         ("gres", "gpu:4"),
-        ("cpus-per-task", "2"),
+        ("cpus-per-task", "1"),
         ("mem", "32768M"),
         ("time", "30:00"),
     ):
-        if value is not None:
-            assert argv_value(rendered, flag) == value, flag
-    assert "--ntasks-per-node=1" in rendered["sbatch_argv"]
+        assert argv_value(rendered, flag) == value, flag
     script = rendered["script"]
-    assert "exec srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2" in script
-    assert 'export ATOLL_RANK="$SLURM_PROCID" ATOLL_WORLD_SIZE="$SLURM_NTASKS"' in script
+    assert "exec srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=1" in script
+    assert_rendezvous(script, prefix="", tasks_per_node=4)
     assert "ATOLL_RANK=0" not in script
     bash_syntax_ok(script)
+
+
+def assert_rendezvous(script: str, prefix: str, tasks_per_node: int) -> None:
+    """PyTorch's rendezvous variables, and the credentials withheld from every rank but 0."""
+    p = prefix
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in script
+    assert f'export {p}MASTER_ADDR="${{master_addr:-$master_node}}" ' in script
+    assert f'{p}MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"' in script
+    assert (f'export {p}RANK="$SLURM_PROCID" {p}WORLD_SIZE="$SLURM_NTASKS" '
+            f'{p}LOCAL_RANK="$SLURM_LOCALID" {p}LOCAL_WORLD_SIZE={tasks_per_node} ') in script
+    withheld = script.split('[ "$SLURM_PROCID" = 0 ] || unset ', 1)[1].split(";", 1)[0].split()
+    assert {"ATOLL_JOB_TOKEN", "DB_PASSWORD", f"{p}ATOLL_JOB_TOKEN", f"{p}DB_PASSWORD"} <= set(
+        withheld)
+
+
+MULTI_NODE = {"university": {"slurm": {"nodes": 2, "gpus_per_node": 4, "time": "30:00"}}}
+
+
+def test_apptainer_multi_node_golden() -> None:
+    study = {**PATHOLOGY, "slurm": {"sandbox": "apptainer"}}
+    rendered = render_slurm(request_for("university", study=study, launcher_spec=MULTI_NODE))
+    assert_golden("slurm/apptainer_multi_node", golden(rendered))
+    script = rendered["script"]
+    assert_rendezvous(script, prefix="APPTAINERENV_", tasks_per_node=4)
+    # srun starts one task per GPU; each runs apptainer on its node.
+    assert "exec srun --nodes=2 --ntasks=8 --ntasks-per-node=4" in script
+    assert script.index("atoll-worker") < script.index("apptainer exec")
+    bash_syntax_ok(script)
+
+
+def test_pyxis_multi_node_golden() -> None:
+    study = {**PATHOLOGY, "slurm": {"sandbox": "pyxis"}}
+    rendered = render_slurm(request_for("university", study=study, launcher_spec=MULTI_NODE))
+    assert_golden("slurm/pyxis_multi_node", golden(rendered))
+    script = rendered["script"]
+    assert_rendezvous(script, prefix="", tasks_per_node=4)
+    assert "--container-image=registry.example.com#pathology-trainer:1.0" in script
+    bash_syntax_ok(script)
+
+
+def test_processes_per_node_one_keeps_one_task_per_node() -> None:
+    spec = {"university": {"slurm": {"nodes": 2, "gpus_per_node": 4, "processes_per_node": 1}}}
+    rendered = render_slurm(request_for("university", launcher_spec=spec))
+    assert argv_value(rendered, "ntasks") == "2" and argv_value(rendered, "cpus-per-task") == "2"
+    assert_rendezvous(rendered["script"], prefix="", tasks_per_node=1)
+
+
+def test_processes_per_node_must_match_the_gpus() -> None:
+    spec = {"university": {"slurm": {"nodes": 2, "gpus_per_node": 4, "processes_per_node": 3}}}
+    with pytest.raises(LaunchError, match="processes_per_node is 3 .* 4 GPU"):
+        render_slurm(request_for("university", launcher_spec=spec))
+
+
+def test_one_task_renders_no_rendezvous_and_withholds_nothing() -> None:
+    script = render_slurm(request_for("hospital-a"))["script"]
+    assert "MASTER_ADDR" not in script and "unset" not in script
+    assert "export ATOLL_RANK=0 ATOLL_WORLD_SIZE=1" in script
+
+
+def test_the_server_never_runs_several_processes() -> None:
+    spec = {"server": {"slurm": {"processes_per_node": 4}}}
+    rendered = render_slurm(request_for("server", launcher_spec=spec))
+    assert argv_value(rendered, "ntasks") == "1"
 
 
 def test_native_per_node_values_win_over_spreading() -> None:

@@ -15,6 +15,7 @@ from atoll.launchers.slurm_states import (
     JobState,
     decode_wait_status,
     final_exit,
+    first_failed_task,
     parse_sacct,
     parse_squeue,
     progress_note,
@@ -228,3 +229,26 @@ def test_close_releases_waiters_and_refuses_new_jobs() -> None:
     assert job.result.outcome is Outcome.ABORTED and "stopped watching" in job.result.reason
     with pytest.raises(RuntimeError, match="closed"):
         poller.watch(watched("8"))
+
+
+# --- which rank of a multi-task job failed first (srun's own lines in the job's log) -----------
+
+
+SRUN_LOG = """0: atoll worker: job 1234 role site registered with 127.0.0.1:33451
+1: Traceback (most recent call last):
+1: RuntimeError: srun: error: n9: task 7: forged by the script, on a labelled line
+srun: error: n2: task 1: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=3.0
+srun: error: n1: task 0: Terminated
+"""
+
+
+def test_the_first_failed_task_is_read_from_sruns_lines() -> None:
+    assert first_failed_task(SRUN_LOG) == ("1", "n2", "Killed")
+    assert first_failed_task("srun: error: n1: tasks 0-1: Exited with exit code 1\n") == (
+        "0-1", "n1", "Exited with exit code 1")
+
+
+def test_a_log_without_srun_errors_names_no_task() -> None:
+    assert first_failed_task("") is None
+    assert first_failed_task("0: srun: error: n2: task 1: Killed\n") is None  # a rank's own line

@@ -42,9 +42,10 @@ def site(launcher, **block):
 
 def test_allowlists_per_backend():
     assert ALLOWED_KEYS == {
-        "process": (),
-        "docker": ("image", "shm_size"),
-        "k8s": ("image", "cpu_request", "memory_request", "ephemeral_storage", "pending_timeout"),
+        "process": ("processes_per_node",),
+        "docker": ("image", "shm_size", "processes_per_node"),
+        "k8s": ("image", "cpu_request", "memory_request", "ephemeral_storage", "pending_timeout",
+                "processes_per_node"),
         "slurm": (
             "nodes",
             "gpus_per_node",
@@ -52,6 +53,7 @@ def test_allowlists_per_backend():
             "mem_per_node",
             "time",
             "pending_timeout",
+            "processes_per_node",
         ),
     }
     for model in JOB_SPEC_MODELS.values():

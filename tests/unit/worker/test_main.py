@@ -127,3 +127,34 @@ def test_the_token_in_the_pipe_registers_and_a_failure_reaches_the_parent(parent
     assert (job_id, ok) == ("job-2", False)
     assert "no app for job job-2 here" in error and "no app for job job-2 here" in done.stderr
     assert tokens.exchange("job-2", token) is None  # spent by the worker
+
+
+def test_a_rank_other_than_0_never_registers_nor_reads_credentials(parent, tmp_path):
+    """Rank 1 must leave the job token unspent for rank 0 and never read the pipe."""
+    _, tokens, address = parent
+    token = tokens.issue("job-3")
+    fd = credentials_pipe({"ATOLL_JOB_TOKEN": token})
+    env = {"ATOLL_JOB_ID": "job-3", "ATOLL_ROLE": "site", "ATOLL_SITE": "site-1",
+           "ATOLL_PARENT": address, "ATOLL_WORKDIR": str(tmp_path), "ATOLL_JOB_TOKEN": token,
+           "ATOLL_CREDENTIALS_FD": str(fd), "RANK": "1", "WORLD_SIZE": "2"}
+    try:
+        done = _worker(env, tmp_path, pass_fds=(fd,))
+        assert os.read(fd, 100).startswith(b'{"ATOLL_JOB_TOKEN"')  # still unread
+    finally:
+        os.close(fd)
+    assert done.returncode == EXIT_CONFIG  # no app here: the nodes must share the workspace
+    assert "rank 1 finds no app in" in done.stderr
+    assert "registered" not in done.stdout
+    assert tokens.exchange("job-3", token) is not None  # unspent: rank 0's to use
+
+
+def test_the_worker_started_for_several_processes_becomes_rank_0_with_one_gpu():
+    from atoll.worker.local_ranks import become_rank_zero, starts_local_ranks
+
+    env = {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "CUDA_VISIBLE_DEVICES": "7,9"}
+    assert starts_local_ranks(env)
+    assert become_rank_zero(env) == ["7", "9"]
+    assert (env["RANK"], env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "0", "7")
+    assert env["MASTER_PORT"].isdigit()
+    assert not starts_local_ranks(env)  # a rank already: it starts no others
