@@ -106,8 +106,10 @@ def dataset_path(name: str) -> Path:
 
 
 def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
-    """Send intermediate metrics (e.g. per epoch) to the job's status and logs right away."""
-    session = current()
+    """Record intermediate metrics (e.g. per epoch): in the job's status and logs and the site's
+    experiment tracker right away, and in the job's metrics files and plot (phase ``log``) with
+    this site's next training result."""
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise TypeError(f"fl.log_metrics(step=...) takes an int, got {step!r}")
     clean = Model(metrics=metrics).metrics  # validates: names -> floats
-    round_ = session._model.round if session._model is not None else None
-    session.report({"event": "site_metrics", "round": round_, "step": step, "metrics": clean})
+    current().log_metrics(clean, step)

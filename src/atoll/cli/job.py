@@ -50,9 +50,9 @@ def _metrics(metrics: dict[str, Any] | None) -> list[str]:
 
 
 def _round(event: dict[str, Any]) -> str:
-    """The 1-based round of a progress event (written by the job's workflow: any type)."""
-    value = event.get("round", 0)
-    return str(value + 1) if isinstance(value, int) else printable(value)
+    """The round of a progress event: counted from 1, as in the job's metrics files and logs
+    (written by the job's workflow: any type)."""
+    return printable(event.get("round", "-"))
 
 
 def _status_text(job: dict[str, Any]) -> str:
@@ -171,8 +171,9 @@ def logs(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
     if metrics:
         text.append("==> metrics <==")
         for event in metrics:
-            text.append(f"{printable(event['source']):<16} round "
-                        f"{printable(event.get('round', '-'))}: {' '.join(_metrics(event['metrics']))}")
+            step = f" step {printable(event['step'])}" if event.get("step") is not None else ""
+            text.append(f"{printable(event['source']):<16} round {_round(event)}{step}: "
+                        f"{' '.join(_metrics(event['metrics']))}")
     emit(answer, fmt, "\n".join(text) or "no logs yet")
 
 

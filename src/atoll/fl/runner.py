@@ -10,7 +10,8 @@ The worker (``python -m atoll.worker``) connects its channel, then calls one of:
   with its traceback, for the worker to print to the job's log; ``sys.exit(0)`` is a success.
 
 ``job_args`` are job-level settings the workflow may use as defaults (``min_clients`` from
-meta.json); unknown keys are ignored.
+meta.json, the job's ``name``); the runner adds ``job_id`` and app.yaml's ``tracking`` (for the
+workflow's ``MetricsLog``); unknown keys are ignored.
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, An
         initial = load_initial_model(app_dir, config.server.initial_model)
     from atoll.fl.workflows import WORKFLOWS  # the server's alone: site workers skip it
 
-    WORKFLOWS[config.server.workflow](channel, args, initial, dict(job_args or {}))
+    job_args = {"job_id": channel.job_id, **(job_args or {}), "tracking": config.server.tracking}
+    WORKFLOWS[config.server.workflow](channel, args, initial, job_args)
 
 
 def _site_section(app_dir: Path) -> SiteSection:
@@ -136,7 +138,10 @@ def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[
     app_dir = Path(app_dir)
     section = _site_section(app_dir)
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config))
+    from atoll.fl.tracking import site_streamer
+
+    tracking = site_streamer(site, channel.job_id)
+    bind(ClientSession(channel, site, datasets, section.config, tracking))
     saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
     try:
         sys.argv = [str(script), *section.args]
@@ -149,6 +154,8 @@ def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
         unbind()
+        if tracking is not None:
+            tracking.close()
 
 
 def run_site_app_in_thread(

@@ -255,7 +255,7 @@ def simulate(
         list(sites), results, job_id=f"sim-{uuid.uuid4().hex[:8]}", on_event=on_event
     )
     if job_args is None:
-        job_args = {k: meta[k] for k in ("min_clients", "mandatory_clients") if k in meta}
+        job_args = {k: meta[k] for k in ("min_clients", "mandatory_clients", "name") if k in meta}
     site_errors: dict[str, str] = {}
 
     def site_main(site: str) -> None:

@@ -40,7 +40,7 @@ def run_scatter_gather(
     params = dict(initial.params) if initial else {"payload": make_payload(args.payload_bytes)}
     sent = {name: digest(a) for name, a in params.items()}
     rounds: list[dict[str, Any]] = []
-    for round_ in range(args.num_rounds):
+    for round_ in range(1, args.num_rounds + 1):  # 1-based, as users see rounds
         started = time.monotonic()
         model = Model(params=params, round=round_, meta={"total_rounds": args.num_rounds})
         headers = {"round": round_, "total_rounds": args.num_rounds}
