@@ -32,5 +32,6 @@ while fl.is_running():
     # rounds count from 1; not the site name: results must not depend on it
     seed = settings.seed + 1000 * model.current_round
     loss = train(net, x_train, y_train, settings.epochs, settings, seed=seed)
+    fl.log_metrics({"local_loss": loss}, step=model.current_round)  # metrics files, trackers
     metrics = {"loss": loss, **{f"val_{k}": v for k, v in evaluate(net, x_val, y_val).items()}}
     fl.send(fl.Model(params=to_params(net), num_examples=len(y_train), metrics=metrics))

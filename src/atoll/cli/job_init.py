@@ -28,8 +28,24 @@ _SERVER_ARGS = {
 }
 
 
+FEDPROX_MARK = "  # fedprox"  # a template line only the fedprox job keeps
+
+
 def _template(name: str) -> str:
     return resources.files("atoll.fl").joinpath("templates", name).read_text(encoding="utf-8")
+
+
+def _site_script(name: str, workflow: str) -> str:
+    """A training template for ``workflow``: FedProx keeps the lines that apply the proximal
+    term (marked ``# fedprox``), every other workflow drops them."""
+    lines = []
+    for line in _template(name).splitlines(keepends=True):
+        code, mark, rest = line.partition(FEDPROX_MARK)
+        if not mark:
+            lines.append(line)
+        elif workflow == "fedprox":
+            lines.append(code + (f"  #{rest[1:]}" if rest.strip(": \n") else "\n"))
+    return "".join(lines)
 
 
 def render_job(name: str, workflow: str, sites: list[str], framework: str) -> dict[str, str]:
@@ -57,7 +73,7 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str) -> di
     return {
         "meta.json": json.dumps(meta, indent=2) + "\n",
         "app/app.yaml": app_yaml,
-        "app/train.py": _template(script),
+        "app/train.py": _site_script(script, workflow),
     }
 
 
