@@ -23,9 +23,7 @@ Plain numpy training loops use ``proximal_gradient`` (add it to the task's gradi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
