@@ -32,8 +32,10 @@ def exit_codes() -> str:
             "Every command, parent (`atoll server|site start`) and worker exits with one of these "
             "codes; an error's message says what to do. The table is `EXIT_CODES` in "
             "`src/atoll/spec/errors.py`, where each exception class names its code. With "
-            "`--format json` a failing command prints `{\"ok\": false, \"errors\": [{\"file\", "
-            "\"path\", \"message\"}, ...]}` on stdout instead of the text on stderr.\n",
+            "`--format json` a failing command prints `{\"error\": {\"code\": \"INVALID\", "
+            "\"exit_code\": 2, \"message\": \"...\", \"problems\": [{\"file\", \"path\", "
+            "\"message\"}, ...]}}` on stdout instead of `error: ...` on stderr (`code` is the name "
+            "in this table; `problems` lists a document's problems one by one).\n",
             "| code | name | meaning |", "| ---: | --- | --- |"]
     rows += [f"| {code} | `{name}` | {meaning} |" for code, name, meaning in EXIT_CODES]
     return "\n".join(rows) + "\n"
