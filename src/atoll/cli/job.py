@@ -204,5 +204,5 @@ def download(job_id: str, kit: Path | None, study: str | None, out: Path, fmt: s
     """Download a job's results (models, metrics, plots, logs) into OUT/JOB_ID."""
     with open_session(kit) as session:
         path = session.download(job_id, out, study)
-    emit({"job_id": job_id, "path": str(path)}, fmt,
+    emit({"job_id": job_id, "path": str(path.resolve())}, fmt,
          f"results of job {printable(job_id)} in {printable(path)}")
