@@ -41,6 +41,39 @@ def exit_codes() -> str:
     return "\n".join(rows) + "\n"
 
 
+# The environment variables the CLI reads (tests/unit/cli/test_cli_docs.py checks that every
+# ATOLL_* name in src/atoll/cli and src/atoll/admin is here).
+ENVIRONMENT = (
+    ("ATOLL_HOME", "`~/.atoll`", "where `atoll login` saves the session (`session.json`, 0600) "
+     "and, by default, `atoll poc` keeps its federation (`$ATOLL_HOME/poc`)"),
+    ("ATOLL_KIT", "none", "an admin's startup kit for every command that talks to the server, "
+     "instead of `--kit` or the kit of `atoll login`"),
+    ("ATOLL_POC_WORKSPACE", "`$ATOLL_HOME/poc`", "where `atoll poc up|down` provision and run "
+     "the local federation (`--workspace` wins)"),
+)
+
+
+def environment() -> str:
+    rows = ["## Environment variables\n",
+            "Settings of the command line; a job's workers get their own (`ATOLL_*` names are "
+            "set by the launcher, see docs/site-config.md).\n",
+            "| variable | default | what it sets |", "| --- | --- | --- |"]
+    rows += [f"| `{name}` | {default} | {what} |" for name, default, what in ENVIRONMENT]
+    return "\n".join(rows) + "\n"
+
+
+def completion() -> str:
+    return "\n".join([
+        "## Shell completion\n",
+        "`atoll` completes its commands and options in bash, zsh and fish (click's completion). "
+        "Add the line for your shell to its start-up file:\n",
+        "```bash",
+        'eval "$(_ATOLL_COMPLETE=bash_source atoll)"     # ~/.bashrc',
+        'eval "$(_ATOLL_COMPLETE=zsh_source atoll)"      # ~/.zshrc',
+        "_ATOLL_COMPLETE=fish_source atoll | source      # ~/.config/fish/completions/atoll.fish",
+        "```\n"])
+
+
 def render() -> str:
     parts = ["# atoll command line\n",
              "Generated from the CLI by `scripts/gen_cli_docs.py`; `make test` checks it is "
@@ -52,6 +85,8 @@ def render() -> str:
         parts.append("```text\n" + command.get_help(ctx).replace("Usage: atoll", "Usage: atoll")
                      + "\n```\n")
     parts.append(exit_codes())
+    parts.append(environment())
+    parts.append(completion())
     return "\n".join(parts)
 
 
