@@ -86,3 +86,21 @@ def test_every_exit_code_is_in_the_cli_reference(code, name, _):
 
     reference = (Path(__file__).resolve().parents[3] / "docs" / "cli.md").read_text()
     assert f"| {code} | `{name}` |" in reference
+
+
+def test_a_mistyped_command_line_is_one_error_line_too(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATOLL_HOME": str(tmp_path)}
+    typo = subprocess.run([sys.executable, "-m", "atoll", "job", "frob"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 2 and typo.stdout == ""
+    assert typo.stderr.endswith("\nerror: No such command 'frob'.\n")
+    assert "Try 'atoll job -h' for help." in typo.stderr
+    missing = subprocess.run([sys.executable, "-m", "atoll", "job", "status", "--format", "json"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and missing.stderr == ""
+    assert json.loads(missing.stdout) == {"error": {
+        "code": "INVALID", "exit_code": 2, "message": "Missing argument 'JOB_ID'."}}
