@@ -41,12 +41,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """A real MLflow tracking server (SQLite backend) on a free local port."""
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server (SQLite backend) on a free local port, for this module."""
     port = _free_port()
-    folder = tmp_path / "mlflow"
-    folder.mkdir()
+    folder = tmp_path_factory.mktemp("mlflow")
     log = open(folder / "server.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
@@ -163,3 +162,54 @@ def test_the_demo_jobs_metrics_stream_to_a_real_mlflow_server_while_it_runs(tmp_
     own_loss = client.get_metric_history(own.info.run_id, "train/loss")
     assert sorted(m.step for m in own_loss) == [1, 2, 3, 4, 5, 6]
     assert "local_loss" in own.data.metrics  # fl.log_metrics, streamed by the site itself
+
+
+CRASHING_SITE = """
+import numpy as np
+import atoll.client as fl
+fl.init()
+while fl.is_running():
+    model = fl.receive()
+    if fl.site_name() == "b" and model.current_round == 2:
+        raise RuntimeError("disk full")
+    if fl.is_evaluate():
+        fl.send(fl.Model(metrics={"accuracy": 0.5}, num_examples=1))
+        continue
+    fl.send(fl.Model(params={"w": np.ones(2)}, num_examples=1, metrics={"loss": 1.0}))
+"""
+
+
+def _simulated_job(tmp_path: Path, uri: str, experiment: str) -> Path:
+    job = tmp_path / "job"
+    (job / "app").mkdir(parents=True)
+    (job / "meta.json").write_text('{"name": "crash", "deploy_map": {"app": ["@ALL"]}}')
+    (job / "app" / "app.yaml").write_text(yaml.safe_dump({
+        "server": {"workflow": "fedavg", "args": {"num_rounds": 3, "min_clients": 2},
+                   "tracking": {"mlflow": {"tracking_uri": uri, "experiment": experiment}}},
+        "site": {"script": "train.py"}}))
+    (job / "app" / "train.py").write_text(CRASHING_SITE)
+    return job
+
+
+def test_a_failed_job_ends_its_runs_as_failed(tmp_path, mlflow_server):
+    from atoll.fl.simulator import simulate
+
+    simulate(_simulated_job(tmp_path, mlflow_server, "crashing"), {"a": {}, "b": {}},
+             results_dir=tmp_path / "out", raise_on_error=False)
+    runs = _runs(mlflow.MlflowClient(mlflow_server), "crashing")
+    assert set(runs) >= {"a", "b"} and len(runs) == 3
+    assert {run.info.status for run in runs.values()} == {"FAILED"}
+    parent = next(run for name, run in runs.items() if name not in ("a", "b"))
+    assert [m.step for m in mlflow.MlflowClient(mlflow_server).get_metric_history(
+        parent.info.run_id, "validate/accuracy")] == [1]  # round 1 made it before the crash
+
+
+def test_an_unreachable_tracking_server_costs_a_warning_not_the_job(tmp_path, caplog):
+    from atoll.fl.simulator import simulate
+
+    job = _simulated_job(tmp_path, f"http://127.0.0.1:{_free_port()}", "nowhere")
+    (job / "app" / "train.py").write_text(CRASHING_SITE.replace('"b"', '"nobody"'))
+    result = simulate(job, {"a": {}, "b": {}}, results_dir=tmp_path / "out")
+    assert result.site_errors == {}
+    assert (tmp_path / "out" / "summary.json").is_file()
+    assert "MLflow tracking to http://127.0.0.1:" in caplog.text and "is off" in caplog.text

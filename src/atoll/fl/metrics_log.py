@@ -19,6 +19,7 @@ import csv
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +83,11 @@ class MetricsLog:
             self.record(entry["round"], LOGGED, site, entry["metrics"], step=entry["step"])
 
     def close(self, plot: bool = True) -> Path | None:
-        """Close the files and trackers, draw the training curves; returns the PNG's path."""
+        """Close the files and trackers, draw the training curves; returns the PNG's path.
+        Called while the workflow's exception propagates, the trackers' runs end as failed."""
         self._jsonl.close()
         self._csv_file.close()
-        self._tracking.close()
+        self._tracking.close(failed=sys.exc_info()[0] is not None)
         if not plot:
             return None
         from atoll.fl.plots import plot_training_curves

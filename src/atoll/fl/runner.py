@@ -155,7 +155,7 @@ def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[
         os.chdir(saved_cwd)
         unbind()
         if tracking is not None:
-            tracking.close()
+            tracking.close(failed=sys.exc_info()[0] is not None)
 
 
 def run_site_app_in_thread(

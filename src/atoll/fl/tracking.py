@@ -63,7 +63,7 @@ class Record:
 class Tracker(Protocol):
     def log(self, record: Record) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, failed: bool = False) -> None: ...
 
 
 class TrackingError(RuntimeError):
@@ -89,7 +89,7 @@ class TensorBoardTracker:
                                    walltime=record.timestamp)
         self.writer.flush()  # live: TensorBoard shows the round as soon as it is recorded
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.writer.close()
 
 
@@ -164,9 +164,9 @@ class MlflowTracker:
         if metrics:
             self.client.log_batch(self._run_of(record.site), metrics=metrics)
 
-    def close(self, status: str = "FINISHED") -> None:
+    def close(self, failed: bool = False) -> None:
         for run_id in [*self.site_runs.values(), self.run_id]:
-            self.client.set_terminated(run_id, status=status)
+            self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
 
 
 # --- streaming --------------------------------------------------------------------------------------
@@ -201,14 +201,16 @@ class Streamer:
         log.warning("experiment tracking to %s stopped: %s", type(tracker).__name__, exc)
         self.trackers.remove(tracker)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Send what is queued, then end each tracker's runs (as failed when the job's part
+        failed)."""
         if not self._thread.is_alive():
             return
         self._queue.put(None)
         self._thread.join(self.CLOSE_WAIT_S)
         for tracker in list(self.trackers):
             try:
-                tracker.close()
+                tracker.close(failed)
             except Exception as exc:  # noqa: BLE001
                 self._drop(tracker, exc)
 
