@@ -304,7 +304,7 @@ class AdminService:
         record = self._job(study, body.get("job_id"))
         out = job_summary(record)
         out["version"] = version
-        out["progress"] = recent_progress(self.store.events(record.id))
+        out["progress"] = self.store.recent_events(record.id)
         return out
 
     def job_logs(self, who, study, body):
@@ -417,14 +417,3 @@ def _target(body: dict[str, Any], study: str) -> str:
             return str(body[key])
     return study
 
-
-PROGRESS_SHOWN = 50
-
-
-def recent_progress(events: list[dict]) -> list[dict]:
-    """The latest events of a job's status: the workflow's own (rounds, the end) and the
-    sites' (``fl.log_metrics``), up to PROGRESS_SHOWN of each, in time order, so that a site
-    logging every batch cannot push the rounds out of what a watcher sees."""
-    server = [e for e in events if e.get("source") == "server"][-PROGRESS_SHOWN:]
-    others = [e for e in events if e.get("source") != "server"][-PROGRESS_SHOWN:]
-    return sorted(server + others, key=lambda e: e.get("at", 0.0))

@@ -3,7 +3,7 @@ not push the workflow's rounds out of what a watcher sees."""
 
 from __future__ import annotations
 
-from atoll.server.admin_service import PROGRESS_SHOWN, recent_progress
+from atoll.server.store import PROGRESS_SHOWN, recent_progress
 
 
 def test_the_workflows_rounds_stay_visible_among_many_site_events():
