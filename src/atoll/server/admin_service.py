@@ -416,4 +416,3 @@ def _target(body: dict[str, Any], study: str) -> str:
         if isinstance(body.get(key), str | int):
             return str(body[key])
     return study
-
