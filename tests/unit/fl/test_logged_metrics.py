@@ -70,3 +70,4 @@ def test_malformed_logged_entries_from_a_site_are_skipped(tmp_path):
     metrics.close(plot=False)
     (row,) = map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
     assert (row["round"], row["step"], row["metrics"]) == (2, None, {"ok": 1.5})
+

@@ -87,3 +87,13 @@ def test_a_task_to_a_dropped_site_is_answered_with_the_error(tmp_path):
     replies = {r.site: r for r in federation.replies(task, timeout=5)}
     assert replies["b"].error == "b: worker exited with code 1"
     assert b"".join(replies["a"].chunks) == b"y"
+
+
+def test_a_relative_results_dir_is_the_callers(tmp_path, monkeypatch):
+    """The sites run in the app folder; results_dir="out" still means the caller's ./out."""
+    job = _job(tmp_path, {"num_rounds": 1})
+    monkeypatch.chdir(tmp_path)
+    result = simulate("job", {"a": {}}, results_dir="out")
+    assert result.results_dir == tmp_path / "out"
+    assert (tmp_path / "out" / "scatter_gather.json").is_file()
+    assert not (job / "app" / "out").exists()
