@@ -26,6 +26,7 @@ the job, with the traceback in the job's logs.
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,9 @@ def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
     """Record intermediate metrics (e.g. per epoch): in the job's status and logs and the site's
     experiment tracker right away, and in the job's metrics files and plot (phase ``log``) with
     this site's next training result."""
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-        raise TypeError(f"fl.log_metrics(step=...) takes an int, got {step!r}")
+    if step is not None:
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+            raise TypeError(f"fl.log_metrics(step=...) takes an integer, got {step!r}")
+        step = int(step)  # numpy's integers too
     clean = Model(metrics=metrics).metrics  # validates: names -> floats
     current().log_metrics(clean, step)
