@@ -32,11 +32,46 @@ def exit_codes() -> str:
             "Every command, parent (`atoll server|site start`) and worker exits with one of these "
             "codes; an error's message says what to do. The table is `EXIT_CODES` in "
             "`src/atoll/spec/errors.py`, where each exception class names its code. With "
-            "`--format json` a failing command prints `{\"ok\": false, \"errors\": [{\"file\", "
-            "\"path\", \"message\"}, ...]}` on stdout instead of the text on stderr.\n",
+            "`--format json` a failing command prints `{\"error\": {\"code\": \"INVALID\", "
+            "\"exit_code\": 2, \"message\": \"...\", \"problems\": [{\"file\", \"path\", "
+            "\"message\"}, ...]}}` on stdout instead of `error: ...` on stderr (`code` is the name "
+            "in this table; `problems` lists a document's problems one by one).\n",
             "| code | name | meaning |", "| ---: | --- | --- |"]
     rows += [f"| {code} | `{name}` | {meaning} |" for code, name, meaning in EXIT_CODES]
     return "\n".join(rows) + "\n"
+
+
+# The environment variables the CLI reads (tests/unit/cli/test_cli_docs.py checks that every
+# ATOLL_* name in src/atoll/cli and src/atoll/admin is here).
+ENVIRONMENT = (
+    ("ATOLL_HOME", "`~/.atoll`", "where `atoll login` saves the session (`session.json`, 0600) "
+     "and, by default, `atoll poc` keeps its federation (`$ATOLL_HOME/poc`)"),
+    ("ATOLL_KIT", "none", "an admin's startup kit for every command that talks to the server, "
+     "instead of `--kit` or the kit of `atoll login`"),
+    ("ATOLL_POC_WORKSPACE", "`$ATOLL_HOME/poc`", "where `atoll poc up|down` provision and run "
+     "the local federation (`--workspace` wins)"),
+)
+
+
+def environment() -> str:
+    rows = ["## Environment variables\n",
+            "Settings of the command line; a job's workers get their own (`ATOLL_*` names are "
+            "set by the launcher, see docs/site-config.md).\n",
+            "| variable | default | what it sets |", "| --- | --- | --- |"]
+    rows += [f"| `{name}` | {default} | {what} |" for name, default, what in ENVIRONMENT]
+    return "\n".join(rows) + "\n"
+
+
+def completion() -> str:
+    return "\n".join([
+        "## Shell completion\n",
+        "`atoll` completes its commands and options in bash, zsh and fish (click's completion). "
+        "Add the line for your shell to its start-up file:\n",
+        "```bash",
+        'eval "$(_ATOLL_COMPLETE=bash_source atoll)"     # ~/.bashrc',
+        'eval "$(_ATOLL_COMPLETE=zsh_source atoll)"      # ~/.zshrc',
+        "_ATOLL_COMPLETE=fish_source atoll | source      # ~/.config/fish/completions/atoll.fish",
+        "```\n"])
 
 
 def render() -> str:
@@ -50,6 +85,8 @@ def render() -> str:
         parts.append("```text\n" + command.get_help(ctx).replace("Usage: atoll", "Usage: atoll")
                      + "\n```\n")
     parts.append(exit_codes())
+    parts.append(environment())
+    parts.append(completion())
     return "\n".join(parts)
 
 

@@ -33,6 +33,7 @@ from rank 0 only, and ``fl.init()`` joins the process group the launcher prepare
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +134,12 @@ def dataset_path(name: str) -> Path:
 
 
 def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
-    """Send intermediate metrics (e.g. per epoch) to the job's status and logs right away."""
-    session = current()
+    """Record intermediate metrics (e.g. per epoch): in the job's status and logs and the site's
+    experiment tracker right away, and in the job's metrics files and plot (phase ``log``) with
+    this site's next training result."""
+    if step is not None:
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+            raise TypeError(f"fl.log_metrics(step=...) takes an integer, got {step!r}")
+        step = int(step)  # numpy's integers too
     clean = Model(metrics=metrics).metrics  # validates: names -> floats
-    round_ = session._model.round if session._model is not None else None
-    session.report({"event": "site_metrics", "round": round_, "step": step, "metrics": clean})
+    current().log_metrics(clean, step)

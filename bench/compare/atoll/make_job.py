@@ -8,7 +8,7 @@ evaluation off, so every system runs the same workload: train rounds only. No mo
 with the job: the server worker makes the float32 layers of `--layers` in place, random with seed
 0, through app.yaml's `initial_model: model.py:make`, as FLARE's persistor and Flower's ServerApp
 do (bench/compare/flare/bench_persistor.py, bench/compare/flower/app). The global model travels to
-both sites and back every round, round 0 included. Per-round time is measured between arrivals of
+both sites and back every round, the first round included. Per-round time is measured between arrivals of
 consecutive rounds' models at a site, so each interval holds one upload, one aggregation and one
 download in every system.
 """

@@ -1,7 +1,7 @@
 """atoll site script for the benchmark job (client API): adds 1.0 to every weight in place and
 sends the model back, then drops its reference to it before waiting for the next round.
 
-Every round, round 0 included, brings the global model (the server makes it, see make_job.py).
+Every round, the first round included, brings the global model (the server makes it, see make_job.py).
 Each round's receive and send times are appended to <mark-dir>/<site>.marks so the runner
 measures per-round time the same way for every system. The mark folder is the study's dataset
 `marks` where the site maps one (ATOLL_DATASETS: a confined worker sees no other host folder),

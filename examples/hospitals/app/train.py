@@ -24,14 +24,14 @@ net = make_model()
 fl.init()
 while fl.is_running():
     model = fl.receive()
-    if model.params:  # round 0 without an initial model: every site starts from zeros
+    if model.params:  # round 1 without an initial model: every site starts from zeros
         load_params(net, model.params)
     if fl.is_evaluate():
         fl.send(fl.Model(metrics=evaluate(net, x_val, y_val), num_examples=len(y_val)))
         continue
-    seed = settings.seed + 1000 * (
-        model.current_round + 1
-    )  # not the site name: results must not depend on it
+    # rounds count from 1; not the site name: results must not depend on it
+    seed = settings.seed + 1000 * model.current_round
     loss = train(net, x_train, y_train, settings.epochs, settings, seed=seed)
+    fl.log_metrics({"local_loss": loss}, step=model.current_round)  # metrics files, trackers
     metrics = {"loss": loss, **{f"val_{k}": v for k, v in evaluate(net, x_val, y_val).items()}}
     fl.send(fl.Model(params=to_params(net), num_examples=len(y_train), metrics=metrics))

@@ -98,10 +98,18 @@ def render_error(error: BaseException | str | list[Problem], fmt: str | None = N
     ``error`` is an exception (an AtollError exits with its ``exit_code``; a SpecError lists
     every issue under its file), a message, or a list of problems from several files. With
     ``--format json`` (``fmt``, by default the running command's own --format) stdout gets
-    ``{"ok": false, "errors": [{"file", "path", "message"}...]}``; otherwise stderr gets
-    ``error: <message>``, or ``error: <what>: N problems`` and one ``  - <problem>`` line each.
+    ``{"error": {"code": "INVALID", "exit_code": 2, "message": ..., "problems": [{"file",
+    "path", "message"}...]}}`` (``code`` is the exit code's name in ``EXIT_CODES``); otherwise
+    stderr gets ``error: <message>``, or ``error: <what>: N problems`` and one
+    ``  - <problem>`` line each.
     """
-    from atoll.spec.errors import EXIT_INTERRUPTED, EXIT_INVALID, AtollError, SpecError
+    from atoll.spec.errors import (
+        EXIT_CODES,
+        EXIT_INTERRUPTED,
+        EXIT_INVALID,
+        AtollError,
+        SpecError,
+    )
 
     if code is None:
         code = (error.exit_code if isinstance(error, AtollError)
@@ -114,16 +122,22 @@ def render_error(error: BaseException | str | list[Problem], fmt: str | None = N
     elif isinstance(error, SpecError):  # one document: the title names it
         title, problems = error.source or "", error_problems(error)
         named = error.source or ""
-    if (fmt or _command_format()) == "json":
-        errors = problems if problems is not None else [{"file": "", "path": "", "message": title}]
-        click.echo(json.dumps({"ok": False, "errors": errors}, indent=2))
-        sys.exit(code)
     if problems is not None:
         count = len(problems)
         title = f"{title + ': ' if title else ''}{count} problem{'s' if count != 1 else ''}"
         lines = [": ".join(x for x in (p["file"] if p["file"] != named else "",
                                        p["path"], p["message"]) if x) for p in problems]
-        title = "\n".join([title, *(f"  - {line}" for line in lines)])
+        text = "\n".join([title, *(f"  - {line}" for line in lines)])
+    else:
+        text = title
+    if (fmt or _command_format()) == "json":
+        name = next((n for c, n, _ in EXIT_CODES if c == code), "FAILED")
+        body: dict[str, Any] = {"code": name, "exit_code": code, "message": text}
+        if problems is not None:
+            body["problems"] = problems
+        click.echo(json.dumps({"error": body}, indent=2))
+        sys.exit(code)
+    title = text
     click.secho(f"error: {printable(title, lines=True)}", fg="red", err=True)
     sys.exit(code)
 

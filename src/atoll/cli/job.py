@@ -50,9 +50,9 @@ def _metrics(metrics: dict[str, Any] | None) -> list[str]:
 
 
 def _round(event: dict[str, Any]) -> str:
-    """The 1-based round of a progress event (written by the job's workflow: any type)."""
-    value = event.get("round", 0)
-    return str(value + 1) if isinstance(value, int) else printable(value)
+    """The round of a progress event: counted from 1, as in the job's metrics files and logs
+    (written by the job's workflow: any type)."""
+    return printable(event.get("round", "-"))
 
 
 def _status_text(job: dict[str, Any]) -> str:
@@ -99,10 +99,10 @@ def submit(job_dir: Path, kit: Path | None, study: str | None, wait: bool,
 
 def _follow(session, job_id: str, study: str | None, timeout: float | None, fmt: str):
     seen: dict[str, str] = {}
-    shown_events = 0
+    shown_until = 0.0  # the time of the last event shown: status holds only the latest events
 
     def update(job: dict[str, Any]) -> None:
-        nonlocal shown_events
+        nonlocal shown_until
         if fmt != "text":
             return
         for name, part in job.get("parts", {}).items():
@@ -110,12 +110,14 @@ def _follow(session, job_id: str, study: str | None, timeout: float | None, fmt:
                 seen[name] = part["state"]
                 reason = f" ({printable(part['reason'])})" if part.get("reason") else ""
                 click.echo(f"  {printable(name):<20} {printable(part['state'])}{reason}")
-        events = job.get("progress", [])
-        for event in events[shown_events:] if len(events) >= shown_events else events:
+        for event in job.get("progress", []):
+            at = event.get("at", 0.0)
+            if not isinstance(at, int | float) or at <= shown_until:
+                continue
+            shown_until = at
             if "round" in event and event.get("source") == "server":
                 metrics = "".join(f" {m}" for m in _metrics(event.get("metrics")))
                 click.echo(f"  round {_round(event)}:{metrics}")
-        shown_events = len(events)
 
     return session.wait(job_id, study, timeout, update)
 
@@ -171,8 +173,9 @@ def logs(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
     if metrics:
         text.append("==> metrics <==")
         for event in metrics:
-            text.append(f"{printable(event['source']):<16} round "
-                        f"{printable(event.get('round', '-'))}: {' '.join(_metrics(event['metrics']))}")
+            step = f" step {printable(event['step'])}" if event.get("step") is not None else ""
+            text.append(f"{printable(event['source']):<16} round {_round(event)}{step}: "
+                        f"{' '.join(_metrics(event['metrics']))}")
     emit(answer, fmt, "\n".join(text) or "no logs yet")
 
 
@@ -195,9 +198,11 @@ def abort(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
 @study_option
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
               show_default=True, help="Folder to write the results into.")
+@format_option
 @handle_errors
-def download(job_id: str, kit: Path | None, study: str | None, out: Path) -> None:
+def download(job_id: str, kit: Path | None, study: str | None, out: Path, fmt: str) -> None:
     """Download a job's results (models, metrics, plots, logs) into OUT/JOB_ID."""
     with open_session(kit) as session:
         path = session.download(job_id, out, study)
-    click.echo(f"results of job {printable(job_id)} in {printable(path)}")
+    emit({"job_id": job_id, "path": str(path.resolve())}, fmt,
+         f"results of job {printable(job_id)} in {printable(path)}")

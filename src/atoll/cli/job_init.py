@@ -11,13 +11,14 @@ ships (scaffold, cyclic, stats, custom) adds its class and helpers to ``app/``. 
 from __future__ import annotations
 
 import json
+import os
 from importlib import resources
 from pathlib import Path
 from string import Template
 
 import click
 
-from atoll.cli.common import fail
+from atoll.cli.common import emit, fail, format_option, printable
 
 WORKFLOWS = ("fedavg", "fedopt", "fedprox", "scatter_gather", "scaffold", "cyclic", "stats",
              "custom")
@@ -53,24 +54,42 @@ _SERVER_ARGS = {
 }
 
 
+FEDPROX_MARK = "  # fedprox"  # a template line only the fedprox job keeps
+
+
 def _template(name: str) -> str:
     return resources.files("atoll.fl").joinpath("templates", name).read_text(encoding="utf-8")
 
 
-def render_job(name: str, workflow: str, sites: list[str], framework: str) -> dict[str, str]:
-    """The files of a new job folder, relative path -> content."""
+def _site_script(name: str, workflow: str) -> str:
+    """A training template for ``workflow``: FedProx keeps the lines that apply the proximal
+    term (marked ``# fedprox``), every other workflow drops them."""
+    lines = []
+    for line in _template(name).splitlines(keepends=True):
+        code, mark, rest = line.partition(FEDPROX_MARK)
+        if not mark:
+            lines.append(line)
+        elif workflow == "fedprox":
+            lines.append(code + (f"  #{rest[1:]}" if rest.strip(": \n") else "\n"))
+    return "".join(lines)
+
+
+def render_job(name: str, workflow: str, sites: list[str], framework: str,
+               min_clients: int | None = None) -> dict[str, str]:
+    """The files of a new job folder, relative path -> content. ``min_clients``: how many of
+    the sites must take part; default: every site named, or (for @ALL) not written, which
+    means every site the job reaches."""
     if workflow not in WORKFLOWS:
         raise ValueError(f"workflow must be one of {', '.join(WORKFLOWS)}, got {workflow!r}")
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
     targets = ["server", *sites] if sites else ["@ALL"]
-    min_clients = len(sites) if sites else 2
-    meta = {
-        "name": name,
-        "deploy_map": {"app": targets},
-        "min_clients": min_clients,
-        "resource_spec": {"@default": {"num_of_cpus": 1, "memory": "2Gi"}},
-    }
+    if sites and min_clients is None:
+        min_clients = len(sites)
+    meta: dict = {"name": name, "deploy_map": {"app": targets}}
+    if min_clients is not None:
+        meta["min_clients"] = min_clients
+    meta["resource_spec"] = {"@default": {"num_of_cpus": 1, "memory": "2Gi"}}
     if framework == "torch-ddp":
         meta["resource_spec"] = {"@default": {"num_of_cpus": 2, "memory": "4Gi"}}
         meta["launcher_spec"] = _DDP_LAUNCHER_SPEC
@@ -87,7 +106,7 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str) -> di
     files = {
         "meta.json": json.dumps(meta, indent=2) + "\n",
         "app/app.yaml": app_yaml,
-        "app/train.py": _template(script),
+        "app/train.py": _site_script(script, workflow),
     }
     files.update({f"app/{name}": _template(source) for name, source in app_files.items()})
     return files
@@ -119,6 +138,7 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str) -> di
 )
 @click.option("--name", default=None, help="The job's name; default: the folder's name.")
 @click.option("--force", is_flag=True, help="Write into a folder that is not empty.")
+@format_option
 def init_command(
     directory: Path,
     workflow: str,
@@ -126,22 +146,61 @@ def init_command(
     framework: str,
     name: str | None,
     force: bool,
+    fmt: str,
 ) -> None:
-    """Write a working template job folder in DIRECTORY."""
+    """Write a working template job folder in DIRECTORY.
+
+    min_clients (meta.json) is the number of sites it targets: those of --sites, else the
+    sites of the study you are logged in to; without either it is left out, so every site
+    the job reaches must take part."""
     site_list = [s.strip() for entry in sites for s in entry.split(",") if s.strip()]
     bad = [s for s in site_list if s in ("server", "@ALL") or "/" in s]
     if bad:
         raise click.BadParameter(f"not a site name: {', '.join(bad)}", param_hint="--sites")
     if directory.exists() and any(directory.iterdir()) and not force:
         fail(f"{directory} is not empty; choose a new folder or pass --force")
-    files = render_job(name or directory.resolve().name, workflow, site_list, framework)
+    min_clients, why = (len(site_list), "the sites of --sites") if site_list else _study_sites()
+    files = render_job(name or directory.resolve().name, workflow, site_list, framework,
+                       min_clients)
     for relative, content in files.items():
         path = directory / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content, encoding="utf-8")
-    click.echo(f"wrote {directory}/: " + ", ".join(files))
-    click.echo(
-        'try it locally:  python -c "from atoll.fl.simulator import simulate; '
-        f"print(simulate('{directory}', {{'site-1': {{}}, 'site-2': {{}}}}).results_dir)\""
-    )
-    click.echo(f"submit it:       atoll job submit {directory} --kit ADMIN_KIT")
+    logged_in = _logged_in()
+    submit = f"atoll job submit {directory}" + ("" if logged_in else " --kit ADMIN_KIT")
+    emit({"directory": str(directory), "files": list(files), "workflow": workflow,
+          "framework": framework, "min_clients": min_clients, "min_clients_from": why,
+          "submit": submit}, fmt, "\n".join([
+              f"wrote {printable(directory)}/: " + ", ".join(files),
+              f"min_clients: {min_clients} ({why})" if min_clients is not None
+              else f"min_clients: not set ({why}): every site the job reaches must take part",
+              'try it locally:  python -c "from atoll.fl.simulator import simulate; '
+              f"print(simulate('{printable(directory)}', "
+              "{'site-1': {}, 'site-2': {}}).results_dir)\"",
+              f"submit it:       {printable(submit)}"
+              + ("" if logged_in else "   (or `atoll login --kit ADMIN_KIT` first)")]))
+
+
+def _logged_in() -> bool:
+    from atoll.cli.common import saved_session
+
+    return bool(saved_session().get("token")) or bool(os.environ.get("ATOLL_KIT"))
+
+
+def _study_sites() -> tuple[int | None, str]:
+    """How many sites the logged-in study has, and a word on where that number came from."""
+    from atoll.cli.common import open_session, saved_session
+    from atoll.spec.errors import AtollError
+
+    if not _logged_in():
+        return None, "not logged in, so the study's sites are unknown; pass --sites to set it"
+    try:
+        with open_session(None) as session:
+            answer = session.sites()
+    except (AtollError, OSError) as exc:
+        return None, f"the study's sites could not be listed: {exc}"
+    count = len(answer.get("sites", []))
+    if count == 0:
+        return None, f"study {answer.get('study')} has no sites yet"
+    study = answer.get("study") or saved_session().get("study")
+    return count, f"the {count} site{'s' if count != 1 else ''} of study {study}"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from atoll.cli.common import atoll_home, handle_errors, printable, save_session
+from atoll.cli.common import atoll_home, emit, format_option, handle_errors, printable, save_session
 
 
 @click.command("login")
@@ -15,8 +15,9 @@ from atoll.cli.common import atoll_home, handle_errors, printable, save_session
 @click.option("--study", default="default", show_default=True,
               help="The study to work in; every later command is scoped to it. `default` exists "
                    "only in a project without named studies.")
+@format_option
 @handle_errors
-def login_command(kit: Path, study: str) -> None:
+def login_command(kit: Path, study: str, fmt: str) -> None:
     """Open a session in STUDY; later commands use it until `atoll logout`."""
     from atoll.admin.session import Session
 
@@ -24,12 +25,17 @@ def login_command(kit: Path, study: str) -> None:
         answer = session.login(study)
     path = save_session({"kit": str(kit.resolve()), "study": answer["study"],
                          "token": answer["token"], "user": answer["user"]})
-    click.echo(f"logged in as {printable(answer['user'])} ({printable(answer['role'])}) in study "
-               f"{printable(answer['study'])}; session saved in {path}")
+    emit({"user": answer["user"], "role": answer["role"], "study": answer["study"],
+          "session_file": str(path)}, fmt,
+         f"logged in as {printable(answer['user'])} ({printable(answer['role'])}) in study "
+         f"{printable(answer['study'])}; session saved in {printable(path)}")
 
 
 @click.command("logout")
-def logout_command() -> None:
+@format_option
+def logout_command(fmt: str) -> None:
     """Forget the saved session."""
-    (atoll_home() / "session.json").unlink(missing_ok=True)
-    click.echo("logged out")
+    path = atoll_home() / "session.json"
+    had = path.exists()
+    path.unlink(missing_ok=True)
+    emit({"logged_out": had}, fmt, "logged out" if had else "no session to forget")

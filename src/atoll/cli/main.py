@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 import click
 
@@ -67,7 +68,41 @@ def main() -> None:
     # handlers are not needed (and their warnings would only clutter the logs).
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    cli(prog_name="atoll")
+    try:
+        code = cli.main(prog_name="atoll", standalone_mode=False)
+    except click.UsageError as exc:  # a mistyped command line: the usage, then one error line
+        _usage_error(exc)
+    except click.ClickException as exc:  # e.g. a file click could not open
+        from atoll.cli.common import render_error
+
+        render_error(exc.format_message(), fmt=_argv_format(), code=exc.exit_code)
+    except click.Abort:  # Ctrl-C or EOF at a prompt
+        from atoll.cli.common import render_error
+
+        render_error(KeyboardInterrupt(), fmt=_argv_format())
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _argv_format() -> str:
+    """The --format asked for on the command line (a usage error leaves no parsed option)."""
+    args = sys.argv[1:]
+    for i, arg in enumerate(args):
+        if arg == "--format" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--format="):
+            return arg.split("=", 1)[1]
+    return "text"
+
+
+def _usage_error(exc: click.UsageError) -> None:
+    """``error: ...`` as every other error, after click's usage line and its hint to --help."""
+    from atoll.cli.common import render_error
+
+    fmt = _argv_format()
+    if fmt != "json" and exc.ctx is not None:
+        hint = f"Try '{exc.ctx.command_path} -h' for help."
+        click.echo(f"{exc.ctx.get_usage()}\n{hint}\n", err=True)
+    render_error(exc.format_message(), fmt=fmt, code=exc.exit_code)
 
 
 if __name__ == "__main__":

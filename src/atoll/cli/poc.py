@@ -9,7 +9,16 @@ from pathlib import Path
 
 import click
 
-from atoll.cli.common import atoll_home, fail, handle_errors, save_session, saved_session
+from atoll.cli.common import (
+    atoll_home,
+    emit,
+    fail,
+    format_option,
+    handle_errors,
+    printable,
+    save_session,
+    saved_session,
+)
 
 ADMIN = "admin@poc.local"
 
@@ -70,8 +79,9 @@ def poc_group() -> None:
 @poc_group.command("up")
 @click.option("--sites", "n_sites", type=click.IntRange(1, 64), default=2, show_default=True)
 @workspace_option
+@format_option
 @handle_errors
-def up(n_sites: int, workspace: Path | None) -> None:
+def up(n_sites: int, workspace: Path | None, fmt: str) -> None:
     """Provision and start a local federation; log the admin in."""
     from atoll.admin.session import Session
     from atoll.parent import detach, pidfile
@@ -102,17 +112,21 @@ def up(n_sites: int, workspace: Path | None) -> None:
         fail(str(exc), 3)
     save_session({"kit": str(found["admin"]), "study": "default", "token": answer["token"],
                   "user": ADMIN})
-    click.echo(f"federation up in {time.monotonic() - started:.2f} s: server + {n_sites} sites "
-               f"in {workspace}")
-    click.echo(f"admin kit: {found['admin']} (logged in; session in {atoll_home()})")
-    click.echo("try:\n  atoll job init myjob\n  atoll job submit myjob --wait\n"
-               "  atoll poc down")
+    seconds = time.monotonic() - started
+    emit({"workspace": str(workspace), "sites": [n for n in found if n.startswith("site-")],
+          "admin_kit": str(found["admin"]), "user": ADMIN, "study": "default",
+          "seconds": round(seconds, 2)}, fmt,
+         f"federation up in {seconds:.2f} s: server + {n_sites} sites in {printable(workspace)}\n"
+         f"admin kit: {printable(found['admin'])} (logged in; session in "
+         f"{printable(atoll_home())})\n"
+         "try:\n  atoll job init myjob\n  atoll job submit myjob --wait\n  atoll poc down")
 
 
 @poc_group.command("down")
 @workspace_option
+@format_option
 @handle_errors
-def down(workspace: Path | None) -> None:
+def down(workspace: Path | None, fmt: str) -> None:
     """Stop the local federation's parents (and their workers)."""
     from atoll.parent import detach
 
@@ -127,4 +141,5 @@ def down(workspace: Path | None) -> None:
     stopped += detach.stop(found["server"] / "workspace", "server")
     if saved_session().get("kit") == str(found["admin"]):
         (atoll_home() / "session.json").unlink(missing_ok=True)
-    click.echo(f"stopped {stopped} parent(s) in {workspace}")
+    emit({"workspace": str(workspace), "stopped": stopped}, fmt,
+         f"stopped {stopped} parent(s) in {printable(workspace)}")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from atoll.cli.common import LazyCommands, render_error
+from atoll.cli.common import LazyCommands, emit, format_option, render_error
 from atoll.pki.identity import ROLES
 
 if TYPE_CHECKING:
@@ -104,7 +104,8 @@ def provision_group() -> None:
 @click.option(
     "--force", is_flag=True, help="Replace an existing DIR/<project> (new CA: resend every kit)."
 )
-def create_command(project_file: Path, out_dir: Path, force: bool) -> None:
+@format_option
+def create_command(project_file: Path, out_dir: Path, force: bool, fmt: str) -> None:
     """Provision every participant of PROJECT.yaml into DIR/<project>/."""
     from rich.console import Console
     from rich.markup import escape
@@ -116,11 +117,17 @@ def create_command(project_file: Path, out_dir: Path, force: bool) -> None:
     project = _guarded(lambda: load_project(project_file))
     result = _guarded(lambda: provision(project, out_dir, force=force))
     record_kits(result.project_dir)
+    listen = project.server.listen
+    if fmt == "json":
+        emit({"project": project.name, "project_dir": str(result.project_dir),
+              "ca": str(result.project_dir / "ca"), "kits": [kit_json(k) for k in result.kits],
+              "listen": f"{listen.host}:{listen.port}",
+              "server": f"{project.server.host}:{project.server.port}"}, fmt)
+        return
     out = Console(highlight=False, soft_wrap=True)
     out.print(f"Provisioned [bold]{escape(project.name)}[/] in {escape(str(result.project_dir))}/")
     for line in _kit_lines(result.kits, result.project_dir, ca=True):
         out.print(escape(line))
-    listen = project.server.listen
     out.print(
         f"\nThe server listens on {escape(f'{listen.host}:{listen.port}')} and is dialled at "
         f"{escape(f'{project.server.host}:{project.server.port}')} (server/startup/kit.yaml)."
@@ -135,7 +142,8 @@ def create_command(project_file: Path, out_dir: Path, force: bool) -> None:
 @click.argument("project_dir", metavar="DIR/PROJECT", type=click.Path(path_type=Path))
 @click.option("--name", required=True, help="Site name: lowercase letters, digits and '-'.")
 @click.option("--org", required=True, help="Organization the site belongs to.")
-def add_site_command(project_dir: Path, name: str, org: str) -> None:
+@format_option
+def add_site_command(project_dir: Path, name: str, org: str, fmt: str) -> None:
     """Sign a new site with the project's CA and write only its kit."""
     from atoll.parent.local_config import record_kits
     from atoll.pki.provision import add_site
@@ -146,6 +154,7 @@ def add_site_command(project_dir: Path, name: str, org: str) -> None:
         kit,
         "Enrol it in a study with `atoll study add-site`; the server accepts it "
         "when it connects with this certificate.",
+        fmt,
     )
 
 
@@ -154,15 +163,24 @@ def add_site_command(project_dir: Path, name: str, org: str) -> None:
 @click.option("--name", required=True, help="User name: an email address.")
 @click.option("--org", required=True, help="Organization the user belongs to.")
 @click.option("--role", required=True, type=click.Choice(ROLES), help="The user's role.")
-def add_user_command(project_dir: Path, name: str, org: str, role: str) -> None:
+@format_option
+def add_user_command(project_dir: Path, name: str, org: str, role: str, fmt: str) -> None:
     """Sign a new admin user with the project's CA and write only their kit."""
     from atoll.pki.provision import add_user
 
     kit = _guarded(lambda: add_user(project_dir, name, org, role))
-    _report_added(kit, "Add the user to a study with `atoll study add-user`.")
+    _report_added(kit, "Add the user to a study with `atoll study add-user`.", fmt)
 
 
-def _report_added(kit: WrittenKit, next_step: str) -> None:
+def kit_json(kit: WrittenKit) -> dict[str, Any]:
+    return {"name": kit.name, "kind": kit.kind, "org": kit.org, "role": kit.role,
+            "path": str(kit.path)}
+
+
+def _report_added(kit: WrittenKit, next_step: str, fmt: str) -> None:
+    if fmt == "json":
+        emit({"added": kit_json(kit), "next": next_step}, fmt)
+        return
     from rich.console import Console
     from rich.markup import escape
 

@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from atoll.cli.common import emit, format_option
 from atoll.cli.provision import _guarded
 from atoll.pki.crl import REASONS
 from atoll.pki.identity import ROLES
@@ -40,7 +41,8 @@ def _who(kind: str, name: str, org: str, role: str | None) -> str:
                    "leave it out to request a site's certificate.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("."), show_default=True, help="Folder to write <name>/ into.")
-def request_command(name: str, org: str, role: str | None, out_dir: Path) -> None:
+@format_option
+def request_command(name: str, org: str, role: str | None, out_dir: Path, fmt: str) -> None:
     """Make your own key and a certificate signing request for the project admin.
 
     The key is written into OUT/<name>/startup/ (0600, in 0700 folders) and never leaves it:
@@ -48,6 +50,10 @@ def request_command(name: str, org: str, role: str | None, out_dir: Path) -> Non
     from atoll.pki.request import make_request
 
     made = _guarded(lambda: make_request(out_dir, name, org, role))
+    if fmt == "json":
+        emit({"name": name, "kind": made.kind, "org": org, "role": role,
+              "folder": str(made.folder), "key": str(made.key), "csr": str(made.csr)}, fmt)
+        return
     out = _out()
     out.print(f"Made a key and a signing request for the {escape(_who(made.kind, name, org, role))}:")
     out.print(f"  {escape(str(made.folder))}/   keep this folder: your kit is assembled in it")
@@ -66,7 +72,8 @@ def request_command(name: str, org: str, role: str | None, out_dir: Path) -> Non
                    "the request].")
 @click.option("--yes", "-y", is_flag=True,
               help="Sign without asking; for scripts that checked the request themselves.")
-def sign_command(project_dir: Path, csr: Path, out: Path | None, yes: bool) -> None:
+@format_option
+def sign_command(project_dir: Path, csr: Path, out: Path | None, yes: bool, fmt: str) -> None:
     """Sign a participant's certificate signing request with the project's CA.
 
     The request names who it asks to be (name, org, and a user's role): check it before you
@@ -75,12 +82,18 @@ def sign_command(project_dir: Path, csr: Path, out: Path | None, yes: bool) -> N
     from atoll.pki.sign_request import read_request, sign_request
 
     info = _guarded(lambda: read_request(csr))
-    out_ = _out()
+    json_out = fmt == "json"  # then what is said to the person goes to stderr
+    out_ = Console(highlight=False, soft_wrap=True, stderr=json_out)
     out_.print(f"{escape(str(csr))} asks for the certificate of the "
                f"{escape(_who(info.kind, info.name, info.org, info.role))}.")
     if not yes:
-        click.confirm("Sign it?", abort=True)
+        click.confirm("Sign it?", abort=True, err=json_out)
     signed = _guarded(lambda: sign_request(project_dir, info, out, csr))
+    if json_out:
+        emit({"name": info.name, "kind": info.kind, "org": info.org, "role": info.role,
+              "serial": signed.serial, "bundle": str(signed.bundle),
+              "ca_fingerprint": signed.ca_fingerprint}, fmt)
+        return
     out_.print(f"Signed (serial {signed.serial}). Send {escape(str(signed.bundle))} back to "
                f"{escape(info.name)}; it holds no private key.")
     out_.print(f"The project's root CA fingerprint (SHA-256), for them to compare when they "
@@ -94,7 +107,8 @@ def sign_command(project_dir: Path, csr: Path, out: Path | None, yes: bool) -> N
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--kit", "kit_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Your folder from `atoll provision request` (OUT/<name>), with your key.")
-def assemble_command(bundle: Path, kit_dir: Path) -> None:
+@format_option
+def assemble_command(bundle: Path, kit_dir: Path, fmt: str) -> None:
     """Assemble your startup kit from the signed bundle, around the key you kept.
 
     Checks that the certificate is for your key and signed by the bundle's root CA; compare
@@ -104,6 +118,10 @@ def assemble_command(bundle: Path, kit_dir: Path) -> None:
 
     made = _guarded(lambda: assemble(bundle, kit_dir))
     record_kits(made.folder)
+    if fmt == "json":
+        emit({"name": made.name, "kind": made.kind, "org": made.org, "role": made.role,
+              "folder": str(made.folder), "ca_fingerprint": made.ca_fingerprint}, fmt)
+        return
     out = _out()
     out.print(f"Assembled the kit of the {escape(_who(made.kind, made.name, made.org, made.role))}"
               f" in {escape(str(made.folder))}/")
@@ -121,7 +139,8 @@ def assemble_command(bundle: Path, kit_dir: Path) -> None:
 @click.argument("name")
 @click.option("--reason", type=click.Choice(list(REASONS)), default="unspecified",
               show_default=True, help="The reason recorded in the revocation list.")
-def revoke_command(project_dir: Path, name: str, reason: str) -> None:
+@format_option
+def revoke_command(project_dir: Path, name: str, reason: str, fmt: str) -> None:
     """Revoke NAME's certificate (a user or a site) in the project's revocation list.
 
     Writes DIR/PROJECT/ca/crl.pem with a new, higher number. Nothing changes in the federation
@@ -129,6 +148,11 @@ def revoke_command(project_dir: Path, name: str, reason: str) -> None:
     from atoll.pki.revoke import revoke
 
     done = _guarded(lambda: revoke(project_dir, name, reason))
+    if fmt == "json":
+        emit({"name": done.name, "kind": done.kind, "serial": done.serial,
+              "reason": done.reason, "crl": str(done.crl), "number": done.number,
+              "revoked": done.revoked}, fmt)
+        return
     out = _out()
     kind = "user" if done.kind == "admin" else done.kind
     out.print(f"Revoked the {kind} [bold]{escape(done.name)}[/] (serial {done.serial}, reason "

@@ -32,17 +32,18 @@ def site_group() -> None:
 @site_group.command("start")
 @start_options
 @handle_errors
-def start(kit: Path, detach: bool, ready_file: Path | None, verbose: bool) -> None:
+def start(kit: Path, detach: bool, ready_file: Path | None, verbose: bool, fmt: str) -> None:
     """Start the site parent of KIT (a site startup kit)."""
-    start_parent(kit, "site", detach, ready_file, verbose)
+    start_parent(kit, "site", detach, ready_file, verbose, fmt)
 
 
 @site_group.command("stop")
 @kit_arg
+@format_option
 @handle_errors
-def stop(kit: Path) -> None:
+def stop(kit: Path, fmt: str) -> None:
     """Stop the site parent of KIT; its job workers stop with it."""
-    stop_parent(kit, "site")
+    stop_parent(kit, "site", fmt)
 
 
 @site_group.command("list")

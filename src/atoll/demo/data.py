@@ -200,7 +200,7 @@ def _print_event(event: dict[str, Any]) -> None:
             for s, m in sorted(event.get("sites", {}).items())
         )
         print(
-            f"round {event['round'] + 1}/{event['total_rounds']}: "
+            f"round {event['round']}/{event['total_rounds']}: "
             f"validation accuracy {val.get('accuracy', float('nan')):.3f} ({sites})",
             flush=True,
         )

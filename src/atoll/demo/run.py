@@ -65,7 +65,7 @@ def show_progress(job: dict[str, Any], seen: dict[str, Any]) -> None:
         per_site = "  ".join(
             f"{s} {m.get('validate', {}).get('accuracy', float('nan')):.3f}"
             for s, m in sorted(event.get("sites", {}).items()))
-        console.print(f"  round {event['round'] + 1:>2}/{event['total_rounds']}: validation "
+        console.print(f"  round {event['round']:>2}/{event['total_rounds']}: validation "
                       f"accuracy [bold]{val.get('accuracy', float('nan')):.3f}[/bold]   "
                       f"[dim]{per_site}[/dim]")
     seen["_rounds"] = len(rounds)

@@ -6,6 +6,9 @@ server:                       # present in the app the server runs
   args: {num_rounds: 10, min_clients: 3, key_metric: accuracy}
   initial_model: init.safetensors   # optional: a file in this app folder, or
                                     # model.py:make_model, a function there that makes it
+  tracking:                         # optional: experiment tracking (atoll.fl.tracking)
+    tensorboard: true
+    mlflow: {tracking_uri: "http://mlflow.example.org:5000", experiment: pathology}
 site:                         # present in the app the sites run
   script: train.py            # run in-process by the site worker, cwd = this folder
   args: ["--epochs", "2"]     # becomes sys.argv[1:]
@@ -19,7 +22,8 @@ is reported at once, each naming its field (``server.args.num_rounds``).
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -117,6 +121,44 @@ def custom_workflow(value: str) -> tuple[str, str] | None:
     return (file, name) if colon else None
 
 
+class MlflowTracking(_Strict):
+    tracking_uri: str | None = Field(
+        None,
+        description="The MLflow tracking server (http(s)://host:port); default: the worker's "
+        "MLFLOW_TRACKING_URI. Never credentials: those come from the environment.",
+    )
+    experiment: str | None = Field(
+        None, min_length=1, description="The MLflow experiment; default: the job's name."
+    )
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parsed = urlsplit(value)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"must be an http(s)://host[:port] URL, got {value!r}")
+        if parsed.username or parsed.password:
+            raise ValueError(
+                "must not hold credentials (a job's files are readable by everyone it reaches); "
+                "the worker's MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN come from the site's "
+                "secret_env"
+            )
+        return value
+
+
+class TrackingSection(_Strict):
+    tensorboard: bool | None = Field(
+        None,
+        description="TensorBoard event files under the results' tensorboard/; default: written "
+        "when the tensorboard package is installed; true: required.",
+    )
+    mlflow: MlflowTracking | None = Field(
+        None, description="Stream the job's metrics to an MLflow tracking server."
+    )
+
+
 class ServerSection(_Strict):
     workflow: str = Field(
         ...,
@@ -129,6 +171,11 @@ class ServerSection(_Strict):
         description="A .safetensors file in the app folder, or FILE.py:FUNCTION: a function in "
         "a Python file of the app folder that makes the model on the server (for models too big "
         "to ship with the job).",
+    )
+    tracking: TrackingSection = Field(
+        default_factory=TrackingSection,
+        description="Experiment tracking of the job's metrics (global and per site), streamed "
+        "as the workflow records them.",
     )
 
     @field_validator("workflow")
@@ -190,7 +237,18 @@ class AppConfigError(AtollError, ValueError):
         )
 
 
-_SECTIONS: dict[str, type[BaseModel]] = {"server": ServerSection, "site": SiteSection}
+def _model_at(owner: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseModel]:
+    """The model that holds the last key of ``loc`` (for the list of its allowed keys)."""
+    for part in loc:
+        field = owner.model_fields.get(str(part))
+        if field is None:
+            break
+        nested = [t for t in (field.annotation, *get_args(field.annotation))
+                  if isinstance(t, type) and issubclass(t, BaseModel)]
+        if not nested:
+            break
+        owner = nested[0]
+    return owner
 
 
 def _format(error: Any, prefix: tuple[str | int, ...], owner: type[BaseModel]) -> str:
@@ -198,8 +256,7 @@ def _format(error: Any, prefix: tuple[str | int, ...], owner: type[BaseModel]) -
     where = ".".join(str(p) for p in loc) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        if not prefix and len(loc) == 2 and loc[0] in _SECTIONS:
-            owner = _SECTIONS[str(loc[0])]
+        owner = _model_at(owner, tuple(error["loc"][:-1]))
         message = f"unknown key (allowed: {', '.join(owner.model_fields)})"
     elif error["type"] == "literal_error":
         message = f"{message}, got {error['input']!r}"

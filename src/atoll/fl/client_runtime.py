@@ -20,8 +20,10 @@ from typing import Any
 
 from atoll.fl.channels import SiteChannel, Task
 from atoll.fl.distributed import Ranks, TaskBroadcast
+from atoll.fl.metrics_log import LOGGED_KEY, MAX_LOGGED
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, encode
+from atoll.fl.tracking import LOGGED, Record, Streamer
 from atoll.spec.errors import AtollError
 
 TRAIN, VALIDATE = "train", "validate"
@@ -41,6 +43,7 @@ class ClientSession:
         config: dict[str, Any] | None = None,
         statistics_rules: dict[str, Any] | None = None,
         ranks: Ranks | None = None,
+        tracking: Streamer | None = None,
     ):
         self.channel = channel
         # The site's rules for federated statistics (its local/study_runtime.yaml), or None:
@@ -48,6 +51,10 @@ class ClientSession:
         self.statistics_rules = dict(statistics_rules) if statistics_rules else None
         self.ranks = ranks or Ranks()
         self.broadcast = TaskBroadcast(self.ranks) if self.ranks.distributed else None
+        self.tracking = tracking  # the site's own tracker (its MLFLOW_TRACKING_URI), if any
+        # fl.log_metrics values not sent yet: they ride with the next training result, for the
+        # job's metrics files and plot (the server worker writes those)
+        self.logged: list[dict[str, Any]] = []
         self.site = site
         self.datasets = dict(datasets or {})
         self.config = dict(config or {})
@@ -119,6 +126,11 @@ class ClientSession:
             )
         if model.round is None and self._model is not None:
             model.round = self._model.round
+        if task.topic == TRAIN and self.logged:
+            model.meta = {**model.meta, LOGGED_KEY: self.logged[-MAX_LOGGED:]}
+            self.logged = []
+        if self.tracking is not None and model.metrics:
+            self.tracking.log(Record(model.round, task.topic, self.site, dict(model.metrics)))
         headers = {"topic": task.topic, "round": task.headers.get("round")}
         self._task, self._model = None, None
         if self.ranks.leader:  # the other ranks only close the task: rank 0 answers for all
@@ -159,6 +171,15 @@ class ClientSession:
     def report(self, event: dict[str, Any]) -> None:
         if self.ranks.leader:
             self.channel.report({"site": self.site, **event})
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None) -> None:
+        """Live in the job's status and logs, in the site's tracker at once, and in the job's
+        metrics files with the next training result."""
+        round_ = self._model.round if self._model is not None else None
+        self.report({"event": "site_metrics", "round": round_, "step": step, "metrics": metrics})
+        self.logged.append({"round": round_, "step": step, "metrics": metrics})
+        if self.tracking is not None:
+            self.tracking.log(Record(round_, LOGGED, self.site, metrics, step=step))
 
 
 def _as_result(value: Any) -> Model:

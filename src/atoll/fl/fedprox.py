@@ -15,17 +15,22 @@ app.yaml); ``mu`` reaches the site in ``model.meta["fedprox_mu"]`` (``mu_of(mode
 
 ``global_params`` may also be the numpy ``model.params`` (turned into CPU tensors at each call
 without a copy); a snapshot avoids that work and any device transfer.
+
+Plain numpy training loops use ``proximal_gradient`` (add it to the task's gradient) and
+``proximal_value``; this module imports torch only for the torch functions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from atoll.fl.model import Model
+
+if TYPE_CHECKING:
+    import torch
 
 
 def mu_of(model: Model, default: float = 0.0) -> float:
@@ -43,6 +48,8 @@ def proximal_term(
     module: torch.nn.Module, global_params: Mapping[str, Any], mu: float
 ) -> torch.Tensor:
     """mu/2 · Σ ‖w − w_global‖² over the trainable parameters named in ``global_params``."""
+    import torch
+
     terms = []
     for name, param in module.named_parameters():
         if not param.requires_grad or name not in global_params:
@@ -58,3 +65,17 @@ def proximal_term(
             "pass the received model.params or snapshot(module)"
         )
     return (mu / 2.0) * torch.stack(terms).sum()
+
+
+def proximal_gradient(params: Mapping[str, np.ndarray], global_params: Mapping[str, np.ndarray],
+                      mu: float) -> dict[str, np.ndarray]:
+    """The proximal term's gradient, mu · (w − w_global), for each array of ``params``."""
+    return {name: mu * (value - global_params[name]) for name, value in params.items()
+            if name in global_params}
+
+
+def proximal_value(params: Mapping[str, np.ndarray], global_params: Mapping[str, np.ndarray],
+                   mu: float) -> float:
+    """mu/2 · Σ ‖w − w_global‖² over the arrays both name (numpy)."""
+    return float(mu / 2.0 * sum(np.sum((value - global_params[name]) ** 2)
+                                for name, value in params.items() if name in global_params))

@@ -1,14 +1,15 @@
 """A job's metrics, stored with its results as they arrive.
 
 One record per (round, phase, site): ``phase`` is ``train`` (what a site reported with its
-result), ``validate`` (a site's evaluation of the new global model), or ``cross_site`` (the final
-evaluation; ``model`` names what was evaluated). ``site`` is ``global`` for the example-weighted
-mean over sites. Written to:
+result), ``validate`` (a site's evaluation of the new global model), ``cross_site`` (the final
+evaluation; ``model`` names what was evaluated) or ``log`` (what a site script passed to
+``fl.log_metrics``, with its ``step``). ``site`` is ``global`` for the example-weighted mean over
+sites. Rounds count from 1, as everywhere users see them. Written to:
 
 - ``metrics.jsonl``: one JSON object per record, flushed at once (follow it with ``tail -f``);
-- ``metrics.csv``: long format ``round,phase,site,model,metric,value``, one row per metric;
-- TensorBoard event files under ``tensorboard/`` when ``torch.utils.tensorboard`` works (the
-  ``tensorboard`` package is installed); silently skipped otherwise;
+- ``metrics.csv``: long format ``round,phase,site,model,metric,value,step``, one row per metric;
+- the job's experiment trackers (``atoll.fl.tracking``: TensorBoard event files under
+  ``tensorboard/``, MLflow), as app.yaml's ``server.tracking`` asks;
 - ``training_curves.png`` at ``close()`` (matplotlib, imported only then).
 """
 
@@ -17,14 +18,23 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
+from atoll.fl.tracking import LOGGED, Record, Streamer, server_streamer
+
 log = logging.getLogger(__name__)
+
+LOGGED_KEY = "logged_metrics"  # where a site's fl.log_metrics values ride with its result
+MAX_LOGGED = 10_000  # per result: a script logging every batch must not grow a model's header
 
 
 class MetricsLog:
-    def __init__(self, results_dir: Path):
+    def __init__(self, results_dir: Path, job_args: dict[str, Any] | None = None):
+        """``job_args``: the job's settings from the runner (``tracking``, ``name``, ``job_id``)."""
+        job_args = job_args or {}
         self.results_dir = Path(results_dir)
         self.results_dir.mkdir(parents=True, exist_ok=True)
         self.records: list[dict[str, Any]] = []
@@ -34,8 +44,9 @@ class MetricsLog:
         self._csv_file = open(csv_path, "a", newline="", encoding="utf-8")  # noqa: SIM115
         self._csv = csv.writer(self._csv_file)
         if new_csv:
-            self._csv.writerow(["round", "phase", "site", "model", "metric", "value"])
-        self._tb = _tensorboard_writer(self.results_dir / "tensorboard")
+            self._csv.writerow(["round", "phase", "site", "model", "metric", "value", "step"])
+        self._tracking: Streamer = server_streamer(job_args.get("tracking"), self.results_dir,
+                                                   job_args)
 
     def record(
         self,
@@ -45,8 +56,9 @@ class MetricsLog:
         metrics: dict[str, float],
         num_examples: int = 0,
         model: str = "global",
+        step: int | None = None,
     ) -> None:
-        entry = {
+        entry: dict[str, Any] = {
             "round": round,
             "phase": phase,
             "site": site,
@@ -54,22 +66,28 @@ class MetricsLog:
             "num_examples": num_examples,
             "metrics": metrics,
         }
+        if phase == LOGGED:
+            entry["step"] = step
         self.records.append(entry)
         self._jsonl.write(json.dumps(entry) + "\n")
         self._jsonl.flush()
         for name, value in metrics.items():
-            self._csv.writerow(["" if round is None else round, phase, site, model, name, value])
+            self._csv.writerow(["" if round is None else round, phase, site, model, name, value,
+                                "" if step is None else step])
         self._csv_file.flush()
-        if self._tb is not None and round is not None:
-            for name, value in metrics.items():
-                self._tb.add_scalar(f"{phase}/{name}/{site}", value, round)
+        self._tracking.log(Record(round, phase, site, metrics, model, step))
+
+    def record_logged(self, site: str, meta: dict[str, Any]) -> None:
+        """The ``fl.log_metrics`` values a site sent with a result (its model's meta)."""
+        for entry in _logged_entries(meta.get(LOGGED_KEY)):
+            self.record(entry["round"], LOGGED, site, entry["metrics"], step=entry["step"])
 
     def close(self, plot: bool = True) -> Path | None:
-        """Close the files and draw the training curves; returns the PNG's path if drawn."""
+        """Close the files and trackers, draw the training curves; returns the PNG's path.
+        Called while the workflow's exception propagates, the trackers' runs end as failed."""
         self._jsonl.close()
         self._csv_file.close()
-        if self._tb is not None:
-            self._tb.close()
+        self._tracking.close(failed=sys.exc_info()[0] is not None)
         if not plot:
             return None
         from atoll.fl.plots import plot_training_curves
@@ -83,13 +101,21 @@ class MetricsLog:
         return path if drawn else None
 
 
-def _tensorboard_writer(path: Path) -> Any:
-    import importlib.util
-
-    if importlib.util.find_spec("tensorboard") is None:
-        return None  # checked first so that a server without tensorboard never imports torch
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # torch or tensorboard missing: event files are optional
-        return None
-    return SummaryWriter(log_dir=str(path))
+def _logged_entries(value: Any) -> list[dict[str, Any]]:
+    """The well-formed entries of a site's logged metrics (the site's code wrote them: any
+    shape); anything else is skipped, never trusted."""
+    if not isinstance(value, list):
+        return []
+    entries = []
+    for item in value[:MAX_LOGGED]:
+        if not isinstance(item, dict) or not isinstance(item.get("metrics"), dict):
+            continue
+        metrics = {str(k): float(v) for k, v in item["metrics"].items()
+                   if isinstance(v, int | float) and not isinstance(v, bool)
+                   and math.isfinite(v)}
+        round_, step = item.get("round"), item.get("step")
+        if metrics:
+            entries.append({"metrics": metrics,
+                            "round": round_ if isinstance(round_, int) else None,
+                            "step": step if isinstance(step, int) else None})
+    return entries

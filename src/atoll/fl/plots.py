@@ -1,4 +1,5 @@
-"""``training_curves.png``: per-metric curves of every site and of the global mean, per round."""
+"""``training_curves.png``: per-metric curves of every site and of the global mean, per round,
+and of what site scripts passed to ``fl.log_metrics`` (phase ``log``), per step."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ def plot_training_curves(records: list[dict[str, Any]], path: Path) -> bool:
     """
     series: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = {}
     for record in records:
-        if record["phase"] not in ("train", "validate") or record["round"] is None:
+        x = _x(record)
+        if x is None:
             continue
         for metric, value in record["metrics"].items():
             panel = series.setdefault((record["phase"], metric), {})
-            panel.setdefault(record["site"], []).append((record["round"], value))
-    # validation panels first: they are what people look at
-    panels = sorted(series, key=lambda key: (key[0] != "validate", key))[:MAX_PANELS]
+            panel.setdefault(record["site"], []).append((x, value))
+    # validation panels first: they are what people look at; then training, then logged values
+    order = {"validate": 0, "train": 1, "log": 2}
+    panels = sorted(series, key=lambda key: (order[key[0]], key))[:MAX_PANELS]
     if not panels:
         return False
     import matplotlib
@@ -42,8 +45,8 @@ def plot_training_curves(records: list[dict[str, Any]], path: Path) -> bool:
                 ax.plot(xs, ys, color="black", linewidth=2.5, label="global (weighted)")
             else:
                 ax.plot(xs, ys, marker="o", markersize=3, linewidth=1, label=site)
-        ax.set_title(f"{phase} {metric}")
-        ax.set_xlabel("round")
+        ax.set_title(f"fl.log_metrics {metric}" if phase == "log" else f"{phase} {metric}")
+        ax.set_xlabel("step" if phase == "log" else "round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -53,3 +56,14 @@ def plot_training_curves(records: list[dict[str, Any]], path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _x(record: dict[str, Any]) -> int | None:
+    """Where a record goes on its curve: its round, or a logged value's own step (else its
+    round); None for what has no place on a curve (cross-site results)."""
+    if record["phase"] == "log":
+        step = record.get("step")
+        return step if step is not None else record["round"]
+    if record["phase"] in ("train", "validate"):
+        return record["round"]
+    return None

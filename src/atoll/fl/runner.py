@@ -10,7 +10,8 @@ The worker (``python -m atoll.worker``) connects its channel, then calls one of:
   with its traceback, for the worker to print to the job's log; ``sys.exit(0)`` is a success.
 
 ``job_args`` are job-level settings the workflow may use as defaults (``min_clients`` from
-meta.json); unknown keys are ignored.
+meta.json, the job's ``name``); the runner adds ``job_id`` and app.yaml's ``tracking`` (for the
+workflow's ``MetricsLog``); unknown keys are ignored.
 """
 
 from __future__ import annotations
@@ -132,7 +133,9 @@ def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, An
     initial = None
     if config.server.initial_model:
         initial = load_initial_model(app_dir, config.server.initial_model)
-    ctx = Context(channel, args, initial, dict(job_args or {}))
+    # The job's settings for the workflow's metrics log: its id and app.yaml's tracking.
+    job_args = {"job_id": channel.job_id, **(job_args or {}), "tracking": config.server.tracking}
+    ctx = Context(channel, args, initial, job_args)
     try:
         workflow_class(ctx).run()
     finally:
@@ -200,7 +203,11 @@ def run_site_app(
     app_dir = Path(app_dir)
     section = _site_section(app_dir)
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config, statistics_rules, ranks))
+    from atoll.fl.tracking import site_streamer
+
+    # Rank 0 alone streams: the other ranks of a distributed site train the same model.
+    tracking = site_streamer(site, channel.job_id) if ranks is None or ranks.leader else None
+    bind(ClientSession(channel, site, datasets, section.config, statistics_rules, ranks, tracking))
     saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
     try:
         sys.argv = [str(script), *section.args]
@@ -213,6 +220,8 @@ def run_site_app(
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
         unbind()
+        if tracking is not None:
+            tracking.close(failed=sys.exc_info()[0] is not None)
 
 
 def run_site_app_in_thread(

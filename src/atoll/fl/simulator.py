@@ -254,12 +254,14 @@ def simulate(
             f"folder; deploy_map gives: {', '.join(sorted({p.name for p in site_apps.values()}))}"
         )
     site_app = next(iter(site_apps.values()))
-    results = Path(results_dir) if results_dir else Path(tempfile.mkdtemp(prefix="atoll-sim-"))
+    # resolved now: the sites run in the app folder, and a relative path must mean the caller's
+    results = (Path(results_dir).resolve() if results_dir
+               else Path(tempfile.mkdtemp(prefix="atoll-sim-")))
     federation = Federation(
         list(sites), results, job_id=f"sim-{uuid.uuid4().hex[:8]}", on_event=on_event
     )
     if job_args is None:
-        job_args = {k: meta[k] for k in ("min_clients", "mandatory_clients") if k in meta}
+        job_args = {k: meta[k] for k in ("min_clients", "mandatory_clients", "name") if k in meta}
     site_errors: dict[str, str] = {}
 
     def site_main(site: str) -> None:

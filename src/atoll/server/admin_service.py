@@ -304,7 +304,7 @@ class AdminService:
         record = self._job(study, body.get("job_id"))
         out = job_summary(record)
         out["version"] = version
-        out["progress"] = self.store.events(record.id)[-50:]
+        out["progress"] = self.store.recent_events(record.id)
         return out
 
     def job_logs(self, who, study, body):

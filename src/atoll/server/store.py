@@ -216,6 +216,10 @@ class JobStore:
                            (job_id, since))
         return [{"at": r["at"], "source": r["source"], **json.loads(r["body"])} for r in rows]
 
+    def recent_events(self, job_id: str) -> list[dict[str, Any]]:
+        """What a job's status shows: its latest events (``recent_progress``)."""
+        return recent_progress(self.events(job_id))
+
     # -- participants and studies ---------------------------------------------------------------
     def upsert_participant(self, name: str, kind: str, org: str, role: str = "") -> None:
         self._exec(
@@ -270,3 +274,15 @@ class JobStore:
             rows = self._query("SELECT * FROM audit WHERE study=? ORDER BY id DESC LIMIT ?",
                                (study, limit))
         return [dict(r) for r in reversed(rows)]
+
+
+PROGRESS_SHOWN = 50
+
+
+def recent_progress(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The latest events of a job: the workflow's own (rounds, the end) and the sites'
+    (``fl.log_metrics``), up to PROGRESS_SHOWN of each, in time order, so that a site logging
+    every batch cannot push the rounds out of what a watcher sees."""
+    server = [e for e in events if e.get("source") == "server"][-PROGRESS_SHOWN:]
+    others = [e for e in events if e.get("source") != "server"][-PROGRESS_SHOWN:]
+    return sorted(server + others, key=lambda e: e.get("at", 0.0))

@@ -35,7 +35,8 @@ class ServerWorkerBackend:
         if live.record.state == "DISPATCHED":
             live.record.state = "RUNNING"
             self.store.set_job_state(job_id, "RUNNING")
-        info = {"sites": live.sites, "job_args": {"min_clients": live.meta.min_clients}}
+        info = {"sites": live.sites,
+                "job_args": {"min_clients": live.meta.min_clients, "name": live.meta.name}}
         if live.relay.handoff is not None:
             info["handoff"] = str(live.relay.handoff.path)
         return info

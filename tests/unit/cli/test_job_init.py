@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -140,3 +141,46 @@ def test_torch_ddp_template_trains_in_one_process(tmp_path):
     simulate(job, SITES, results_dir=tmp_path / "results")
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
     assert summary["final_validation"]["accuracy"] > 0.8
+
+
+def _with_mu(job, mu: float):
+    app = job / "app" / "app.yaml"
+    app.write_text(app.read_text().replace("mu: 0.01", f"mu: {mu}"))
+    assert f"mu: {mu}" in app.read_text()
+    return job
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_the_fedprox_template_applies_the_proximal_term(tmp_path, framework):
+    """mu = 0 trains exactly as the FedAvg template does; mu > 0 changes every site's update
+    and keeps it nearer the global model (the proximal term's whole point)."""
+    if framework == "torch":
+        pytest.importorskip("torch")
+    from atoll.fl.serde import load_file
+
+    def final(name: str, workflow: str, mu: float | None = None) -> dict:
+        folder = tmp_path / name
+        folder.mkdir()
+        job = _init(folder, "--workflow", workflow, "--framework", framework)
+        if mu is not None:
+            _with_mu(job, mu)
+        simulate(job, SITES, results_dir=folder / "results")
+        return load_file(folder / "results" / "global_model_final.safetensors").params, folder
+
+    fedavg, _ = final("fedavg", "fedavg")
+    same, _ = final("mu0", "fedprox", 0.0)
+    strong, strong_dir = final("mu1", "fedprox", 1.0)
+    for name, value in fedavg.items():
+        np.testing.assert_allclose(same[name], value, rtol=1e-6, atol=1e-7)
+    assert any(not np.allclose(strong[name], value) for name, value in fedavg.items())
+    rows = [json.loads(line) for line in (strong_dir / "results" / "metrics.jsonl").read_text()
+            .splitlines()]
+    terms = [r["metrics"]["proximal_term"] for r in rows
+             if r["phase"] == "train" and r["site"] != "global" and r["round"] > 1]
+    assert terms and all(t > 0 for t in terms)  # the sites moved, and paid for it
+
+
+def test_only_the_fedprox_template_carries_fedprox_code(tmp_path):
+    for workflow in ("fedavg", "fedopt"):
+        script = (_init(tmp_path / workflow, "--workflow", workflow) / "app" / "train.py")
+        assert "fedprox" not in script.read_text() and "proximal" not in script.read_text()

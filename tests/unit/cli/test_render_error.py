@@ -55,16 +55,27 @@ def test_problems_of_several_files_name_their_file() -> None:
                              "  - meta.json: no app\n")
 
 
-@pytest.mark.parametrize(("error", "code", "errors"), [
-    (NotFound("no such job"), 5, [{"file": "", "path": "", "message": "no such job"}]),
-    (SPEC, 2, [{"file": "project.yaml", "path": "name", "message": "'Demo' is not a valid name"},
-               {"file": "project.yaml", "path": "port", "message": "must be at least 1"}]),
-    (PROBLEMS, 2, PROBLEMS),
+@pytest.mark.parametrize(("error", "code", "body"), [
+    (NotFound("no such job"), 5,
+     {"code": "NOT_FOUND", "exit_code": 5, "message": "no such job"}),
+    (SPEC, 2, {"code": "INVALID", "exit_code": 2,
+               "message": "project.yaml: 2 problems\n  - name: 'Demo' is not a valid name\n"
+                          "  - port: must be at least 1",
+               "problems": [{"file": "project.yaml", "path": "name",
+                             "message": "'Demo' is not a valid name"},
+                            {"file": "project.yaml", "path": "port",
+                             "message": "must be at least 1"}]}),
+    (PROBLEMS, 2, {"code": "INVALID", "exit_code": 2,
+                   "message": "2 problems\n  - local/site.yaml: process: not for docker\n"
+                              "  - meta.json: no app",
+                   "problems": PROBLEMS}),
+    (KeyboardInterrupt(), 130, {"code": "INTERRUPTED", "exit_code": 130,
+                                "message": "interrupted"}),
 ])
-def test_with_format_json_stdout_gets_the_errors(error, code, errors) -> None:
+def test_with_format_json_stdout_gets_the_error(error, code, body) -> None:
     result = run(error, "--format", "json")
     assert result.exit_code == code and result.stderr == ""
-    assert json.loads(result.stdout) == {"ok": False, "errors": errors}
+    assert json.loads(result.stdout) == {"error": body}
 
 
 def test_control_characters_of_a_message_are_shown_escaped() -> None:

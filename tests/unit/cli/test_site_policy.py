@@ -46,7 +46,7 @@ def test_validate_checks_the_policy(kit):
     policy(site_dir, permissions={"lead": {"submit_job": "maybe"}}, code_approval="sometimes")
     result = run(validate_command, site_dir, "--format", "json")
     assert result.exit_code == 2
-    errors = json.loads(result.stdout)["errors"]
+    errors = json.loads(result.stdout)["error"]["problems"]
     assert {(e["file"], e["path"]) for e in errors} == {
         ("local/authorization.json", "permissions.lead.submit_job"),
         ("local/authorization.json", "code_approval")}
@@ -63,21 +63,21 @@ def test_render_says_who_the_policy_lets_run_the_job(kit):
         "permissions.lead.submit_job", "permissions.lead.byoc"]
     result = render(site_dir, job, "--role", "member")
     assert result.exit_code == 2
-    paths = [e["path"] for e in json.loads(result.stdout)["errors"]]
+    paths = [e["path"] for e in json.loads(result.stdout)["error"]["problems"]]
     assert paths == ["permissions.member.submit_job", "permissions.member"]
 
 
 def test_o_site_needs_the_sites_kit_for_its_org(kit):
     site_dir, job = kit  # local/ only: no certificate, no org
     policy(site_dir, permissions={"lead": {"submit_job": "o:site", "byoc": "any"}})
-    errors = json.loads(render(site_dir, job, "--org", "hospital-a").stdout)["errors"]
+    errors = json.loads(render(site_dir, job, "--org", "hospital-a").stdout)["error"]["problems"]
     assert "this site's org is unknown: pass the site's kit folder" in errors[0]["message"]
 
 
 def test_a_site_in_approval_mode_renders_only_approved_jobs(kit):
     site_dir, job = kit
     policy(site_dir, code_approval="required")
-    refused = json.loads(render(site_dir, job).stdout)["errors"]
+    refused = json.loads(render(site_dir, job).stdout)["error"]["problems"]
     assert "is not approved; after review, approve it with `atoll site approve" in \
         refused[0]["message"]
     approved = run(approve_command, site_dir, job, "--format", "json")

@@ -56,7 +56,7 @@ def test_render_lists_every_problem_with_exit_code_2(kit):
     (job / "meta.json").write_text(json.dumps({"name": "j", "deploy_map": {}}))
     result = run(render_command, site_dir, job, "--study", "pathology", "--format", "json")
     assert result.exit_code == 2
-    errors = json.loads(result.output)["errors"]
+    errors = json.loads(result.output)["error"]["problems"]
     assert {e["path"] for e in errors} == {"process.gpu_idz", "format_version", "deploy_map"}
 
 

@@ -37,7 +37,7 @@ def _sites(**extra):
 
 def test_a_site_dropping_mid_round_is_tolerated_while_min_clients_holds(tmp_path):
     args = FedAvgArgs(num_rounds=3, min_clients=2)
-    federation = run_workflow(run_fedavg, args, _sites(**{"site-3": _dropping(1, 30.0)}), tmp_path)
+    federation = run_workflow(run_fedavg, args, _sites(**{"site-3": _dropping(2, 30.0)}), tmp_path)
     final = load_file(tmp_path / "global_model_final.safetensors")
     np.testing.assert_array_equal(final.params["w"], [3.0, 3.0])  # mean of the two that stayed
     rounds = [e for e in federation.events if e["event"] == "round"]
@@ -51,10 +51,10 @@ def test_a_site_dropping_mid_round_is_tolerated_while_min_clients_holds(tmp_path
 def test_below_min_clients_the_workflow_fails_naming_the_site_and_reason(tmp_path):
     args = FedAvgArgs(num_rounds=3, min_clients=3)
     with pytest.raises(WorkflowError) as failure:
-        run_workflow(run_fedavg, args, _sites(**{"site-3": _dropping(1)}), tmp_path)
+        run_workflow(run_fedavg, args, _sites(**{"site-3": _dropping(2)}), tmp_path)
     message = str(failure.value)
     # How many others answered before the round gave up depends on arrival order.
-    assert message.startswith("round 1: ") and "min_clients is 3" in message
+    assert message.startswith("round 2: ") and "min_clients is 3" in message
     assert "site-3: site-3 dropped out: worker killed by signal 9" in message
 
 
@@ -65,7 +65,7 @@ def test_a_site_dropping_during_validation_counts_too(tmp_path):
         return Model(params={"w": np.ones(2)}, num_examples=1)
 
     with pytest.raises(
-        WorkflowError, match=r"round 0 validation: 2 site\(s\).*site-3 dropped out: out of memory"
+        WorkflowError, match=r"round 1 validation: 2 site\(s\).*site-3 dropped out: out of memory"
     ):
         run_workflow(
             run_fedavg,
@@ -80,7 +80,7 @@ def test_a_silent_site_misses_the_round_by_timeout_and_stays_active(tmp_path):
 
     def silent_once(topic, model):
         calls.append((topic, model.round))
-        if topic == "train" and model.round == 0:
+        if topic == "train" and model.round == 1:
             return None  # never answers this task
         if topic == "validate":
             return Model(metrics={"accuracy": 0.5}, num_examples=1)
@@ -90,8 +90,8 @@ def test_a_silent_site_misses_the_round_by_timeout_and_stays_active(tmp_path):
     federation = run_workflow(run_fedavg, args, _sites(**{"site-3": silent_once}), tmp_path)
     rounds = [e for e in federation.events if e["event"] == "round"]
     assert rounds[0]["failed"] == {"site-3": "no reply within round_timeout=0.5s"}
-    assert "site-3" in rounds[1]["sites"]  # back in round 1
-    assert ("train", 1) in calls
+    assert "site-3" in rounds[1]["sites"]  # back in round 2
+    assert ("train", 2) in calls
 
 
 def test_an_unusable_result_is_rejected_and_named(tmp_path):
@@ -170,7 +170,7 @@ def test_a_round_that_cannot_reach_min_clients_stops_waiting_for_stalled_sites(t
     args = FedAvgArgs(num_rounds=2, min_clients=3, round_timeout=600)
     with pytest.raises(WorkflowError) as failure:
         run_workflow(run_fedavg, args,
-                     {"site-1": _dropping(0), "site-2": stall, "site-3": stall}, tmp_path)
+                     {"site-1": _dropping(1), "site-2": stall, "site-3": stall}, tmp_path)
     message = str(failure.value)
     assert "site-1: site-1 dropped out: worker killed by signal 9" in message
     for site in ("site-2", "site-3"):

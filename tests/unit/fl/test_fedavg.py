@@ -159,24 +159,24 @@ def test_a_full_run_writes_models_metrics_and_the_best_model(tmp_path):
         load_file(tmp_path / "global_model_final.safetensors").params["w"], 3.0
     )
     best = load_file(tmp_path / "global_model_best.safetensors")
-    assert best.round == 2 and best.metrics["accuracy"] == 0.9
+    assert best.round == 3 and best.metrics["accuracy"] == 0.9
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["round"], r["phase"], r["site"]) for r in rows[:4]] == [
-        (0, "train", "a"),
-        (0, "train", "global"),
-        (0, "validate", "a"),
-        (0, "validate", "global"),
+        (1, "train", "a"),
+        (1, "train", "global"),
+        (1, "validate", "a"),
+        (1, "validate", "global"),
     ]
     csv = (tmp_path / "metrics.csv").read_text().splitlines()
     assert (
-        csv[0] == "round,phase,site,model,metric,value"
-        and "2,validate,a,global,accuracy,0.9" in csv
+        csv[0] == "round,phase,site,model,metric,value,step"
+        and "3,validate,a,global,accuracy,0.9," in csv
     )
     assert (tmp_path / "training_curves.png").read_bytes()[:4] == b"\x89PNG"
     table = json.loads((tmp_path / "cross_site_eval.json").read_text())["table"]
     assert table == {"global_final": {"a": {"accuracy": 0.7}}}
     rounds = [e for e in federation.events if e["event"] == "round"]
-    assert [e["round"] for e in rounds] == [0, 1, 2]
+    assert [e["round"] for e in rounds] == [1, 2, 3]
     assert rounds[0]["sites"]["a"] == {
         "train": {"loss": 1.0},
         "num_examples": 10,

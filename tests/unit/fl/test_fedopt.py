@@ -66,7 +66,7 @@ def test_fedopt_workflow_matches_the_reference(tmp_path, optimizer):
             if topic == "validate":
                 return Model(metrics={"accuracy": 0.5}, num_examples=1)
             return Model(
-                params={"w": model.params["w"] + shifts[name] * (model.round + 1)},
+                params={"w": model.params["w"] + shifts[name] * model.round},
                 num_examples=weights[name],
             )
 

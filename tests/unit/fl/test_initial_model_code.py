@@ -12,14 +12,14 @@ from atoll.fl.app_config import AppConfigError, parse_app_config
 from atoll.fl.serde import load_file
 from atoll.fl.simulator import simulate
 
-# Records what round 0 brought, and sends back the weights plus the site's number.
+# Records what round 1 brought, and sends back the weights plus the site's number.
 RECORD = """
 import json
 import atoll.client as fl
 fl.init()
 while fl.is_running():
     model = fl.receive()
-    if model.current_round == 0:
+    if model.current_round == 1:
         seen = {k: v.tolist() for k, v in model.params.items()}
         open(f"../seen-{fl.site_name()}.json", "w").write(json.dumps(seen))
     bump = {"a": 1.0, "b": 3.0}[fl.site_name()]

@@ -15,7 +15,7 @@ import atoll.client as fl
 fl.init()
 while fl.is_running():
     model = fl.receive()
-    if fl.site_name() == "{crash}" and model.current_round == 1:
+    if fl.site_name() == "{crash}" and model.current_round == 2:
         raise RuntimeError("disk full")
     fl.send(fl.Model(params=model.params, num_examples=1))
 """
@@ -47,7 +47,7 @@ def test_scatter_gather_sends_the_payload_and_gathers_every_echo(tmp_path):
             "c": True,
         }
         assert all(r["params"] == {"payload": 100_000} for r in entry["replies"].values())
-    assert [e["round"] for e in result.events if e["event"] == "round"] == [0, 1]
+    assert [e["round"] for e in result.events if e["event"] == "round"] == [1, 2]
 
 
 def test_a_crashing_site_script_is_a_drop_out_with_its_traceback(tmp_path):
@@ -66,7 +66,7 @@ def test_the_workflow_error_surfaces(tmp_path):
     # min_clients, and the workflow stops waiting for a.
     with pytest.raises(
         WorkflowError,
-        match="round 1: [01] site.*min_clients is 2.*b: b dropped out: RuntimeError: disk full",
+        match="round 2: [01] site.*min_clients is 2.*b: b dropped out: RuntimeError: disk full",
     ):
         simulate(job, {"a": {}, "b": {}}, results_dir=tmp_path / "out")
 
@@ -87,3 +87,13 @@ def test_a_task_to_a_dropped_site_is_answered_with_the_error(tmp_path):
     replies = {r.site: r for r in federation.replies(task, timeout=5)}
     assert replies["b"].error == "b: worker exited with code 1"
     assert b"".join(replies["a"].chunks) == b"y"
+
+
+def test_a_relative_results_dir_is_the_callers(tmp_path, monkeypatch):
+    """The sites run in the app folder; results_dir="out" still means the caller's ./out."""
+    job = _job(tmp_path, {"num_rounds": 1})
+    monkeypatch.chdir(tmp_path)
+    result = simulate("job", {"a": {}}, results_dir="out")
+    assert result.results_dir == tmp_path / "out"
+    assert (tmp_path / "out" / "scatter_gather.json").is_file()
+    assert not (job / "app" / "out").exists()

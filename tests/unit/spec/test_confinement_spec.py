@@ -175,7 +175,7 @@ def test_site_validate_reports_each_refused_key_with_its_file(tmp_path: Path) ->
     local = write_kit(tmp_path, "docker", studies, site=site)
     result = CliRunner().invoke(validate_command, [str(local.parent), "--format", "json"])
     assert result.exit_code == 2, result.output
-    found = {(e["file"], e["path"]) for e in json.loads(result.output)["errors"]}
+    found = {(e["file"], e["path"]) for e in json.loads(result.output)["error"]["problems"]}
     assert (str(local / "site.yaml"), "docker.run_kwargs.cap_add") in found
     runtime = str(local / "study_runtime.yaml")
     assert (runtime, "studies.alpha.docker_kwargs.privileged") in found

@@ -135,7 +135,8 @@ class Context:
         requested = (
             args.get("min_clients") if isinstance(args, dict) else getattr(args, "min_clients", None)
         )
-        self.min_clients = resolve_min_clients(requested, dict(job_args or {}), self.sites)
+        self._job_args = dict(job_args or {})  # job_id, name, tracking: for the metrics log
+        self.min_clients = resolve_min_clients(requested, self._job_args, self.sites)
         self.active: list[str] = list(self.sites)  # sites that have not dropped out
         self.dropped: dict[str, str] = {}
         self.task_filters: list[Filter] = []
@@ -310,7 +311,7 @@ class Context:
     def metrics(self) -> MetricsLog:
         """metrics.jsonl / metrics.csv / training_curves.png, opened on first use."""
         if self._metrics is None:
-            self._metrics = MetricsLog(self.results_dir)
+            self._metrics = MetricsLog(self.results_dir, self._job_args)
         return self._metrics
 
     def log_metrics(

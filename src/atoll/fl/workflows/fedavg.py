@@ -121,10 +121,10 @@ class FedAvgRun:
 
     def run(self) -> None:
         try:
-            for round_ in range(self.args.num_rounds):
+            for round_ in range(1, self.args.num_rounds + 1):  # 1-based, as users see rounds
                 self.train_round(round_)
             final = save_file(
-                self._global_model(self.args.num_rounds - 1), self.results / FINAL_MODEL
+                self._global_model(self.args.num_rounds), self.results / FINAL_MODEL
             )
             if self.best is None:  # no usable validation: the final model is the best we know
                 shutil.copyfile(final, self.results / BEST_MODEL)
@@ -158,7 +158,7 @@ class FedAvgRun:
     def train_round(self, round_: int) -> None:
         what = f"round {round_}"
         self._check_active(what)
-        last = round_ == self.args.num_rounds - 1
+        last = round_ == self.args.num_rounds
         keep_site_models = last and self.args.cross_site_eval == "all"
         outgoing = self._global_model(round_)
         sent = self.ctx.send("train", outgoing, round=round_, total_rounds=self.args.num_rounds)
@@ -186,6 +186,8 @@ class FedAvgRun:
         outcome = gathered.outcome
         require(outcome, self.min_clients, what)
         train = {site: (m.metrics, m.num_examples) for site, m in gathered.results.items()}
+        for site, model in gathered.results.items():  # fl.log_metrics values, sent with results
+            self.metrics.record_logged(site, model.meta)
         averaged = gathered.aggregate or {}
         if self.server_update is not None and self.global_params:
             self.global_params = self.server_update(self.global_params, averaged, round_)
@@ -202,7 +204,7 @@ class FedAvgRun:
 
     def _evaluation_due(self, round_: int) -> bool:
         every = self.args.evaluate_every
-        return every > 0 and ((round_ + 1) % every == 0 or round_ == self.args.num_rounds - 1)
+        return every > 0 and (round_ % every == 0 or round_ == self.args.num_rounds)
 
     def validate(self, round_: int) -> dict[str, Any]:
         what = f"round {round_} validation"
@@ -263,7 +265,7 @@ class FedAvgRun:
         if mode == "none" or not self.active:
             return {}
         models = [("global_final", final)]
-        if self.best is not None and self.best[0] != self.args.num_rounds - 1:
+        if self.best is not None and self.best[0] != self.args.num_rounds:
             models.append(("global_best", self.results / BEST_MODEL))
         if mode == "all":
             folder = self.results / "site_models"
@@ -349,9 +351,8 @@ class FedAvgRun:
         if self.best is not None:
             event["best"] = {"round": self.best[0], self.args.key_metric: self.best[1]}
         log.info(
-            "round %d (%d of %d): %d result(s)%s%s",
+            "round %d of %d: %d result(s)%s%s",
             round_,
-            round_ + 1,
             self.args.num_rounds,
             len(train),
             f", validation {validation['global']}" if validation else "",

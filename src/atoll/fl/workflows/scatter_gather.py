@@ -50,10 +50,11 @@ class ScatterGather(Workflow):
         params = dict(initial.params) if initial else {"payload": make_payload(args.payload_bytes)}
         sent_digests = {name: digest(a) for name, a in params.items()}
         rounds: list[dict[str, Any]] = []
-        for round_ in range(args.num_rounds):
+        for round_ in range(1, args.num_rounds + 1):  # 1-based, as users see rounds
             started = time.monotonic()
-            model = Model(params=params, round=round_)
-            sent = ctx.send(args.topic, model, targets=ctx.sites, total_rounds=args.num_rounds)
+            model = Model(params=params, round=round_, meta={"total_rounds": args.num_rounds})
+            sent = ctx.send(args.topic, model, targets=ctx.sites, round=round_,
+                            total_rounds=args.num_rounds)
             gathered = ctx.gather(sent, timeout=args.round_timeout, require_min=False)
             replies = {s: _describe(m, sent_digests) for s, m in gathered.results.items()}
             entry = {
