@@ -13,12 +13,15 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atoll.fl.channels import SiteChannel, Task
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, encode
 from atoll.spec.errors import AtollError
+
+if TYPE_CHECKING:  # made by the runner only when app.yaml has a privacy section
+    from atoll.fl.privacy.site_privacy import SitePrivacy
 
 TRAIN, VALIDATE = "train", "validate"
 Evaluator = Callable[[Model], "dict[str, float] | Model"]
@@ -35,8 +38,11 @@ class ClientSession:
         site: str,
         datasets: dict[str, str] | None = None,
         config: dict[str, Any] | None = None,
+        privacy: SitePrivacy | None = None,
     ):
         self.channel = channel
+        # app.yaml's privacy section with the site's policy: filters, DP, secure aggregation
+        self.privacy = privacy if privacy is not None and privacy.active else None
         self.site = site
         self.datasets = dict(datasets or {})
         self.config = dict(config or {})
@@ -62,6 +68,16 @@ class ClientSession:
                 return False
             model = ModelStream(task.chunks).read(spare=self._spare)
             self._spare = {}
+            round_ = task.headers.get("round")
+            if self.privacy is not None and self.privacy.handles(task.topic):
+                answer = self.privacy.answer(task.topic, round_ if isinstance(round_, int) else -1,
+                                             model)
+                self.channel.reply(task.task_id, {"topic": task.topic, "round": round_},
+                                   encode(answer))
+                continue
+            if self.privacy is not None:
+                model = self.privacy.on_task(
+                    task.topic, round_ if isinstance(round_, int) else None, model)
             model.meta = {**model.meta, "task": task.topic}
             if model.round is None and isinstance(task.headers.get("round"), int):
                 model.round = task.headers["round"]
@@ -105,7 +121,8 @@ class ClientSession:
             model.round = self._model.round
         headers = {"topic": task.topic, "round": task.headers.get("round")}
         self._task, self._model = None, None
-        self.channel.reply(task.task_id, headers, encode(model))
+        outgoing = self.privacy.on_reply(task.topic, model) if self.privacy else model
+        self.channel.reply(task.task_id, headers, encode(outgoing))
         self._spare = dict(model.params)
 
     @property

@@ -21,16 +21,20 @@ import runpy
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atoll.fl.app_config import APP_FILE, AppConfigError, SiteSection, load_app_config
+from atoll.fl.app_config import APP_FILE, AppConfig, AppConfigError, SiteSection, load_app_config
 from atoll.fl.channels import ServerChannel, SiteChannel
 from atoll.fl.client_runtime import ClientSession, bind, unbind
 from atoll.fl.model import Model
 from atoll.fl.serde import SerdeError, dtype_name, load_file
 from atoll.spec.errors import AtollError
+from atoll.spec.privacy import PrivacySettings
+
+if TYPE_CHECKING:
+    from atoll.fl.privacy.site_privacy import SitePrivacy
 
 
 class SiteScriptError(AtollError, RuntimeError):
@@ -119,24 +123,47 @@ def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, An
         initial = load_initial_model(app_dir, config.server.initial_model)
     from atoll.fl.workflows import WORKFLOWS  # the server's alone: site workers skip it
 
-    WORKFLOWS[config.server.workflow](channel, args, initial, dict(job_args or {}))
+    job_args = dict(job_args or {})
+    if config.privacy is not None:  # the FedAvg family reads it (workflows/__init__.py)
+        job_args["privacy"] = config.privacy
+    WORKFLOWS[config.server.workflow](channel, args, initial, job_args)
 
 
-def _site_section(app_dir: Path) -> SiteSection:
+def _site_config(app_dir: Path) -> AppConfig:
     config, _ = load_app_config(app_dir)
     if config.site is None:
         raise AppConfigError(
             str(app_dir / APP_FILE),
             ["site: missing: sites run this app, so app.yaml needs site: {script, args}"],
         )
-    return config.site
+    return config
+
+
+def _site_section(app_dir: Path) -> SiteSection:
+    section = _site_config(app_dir).site
+    assert section is not None
+    return section
+
+
+def _site_privacy(config: AppConfig, site: str, job_id: str) -> SitePrivacy | None:
+    """The site's side of app.yaml's privacy section, checked against the site's own policy
+    (handed over by its parent); None when neither asks for anything."""
+    from atoll.fl.privacy.site_privacy import SitePrivacy, policy_from_env
+
+    policy = policy_from_env()
+    if config.privacy is None and policy is None:
+        return None
+    return SitePrivacy(config.privacy or PrivacySettings(), policy, site, job_id)
 
 
 def run_site_app(channel: SiteChannel, app_dir: Path, site: str, datasets: dict[str, str]) -> None:
     app_dir = Path(app_dir)
-    section = _site_section(app_dir)
+    config = _site_config(app_dir)
+    section = config.site
+    assert section is not None
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config))
+    privacy = _site_privacy(config, site, channel.job_id)
+    bind(ClientSession(channel, site, datasets, section.config, privacy))
     saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
     try:
         sys.argv = [str(script), *section.args]
@@ -162,9 +189,12 @@ def run_site_app_in_thread(
     would race on it).
     """
     app_dir = Path(app_dir)
-    section = _site_section(app_dir)
+    config = _site_config(app_dir)
+    section = config.site
+    assert section is not None
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config), thread_only=True)
+    privacy = _site_privacy(config, site, channel.job_id)
+    bind(ClientSession(channel, site, datasets, section.config, privacy), thread_only=True)
     try:
         code = compile(script.read_bytes(), str(script), "exec")
         namespace = {

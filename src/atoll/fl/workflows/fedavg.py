@@ -31,7 +31,7 @@ import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from atoll.fl.workflows.rounds import (
     send_model,
 )
 
+if TYPE_CHECKING:
+    from atoll.fl.privacy.server_privacy import ServerPrivacy
+
 log = logging.getLogger(__name__)
 
 Params = dict[str, np.ndarray]
@@ -60,6 +63,20 @@ ServerUpdate = Callable[[Params, Params, int], Params]
 
 FINAL_MODEL = "global_model_final.safetensors"
 BEST_MODEL = "global_model_best.safetensors"
+
+
+def _privacy(job_args: dict[str, Any], has_initial: bool) -> ServerPrivacy | None:
+    """app.yaml's privacy section, as the runner passed it in ``job_args``."""
+    settings = job_args.get("privacy")
+    if settings is None:
+        return None
+    from atoll.fl.privacy.server_privacy import ServerPrivacy
+
+    if settings.changes_updates and not has_initial:
+        raise WorkflowError("privacy filters and secure aggregation need the sites to send "
+                            "updates against a global model: set server.initial_model in "
+                            "app.yaml")
+    return ServerPrivacy(settings)
 
 
 def run_fedavg(
@@ -103,15 +120,22 @@ class FedAvgRun:
         self.last_validation: dict[str, float] = {}
         self.best: tuple[int, float] | None = None
         self.metrics = MetricsLog(self.results)
+        self.privacy = _privacy(job_args, bool(self.global_params))
+        self.stopped: str | None = None  # why training ended before num_rounds
+        self.rounds_done = 0
 
     # --- the loop ---------------------------------------------------------------------------
 
     def run(self) -> None:
         try:
             for round_ in range(self.args.num_rounds):
+                if self.privacy is not None and (reason := self.privacy.stop_reason()):
+                    self._stop(round_, reason)
+                    break
                 self.train_round(round_)
+                self.rounds_done = round_ + 1
             final = save_file(
-                self._global_model(self.args.num_rounds - 1), self.results / FINAL_MODEL
+                self._global_model(self.rounds_done - 1), self.results / FINAL_MODEL
             )
             if self.best is None:  # no usable validation: the final model is the best we know
                 shutil.copyfile(final, self.results / BEST_MODEL)
@@ -119,6 +143,16 @@ class FedAvgRun:
             self._write_summary(table)
         finally:
             self.metrics.close()
+
+    def _stop(self, round_: int, reason: str) -> None:
+        """The job's privacy budget allows no further round: end with what we have."""
+        if round_ == 0:
+            raise WorkflowError(f"no round can run: {reason}; raise privacy.dp.max_epsilon or "
+                                "privacy.dp.noise_multiplier in app.yaml")
+        self.stopped = reason
+        log.warning("training stops after round %d of %d: %s", round_, self.args.num_rounds,
+                    reason)
+        self.channel.report({"event": "stopped", "round": round_, "reason": reason})
 
     def _global_model(self, round_: int) -> Model:
         return Model(
@@ -153,9 +187,13 @@ class FedAvgRun:
         keep_site_models = last and self.args.cross_site_eval == "all"
         outgoing = self._global_model(round_)
         headers = {"round": round_, "total_rounds": self.args.num_rounds}
+        if self.privacy is not None and (self.privacy.secure or self.privacy.central):
+            self._private_round(round_, outgoing, headers)
+            return
         task_id = send_model(self.channel, self.active, "train", outgoing, headers)
         del outgoing  # uploaded: the channel holds no view of our buffers any more
-        reuse = self.server_update is None and not keep_site_models and not self.saw_diff
+        reuse = (self.server_update is None and not keep_site_models and not self.saw_diff
+                 and self.privacy is None)
         mean = WeightedMean(self.global_params, reuse_reference=reuse)
         if reuse:
             self.global_params = {}  # the mean's now: its first full result overwrites it
@@ -178,6 +216,26 @@ class FedAvgRun:
         self._drop(outcome)
         require(outcome, self.min_clients, what)
         averaged = mean.result()
+        self._finish_round(round_, averaged, train, outcome, mean.total_weight)
+
+    def _private_round(self, round_: int, outgoing: Model, headers: dict[str, Any]) -> None:
+        """A round whose aggregation the privacy settings own: secure aggregation (the server
+        learns only the sum) or server-side DP (each update clipped, the sum noised)."""
+        from atoll.fl.privacy.server_privacy import apply_update
+
+        assert self.privacy is not None
+        private = self.privacy.train_round(self.channel, self.active, outgoing, headers,
+                                           self.args.round_timeout, self.min_clients,
+                                           self.global_params)
+        del outgoing
+        self._drop(private.outcome)
+        update = private.mean_update(self.min_clients, f"round {round_}")
+        self._finish_round(round_, apply_update(self.global_params, update), private.train,
+                           private.outcome, private.total_weight)
+
+    def _finish_round(self, round_: int, averaged: Params,
+                      train: dict[str, tuple[dict[str, float], int]], outcome: Outcome,
+                      total_weight: float) -> None:
         if self.server_update is not None and self.global_params:
             self.global_params = self.server_update(self.global_params, averaged, round_)
         else:
@@ -186,9 +244,12 @@ class FedAvgRun:
             self.metrics.record(round_, "train", site, metrics, n)
         global_train = weighted_metrics(train.values())
         if global_train:
-            self.metrics.record(round_, "train", "global", global_train, int(mean.total_weight))
+            self.metrics.record(round_, "train", "global", global_train, int(total_weight))
+        spent = self.privacy.record_round() if self.privacy is not None else {}
+        if spent:  # the job's privacy budget, through the metrics files like any metric
+            self.metrics.record(round_, "privacy", "global", spent)
         validation = self.validate(round_) if self._evaluation_due(round_) else None
-        self._report_round(round_, train, global_train, validation, outcome)
+        self._report_round(round_, train, global_train, validation, outcome, spent)
 
     def _evaluation_due(self, round_: int) -> bool:
         every = self.args.evaluate_every
@@ -295,6 +356,10 @@ class FedAvgRun:
             "dropped": self.dropped,
             "cross_site_eval": cross_site.get("table", {}),
         }
+        if self.privacy is not None:
+            summary["privacy"] = self.privacy.summary()
+        if self.stopped:
+            summary["stopped"] = self.stopped
         (self.results / "summary.json").write_text(json.dumps(summary, indent=2))
         self.channel.report({"event": "finished", **summary})
 
@@ -316,6 +381,7 @@ class FedAvgRun:
         global_train: dict[str, float],
         validation: dict[str, Any] | None,
         outcome: Outcome,
+        privacy: dict[str, float] | None = None,
     ) -> None:
         sites: dict[str, Any] = {
             site: {"train": metrics, "num_examples": n} for site, (metrics, n) in train.items()
@@ -339,13 +405,16 @@ class FedAvgRun:
         }
         if self.best is not None:
             event["best"] = {"round": self.best[0], self.args.key_metric: self.best[1]}
+        if privacy:
+            event["privacy"] = privacy
         log.info(
-            "round %d (%d of %d): %d result(s)%s%s",
+            "round %d (%d of %d): %d result(s)%s%s%s",
             round_,
             round_ + 1,
             self.args.num_rounds,
             len(train),
             f", validation {validation['global']}" if validation else "",
+            f", epsilon {privacy['epsilon']:.3f} at delta {privacy['delta']:g}" if privacy else "",
             f", failed: {describe(event['failed'])}" if event["failed"] else "",
         )
         self.channel.report(event)

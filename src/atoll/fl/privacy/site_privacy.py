@@ -1,0 +1,154 @@
+"""What a site worker does to what it receives and sends, as the job asks and the site demands.
+
+``SitePrivacy`` sits between the channel and the training script (``ClientSession``):
+
+- a task: its ``filters.task`` run on the model before the script sees it (an excluded variable
+  is removed, so the script keeps its own value, and is never sent back either);
+- a train reply: the update (the script's weights minus the global model received, or its diff)
+  goes through ``filters.reply`` and client-mode DP's clip and noise, the site's accountant
+  records the release (refusing it once the site's budget would be passed), and with secure
+  aggregation it leaves encoded and masked;
+- the secure aggregation steps (``secagg.*`` tasks) are answered here; the script never sees
+  them.
+
+The site's own policy (``local/privacy.yaml``, handed over by its parent in
+``ATOLL_PRIVACY_POLICY``) is checked again here: a job asking for less is refused before the
+script runs, whatever the parent did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from atoll.fl.model import Model
+from atoll.fl.privacy import filters
+from atoll.fl.privacy.accounting import Ledger
+from atoll.fl.privacy.secagg import masking
+from atoll.fl.privacy.secagg.client import TOPICS, SecAggClient
+from atoll.spec.errors import AtollError
+from atoll.spec.privacy import (
+    POLICY_ENV,
+    ExcludeFilter,
+    PrivacySettings,
+    SitePrivacyPolicy,
+    parse_site_policy,
+    policy_violations,
+    reply_noise,
+)
+
+SECAGG_META = "secagg"  # the key of a train task's model.meta that carries the shares
+
+
+class PrivacyRefused(AtollError, RuntimeError):
+    """This site will not run the job's privacy settings; the message names the rule."""
+
+
+def policy_from_env() -> SitePrivacyPolicy | None:
+    raw = os.environ.get(POLICY_ENV)
+    if not raw:
+        return None
+    return parse_site_policy(json.loads(raw), f"{POLICY_ENV} (the site's local/privacy.yaml)")
+
+
+class SitePrivacy:
+    def __init__(self, settings: PrivacySettings, policy: SitePrivacyPolicy | None, site: str,
+                 job_id: str, rng: np.random.Generator | None = None):
+        violations = policy_violations(settings, policy)
+        if violations:
+            raise PrivacyRefused(f"{site} refuses the job's privacy settings (local/privacy.yaml): "
+                                 + "; ".join(map(str, violations)))
+        self.settings = settings
+        self.site = site
+        self.rng = rng if rng is not None else np.random.default_rng()
+        self.task_filters = list(settings.filters.task)
+        self.reply_filters = settings.reply_pipeline()
+        self.task_excluded = [p for spec in self.task_filters if isinstance(spec, ExcludeFilter)
+                              for p in spec.patterns]
+        if self.task_excluded:  # what the site kept back from the task never leaves it either
+            self.reply_filters.insert(0, ExcludeFilter(type="exclude",
+                                                       patterns=self.task_excluded))
+        self.ledger = self._ledger(policy)
+        self.secagg = SecAggClient(site, job_id) if settings.secure_aggregation else None
+        self._received: dict[str, np.ndarray] = {}  # the global model this round's update is from
+        self._site_count = 0
+
+    def _ledger(self, policy: SitePrivacyPolicy | None) -> Ledger | None:
+        _, noise = reply_noise(self.reply_filters)
+        if noise is None:
+            return None
+        budget = policy.budget if policy is not None else None
+        delta = budget.delta if budget else (self.settings.dp.delta if self.settings.dp else 1e-5)
+        return Ledger(noise, delta, budget.epsilon if budget else None,
+                      owner=f"site {self.site} (local/privacy.yaml budget.epsilon)")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.task_filters or self.reply_filters or self.secagg)
+
+    @staticmethod
+    def handles(topic: str) -> bool:
+        return topic in TOPICS
+
+    def answer(self, topic: str, round_: int, model: Model) -> Model:
+        """A secure aggregation step, answered without the script."""
+        if self.secagg is None:
+            raise PrivacyRefused(f"the server asked for {topic}, but this site's app.yaml does not "
+                                 "turn on privacy.secure_aggregation")
+        return Model(meta=self.secagg.answer(topic, round_, model.meta))
+
+    def on_task(self, topic: str, round_: int | None, model: Model) -> Model:
+        routed = model.meta.pop(SECAGG_META, None)
+        if topic == "train" and self.secagg is not None:
+            if round_ is None or not isinstance(routed, dict):
+                raise PrivacyRefused("a train task without secure aggregation data, while this "
+                                     "site's app.yaml turns secure aggregation on")
+            self.secagg.take_shares(round_, routed)
+            self._site_count = len(routed.get("sites", []))
+        if topic == "train" and (self.reply_filters or self.secagg is not None):
+            # kept aside: the script may train in the received arrays themselves
+            self._received = {k: np.array(v, copy=True) for k, v in model.params.items()}
+        if self.task_filters:
+            model.params = filters.apply(self.task_filters, model.params, self.rng,
+                                         drop_excluded=True)
+        return model
+
+    def on_reply(self, topic: str, model: Model) -> Model:
+        """What leaves the site for ``model``, the script's answer to a ``topic`` task."""
+        if topic != "train" or not (self.reply_filters or self.secagg):
+            return model
+        update = self._update(model)
+        update = filters.apply(self.reply_filters, update, self.rng)
+        metrics = dict(model.metrics)
+        if self.ledger is not None:
+            metrics["privacy_epsilon"] = self.ledger.record()  # BudgetExhausted: nothing sent
+        if self.secagg is None:
+            return Model(params=update, params_type="diff", num_examples=model.num_examples,
+                         metrics=metrics, round=model.round, meta=model.meta)
+        if model.round is None:
+            raise PrivacyRefused("a train reply without a round cannot be masked")
+        encoded = masking.encode(update, model.num_examples, max(self._site_count, 1))
+        masked = self.secagg.mask(model.round, encoded)
+        # the example count travels masked (inside the sum), not in the clear
+        return Model(params=masked, params_type="diff", num_examples=0, metrics=metrics,
+                     round=model.round, meta=model.meta)
+
+    def _update(self, model: Model) -> dict[str, np.ndarray]:
+        received, self._received = self._received, {}
+        if model.params_type == "diff":
+            update = dict(model.params)
+        else:
+            if not received:
+                raise PrivacyRefused(
+                    "privacy filters and secure aggregation work on updates (the trained "
+                    "weights minus the global model), and the task carried no global model: "
+                    "give the server app an initial_model in app.yaml")
+            update = {name: (model.params[name].astype(received[name].dtype) - received[name]
+                             if name in model.params else np.zeros_like(received[name]))
+                      for name in received}
+        extra = sorted(set(model.params) - set(received)) if received else []
+        if extra:
+            raise PrivacyRefused(f"the reply has variables the global model has not: {extra[:5]}")
+        return update
