@@ -18,6 +18,7 @@ privacy:
       - {type: clip, max_norm: 1.0}                      # L2 norm of the whole update
       - {type: gaussian, noise_multiplier: 1.0}          # std = 1.0 * the clip before it
   dp: {mode: client, clip_norm: 1.0, noise_multiplier: 1.0, delta: 1.0e-5, max_epsilon: 8}
+  dp_sgd: {noise_multiplier: 1.0, max_grad_norm: 1.0, delta: 1.0e-5}   # Opacus, in the script
   secure_aggregation: {threshold: 2}                     # or {} for a majority of the sites
 ```
 
@@ -111,6 +112,12 @@ class DPSettings(_Strict):
     max_epsilon: float | None = Field(None, gt=0, description="Stop before a round passes it.")
 
 
+class DPSGDSettings(_Strict):
+    noise_multiplier: float = Field(..., gt=0, description="Noise std / max_grad_norm.")
+    max_grad_norm: float = Field(..., gt=0, description="L2 bound of one example's gradient.")
+    delta: float = Field(1e-5, gt=0, lt=1, description="The delta epsilon is reported at.")
+
+
 class SecureAggregation(_Strict):
     threshold: int | None = Field(
         None, ge=2, description="Sites needed to unmask; default: a majority of the sites.")
@@ -119,6 +126,7 @@ class SecureAggregation(_Strict):
 class PrivacySettings(_Strict):
     filters: Filters = Field(default_factory=Filters)
     dp: DPSettings | None = None
+    dp_sgd: DPSGDSettings | None = None  # example-level, in the site script (fl.privacy.dp_sgd)
     secure_aggregation: SecureAggregation | None = None
 
     @model_validator(mode="after")
@@ -249,8 +257,9 @@ def policy_violations(job: PrivacySettings, policy: SitePrivacyPolicy | None) ->
     if need.secure_aggregation and job.secure_aggregation is None:
         found.append(Violation("require.secure_aggregation", "the server may only learn the sum "
                                "of the sites' updates; set privacy.secure_aggregation: {}"))
-    if policy.budget is not None and noise is None:
+    if policy.budget is not None and noise is None and job.dp_sgd is None:
         found.append(Violation("budget.epsilon", f"this site allows epsilon "
                                f"{policy.budget.epsilon} per job, and the job adds no noise at the "
-                               "site, so its epsilon is unbounded; set privacy.dp (mode: client)"))
+                               "site, so its epsilon is unbounded; set privacy.dp (mode: client) "
+                               "or privacy.dp_sgd"))
     return found

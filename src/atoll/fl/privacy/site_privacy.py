@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 
 from atoll.fl.model import Model
 from atoll.fl.privacy import filters
-from atoll.fl.privacy.accounting import Ledger
+from atoll.fl.privacy.accounting import BudgetExhausted, Ledger
 from atoll.fl.privacy.secagg import masking
 from atoll.fl.privacy.secagg.client import TOPICS, SecAggClient
 from atoll.spec.errors import AtollError
@@ -74,6 +75,8 @@ class SitePrivacy:
         self.secagg = SecAggClient(site, job_id) if settings.secure_aggregation else None
         self._received: dict[str, np.ndarray] = {}  # the global model this round's update is from
         self._site_count = 0
+        self._budget = policy.budget if policy is not None else None
+        self._dp_sgd_engine: Any = None  # Opacus's PrivacyEngine, made by dp_sgd.make_private
 
     def _ledger(self, policy: SitePrivacyPolicy | None) -> Ledger | None:
         _, noise = reply_noise(self.reply_filters)
@@ -86,7 +89,30 @@ class SitePrivacy:
 
     @property
     def active(self) -> bool:
-        return bool(self.task_filters or self.reply_filters or self.secagg)
+        return bool(self.task_filters or self.reply_filters or self.secagg
+                    or self.settings.dp_sgd)
+
+    def dp_sgd_engine(self) -> Any:
+        """One Opacus PrivacyEngine per worker: its accountant spans every round's training."""
+        if self._dp_sgd_engine is None:
+            from opacus import PrivacyEngine
+
+            self._dp_sgd_engine = PrivacyEngine(accountant="rdp")
+        return self._dp_sgd_engine
+
+    def _dp_sgd_spent(self) -> dict[str, float]:
+        """Example-level epsilon of the training so far; BudgetExhausted past the site's."""
+        dp_sgd = self.settings.dp_sgd
+        if dp_sgd is None or self._dp_sgd_engine is None:
+            return {}
+        delta = self._budget.delta if self._budget else dp_sgd.delta
+        spent = float(self._dp_sgd_engine.accountant.get_epsilon(delta=delta))
+        if self._budget is not None and spent > self._budget.epsilon:
+            raise BudgetExhausted(
+                f"privacy budget of site {self.site} (local/privacy.yaml budget.epsilon) "
+                f"exhausted: DP-SGD training reached epsilon {spent:.3f} > "
+                f"{self._budget.epsilon} (delta {delta}); this round's update is not sent")
+        return {"dp_sgd_epsilon": spent}
 
     @staticmethod
     def handles(topic: str) -> bool:
@@ -117,11 +143,15 @@ class SitePrivacy:
 
     def on_reply(self, topic: str, model: Model) -> Model:
         """What leaves the site for ``model``, the script's answer to a ``topic`` task."""
-        if topic != "train" or not (self.reply_filters or self.secagg):
+        if topic != "train":
             return model
+        metrics = {**model.metrics, **self._dp_sgd_spent()}
+        if not (self.reply_filters or self.secagg):
+            return Model(params=model.params, params_type=model.params_type,
+                         num_examples=model.num_examples, metrics=metrics, round=model.round,
+                         meta=model.meta)
         update = self._update(model)
         update = filters.apply(self.reply_filters, update, self.rng)
-        metrics = dict(model.metrics)
         if self.ledger is not None:
             metrics["privacy_epsilon"] = self.ledger.record()  # BudgetExhausted: nothing sent
         if self.secagg is None:
