@@ -55,13 +55,8 @@ def add_masks(encoded: dict[str, np.ndarray], seeds: list[tuple[bytes, int]]) ->
     """Add each (seed, sign) expanded over every entry (stream = index in sorted names), in
     place, modulo 2**64."""
     for stream, name in enumerate(sorted(encoded)):
-        target = encoded[name]
         for seed, sign in seeds:
-            mask = crypto.expand(seed, stream, target.shape)
-            if sign > 0:
-                np.add(target, mask, out=target)
-            else:
-                np.subtract(target, mask, out=target)
+            crypto.add_mask(encoded[name], seed, stream, sign)
 
 
 @dataclass

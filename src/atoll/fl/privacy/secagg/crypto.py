@@ -72,15 +72,26 @@ def new_seed() -> bytes:
     return os.urandom(SEED_BYTES)
 
 
-def expand(seed: bytes, stream: int, shape: tuple[int, ...]) -> np.ndarray:
-    """``seed`` expanded into uint64 words of ``shape`` (AES-256-CTR, stream number ``stream``
-    as the initial counter block: each parameter of a model has its own stream)."""
-    count = int(np.prod(shape, dtype=np.int64))
-    out = np.empty(count, dtype=np.uint64)
+def add_mask(target: np.ndarray, seed: bytes, stream: int, sign: int) -> None:
+    """Add (sign 1) or subtract (-1) ``seed`` expanded into uint64 words to ``target`` (a
+    C-contiguous uint64 array) in place, modulo 2**64: AES-256-CTR with the stream number
+    ``stream`` as the initial counter block (each parameter of a model has its own stream).
+    The mask is made block by block into one small buffer, never whole."""
+    flat = target.reshape(-1)
     encryptor = Cipher(algorithms.AES(seed), modes.CTR(stream.to_bytes(16, "big"))).encryptor()
-    zeros = bytes(min(count, _BLOCK_WORDS) * 8)
-    raw = out.view(np.uint8)
-    for start in range(0, count, _BLOCK_WORDS):
-        n = min(_BLOCK_WORDS, count - start) * 8
-        raw[start * 8:start * 8 + n] = np.frombuffer(encryptor.update(zeros[:n]), np.uint8)
-    return out.reshape(shape)
+    block = min(len(flat), _BLOCK_WORDS)
+    zeros = memoryview(bytes(block * 8))
+    scratch = bytearray(block * 8 + 15)  # update_into wants room for one more AES block
+    combine = np.add if sign > 0 else np.subtract
+    for start in range(0, len(flat), _BLOCK_WORDS):
+        count = min(_BLOCK_WORDS, len(flat) - start)
+        encryptor.update_into(zeros[:count * 8], scratch)
+        part = flat[start:start + count]
+        combine(part, np.frombuffer(scratch, np.uint64, count), out=part)
+
+
+def expand(seed: bytes, stream: int, shape: tuple[int, ...]) -> np.ndarray:
+    """``seed``'s mask of ``shape`` as an array (what ``add_mask`` adds)."""
+    out = np.zeros(shape, dtype=np.uint64)
+    add_mask(out, seed, stream, 1)
+    return out

@@ -29,8 +29,10 @@ def encode(update: dict[str, np.ndarray], weight: int, sites: int) -> dict[str, 
         if array.dtype.kind not in "fiu":
             raise EncodingError(f"params[{name!r}] has dtype {array.dtype}: secure aggregation "
                                 "sums numbers only")
-        values = np.rint(array.astype(np.float64) * scale)
-        if values.size and float(np.max(np.abs(values))) * sites >= _LIMIT:
+        values = array.astype(np.float64)  # one float64 buffer, worked on in place
+        values *= scale
+        np.rint(values, out=values)
+        if values.size and max(-float(values.min()), float(values.max())) * sites >= _LIMIT:
             raise EncodingError(
                 f"params[{name!r}]: num_examples x the update reaches "
                 f"{float(np.max(np.abs(array))) * weight:.3g}, too large to sum exactly "
