@@ -124,7 +124,11 @@ def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, An
     from atoll.fl.workflows import WORKFLOWS  # the server's alone: site workers skip it
 
     job_args = dict(job_args or {})
-    if config.privacy is not None:  # the FedAvg family reads it (workflows/__init__.py)
+    if config.privacy is not None:  # the FedAvg family reads it (workflows/fedavg.py)
+        if config.server.workflow == "scatter_gather":
+            raise AppConfigError(str(app_dir / APP_FILE), [
+                "privacy: scatter_gather sends raw payloads, which privacy cannot filter or "
+                "aggregate securely; use fedavg, fedprox or fedopt"])
         job_args["privacy"] = config.privacy
     WORKFLOWS[config.server.workflow](channel, args, initial, job_args)
 

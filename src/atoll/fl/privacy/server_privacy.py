@@ -142,7 +142,9 @@ class PrivateRound:
         if weight <= 0:
             raise WorkflowError(f"{what}: the sites' example counts sum to 0")
         self.total_weight = weight
-        return {name: a / weight for name, a in total.items()}
+        for array in total.values():
+            array /= weight  # in place: the sum's memory becomes the mean
+        return total
 
 
 class CentralDP:
@@ -178,5 +180,12 @@ class CentralDP:
 
 def apply_update(global_params: Params, mean_update: Params) -> Params:
     """The new global model: the old one plus the mean update, in the global model's dtypes."""
-    return {name: (g + mean_update[name]).astype(g.dtype) if name in mean_update else g
-            for name, g in global_params.items()}
+    out = {}
+    for name, g in global_params.items():
+        if name not in mean_update:
+            out[name] = g
+            continue
+        update = mean_update[name]
+        update += g  # in place: the update's memory becomes the new weights
+        out[name] = update.astype(g.dtype, copy=False)
+    return out

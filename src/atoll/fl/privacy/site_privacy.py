@@ -175,7 +175,8 @@ class SitePrivacy:
                     "privacy filters and secure aggregation work on updates (the trained "
                     "weights minus the global model), and the task carried no global model: "
                     "give the server app an initial_model in app.yaml")
-            update = {name: (model.params[name].astype(received[name].dtype) - received[name]
+            update = {name: (np.subtract(model.params[name], received[name],
+                                         dtype=received[name].dtype)
                              if name in model.params else np.zeros_like(received[name]))
                       for name in received}
         extra = sorted(set(model.params) - set(received)) if received else []

@@ -22,30 +22,49 @@ class EncodingError(AtollError, ValueError):
     """An update too large to encode exactly; the message says what to change."""
 
 
+_BLOCK = 1 << 18  # elements converted at a time: a float64 scratch that stays in cache
+
+
 def encode(update: dict[str, np.ndarray], weight: int, sites: int) -> dict[str, np.ndarray]:
     scale = float(2**SCALE_BITS) * weight
+    limit = _LIMIT / sites
     out: dict[str, np.ndarray] = {}
     for name, array in update.items():
         if array.dtype.kind not in "fiu":
             raise EncodingError(f"params[{name!r}] has dtype {array.dtype}: secure aggregation "
                                 "sums numbers only")
-        values = array.astype(np.float64)  # one float64 buffer, worked on in place
-        values *= scale
-        np.rint(values, out=values)
-        if values.size and max(-float(values.min()), float(values.max())) * sites >= _LIMIT:
-            raise EncodingError(
-                f"params[{name!r}]: num_examples x the update reaches "
-                f"{float(np.max(np.abs(array))) * weight:.3g}, too large to sum exactly "
-                f"(limit {_LIMIT / 2**SCALE_BITS / sites:.3g} per site); clip the update (privacy.dp.clip_norm or a clip "
-                "filter) or send a smaller num_examples")
-        out[name] = values.astype(np.int64).view(np.uint64)
+        flat = np.ascontiguousarray(array).reshape(-1)
+        words = np.empty(flat.size, np.int64)
+        scratch = np.empty(min(flat.size, _BLOCK), np.float64)
+        for start in range(0, flat.size, _BLOCK):
+            part = scratch[:min(_BLOCK, flat.size - start)]
+            np.multiply(flat[start:start + len(part)], scale, out=part)
+            np.rint(part, out=part)
+            if max(-float(part.min()), float(part.max())) >= limit:
+                raise EncodingError(
+                    f"params[{name!r}]: num_examples x the update reaches "
+                    f"{float(np.max(np.abs(array))) * weight:.3g}, too large to sum exactly "
+                    f"(limit {limit / 2**SCALE_BITS:.3g} per site); clip the update "
+                    "(privacy.dp.clip_norm or a clip filter) or send a smaller num_examples")
+            words[start:start + len(part)] = part  # exact: integral and inside int64
+        out[name] = words.reshape(array.shape).view(np.uint64)
     out[WEIGHT] = np.array([weight], dtype=np.uint64)
     return out
 
 
 def decode(total: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-    """The weighted sum (float64) and the total weight from an unmasked sum."""
+    """The weighted sum (float64) and the total weight from an unmasked sum; the sum's buffers
+    are reused for the result (int64 and float64 have the same size)."""
     weight = float(total[WEIGHT][0])
-    scale = float(2**SCALE_BITS)
-    return ({name: a.view(np.int64).astype(np.float64) / scale
-             for name, a in total.items() if name != WEIGHT}, weight)
+    scale = 1.0 / float(2**SCALE_BITS)
+    out: dict[str, np.ndarray] = {}
+    for name, words in total.items():
+        if name == WEIGHT:
+            continue
+        signed = words.view(np.int64).reshape(-1)
+        values = signed.view(np.float64)  # the same memory, filled block by block
+        for start in range(0, signed.size, _BLOCK):
+            block = signed[start:start + _BLOCK].astype(np.float64)
+            np.multiply(block, scale, out=values[start:start + _BLOCK])
+        out[name] = values.reshape(words.shape)
+    return out, weight
