@@ -47,6 +47,7 @@ class ServerPrivacy:
         noise = (dp.noise_multiplier if dp is not None and dp.mode == "server"
                  else reply_noise(settings.reply_pipeline())[1])
         delta = dp.delta if dp is not None else 1e-5
+        self._spare: dict[str, np.ndarray] = {}  # last round's sum memory, for the next sum
         self.ledger = (Ledger(noise, delta, dp.max_epsilon if dp else None,
                               owner="the job (app.yaml privacy.dp.max_epsilon)")
                        if noise is not None else None)
@@ -97,7 +98,8 @@ class ServerPrivacy:
             return result
         assert self.settings.secure_aggregation is not None
         secure = SecureRound(channel, headers["round"], headers, timeout, min_clients,
-                             self.settings.secure_aggregation.threshold)
+                             self.settings.secure_aggregation.threshold, spare=self._spare)
+        self._spare = {}
         sites = secure.setup(list(active))
         outgoing.meta = {**outgoing.meta, SECAGG_META: secure.train_meta()}
         task_id = send_model(channel, sites, "train", outgoing, headers)
@@ -107,6 +109,13 @@ class ServerPrivacy:
         for site, reason in secure.failed.items():  # who failed during the setup steps
             result.outcome.dropped.setdefault(site, reason)
         return result
+
+    def recycle(self, update: Params, new_global: Params) -> None:
+        """Keep the memory of a secure round's mean update for the next round's sum, unless
+        it became the new global model itself."""
+        self._spare = {name: a.reshape(-1).view(np.uint64) for name, a in update.items()
+                       if a.dtype == np.float64 and a.flags.c_contiguous
+                       and new_global.get(name) is not a}
 
     def _central_settings(self) -> tuple[float, float]:
         assert self.settings.dp is not None

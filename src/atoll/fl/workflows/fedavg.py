@@ -230,8 +230,10 @@ class FedAvgRun:
         del outgoing
         self._drop(private.outcome)
         update = private.mean_update(self.min_clients, f"round {round_}")
-        self._finish_round(round_, apply_update(self.global_params, update), private.train,
-                           private.outcome, private.total_weight)
+        averaged = apply_update(self.global_params, update)
+        if self.privacy.secure:
+            self.privacy.recycle(update, averaged)
+        self._finish_round(round_, averaged, private.train, private.outcome, private.total_weight)
 
     def _finish_round(self, round_: int, averaged: Params,
                       train: dict[str, tuple[dict[str, float], int]], outcome: Outcome,

@@ -25,16 +25,21 @@ class EncodingError(AtollError, ValueError):
 _BLOCK = 1 << 18  # elements converted at a time: a float64 scratch that stays in cache
 
 
-def encode(update: dict[str, np.ndarray], weight: int, sites: int) -> dict[str, np.ndarray]:
+def encode(update: dict[str, np.ndarray], weight: int, sites: int,
+           out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The update's words; ``out``: uint64 arrays of an earlier call to fill again."""
+    spare = out if out is not None else {}
     scale = float(2**SCALE_BITS) * weight
     limit = _LIMIT / sites
-    out: dict[str, np.ndarray] = {}
+    out = {}
     for name, array in update.items():
         if array.dtype.kind not in "fiu":
             raise EncodingError(f"params[{name!r}] has dtype {array.dtype}: secure aggregation "
                                 "sums numbers only")
         flat = np.ascontiguousarray(array).reshape(-1)
-        words = np.empty(flat.size, np.int64)
+        reuse = spare.get(name)
+        words = (reuse.reshape(-1).view(np.int64) if reuse is not None and reuse.size ==
+                 flat.size and reuse.flags.c_contiguous else np.empty(flat.size, np.int64))
         scratch = np.empty(min(flat.size, _BLOCK), np.float64)
         for start in range(0, flat.size, _BLOCK):
             part = scratch[:min(_BLOCK, flat.size - start)]

@@ -56,6 +56,7 @@ class SecureRound:
     sites: list[str] = field(default_factory=list)  # U2: shared their secrets
     routed: dict[str, dict[str, str]] = field(default_factory=dict)  # recipient -> sender -> share
     failed: dict[str, str] = field(default_factory=dict)
+    spare: dict[str, np.ndarray] = field(default_factory=dict)  # uint64 buffers to sum into
     _sum: dict[str, np.ndarray] = field(default_factory=dict)
     _masked: list[str] = field(default_factory=list)  # U3: sent a masked update
 
@@ -115,7 +116,8 @@ class SecureRound:
                                  "(privacy.secure_aggregation is on in the server's app.yaml: "
                                  "the site's app.yaml needs it too)")
         if not self._sum:
-            self._sum = {n: np.zeros(shape, np.uint64) for n, (_, shape) in entries.items()}
+            self._sum = {n: _zeroed(self.spare.pop(n, None), shape)
+                         for n, (_, shape) in entries.items()}
         elif {n: s for n, (_, s) in entries.items()} != {n: a.shape for n, a in self._sum.items()}:
             raise ResultRejected("masked result's names or shapes differ from the other sites'")
         try:
@@ -164,3 +166,12 @@ class SecureRound:
             log.info("round %d: secure aggregation recovered from %d site(s) that sent no masked "
                      "update: %s", self.round_, len(dropped), ", ".join(dropped))
         return masking.decode(total)
+
+
+def _zeroed(spare: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    """A uint64 zero array of ``shape``: ``spare``'s memory when it fits (no fresh pages)."""
+    if spare is None or spare.size != int(np.prod(shape)) or not spare.flags.c_contiguous:
+        return np.zeros(shape, np.uint64)
+    spare = spare.reshape(shape)
+    spare.fill(0)
+    return spare
