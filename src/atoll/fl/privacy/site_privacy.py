@@ -165,7 +165,7 @@ class SitePrivacy:
         if model.round is None:
             raise PrivacyRefused("a train reply without a round cannot be masked")
         encoded = masking.encode(update, model.num_examples, max(self._site_count, 1),
-                                 out=self._spare_words)
+                                 reuse=self._spare_words)
         masked = self.secagg.mask(model.round, encoded)
         self._spare_words = masked  # sent before the next round: free again then
         # the example count travels masked (inside the sum), not in the clear

@@ -20,12 +20,14 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from atoll.spec.errors import AtollError
+
 SEED_BYTES = 32
 _RAW = (serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 _BLOCK_WORDS = 1 << 17  # mask words made per AES call (1 MiB)
 
 
-class ShareDecryptError(ValueError):
+class ShareDecryptError(AtollError, ValueError):
     """An encrypted share did not decrypt: changed in transit or not meant for this site."""
 
 

@@ -26,31 +26,32 @@ _BLOCK = 1 << 18  # elements converted at a time: a float64 scratch that stays i
 
 
 def encode(update: dict[str, np.ndarray], weight: int, sites: int,
-           out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """The update's words; ``out``: uint64 arrays of an earlier call to fill again."""
-    spare = out if out is not None else {}
+           reuse: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The update's words; ``reuse``: uint64 arrays of an earlier call to fill again."""
+    spare = reuse if reuse is not None else {}
     scale = float(2**SCALE_BITS) * weight
     limit = _LIMIT / sites
-    out = {}
+    out: dict[str, np.ndarray] = {}
     for name, array in update.items():
         if array.dtype.kind not in "fiu":
             raise EncodingError(f"params[{name!r}] has dtype {array.dtype}: secure aggregation "
                                 "sums numbers only")
         flat = np.ascontiguousarray(array).reshape(-1)
-        reuse = spare.get(name)
-        words = (reuse.reshape(-1).view(np.int64) if reuse is not None and reuse.size ==
-                 flat.size and reuse.flags.c_contiguous else np.empty(flat.size, np.int64))
+        largest = max(-float(flat.min()), float(flat.max())) if flat.size else 0.0
+        if np.rint(largest * scale) >= limit or not np.isfinite(largest):
+            raise EncodingError(
+                f"params[{name!r}]: num_examples x the update reaches {largest * weight:.3g}, "
+                f"too large to sum exactly (limit {limit / 2**SCALE_BITS:.3g} per site); clip "
+                "the update (privacy.dp.clip_norm or a clip filter) or send a smaller "
+                "num_examples")
+        old = spare.get(name)
+        words = (old.reshape(-1).view(np.int64) if old is not None and old.size == flat.size
+                 and old.flags.c_contiguous else np.empty(flat.size, np.int64))
         scratch = np.empty(min(flat.size, _BLOCK), np.float64)
         for start in range(0, flat.size, _BLOCK):
             part = scratch[:min(_BLOCK, flat.size - start)]
             np.multiply(flat[start:start + len(part)], scale, out=part)
             np.rint(part, out=part)
-            if max(-float(part.min()), float(part.max())) >= limit:
-                raise EncodingError(
-                    f"params[{name!r}]: num_examples x the update reaches "
-                    f"{float(np.max(np.abs(array))) * weight:.3g}, too large to sum exactly "
-                    f"(limit {limit / 2**SCALE_BITS:.3g} per site); clip the update "
-                    "(privacy.dp.clip_norm or a clip filter) or send a smaller num_examples")
             words[start:start + len(part)] = part  # exact: integral and inside int64
         out[name] = words.reshape(array.shape).view(np.uint64)
     out[WEIGHT] = np.array([weight], dtype=np.uint64)
