@@ -187,14 +187,21 @@ class CentralDP:
                 for n, s in self.sum.items()}
 
 
-def apply_update(global_params: Params, mean_update: Params) -> Params:
-    """The new global model: the old one plus the mean update, in the global model's dtypes."""
+def apply_update(global_params: Params, mean_update: Params, in_place: bool = False) -> Params:
+    """The new global model: the old one plus the mean update, in the global model's dtypes.
+    ``in_place``: written over the old global model's arrays (nothing else needs them: the
+    round's task was sent), so the round needs no fresh memory for it."""
     out = {}
     for name, g in global_params.items():
         if name not in mean_update:
             out[name] = g
-            continue
-        update = mean_update[name]
-        update += g  # in place: the update's memory becomes the new weights
-        out[name] = update.astype(g.dtype, copy=False)
+        elif in_place and g.flags.writeable and g.dtype.kind == "f":
+            np.add(g, mean_update[name], out=g, casting="unsafe")
+            out[name] = g
+        else:
+            update = mean_update[name]
+            update += g  # the update's memory becomes the new weights
+            if g.dtype.kind in "iub":  # counters (num_batches_tracked): rounded, as FedAvg does
+                np.rint(update, out=update)
+            out[name] = update.astype(g.dtype, copy=False)
     return out

@@ -230,7 +230,8 @@ class FedAvgRun:
         del outgoing
         self._drop(private.outcome)
         update = private.mean_update(self.min_clients, f"round {round_}")
-        averaged = apply_update(self.global_params, update)
+        # a server optimizer (FedOpt) needs the old global model beside the new one
+        averaged = apply_update(self.global_params, update, in_place=self.server_update is None)
         if self.privacy.secure:
             self.privacy.recycle(update, averaged)
         self._finish_round(round_, averaged, private.train, private.outcome, private.total_weight)
