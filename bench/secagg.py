@@ -31,10 +31,10 @@ import atoll.client as fl
 fl.init()
 while fl.is_running():
     model = fl.receive()
-    arrived = time.time()
+    arrived, cpu = time.time(), time.process_time()
     params = {k: v + 1.0 for k, v in model.params.items()}
     del model
-    fl.send(fl.Model(params=params, num_examples=1, metrics={"arrived": arrived}))
+    fl.send(fl.Model(params=params, num_examples=1, metrics={"arrived": arrived, "cpu": cpu}))
 '''
 MODEL = '''
 import numpy as np
@@ -61,19 +61,25 @@ def make_job(folder: Path, elements: int, rounds: int, secure: bool) -> Path:
     return folder
 
 
-def per_round(session: Session, folder: Path, scratch: Path) -> float:
+def per_round(session: Session, folder: Path, scratch: Path) -> tuple[float, float]:
+    """(wall seconds, a site worker's CPU seconds) per round, means over the sites."""
     job = session.submit(folder, wait=True, timeout=1800)
     if job["state"] != "FINISHED:COMPLETED":
         raise RuntimeError(f"benchmark job failed: {job['reason']} {job['parts']}")
     out = session.download(job["job_id"], scratch)
     rows = [json.loads(line) for line in (out / "results" / "metrics.jsonl").read_text()
             .splitlines()]
-    arrivals: dict[str, list[float]] = {}
+    stamps: dict[tuple[str, str], list[float]] = {}
     for row in rows:
         if row["phase"] == "train" and row["site"] != "global":
-            arrivals.setdefault(row["site"], []).append(row["metrics"]["arrived"])
-    gaps = [b - a for times in arrivals.values() for a, b in zip(times, times[1:], strict=False)]
-    return statistics.mean(gaps)
+            for key in ("arrived", "cpu"):
+                stamps.setdefault((key, row["site"]), []).append(row["metrics"][key])
+
+    def mean_gap(key: str) -> float:
+        return statistics.mean(b - a for (k, _), times in stamps.items() if k == key
+                               for a, b in zip(times, times[1:], strict=False))
+
+    return mean_gap("arrived"), mean_gap("cpu")
 
 
 def measure(repeats: int, rounds: int, big_mb: int) -> dict[str, list[float]]:
@@ -93,26 +99,62 @@ def measure(repeats: int, rounds: int, big_mb: int) -> dict[str, list[float]]:
                             count += 1
                             job = make_job(Path(tmp) / f"job{count}", elements, rounds, secure)
                             key = f"{label}|{'secure' if secure else 'plain'}"
-                            value = per_round(session, job, Path(tmp) / f"out{count}")
-                            results.setdefault(key, []).append(value)
-                            print(f"{key}: {value:.3f} s per round", flush=True)
+                            wall, cpu = per_round(session, job, Path(tmp) / f"out{count}")
+                            results.setdefault(key, []).append(wall)
+                            results.setdefault(f"{key}|cpu", []).append(cpu)
+                            print(f"{key}: {wall:.3f} s per round, site worker CPU {cpu:.3f} s",
+                                  flush=True)
         finally:
             poc.down()
     return results
 
 
-def table(results: dict[str, list[float]], command: str, repeats: int, rounds: int) -> str:
+def table(results: dict[str, list[float]], command: str, repeats: int, rounds: int,
+          big_elements: int) -> str:
     lines = [f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on this 2-core machine "
              f"(shared), median of {repeats} run(s) of {rounds} rounds each:", "",
              f"    {command}", "",
-             "| model (2 sites) | FedAvg, per round | FedAvg + secure aggregation, per round "
-             "| overhead per round |", "| --- | --- | --- | --- |"]
+             "| model (2 sites) | per round | FedAvg | FedAvg + secure aggregation "
+             "| overhead per round |", "| --- | --- | --- | --- | --- |"]
     for label in dict.fromkeys(k.split("|")[0] for k in results):
-        plain = statistics.median(results[f"{label}|plain"])
-        secure = statistics.median(results[f"{label}|secure"])
-        lines.append(f"| {label} | {plain:.3f} s | {secure:.3f} s | "
-                     f"+{secure - plain:.3f} s ({secure / plain:.1f}×) |")
+        for suffix, what in (("", "wall time"), ("|cpu", "one site worker's CPU time")):
+            plain = statistics.median(results[f"{label}|plain{suffix}"])
+            secure = statistics.median(results[f"{label}|secure{suffix}"])
+            lines.append(f"| {label} | {what} | {plain:.3f} s | {secure:.3f} s | "
+                         f"+{secure - plain:.3f} s ({secure / max(plain, 1e-9):.1f}×) |")
+    lines += ["", "The secure round's own steps for the big model, timed in one process "
+              "(CPU seconds; a site's steps once, the server's for two sites):", "",
+              "| step | CPU time |", "| --- | --- |"]
+    lines += [f"| {step} | {seconds:.3f} s |" for step, seconds in component_times(big_elements)]
     return "\n".join(lines)
+
+
+def component_times(elements: int) -> list[tuple[str, float]]:
+    """CPU time of each step of a secure round on ``elements`` float32 values, two sites."""
+    import numpy as np
+
+    from atoll.fl.privacy.secagg import crypto, masking
+    from atoll.fl.privacy.secagg.client import add_masks
+
+    update = {"w": np.full(elements, 0.5, np.float32)}
+    seeds = [(crypto.new_seed(), 1), (crypto.new_seed(), 1)]
+    words = masking.encode(update, 10, 2)  # first touch of the buffers, not timed
+    steps: list[tuple[str, float]] = []
+
+    def timed(step: str, action) -> None:
+        start = time.process_time()
+        action()
+        steps.append((step, time.process_time() - start))
+
+    timed("site: encode the update in fixed point (buffers reused)",
+          lambda: masking.encode(update, 10, 2, reuse=words))
+    timed("site: add its self mask and one pairwise mask", lambda: add_masks(words, seeds))
+    total = {k: np.zeros_like(v) for k, v in words.items()}
+    timed("server: fold two masked replies into the sum",
+          lambda: [np.add(total[k], words[k], out=total[k]) for _ in range(2) for k in total])
+    timed("server: remove two self masks", lambda: add_masks(total, seeds))
+    timed("server: decode the sum", lambda: masking.decode(total))
+    return steps
 
 
 def main() -> int:
@@ -126,7 +168,7 @@ def main() -> int:
     command = ("make bench-secagg" if (args.repeats, args.rounds, args.big_mb) == (2, 4, 100)
                else f".venv/bin/python -m bench.secagg --repeats {args.repeats} "
                     f"--rounds {args.rounds} --big-mb {args.big_mb}")
-    text = table(results, command, args.repeats, args.rounds)
+    text = table(results, command, args.repeats, args.rounds, args.big_mb * 1024 * 1024 // 4)
     print(text)
     if not args.no_write:
         write_section(text, "secagg")

@@ -106,3 +106,21 @@ def test_a_compliant_job_runs_with_secure_aggregation_and_reports_epsilon(strict
     # N(0, 0.5^2) per site and entry, averaged over three sites and two rounds
     assert final.shape == (4, 4) and np.isfinite(final).all()
     assert not np.allclose(final, 0.04)  # noised, so not the plain mean
+
+
+def test_the_site_worker_applies_the_sites_budget_the_parent_cannot_count(strict_federation,
+                                                                           tmp_path):
+    policy = strict_federation.kit("site-1") / "local" / "privacy.yaml"
+    policy.write_text(STRICT.replace("epsilon: 50.0", "epsilon: 1.0"))  # re-read at each launch
+    try:
+        with strict_federation.session(ADMIN) as s:
+            job = s.submit(_job(tmp_path / "over-budget", COMPLIANT), wait=True, timeout=300)
+            logs = s.logs(job["job_id"])["logs"]
+    finally:
+        policy.write_text(STRICT)
+    # the parent let it through (the job adds noise); the worker, holding the site's policy
+    # from its parent, refused to send the first update: epsilon(0.5, 1 round) is above 1.0
+    assert job["state"] == "FINISHED:FAILED"
+    site_log = "\n".join(text for name, text in logs.items() if "site-1" in name)
+    assert "BudgetExhausted: privacy budget of site site-1 (local/privacy.yaml budget.epsilon)" \
+        in site_log
