@@ -11,6 +11,7 @@ against, shown to succeed without the defence.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,8 +22,9 @@ from atoll.fl.model import Model
 from atoll.fl.privacy.secagg import masking
 from atoll.fl.privacy.secagg.client import UNMASK, SecAggClient, SecAggRefused
 from atoll.fl.privacy.secagg.server import SecureRound
-from atoll.fl.serde import load_file
+from atoll.fl.serde import decode, encode, load_file
 from atoll.fl.simulator import Federation
+from atoll.fl.workflows import WorkflowError
 from atoll.spec.privacy import PrivacySettings
 
 from .sites import adds, run_private
@@ -202,3 +204,26 @@ def test_a_site_refuses_a_key_list_without_its_own_keys():
     other = SecAggClient("b", "job").answer("secagg.advertise", 3, {})
     with pytest.raises(SecAggRefused, match="own keys"):
         client.answer("secagg.share", 3, {"keys": {"a": other, "b": other}, "threshold": 2})
+
+
+def test_a_site_without_secure_aggregation_in_its_app_is_rejected_naming_why(tmp_path):
+    deltas = _deltas()
+    trainers = {s: adds(deltas[s], EXAMPLES[s]) for s in EXAMPLES}
+    federation = Federation(list(EXAMPLES), tmp_path)
+    plain = {"c"}  # c's app.yaml has no privacy: its script gets the protocol's tasks
+
+    def script_only(site: str) -> None:  # answers every task with weights, as a script would
+        channel = federation.site_channel(site)
+        while (task := channel.receive()) is not None:
+            model = decode(task.chunks)
+            channel.reply(task.task_id, {}, encode(Model(
+                params={k: v + 1 for k, v in model.params.items()} or {"x": np.ones(1)},
+                num_examples=1)))
+
+    thread = threading.Thread(target=script_only, args=("c",), daemon=True)
+    thread.start()
+    with pytest.raises(WorkflowError) as failed:
+        run_private(SECURE, {s: t for s, t in trainers.items() if s not in plain}, tmp_path,
+                    INITIAL, rounds=1, min_clients=3, federation=federation)
+    assert "c: answered secagg.advertise without ['c', 's']: the site's app.yaml must turn on " \
+           "privacy.secure_aggregation too" in str(failed.value)

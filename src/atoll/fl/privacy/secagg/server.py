@@ -28,6 +28,7 @@ from atoll.fl.privacy.secagg.client import (
     ADVERTISE,
     SHARE,
     UNMASK,
+    SecAggRefused,
     add_masks,
     b64,
     mask_info,
@@ -37,6 +38,9 @@ from atoll.fl.serde import ModelStream, SerdeError, encode
 from atoll.fl.workflows.rounds import WorkflowError, describe, gather
 
 log = logging.getLogger(__name__)
+
+
+_ANSWER_KEYS = {ADVERTISE: {"c", "s"}, SHARE: {"shares"}, UNMASK: {"b", "s"}}
 
 
 def default_threshold(sites: int) -> int:
@@ -68,7 +72,13 @@ class SecureRound:
         answers: dict[str, dict[str, Any]] = {}
 
         def take(site: str, stream: ModelStream) -> None:
-            answers[site] = stream.read().meta
+            meta = stream.read().meta
+            expected = _ANSWER_KEYS[topic]
+            if not expected <= set(meta):
+                raise ResultRejected(
+                    f"answered {topic} without {sorted(expected - set(meta))}: the site's "
+                    "app.yaml must turn on privacy.secure_aggregation too")
+            answers[site] = meta
 
         outcome = gather(self.channel, task, targets, self.timeout, take, need)
         self.failed.update(outcome.failed)
@@ -83,9 +93,12 @@ class SecureRound:
         """Steps 1 and 2; returns the sites that will mask (U2)."""
         need = max(self.min_clients, 2)
         advertised = self._step(list(targets), ADVERTISE, {}, need)
-        self.keys = {site: {"c": unb64(m.get("c"), f"{site}'s key"),
-                            "s": unb64(m.get("s"), f"{site}'s key")}
-                     for site, m in sorted(advertised.items())}
+        try:
+            self.keys = {site: {"c": unb64(m["c"], f"{site}'s key"),
+                                "s": unb64(m["s"], f"{site}'s key")}
+                         for site, m in sorted(advertised.items())}
+        except SecAggRefused as exc:
+            raise WorkflowError(f"round {self.round_} secure aggregation: {exc}") from None
         if self.threshold is None:
             self.threshold = default_threshold(len(self.keys))
         if self.threshold > len(self.keys):
