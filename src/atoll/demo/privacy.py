@@ -25,6 +25,7 @@ import yaml
 CLIP_NORM = 1.0
 DELTA = 1e-5
 NOISE_LEVELS = (0.01, 0.03, 0.1)
+DP_SGD_LEVELS = (1.0,)
 MODEL_PY = '''"""The demo's first global model: zeros, as every site starts from (atoll.demo.task)."""
 from atoll.demo.task import make_model
 
@@ -34,13 +35,18 @@ def make():
 '''
 
 
-def variants(noise_levels: tuple[float, ...] = NOISE_LEVELS) -> dict[str, dict[str, Any] | None]:
+def variants(noise_levels: tuple[float, ...] = NOISE_LEVELS,
+             dp_sgd_levels: tuple[float, ...] = ()) -> dict[str, dict[str, Any] | None]:
     """Variant name -> app.yaml's privacy section (None: none)."""
     out: dict[str, dict[str, Any] | None] = {"fedavg": None, "secagg": {"secure_aggregation": {}}}
     for z in noise_levels:
         out[f"dp-z{z:g}"] = {"dp": {"mode": "client", "clip_norm": CLIP_NORM,
                                     "noise_multiplier": z, "delta": DELTA},
                              "secure_aggregation": {}}
+    for z in dp_sgd_levels:  # example level: hides one record, not a whole hospital
+        out[f"dpsgd-z{z:g}"] = {"dp_sgd": {"noise_multiplier": z, "max_grad_norm": 1.0,
+                                           "delta": DELTA},
+                                "secure_aggregation": {}}
     return out
 
 
@@ -53,6 +59,8 @@ def make_variant(job_dir: Path, out: Path, privacy: dict[str, Any] | None) -> Pa
     doc["server"]["initial_model"] = "model.py:make"
     if privacy is not None:
         doc["privacy"] = privacy
+        if "dp_sgd" in privacy:  # the demo's train.py then trains with Opacus
+            doc["site"].setdefault("config", {})["dp_sgd"] = True
     app.write_text(yaml.safe_dump(doc, sort_keys=False))
     (out / "app" / "model.py").write_text(MODEL_PY)
     meta = json.loads((out / "meta.json").read_text())
@@ -66,8 +74,13 @@ def row(name: str, results: Path, data: Path, seconds: float) -> dict[str, Any]:
 
     summary = json.loads((results / "summary.json").read_text())
     privacy = summary.get("privacy", {})
+    epsilon = privacy.get("epsilon")
+    if epsilon is None:  # DP-SGD: the largest epsilon a site reported (example level)
+        rows = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines()]
+        sgd = [r["metrics"]["dp_sgd_epsilon"] for r in rows if "dp_sgd_epsilon" in r["metrics"]]
+        epsilon = max(sgd) if sgd else None
     return {"variant": name, "accuracy": demo_data.federated_accuracy(results, data),
-            "epsilon": privacy.get("epsilon"), "delta": privacy.get("delta"),
+            "epsilon": epsilon, "delta": privacy.get("delta") or (DELTA if epsilon else None),
             "secure_aggregation": bool(privacy.get("secure_aggregation")),
             "rounds": summary["num_rounds"], "seconds": round(seconds, 1)}
 
@@ -145,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simulate", action="store_true", help="one process, no federation")
     parser.add_argument("--noise", type=float, nargs="*", default=list(NOISE_LEVELS),
                         help="DP-FedAvg noise multipliers to try")
+    parser.add_argument("--dp-sgd", type=float, nargs="*", default=list(DP_SGD_LEVELS),
+                        help="DP-SGD (example-level) noise multipliers to try")
     parser.add_argument("--json", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
-    names = variants(tuple(args.noise))
+    names = variants(tuple(args.noise), tuple(args.dp_sgd))
     workspace = args.workspace.resolve()
     rows = (simulate_variants(workspace, names) if args.simulate
             else federate_variants(workspace, names))
