@@ -3,8 +3,9 @@ update; sites that leave after masking (or before) are recovered.
 
 The probe instruments the server side: every reply's bytes as the server channel hands them
 to the workflow (everything the server learns arrives there), every array in and out of the
-aggregation entry points (``SecureRound.add_masked``/``unmask``, ``WeightedMean``), and every
-log line. The same probe on plain FedAvg finds every site's update: the attack it guards
+aggregation entry points (``SecureRound.add_masked``/``unmask``, ``WeightedMean``), every array
+reachable from the workflow and the secure round after each fold and around each round's end
+(the server's memory, short of the channel), and every log line. The same probe on plain FedAvg finds every site's update: the attack it guards
 against, shown to succeed without the defence.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import types
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,8 +25,9 @@ from atoll.fl.privacy.secagg import masking
 from atoll.fl.privacy.secagg.client import UNMASK, SecAggClient, SecAggRefused
 from atoll.fl.privacy.secagg.server import SecureRound
 from atoll.fl.serde import decode, encode, load_file
-from atoll.fl.simulator import Federation
+from atoll.fl.simulator import Federation, InMemoryServerChannel
 from atoll.fl.workflows import WorkflowError
+from atoll.fl.workflows.fedavg import FedAvgRun
 from atoll.spec.privacy import PrivacySettings
 
 from .sites import adds, run_private
@@ -74,7 +77,11 @@ class Probe:
                     seen.append(f"{name} {form} in a reply's bytes")
             for array in self.arrays:
                 for form, value in forms.items():
-                    if form == "encoded" or array.shape != value.shape:
+                    if array.shape != value.shape:
+                        continue
+                    if form == "encoded" or array.dtype == np.uint64:
+                        if array.dtype == value.dtype and np.array_equal(array, value):
+                            seen.append(f"{name} {form} in the server's memory")
                         continue
                     for scale in (1.0, float(n)):
                         if np.allclose(array, value.astype(np.float64) * scale, atol=1e-4):
@@ -114,11 +121,50 @@ def probe(monkeypatch, caplog):
     def keep_mean(self, args, result):
         found.arrays += [np.asarray(a, np.float64) for a in self._sum.values()]
 
+    def keep_reachable(self, args, result):  # the workflow's and the secure round's memory
+        found.arrays += reachable_arrays(self)
+
     monkeypatch.setattr(Federation, "replies", recorded_replies)
     monkeypatch.setattr(SecureRound, "unmask", recorded(SecureRound.unmask, keep_sum))
-    monkeypatch.setattr(SecureRound, "add_masked", recorded(SecureRound.add_masked, keep_state))
     monkeypatch.setattr(WeightedMean, "add_stream", recorded(WeightedMean.add_stream, keep_mean))
+    finish = recorded(FedAvgRun._finish_round, keep_reachable)
+
+    def finish_scanned(self, *args):  # before and after the new global model is made
+        keep_reachable(self, args, None)
+        return finish(self, *args)
+
+    monkeypatch.setattr(FedAvgRun, "_finish_round", finish_scanned)
+    fold = SecureRound.add_masked
+
+    def fold_scanned(self, *args):
+        result = fold(self, *args)
+        keep_state(self, args, result)
+        keep_reachable(self, args, result)
+        return result
+
+    monkeypatch.setattr(SecureRound, "add_masked", fold_scanned)
     return found
+
+
+def reachable_arrays(root: object) -> list[np.ndarray]:
+    """Every numpy array reachable from ``root`` through attributes and containers, short of
+    the channel (its queues hold what the simulated sites hold, not the server)."""
+    seen, stack, arrays = set(), [root], []
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, Federation | InMemoryServerChannel | type
+                                         | types.ModuleType | types.FunctionType):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            arrays.append(obj.astype(np.float64) if obj.dtype.kind == "f" else obj.copy())
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple | set):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            stack.extend(vars(obj).values())
+    return arrays
 
 
 def _final(results):
@@ -133,6 +179,7 @@ def test_the_secure_sum_is_fedavg_and_the_server_never_holds_one_update(tmp_path
     for name, value in _final(tmp_path).items():
         np.testing.assert_allclose(value, expected[name], atol=1e-6)
     assert probe.payloads and probe.arrays  # the probe did see the server's traffic
+    assert any(a.dtype == np.uint64 for a in probe.arrays)  # and the masked sum in its memory
     assert any("round 0" in line for line in probe.logs)  # the probe reads the server's log
     for site in EXAMPLES:
         assert probe.holds(deltas[site], INITIAL, EXAMPLES[site]) == [], site
