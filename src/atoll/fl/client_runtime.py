@@ -66,10 +66,12 @@ class ClientSession:
             if task is None:
                 self.finished = True
                 return False
-            model = ModelStream(task.chunks).read(spare=self._spare)
+            spare = self._spare
+            model = ModelStream(task.chunks).read(spare=spare)
             self._spare = {}
             round_ = task.headers.get("round")
             if self.privacy is not None and self.privacy.handles(task.topic):
+                self._spare = spare  # the protocol's steps carry no arrays: kept for the task
                 answer = self.privacy.answer(task.topic, round_ if isinstance(round_, int) else -1,
                                              model)
                 self.channel.reply(task.task_id, {"topic": task.topic, "round": round_},
