@@ -31,8 +31,8 @@ from atoll.fl.privacy import filters
 from atoll.fl.privacy.accounting import BudgetExhausted, Ledger
 from atoll.fl.privacy.secagg.server import SecureRound
 from atoll.fl.privacy.site_privacy import SECAGG_META
-from atoll.fl.serde import ModelStream
-from atoll.fl.workflows.rounds import Outcome, WorkflowError, gather, require, send_model
+from atoll.fl.serde import ModelStream, encode
+from atoll.fl.workflows.rounds import Outcome, WorkflowError, gather, require
 from atoll.spec.privacy import PrivacySettings, reply_noise
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class ServerPrivacy:
         caller reads ``mean_update()`` once ``outcome`` is accounted for."""
         if not self.secure:
             central = CentralDP(global_params, *self._central_settings())
-            task_id = send_model(channel, active, "train", outgoing, headers)
+            task_id = channel.send(list(active), "train", headers, encode(outgoing))
             result = PrivateRound(central)
             result.outcome = gather(channel, task_id, active, timeout, result.take_plain,
                                     min_clients)
@@ -102,7 +102,7 @@ class ServerPrivacy:
         self._spare = {}
         sites = secure.setup(list(active))
         outgoing.meta = {**outgoing.meta, SECAGG_META: secure.train_meta()}
-        task_id = send_model(channel, sites, "train", outgoing, headers)
+        task_id = channel.send(sites, "train", headers, encode(outgoing))
         outgoing.meta.pop(SECAGG_META)
         result = PrivateRound(secure)
         result.outcome = gather(channel, task_id, sites, timeout, result.take_masked, min_clients)
