@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: bytecode demo test lint proto proto-check unit fuzz bench bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox clean
+.PHONY: bytecode demo test lint proto proto-check unit fuzz bench bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox bench-secagg demo-privacy clean
 
 $(STAMP): pyproject.toml tests/requirements-helm.txt
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,10 @@ bytecode: $(STAMP)
 ## demo: a local federation of three hospitals trains a model with FedAvg (mutual TLS)
 demo: $(STAMP) bytecode
 	$(BIN)/python -m atoll.demo
+
+## demo-privacy: the hospitals demo with secure aggregation and DP-FedAvg: accuracy against epsilon
+demo-privacy: $(STAMP) bytecode
+	$(BIN)/python -m atoll.demo.privacy
 
 ## test: lint, then the whole suite with real backends (Slurm, Docker, Kubernetes)
 test: $(STAMP) lint proto-check
@@ -68,6 +72,11 @@ bench-hostile: $(STAMP) bytecode
 bench-sandbox: $(STAMP) bytecode
 	$(BIN)/python bench/compare/run.py --systems atoll,atoll-unconfined --workloads a,b1000 --repeats 3
 	$(BIN)/python -m bench.sandbox_start
+
+# Secure aggregation's cost per round (issue 27): FedAvg with and without it, 2 sites, a tiny
+# and a 100 MiB model, plain and secure jobs alternating (BENCHMARKS.md).
+bench-secagg: $(STAMP) bytecode
+	$(BIN)/python -m bench.secagg
 
 bench-compare-peers:
 	bash bench/compare/setup_peers.sh

@@ -34,6 +34,28 @@ def load_site_policy(site_dir: Path) -> tuple[Any, list[Problem]]:
         return None, error_problems(err, POLICY_FILE)
 
 
+def load_privacy_policy(site_dir: Path) -> tuple[Any, list[Problem]]:
+    """SITE_DIR's local/privacy.yaml (None when absent) and its problems."""
+    from atoll.spec.errors import SpecError
+    from atoll.spec.privacy import POLICY_FILE as PRIVACY_FILE
+    from atoll.spec.privacy import load_site_policy as load_privacy
+
+    try:
+        return load_privacy(site_dir / "local"), []
+    except SpecError as err:
+        return None, error_problems(err, f"local/{PRIVACY_FILE}")
+
+
+def privacy_line(policy: Any) -> str:
+    if policy is None:
+        return "local/privacy.yaml: absent, no privacy requirement"
+    need = policy.require
+    rules = [f"{k} {v}" for k, v in need.model_dump().items() if v not in (None, [], False)]
+    if policy.budget is not None:
+        rules.append(f"budget epsilon {policy.budget.epsilon} at delta {policy.budget.delta}")
+    return f"local/privacy.yaml: ok; requires {', '.join(rules) or 'nothing'}"
+
+
 def policy_report(site_dir: Path, policy: Any) -> dict[str, Any]:
     """What validate says about a valid policy."""
     from atoll.spec.authorization import AUTHORIZATION_FILE, ignored_rights

@@ -90,13 +90,21 @@ def _quiet(fn: Any) -> Any:
 @click.argument("site_dir", type=_dir)
 @_fmt
 def validate_command(site_dir: Path, fmt: str) -> None:
-    """Check SITE_DIR's local/site.yaml, local/study_runtime.yaml and
-    local/authorization.json; list every problem."""
-    from atoll.cli.site_policy import load_site_policy, policy_lines, policy_report
+    """Check SITE_DIR's local/site.yaml, local/study_runtime.yaml,
+    local/authorization.json and local/privacy.yaml; list every problem."""
+    from atoll.cli.site_policy import (
+        load_privacy_policy,
+        load_site_policy,
+        policy_lines,
+        policy_report,
+        privacy_line,
+    )
 
     config, runtime, problems = _load_site(site_dir)
     policy, policy_problems = load_site_policy(site_dir)
     problems += policy_problems
+    privacy, privacy_problems = load_privacy_policy(site_dir)
+    problems += privacy_problems
     sandbox = None
     if not problems:
         sandbox, problems = _sandbox_problems(config)
@@ -107,7 +115,8 @@ def validate_command(site_dir: Path, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps({"ok": True, "launcher": config.launcher, "studies": studies,
                                **({"sandbox": sandbox} if sandbox else {}),
-                               "authorization": report}))
+                               "authorization": report,
+                               "privacy": privacy.model_dump() if privacy else None}))
         return
     click.echo(f"local/site.yaml: ok (launcher {config.launcher})")
     if sandbox:
@@ -115,6 +124,7 @@ def validate_command(site_dir: Path, fmt: str) -> None:
     mapped = ", ".join(studies) if studies else "none (no study gets datasets or secrets here)"
     click.echo(f"local/study_runtime.yaml: ok; studies: {mapped}")
     click.echo("\n".join(policy_lines(report)))
+    click.echo(privacy_line(privacy))
 
 
 @click.command("render")

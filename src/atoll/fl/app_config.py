@@ -13,6 +13,8 @@ site:                         # present in the app the sites run
   script: train.py            # run in-process by the site worker, cwd = this folder
   args: ["--epochs", "2"]     # becomes sys.argv[1:]
   config: {batch_size: 32}    # free JSON-safe settings, read with fl.job_args()
+privacy:                      # optional: filters, DP, secure aggregation (docs/privacy.md)
+  dp: {mode: client, clip_norm: 1.0, noise_multiplier: 1.0}
 ```
 
 Validation is strict (unknown keys, wrong types, out-of-range values) and every error of the file
@@ -29,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from atoll.spec.errors import EXIT_INVALID, AtollError
+from atoll.spec.privacy import PrivacySettings
 
 APP_FILE = "app.yaml"
 
@@ -222,6 +225,8 @@ class SiteSection(_Strict):
 class AppConfig(_Strict):
     server: ServerSection | None = None
     site: SiteSection | None = None
+    # filters, differential privacy, secure aggregation (atoll.spec.privacy; docs/privacy.md)
+    privacy: PrivacySettings | None = None
 
 
 class AppConfigError(AtollError, ValueError):

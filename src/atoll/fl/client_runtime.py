@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atoll.fl.channels import SiteChannel, Task
 from atoll.fl.distributed import Ranks, TaskBroadcast
@@ -25,6 +25,9 @@ from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, encode
 from atoll.fl.tracking import LOGGED, Record, Streamer
 from atoll.spec.errors import AtollError
+
+if TYPE_CHECKING:  # made by the runner only when app.yaml has a privacy section
+    from atoll.fl.privacy.site_privacy import SitePrivacy
 
 TRAIN, VALIDATE = "train", "validate"
 Evaluator = Callable[[Model], "dict[str, float] | Model"]
@@ -44,6 +47,7 @@ class ClientSession:
         statistics_rules: dict[str, Any] | None = None,
         ranks: Ranks | None = None,
         tracking: Streamer | None = None,
+        privacy: SitePrivacy | None = None,
     ):
         self.channel = channel
         # The site's rules for federated statistics (its local/study_runtime.yaml), or None:
@@ -55,6 +59,8 @@ class ClientSession:
         # fl.log_metrics values not sent yet: they ride with the next training result, for the
         # job's metrics files and plot (the server worker writes those)
         self.logged: list[dict[str, Any]] = []
+        # app.yaml's privacy section with the site's policy: filters, DP, secure aggregation
+        self.privacy = privacy if privacy is not None and privacy.active else None
         self.site = site
         self.datasets = dict(datasets or {})
         self.config = dict(config or {})
@@ -78,8 +84,20 @@ class ClientSession:
             if task is None:
                 self.finished = True
                 return False
-            model = ModelStream(task.chunks).read(spare=self._spare)
+            spare = self._spare
+            model = ModelStream(task.chunks).read(spare=spare)
             self._spare = {}
+            round_ = task.headers.get("round")
+            if self.privacy is not None and self.privacy.handles(task.topic):
+                self._spare = spare  # the protocol's steps carry no arrays: kept for the task
+                answer = self.privacy.answer(task.topic, round_ if isinstance(round_, int) else -1,
+                                             model)
+                self.channel.reply(task.task_id, {"topic": task.topic, "round": round_},
+                                   encode(answer))
+                continue
+            if self.privacy is not None:
+                model = self.privacy.on_task(
+                    task.topic, round_ if isinstance(round_, int) else None, model)
             model.meta = {**model.meta, "task": task.topic}
             if model.round is None and isinstance(task.headers.get("round"), int):
                 model.round = task.headers["round"]
@@ -134,7 +152,8 @@ class ClientSession:
         headers = {"topic": task.topic, "round": task.headers.get("round")}
         self._task, self._model = None, None
         if self.ranks.leader:  # the other ranks only close the task: rank 0 answers for all
-            self.channel.reply(task.task_id, headers, encode(model))
+            outgoing = self.privacy.on_reply(task.topic, model) if self.privacy else model
+            self.channel.reply(task.task_id, headers, encode(outgoing))
         self._spare = dict(model.params)
 
     @property

@@ -22,12 +22,13 @@ import runpy
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from atoll.fl.app_config import (
     APP_FILE,
+    AppConfig,
     AppConfigError,
     SiteSection,
     custom_workflow,
@@ -39,6 +40,10 @@ from atoll.fl.distributed import Ranks
 from atoll.fl.model import Model
 from atoll.fl.serde import SerdeError, dtype_name, load_file
 from atoll.spec.errors import AtollError
+from atoll.spec.privacy import PrivacySettings
+
+if TYPE_CHECKING:
+    from atoll.fl.privacy.site_privacy import SitePrivacy
 
 
 class SiteScriptError(AtollError, RuntimeError):
@@ -135,6 +140,12 @@ def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, An
         initial = load_initial_model(app_dir, config.server.initial_model)
     # The job's settings for the workflow's metrics log: its id and app.yaml's tracking.
     job_args = {"job_id": channel.job_id, **(job_args or {}), "tracking": config.server.tracking}
+    if config.privacy is not None:  # the FedAvg family reads it (workflows/fedavg.py)
+        if config.server.workflow == "scatter_gather":
+            raise AppConfigError(source, [
+                "privacy: scatter_gather sends raw payloads, which privacy cannot filter or "
+                "aggregate securely; use fedavg, fedprox or fedopt"])
+        job_args["privacy"] = config.privacy
     ctx = Context(channel, args, initial, job_args)
     try:
         workflow_class(ctx).run()
@@ -182,14 +193,31 @@ def _workflow_args(workflow_class: type, raw: dict[str, Any], source: str) -> An
         raise AppConfigError(source, errors) from None
 
 
-def _site_section(app_dir: Path) -> SiteSection:
+def _site_config(app_dir: Path) -> AppConfig:
     config, _ = load_app_config(app_dir)
     if config.site is None:
         raise AppConfigError(
             str(app_dir / APP_FILE),
             ["site: missing: sites run this app, so app.yaml needs site: {script, args}"],
         )
-    return config.site
+    return config
+
+
+def _site_section(app_dir: Path) -> SiteSection:
+    section = _site_config(app_dir).site
+    assert section is not None
+    return section
+
+
+def _site_privacy(config: AppConfig, site: str, job_id: str) -> SitePrivacy | None:
+    """The site's side of app.yaml's privacy section, checked against the site's own policy
+    (handed over by its parent); None when neither asks for anything."""
+    from atoll.fl.privacy.site_privacy import SitePrivacy, policy_from_env
+
+    policy = policy_from_env()
+    if config.privacy is None and policy is None:
+        return None
+    return SitePrivacy(config.privacy or PrivacySettings(), policy, site, job_id)
 
 
 def run_site_app(
@@ -201,13 +229,18 @@ def run_site_app(
     ranks: Ranks | None = None,
 ) -> None:
     app_dir = Path(app_dir)
-    section = _site_section(app_dir)
+    config = _site_config(app_dir)
+    section = config.site
+    assert section is not None
     script = _inside(app_dir, section.script, "site.script")
     from atoll.fl.tracking import site_streamer
 
+    privacy = _site_privacy(config, site, channel.job_id)
+
     # Rank 0 alone streams: the other ranks of a distributed site train the same model.
     tracking = site_streamer(site, channel.job_id) if ranks is None or ranks.leader else None
-    bind(ClientSession(channel, site, datasets, section.config, statistics_rules, ranks, tracking))
+    bind(ClientSession(channel, site, datasets, section.config, statistics_rules, ranks, tracking,
+                        privacy))
     saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
     try:
         sys.argv = [str(script), *section.args]
@@ -239,10 +272,13 @@ def run_site_app_in_thread(
     would race on it).
     """
     app_dir = Path(app_dir)
-    section = _site_section(app_dir)
+    config = _site_config(app_dir)
+    section = config.site
+    assert section is not None
     script = _inside(app_dir, section.script, "site.script")
-    bind(ClientSession(channel, site, datasets, section.config, statistics_rules),
-         thread_only=True)
+    privacy = _site_privacy(config, site, channel.job_id)
+    bind(ClientSession(channel, site, datasets, section.config, statistics_rules,
+                       privacy=privacy), thread_only=True)
     try:
         code = compile(script.read_bytes(), str(script), "exec")
         namespace = {

@@ -100,11 +100,12 @@ class SiteParent:
         if issues := unconfined_issues(self.local.site_config, job.runtime):
             raise SpecError(issues, source=f"local/{RUNTIME_FILE}")
         credentials = {"ATOLL_JOB_TOKEN": token, **secret_env_values(job.entry, os.environ)}
-        return build_request(
+        request = build_request(
             meta=meta, identity=JobIdentity(job.job_id, name, job.study, self.name, "site"),
             site_config=self.local.site_config, study_runtime=job.runtime,
             resources=job.resources, workdir=job.workdir, parent_address=self.worker_address,
             credentials=credentials, parent_cert=self._endpoint.cert_pem)
+        return _with_privacy_policy(request, self.kit.local_dir)
 
     def _hello(self) -> dict[str, Any]:
         self._serving.wait()  # no job may arrive before its workers have an endpoint to dial
@@ -174,3 +175,17 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
         pass
     site.stop()
     return 0
+
+
+def _with_privacy_policy(request: LaunchRequest, local_dir: Path) -> LaunchRequest:
+    """The site's privacy policy (local/privacy.yaml) for its worker to apply: not a secret,
+    and the worker checks the job against it again before the job's script runs."""
+    import dataclasses
+
+    from atoll.spec.privacy import POLICY_ENV, load_site_policy
+
+    policy = load_site_policy(local_dir)
+    if policy is None:
+        return request
+    return dataclasses.replace(request, worker_env={**request.worker_env,
+                                                    POLICY_ENV: policy.model_dump_json()})

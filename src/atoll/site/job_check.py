@@ -16,6 +16,9 @@ signature, its signer and its content from the job itself, never from the server
    from their certificate, must be granted ``submit_job`` and ``byoc`` here for this study.
 5. Code approval, where the policy requires it: the content digest must be approved
    (site/approvals.py).
+6. This site's ``local/privacy.yaml`` (spec/privacy.py), if it has one: the app's ``privacy``
+   section must ask for at least what the site requires (each missing rule named). The worker
+   checks it again and applies it (atoll.fl.privacy.site_privacy).
 
 Each refusal says which check failed and what to do.
 """
@@ -73,7 +76,23 @@ def check_job(tree: Path, body: dict[str, Any], kit: Kit,
                          "the submitter should submit the job folder again") from None
     _check_revoked(site, signed)
     _check_policy(kit, study, signed)
+    if app is not None:
+        check_privacy(site, kit.local_dir, tree / app)
     return Accepted(signed, meta)
+
+
+def check_privacy(site: str, local_dir: Path, app_dir: Path) -> None:
+    """Check 6: refuse a job whose privacy settings are weaker than the site's policy."""
+    from atoll.spec.privacy import load_site_policy, policy_violations, read_app_privacy
+
+    policy = load_site_policy(local_dir)  # re-read at every launch; SpecError if broken
+    if policy is None:
+        return
+    violations = policy_violations(read_app_privacy(app_dir), policy)
+    if violations:
+        raise JobRefused(f"{site} refused the job by its privacy policy (local/privacy.yaml): "
+                         + "; ".join(map(str, violations))
+                         + "; nothing of it ran here")
 
 
 class _Serial:

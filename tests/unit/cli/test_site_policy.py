@@ -99,3 +99,19 @@ def test_approve_notes_a_site_that_does_not_require_approval(kit):
     result = run(approve_command, site_dir, job)
     assert result.exit_code == 0
     assert "does not set code_approval: required" in result.stderr
+
+
+def test_validate_checks_and_summarizes_the_privacy_policy(kit):
+    site_dir, _ = kit
+    privacy = site_dir / "local" / "privacy.yaml"
+    privacy.write_text("format_version: 1\nrequire: {max_clip: 1.0}\nbudget: {epsilon: -1}\n")
+    result = run(validate_command, site_dir, "--format", "json")
+    assert result.exit_code == 2
+    errors = json.loads(result.stdout)["error"]["problems"]
+    assert {(e["file"], e["path"]) for e in errors} == {
+        ("local/privacy.yaml", "require.max_clip"), ("local/privacy.yaml", "budget.epsilon")}
+    privacy.write_text("format_version: 1\nrequire: {max_clip_norm: 1.0, secure_aggregation: "
+                       "true}\nbudget: {epsilon: 8}\n")
+    result = run(validate_command, site_dir)
+    assert "local/privacy.yaml: ok; requires max_clip_norm 1.0, secure_aggregation True, budget " \
+           "epsilon 8.0 at delta 1e-05" in result.output

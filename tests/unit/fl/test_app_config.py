@@ -73,7 +73,7 @@ def test_all_errors_are_reported_together_each_naming_its_field():
         "site.script: must be a relative path inside the app folder, got '../train.py'",
         "site.args: Input should be a valid list",
         "site.extra: unknown key (allowed: script, args, config)",
-        "clients: unknown key (allowed: server, site)",
+        "clients: unknown key (allowed: server, site, privacy)",
     ]:
         assert expected in text, f"{expected!r} not in:\n{text}"
     assert len(errors) == 9

@@ -135,13 +135,22 @@ class Context:
         requested = (
             args.get("min_clients") if isinstance(args, dict) else getattr(args, "min_clients", None)
         )
-        self._job_args = dict(job_args or {})  # job_id, name, tracking: for the metrics log
-        self.min_clients = resolve_min_clients(requested, self._job_args, self.sites)
+        # The runner's settings of the job: job_id, name, tracking (for the metrics log) and
+        # app.yaml's privacy section (the FedAvg family reads it).
+        self.job_args = dict(job_args or {})
+        self.min_clients = resolve_min_clients(requested, self.job_args, self.sites)
         self.active: list[str] = list(self.sites)  # sites that have not dropped out
         self.dropped: dict[str, str] = {}
         self.task_filters: list[Filter] = []
         self.result_filters: list[Filter] = []
         self._metrics: MetricsLog | None = None
+
+    @property
+    def channel(self) -> ServerChannel:
+        """The job's link to its sites, for a protocol that runs a whole round itself (secure
+        aggregation: masked replies must not pass ``result_filters``); workflows use
+        ``send``/``gather``."""
+        return self._channel
 
     # --- tasks ------------------------------------------------------------------------------
 
@@ -240,7 +249,7 @@ class Context:
         gathered.outcome = gather(
             self._channel, sent.task_id, sent.targets, timeout, take, wanted
         )
-        self._note_dropouts(gathered.outcome)
+        self.note_dropouts(gathered.outcome)
         if what is None:
             what = sent.task + (f" in round {sent.round}" if sent.round is not None else "")
         if require_min:
@@ -275,7 +284,9 @@ class Context:
                 f"Dropped: {describe(self.dropped)}"
             )
 
-    def _note_dropouts(self, outcome: Outcome) -> None:
+    def note_dropouts(self, outcome: Outcome) -> None:
+        """Sites whose reply was an error leave ``active`` (``gather`` calls it; a protocol that
+        runs its own round on ``channel`` calls it too)."""
         for site, reason in outcome.dropped.items():
             self.dropped[site] = reason
             if site in self.active:
@@ -311,7 +322,7 @@ class Context:
     def metrics(self) -> MetricsLog:
         """metrics.jsonl / metrics.csv / training_curves.png, opened on first use."""
         if self._metrics is None:
-            self._metrics = MetricsLog(self.results_dir, self._job_args)
+            self._metrics = MetricsLog(self.results_dir, self.job_args)
         return self._metrics
 
     def log_metrics(

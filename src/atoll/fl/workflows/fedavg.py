@@ -31,7 +31,7 @@ import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,7 +43,10 @@ from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, save_file
 from atoll.fl.workflows.api import Aggregator, Context, Workflow
 from atoll.fl.workflows.evaluation import cross_site_table, evaluate, format_table, save_table
-from atoll.fl.workflows.rounds import Outcome, describe, require
+from atoll.fl.workflows.rounds import Outcome, WorkflowError, describe, require
+
+if TYPE_CHECKING:
+    from atoll.fl.privacy.server_privacy import ServerPrivacy
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,20 @@ def run_fedavg(
     site_meta: dict[str, Any] | None = None,
 ) -> None:
     FedAvgRun(channel, args, initial, job_args, workflow, server_update, site_meta or {}).run()
+
+
+def _privacy(job_args: dict[str, Any], has_initial: bool) -> ServerPrivacy | None:
+    """app.yaml's privacy section, as the runner passed it in the job's settings."""
+    settings = job_args.get("privacy")
+    if settings is None:
+        return None
+    from atoll.fl.privacy.server_privacy import ServerPrivacy
+
+    if settings.changes_updates and not has_initial:
+        raise WorkflowError("privacy filters and secure aggregation need the sites to send "
+                            "updates against a global model: set server.initial_model in "
+                            "app.yaml")
+    return ServerPrivacy(settings)
 
 
 class FedAvg(Workflow):
@@ -105,6 +122,9 @@ class FedAvgRun:
         self.last_validation: dict[str, float] = {}
         self.best: tuple[int, float] | None = None
         self.metrics = ctx.metrics
+        self.privacy = _privacy(ctx.job_args, bool(self.global_params))
+        self.stopped: str | None = None  # why training ended before num_rounds
+        self.rounds_done = 0
 
     @classmethod
     def on(
@@ -122,16 +142,28 @@ class FedAvgRun:
     def run(self) -> None:
         try:
             for round_ in range(1, self.args.num_rounds + 1):  # 1-based, as users see rounds
+                if self.privacy is not None and (reason := self.privacy.stop_reason()):
+                    self._stop(round_, reason)
+                    break
                 self.train_round(round_)
-            final = save_file(
-                self._global_model(self.args.num_rounds), self.results / FINAL_MODEL
-            )
+                self.rounds_done = round_
+            final = save_file(self._global_model(self.rounds_done), self.results / FINAL_MODEL)
             if self.best is None:  # no usable validation: the final model is the best we know
                 shutil.copyfile(final, self.results / BEST_MODEL)
             table = self.cross_site(final)
             self._write_summary(table)
         finally:
             self.ctx.close()
+
+    def _stop(self, round_: int, reason: str) -> None:
+        """The job's privacy budget allows no further round: end with what we have."""
+        if round_ == 1:
+            raise WorkflowError(f"no round can run: {reason}; raise privacy.dp.max_epsilon or "
+                                "privacy.dp.noise_multiplier in app.yaml")
+        self.stopped = reason
+        log.warning("training stops after round %d of %d: %s", round_ - 1, self.args.num_rounds,
+                    reason)
+        self.ctx.report({"event": "stopped", "round": round_ - 1, "reason": reason})
 
     def _global_model(self, round_: int) -> Model:
         return Model(
@@ -161,6 +193,10 @@ class FedAvgRun:
         last = round_ == self.args.num_rounds
         keep_site_models = last and self.args.cross_site_eval == "all"
         outgoing = self._global_model(round_)
+        if self.privacy is not None and (self.privacy.secure or self.privacy.central):
+            headers = {"round": round_, "total_rounds": self.args.num_rounds}
+            self._private_round(round_, outgoing, headers)
+            return
         sent = self.ctx.send("train", outgoing, round=round_, total_rounds=self.args.num_rounds)
         del outgoing  # uploaded: the channel holds no view of our buffers any more
         reuse = (
@@ -168,6 +204,7 @@ class FedAvgRun:
             and not keep_site_models
             and not self.saw_diff
             and self.args.aggregator == "weighted_mean"
+            and self.privacy is None
         )
         aggregator = _NotingDiffs(self._aggregator(reuse), self)
         if reuse:
@@ -189,6 +226,31 @@ class FedAvgRun:
         for site, model in gathered.results.items():  # fl.log_metrics values, sent with results
             self.metrics.record_logged(site, model.meta)
         averaged = gathered.aggregate or {}
+        total = sum(n for _, n in train.values())
+        self._finish_round(round_, averaged, train, outcome, total)
+
+    def _private_round(self, round_: int, outgoing: Model, headers: dict[str, Any]) -> None:
+        """A round whose aggregation the privacy settings own: secure aggregation (the server
+        learns only the sum) or server-side DP (each update clipped, the sum noised). It runs
+        on the job's link itself: masked replies cannot pass the context's result filters."""
+        from atoll.fl.privacy.server_privacy import apply_update
+
+        assert self.privacy is not None
+        private = self.privacy.train_round(self.ctx.channel, self.active, outgoing, headers,
+                                           self.args.round_timeout, self.min_clients,
+                                           self.global_params)
+        del outgoing
+        self.ctx.note_dropouts(private.outcome)
+        update = private.mean_update(self.min_clients, f"round {round_}")
+        # a server optimizer (FedOpt) needs the old global model beside the new one
+        averaged = apply_update(self.global_params, update, in_place=self.server_update is None)
+        if self.privacy.secure:
+            self.privacy.recycle(update, averaged)
+        self._finish_round(round_, averaged, private.train, private.outcome, private.total_weight)
+
+    def _finish_round(self, round_: int, averaged: Params,
+                      train: dict[str, tuple[dict[str, float], int]], outcome: Outcome,
+                      total_weight: float) -> None:
         if self.server_update is not None and self.global_params:
             self.global_params = self.server_update(self.global_params, averaged, round_)
         else:
@@ -197,10 +259,12 @@ class FedAvgRun:
             self.metrics.record(round_, "train", site, metrics, n)
         global_train = weighted_metrics(train.values())
         if global_train:
-            total = sum(n for _, n in train.values())
-            self.metrics.record(round_, "train", "global", global_train, int(total))
+            self.metrics.record(round_, "train", "global", global_train, int(total_weight))
+        spent = self.privacy.record_round() if self.privacy is not None else {}
+        if spent:  # the job's privacy budget, through the metrics files like any metric
+            self.metrics.record(round_, "privacy", "global", spent)
         validation = self.validate(round_) if self._evaluation_due(round_) else None
-        self._report_round(round_, train, global_train, validation, outcome)
+        self._report_round(round_, train, global_train, validation, outcome, spent)
 
     def _evaluation_due(self, round_: int) -> bool:
         every = self.args.evaluate_every
@@ -306,6 +370,10 @@ class FedAvgRun:
             "dropped": self.dropped,
             "cross_site_eval": cross_site.get("table", {}),
         }
+        if self.privacy is not None:
+            summary["privacy"] = self.privacy.summary()
+        if self.stopped:
+            summary["stopped"] = self.stopped
         (self.results / "summary.json").write_text(json.dumps(summary, indent=2))
         self.ctx.report({"event": "finished", **summary})
 
@@ -327,6 +395,7 @@ class FedAvgRun:
         global_train: dict[str, float],
         validation: dict[str, Any] | None,
         outcome: Outcome,
+        privacy: dict[str, float] | None = None,
     ) -> None:
         sites: dict[str, Any] = {
             site: {"train": metrics, "num_examples": n} for site, (metrics, n) in train.items()
@@ -350,13 +419,16 @@ class FedAvgRun:
         }
         if self.best is not None:
             event["best"] = {"round": self.best[0], self.args.key_metric: self.best[1]}
+        if privacy:
+            event["privacy"] = privacy
         log.info(
-            "round %d of %d: %d result(s)%s%s",
+            "round %d of %d: %d result(s)%s%s%s",
             round_,
             self.args.num_rounds,
             len(train),
             f", validation {validation['global']}" if validation else "",
             f", failed: {describe(event['failed'])}" if event["failed"] else "",
+            f", epsilon {privacy['epsilon']:.3f} at delta {privacy['delta']:g}" if privacy else "",
         )
         self.ctx.report(event)
 

@@ -1,0 +1,190 @@
+"""The server's side of secure aggregation for one round: set up, fold masked updates, unmask.
+
+The server never holds one site's unmasked update: ``add_masked`` folds each reply into a
+running sum modulo 2**64 as it streams in (each reply is masked by a uniform self-mask, so it
+is noise on its own), and ``unmask`` removes the masks from the sum alone. A test instruments
+exactly these two entry points and the channel's replies (tests/unit/fl/privacy/).
+
+Drop-outs (Bonawitz et al. 2017): a site that shared its keys but sent no masked update leaves
+its pairwise masks in the others' updates; the server rebuilds its mask key from t shares and
+removes them. A site that sent its masked update and then left is still in the sum; its
+self-mask seed is rebuilt from the other sites' shares. Either way at least ``threshold`` sites
+must answer the unmask step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from atoll.fl.aggregation import AggregateCorrupted, ResultRejected
+from atoll.fl.channels import ServerChannel
+from atoll.fl.model import Model
+from atoll.fl.privacy.secagg import crypto, masking, shamir
+from atoll.fl.privacy.secagg.client import (
+    ADVERTISE,
+    SHARE,
+    UNMASK,
+    SecAggRefused,
+    add_masks,
+    b64,
+    mask_info,
+    unb64,
+)
+from atoll.fl.serde import ModelStream, SerdeError, encode
+from atoll.fl.workflows.rounds import WorkflowError, describe, gather
+
+log = logging.getLogger(__name__)
+
+
+_ANSWER_KEYS = {ADVERTISE: {"c", "s"}, SHARE: {"shares"}, UNMASK: {"b", "s"}}
+
+
+def default_threshold(sites: int) -> int:
+    """A majority of the sites, at least 2."""
+    return max(2, sites // 2 + 1)
+
+
+@dataclass
+class SecureRound:
+    channel: ServerChannel
+    round_: int
+    headers: dict[str, Any]
+    timeout: float | None
+    min_clients: int
+    threshold: int | None = None  # app.yaml privacy.secure_aggregation.threshold
+    keys: dict[str, dict[str, bytes]] = field(default_factory=dict)  # U1: site -> {"c", "s"}
+    sites: list[str] = field(default_factory=list)  # U2: shared their secrets
+    routed: dict[str, dict[str, str]] = field(default_factory=dict)  # recipient -> sender -> share
+    failed: dict[str, str] = field(default_factory=dict)
+    spare: dict[str, np.ndarray] = field(default_factory=dict)  # uint64 buffers to sum into
+    _sum: dict[str, np.ndarray] = field(default_factory=dict)
+    _masked: list[str] = field(default_factory=list)  # U3: sent a masked update
+
+    # --- setup: keys and shares -----------------------------------------------------------------
+
+    def _step(self, targets: list[str], topic: str, meta: dict[str, Any], need: int) -> dict:
+        """Send one protocol step to ``targets``; {site: its reply's meta} of those answering."""
+        task = self.channel.send(targets, topic, self.headers, encode(Model(meta=meta)))
+        answers: dict[str, dict[str, Any]] = {}
+
+        def take(site: str, stream: ModelStream) -> None:
+            meta = stream.read().meta
+            expected = _ANSWER_KEYS[topic]
+            if not expected <= set(meta):
+                raise ResultRejected(
+                    f"answered {topic} without {sorted(expected - set(meta))}: the site's "
+                    "app.yaml must turn on privacy.secure_aggregation too")
+            answers[site] = meta
+
+        outcome = gather(self.channel, task, targets, self.timeout, take, need)
+        self.failed.update(outcome.failed)
+        if len(answers) < need:
+            raise WorkflowError(
+                f"round {self.round_} secure aggregation ({topic}): {len(answers)} site(s) "
+                f"answered, {need} needed (threshold and min_clients). Failed: "
+                f"{describe(outcome.failed) or 'none'}")
+        return answers
+
+    def setup(self, targets: list[str]) -> list[str]:
+        """Steps 1 and 2; returns the sites that will mask (U2)."""
+        need = max(self.min_clients, 2)
+        advertised = self._step(list(targets), ADVERTISE, {}, need)
+        try:
+            self.keys = {site: {"c": unb64(m["c"], f"{site}'s key"),
+                                "s": unb64(m["s"], f"{site}'s key")}
+                         for site, m in sorted(advertised.items())}
+        except SecAggRefused as exc:
+            raise WorkflowError(f"round {self.round_} secure aggregation: {exc}") from None
+        if self.threshold is None:
+            self.threshold = default_threshold(len(self.keys))
+        if self.threshold > len(self.keys):
+            raise WorkflowError(
+                f"round {self.round_}: privacy.secure_aggregation.threshold is {self.threshold} "
+                f"but only {len(self.keys)} site(s) took part; lower it or add sites")
+        need = max(need, self.threshold)
+        public = {site: {"c": b64(k["c"]), "s": b64(k["s"])}
+                  for site, k in self.keys.items()}
+        shared = self._step(sorted(self.keys), SHARE,
+                            {"keys": public, "threshold": self.threshold}, need)
+        self.sites = sorted(shared)
+        self.routed = {v: {u: str(shared[u]["shares"][v]) for u in self.sites} for v in self.sites}
+        return self.sites
+
+    def train_meta(self) -> dict[str, Any]:
+        """What the train task carries: the encrypted shares (each for one site's key only)."""
+        return {"sites": self.sites, "shares": self.routed}
+
+    # --- masked updates ---------------------------------------------------------------------------
+
+    def add_masked(self, site: str, stream: ModelStream) -> Model:
+        """Fold one masked reply into the sum as it arrives; returns its header."""
+        entries = {name: (dtype, shape) for name, dtype, shape in stream.entries}
+        if any(dtype != np.uint64 for dtype, _ in entries.values()) or \
+                masking.WEIGHT not in entries:
+            raise ResultRejected("sent an unmasked result to a secure aggregation round "
+                                 "(privacy.secure_aggregation is on in the server's app.yaml: "
+                                 "the site's app.yaml needs it too)")
+        if not self._sum:
+            self._sum = {n: _zeroed(self.spare.pop(n, None), shape)
+                         for n, (_, shape) in entries.items()}
+        elif {n: s for n, (_, s) in entries.items()} != {n: a.shape for n, a in self._sum.items()}:
+            raise ResultRejected("masked result's names or shapes differ from the other sites'")
+        try:
+            for name, start, block in stream.blocks():
+                target = self._sum[name].reshape(-1)[start:start + len(block)]
+                np.add(target, block, out=target)  # modulo 2**64
+        except SerdeError as exc:
+            raise AggregateCorrupted(f"a masked result broke off ({exc}); the round's sum is "
+                                     "lost") from None
+        self._masked.append(site)
+        return stream.model
+
+    # --- unmasking ----------------------------------------------------------------------------------
+
+    def unmask(self) -> tuple[dict[str, np.ndarray], float]:
+        """Step 4: the weighted sum of the survivors' updates (float64) and their total weight."""
+        survivors = sorted(self._masked)
+        dropped = sorted(set(self.sites) - set(survivors))
+        assert self.threshold is not None
+        need = self.threshold
+        answers = self._step(survivors, UNMASK, {"survivors": survivors, "dropped": dropped}, need)
+        order = sorted(self.keys)  # share points: position in the key list, from 1
+        point = {site: order.index(site) + 1 for site in order}
+
+        def rebuild(kind: str, owner: str) -> bytes:
+            shares = [(point[holder], int(str(a[kind][owner]), 16))
+                      for holder, a in answers.items() if owner in a.get(kind, {})]
+            if len(shares) < self.threshold:
+                raise WorkflowError(f"round {self.round_}: only {len(shares)} share(s) of "
+                                    f"{owner}'s secret came back, {self.threshold} needed")
+            return shamir.combine(shares)
+
+        seeds: list[tuple[bytes, int]] = [(rebuild("b", site), -1) for site in survivors]
+        for gone in dropped:
+            private = rebuild("s", gone)
+            if crypto.public_of(private) != self.keys[gone]["s"]:
+                raise WorkflowError(f"round {self.round_}: the shares of {gone}'s mask key "
+                                    "do not rebuild it; a site answered wrongly")
+            for site in survivors:  # what `site` added for `gone`, taken away again
+                seed = crypto.agree(private, self.keys[site]["s"],
+                                    mask_info(self.channel.job_id, self.round_, site, gone))
+                seeds.append((seed, -1 if site < gone else 1))
+        add_masks(self._sum, seeds)
+        total, self._sum = self._sum, {}
+        if dropped:
+            log.info("round %d: secure aggregation recovered from %d site(s) that sent no masked "
+                     "update: %s", self.round_, len(dropped), ", ".join(dropped))
+        return masking.decode(total)
+
+
+def _zeroed(spare: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    """A uint64 zero array of ``shape``: ``spare``'s memory when it fits (no fresh pages)."""
+    if spare is None or spare.size != int(np.prod(shape)) or not spare.flags.c_contiguous:
+        return np.zeros(shape, np.uint64)
+    spare = spare.reshape(shape)
+    spare.fill(0)
+    return spare

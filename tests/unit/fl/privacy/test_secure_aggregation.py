@@ -1,0 +1,276 @@
+"""Secure aggregation: the server's result is FedAvg's, and the server never holds one site's
+update; sites that leave after masking (or before) are recovered.
+
+The probe instruments the server side: every reply's bytes as the server channel hands them
+to the workflow (everything the server learns arrives there), every array in and out of the
+aggregation entry points (``SecureRound.add_masked``/``unmask``, ``WeightedMean``), every array
+reachable from the workflow and the secure round after each fold and around each round's end
+(the server's memory, short of the channel), and every log line. The same probe on plain FedAvg finds every site's update: the attack it guards
+against, shown to succeed without the defence.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import types
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from atoll.fl.aggregation import WeightedMean
+from atoll.fl.model import Model
+from atoll.fl.privacy.secagg import masking
+from atoll.fl.privacy.secagg.client import UNMASK, SecAggClient, SecAggRefused
+from atoll.fl.privacy.secagg.server import SecureRound
+from atoll.fl.serde import decode, encode, load_file
+from atoll.fl.simulator import Federation, InMemoryServerChannel
+from atoll.fl.workflows import WorkflowError
+from atoll.fl.workflows.fedavg import FedAvgRun
+from atoll.spec.privacy import PrivacySettings
+
+from .sites import adds, run_private
+
+INITIAL = {"layer.weight": np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6),
+           "layer.bias": np.zeros(6, np.float32)}
+EXAMPLES = {"a": 10, "b": 25, "c": 40}
+SECURE = PrivacySettings.model_validate({"secure_aggregation": {"threshold": 2}})
+
+
+def _deltas() -> dict[str, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(42)
+    return {site: {k: rng.normal(0, 0.1, v.shape).astype(np.float32) for k, v in INITIAL.items()}
+            for site in EXAMPLES}
+
+
+def _fedavg(sites, deltas, rounds=1):
+    """Plain FedAvg of sites that each add their delta, computed here."""
+    weights = sum(EXAMPLES[s] for s in sites)
+    model = {k: v.astype(np.float64) for k, v in INITIAL.items()}
+    for _ in range(rounds):
+        model = {k: v + sum(EXAMPLES[s] * deltas[s][k] for s in sites) / weights
+                 for k, v in model.items()}
+    return model
+
+
+@dataclass
+class Probe:
+    payloads: list[bytes] = field(default_factory=list)
+    arrays: list[np.ndarray] = field(default_factory=list)
+    caplog: pytest.LogCaptureFixture | None = None
+
+    @property
+    def logs(self) -> list[str]:
+        return [r.getMessage() for r in self.caplog.records] if self.caplog else []
+
+    def holds(self, site_delta: dict[str, np.ndarray], global_before: dict[str, np.ndarray],
+              n: int) -> list[str]:
+        """Where the probe saw this site's own update (as weights, diff or encoded)."""
+        seen = []
+        for name, delta in site_delta.items():
+            forms = {"weights": (global_before[name] + delta).astype(np.float32),
+                     "diff": delta.astype(np.float32),
+                     "encoded": masking.encode({name: delta}, n, 3)[name]}
+            for form, value in forms.items():
+                if value.nbytes >= 16 and any(value.tobytes() in p for p in self.payloads):
+                    seen.append(f"{name} {form} in a reply's bytes")
+            for array in self.arrays:
+                for form, value in forms.items():
+                    if array.shape != value.shape:
+                        continue
+                    if form == "encoded" or array.dtype == np.uint64:
+                        if array.dtype == value.dtype and np.array_equal(array, value):
+                            seen.append(f"{name} {form} in the server's memory")
+                        continue
+                    for scale in (1.0, float(n)):
+                        if np.allclose(array, value.astype(np.float64) * scale, atol=1e-4):
+                            seen.append(f"{name} {form} (x{scale:g}) in an aggregation array")
+            text = f"{float(delta.ravel()[0]):.4f}"
+            seen += [f"{name} in a log line" for line in self.logs if text in line]
+        return seen
+
+
+@pytest.fixture
+def probe(monkeypatch, caplog):
+    found = Probe(caplog=caplog)
+    caplog.set_level(logging.DEBUG, logger="atoll")
+    replies = Federation.replies
+
+    def recorded_replies(self, task_id, timeout):
+        for reply in replies(self, task_id, timeout):
+            if reply.chunks is not None:
+                chunks = [bytes(c) for c in reply.chunks]
+                found.payloads.append(b"".join(chunks))
+                reply.chunks = iter(chunks)
+            yield reply
+
+    def recorded(method, take):
+        def wrapper(self, *args, **kwargs):
+            result = method(self, *args, **kwargs)
+            take(self, args, result)
+            return result
+        return wrapper
+
+    def keep_sum(self, args, result):
+        found.arrays += [np.asarray(a, np.float64) for a in result[0].values()]
+
+    def keep_state(self, args, result):
+        found.arrays += [a.view(np.int64).astype(np.float64) for a in self._sum.values()]
+
+    def keep_mean(self, args, result):
+        found.arrays += [np.asarray(a, np.float64) for a in self._sum.values()]
+
+    def keep_reachable(self, args, result):  # the workflow's and the secure round's memory
+        found.arrays += reachable_arrays(self)
+
+    monkeypatch.setattr(Federation, "replies", recorded_replies)
+    monkeypatch.setattr(SecureRound, "unmask", recorded(SecureRound.unmask, keep_sum))
+    monkeypatch.setattr(WeightedMean, "add_stream", recorded(WeightedMean.add_stream, keep_mean))
+    finish = recorded(FedAvgRun._finish_round, keep_reachable)
+
+    def finish_scanned(self, *args):  # before and after the new global model is made
+        keep_reachable(self, args, None)
+        return finish(self, *args)
+
+    monkeypatch.setattr(FedAvgRun, "_finish_round", finish_scanned)
+    fold = SecureRound.add_masked
+
+    def fold_scanned(self, *args):
+        result = fold(self, *args)
+        keep_state(self, args, result)
+        keep_reachable(self, args, result)
+        return result
+
+    monkeypatch.setattr(SecureRound, "add_masked", fold_scanned)
+    return found
+
+
+def reachable_arrays(root: object) -> list[np.ndarray]:
+    """Every numpy array reachable from ``root`` through attributes and containers, short of
+    the channel (its queues hold what the simulated sites hold, not the server)."""
+    seen, stack, arrays = set(), [root], []
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, Federation | InMemoryServerChannel | type
+                                         | types.ModuleType | types.FunctionType):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            arrays.append(obj.astype(np.float64) if obj.dtype.kind == "f" else obj.copy())
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple | set):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            stack.extend(vars(obj).values())
+    return arrays
+
+
+def _final(results):
+    return load_file(results / "global_model_final.safetensors").params
+
+
+def test_the_secure_sum_is_fedavg_and_the_server_never_holds_one_update(tmp_path, probe):
+    deltas = _deltas()
+    trainers = {s: adds(deltas[s], EXAMPLES[s]) for s in EXAMPLES}
+    run_private(SECURE, trainers, tmp_path, INITIAL, rounds=1)
+    expected = _fedavg(EXAMPLES, deltas)
+    for name, value in _final(tmp_path).items():
+        np.testing.assert_allclose(value, expected[name], atol=1e-6)
+    assert probe.payloads and probe.arrays  # the probe did see the server's traffic
+    assert any(a.dtype == np.uint64 for a in probe.arrays)  # and the masked sum in its memory
+    assert any("round 1" in line for line in probe.logs)  # the probe reads the server's log
+    for site in EXAMPLES:
+        assert probe.holds(deltas[site], INITIAL, EXAMPLES[site]) == [], site
+
+
+def test_without_secure_aggregation_the_same_probe_finds_every_update(tmp_path, probe):
+    deltas = _deltas()
+    trainers = {s: adds(deltas[s], EXAMPLES[s]) for s in EXAMPLES}
+    run_private(None, trainers, tmp_path, INITIAL, rounds=1)
+    for site in EXAMPLES:
+        assert any("weights in a reply's bytes" in w
+                   for w in probe.holds(deltas[site], INITIAL, EXAMPLES[site])), site
+
+
+def test_a_site_leaving_after_sending_its_masked_update_is_recovered(tmp_path, probe):
+    deltas = _deltas()
+    trainers = {s: adds(deltas[s], EXAMPLES[s]) for s in EXAMPLES}
+    federation, errors = run_private(SECURE, trainers, tmp_path, INITIAL, rounds=2,
+                                     min_clients=2, leave_after_send={"c": 1})
+    assert errors == {"c": "Leave: left after sending round 1"}
+    # round 1: all three in the sum (c's self-mask rebuilt from a's and b's shares); round 2: a, b
+    after_0 = _fedavg(EXAMPLES, deltas)
+    weights = EXAMPLES["a"] + EXAMPLES["b"]
+    expected = {k: v + (EXAMPLES["a"] * deltas["a"][k] + EXAMPLES["b"] * deltas["b"][k]) / weights
+                for k, v in after_0.items()}
+    for name, value in _final(tmp_path).items():
+        np.testing.assert_allclose(value, expected[name], atol=1e-6)
+    rounds = [e for e in federation.events if e["event"] == "round"]
+    assert "c" in rounds[0]["failed"] and rounds[1]["active"] == ["a", "b"]
+    for site in EXAMPLES:
+        assert probe.holds(deltas[site], INITIAL, EXAMPLES[site]) == [], site
+
+
+def test_a_site_leaving_after_sharing_but_before_masking_is_recovered(tmp_path, probe):
+    deltas = _deltas()
+    trainers = {s: adds(deltas[s], EXAMPLES[s]) for s in EXAMPLES}
+
+    def leaves(model: Model) -> Model:
+        raise RuntimeError("worker killed before it trained")
+
+    trainers["c"] = leaves
+    run_private(SECURE, trainers, tmp_path, INITIAL, rounds=1, min_clients=2)
+    # c's pairwise masks sit in a's and b's updates: rebuilt from the shares of its mask key
+    expected = _fedavg(["a", "b"], deltas)
+    for name, value in _final(tmp_path).items():
+        np.testing.assert_allclose(value, expected[name], atol=1e-6)
+    for site in ("a", "b"):
+        assert probe.holds(deltas[site], INITIAL, EXAMPLES[site]) == [], site
+
+
+def test_a_site_answers_the_unmask_step_once_and_never_for_both_secrets():
+    clients = {s: SecAggClient(s, "job") for s in ("a", "b", "c")}
+    keys = {s: c.answer("secagg.advertise", 0, {}) for s, c in clients.items()}
+    shares = {s: c.answer("secagg.share", 0, {"keys": keys, "threshold": 2})["shares"]
+              for s, c in clients.items()}
+    for site, client in clients.items():
+        client.take_shares(0, {"sites": ["a", "b", "c"],
+                               "shares": {site: {u: shares[u][site] for u in shares}}})
+    with pytest.raises(SecAggRefused, match="survivors and dropped"):
+        clients["a"].answer(UNMASK, 0, {"survivors": ["a", "b", "c"], "dropped": ["c"]})
+    clients["a"].answer(UNMASK, 0, {"survivors": ["a", "b"], "dropped": ["c"]})
+    with pytest.raises(SecAggRefused, match="no keys"):  # the round's secrets are gone
+        clients["a"].answer(UNMASK, 0, {"survivors": ["a", "b", "c"], "dropped": []})
+
+
+def test_a_site_refuses_a_key_list_without_its_own_keys():
+    client = SecAggClient("a", "job")
+    client.answer("secagg.advertise", 3, {})
+    other = SecAggClient("b", "job").answer("secagg.advertise", 3, {})
+    with pytest.raises(SecAggRefused, match="own keys"):
+        client.answer("secagg.share", 3, {"keys": {"a": other, "b": other}, "threshold": 2})
+
+
+def test_a_site_without_secure_aggregation_in_its_app_is_rejected_naming_why(tmp_path):
+    deltas = _deltas()
+    trainers = {s: adds(deltas[s], EXAMPLES[s]) for s in EXAMPLES}
+    federation = Federation(list(EXAMPLES), tmp_path)
+    plain = {"c"}  # c's app.yaml has no privacy: its script gets the protocol's tasks
+
+    def script_only(site: str) -> None:  # answers every task with weights, as a script would
+        channel = federation.site_channel(site)
+        while (task := channel.receive()) is not None:
+            model = decode(task.chunks)
+            channel.reply(task.task_id, {}, encode(Model(
+                params={k: v + 1 for k, v in model.params.items()} or {"x": np.ones(1)},
+                num_examples=1)))
+
+    thread = threading.Thread(target=script_only, args=("c",), daemon=True)
+    thread.start()
+    with pytest.raises(WorkflowError) as failed:
+        run_private(SECURE, {s: t for s, t in trainers.items() if s not in plain}, tmp_path,
+                    INITIAL, rounds=1, min_clients=3, federation=federation)
+    assert "c: answered secagg.advertise without ['c', 's']: the site's app.yaml must turn on " \
+           "privacy.secure_aggregation too" in str(failed.value)
