@@ -7,13 +7,14 @@ against (``time``, ``mem``), as values, so nothing is read back out of the argv.
 study's ``secret_env`` values are written at launch into ``secrets_file`` (mode 0600, in the run
 folder), which the script sources and deletes before it starts the worker.
 
-Resources (portable values are totals for the target; native ``launcher_spec`` values are per
-node; ``--mem`` and ``--gres`` are per node in Slurm):
+Resources (as NVIDIA FLARE 2.9: ``num_of_cpus`` and ``memory`` are per node, like the native
+``cpus_per_node``/``mem_per_node``; ``num_of_gpus`` is the total; ``--mem`` and ``--gres`` are per
+node in Slurm):
 
 - ``--nodes=N --ntasks=N --ntasks-per-node=1``: one worker task per node (``nodes``, default 1).
-- ``--cpus-per-task``: ``cpus_per_node``, else ``num_of_cpus`` spread over the nodes (rounded up).
-- ``--mem=<MiB>M``: ``mem_per_node``, else ``memory`` spread over the nodes; omitted when neither
-  is given (the partition's default applies).
+- ``--cpus-per-task``: ``num_of_cpus``, else ``cpus_per_node``; omitted when neither is given.
+- ``--mem=<MiB>M``: ``memory``, else ``mem_per_node`` (MiB, or 32Gi); omitted when neither is
+  given (the partition's default applies).
 - ``--gres=gpu:G``: ``gpus_per_node``, else ``num_of_gpus`` (single node); omitted for no GPU.
 - ``--time``: the job's ``launcher_spec.time``, else the site's ``slurm.time``.
 
@@ -43,7 +44,7 @@ from typing import Any
 from atoll.launchers.base import LaunchError, LaunchRequest
 from atoll.launchers.request import TOKEN_VAR
 from atoll.spec.names import is_env_name
-from atoll.spec.quantity import memory_to_mib
+from atoll.spec.quantity import memory_to_mib, slurm_mem_to_mib
 from atoll.spec.study_runtime import data_root, dataset_mount_path
 
 CONTAINER_WORKDIR = "/atoll/job"
@@ -82,8 +83,9 @@ def render_slurm(request: LaunchRequest) -> dict[str, Any]:
         f"--nodes={topo['nodes']}",
         f"--ntasks={topo['nodes']}",
         "--ntasks-per-node=1",
-        f"--cpus-per-task={topo['cpus_per_task']}",
     ]
+    if topo["cpus_per_task"] is not None:
+        argv.append(f"--cpus-per-task={topo['cpus_per_task']}")
     if topo["mem_mib"] is not None:
         argv.append(f"--mem={topo['mem_mib']}M")
     if topo["gpus_per_node"]:
@@ -132,14 +134,19 @@ def slurm_memory(memory: str) -> str:
 
 
 def topology(request: LaunchRequest) -> dict[str, Any]:
-    """Nodes and per-node CPUs, MiB and GPUs from resources and the job's slurm block."""
+    """Nodes and per-node CPUs, MiB and GPUs from resources and the job's slurm block.
+
+    As NVIDIA FLARE 2.9: portable ``num_of_cpus`` and ``memory`` are per node; None when
+    neither they nor ``cpus_per_node``/``mem_per_node`` are given (no directive: the
+    partition's defaults apply). ``num_of_gpus`` is the total (``gpus_per_node`` per node).
+    """
     spec, res = request.launcher_spec, request.resources
     nodes = spec.get("nodes") or 1
-    cpus = spec.get("cpus_per_node") or -(-res.num_of_cpus // nodes)
-    if spec.get("mem_per_node"):
-        mem_mib = memory_to_mib(spec["mem_per_node"])
-    elif res.memory is not None:
-        mem_mib = -(-memory_to_mib(res.memory) // nodes)
+    cpus = res.num_of_cpus if res.num_of_cpus is not None else spec.get("cpus_per_node")
+    if res.memory is not None:
+        mem_mib = memory_to_mib(res.memory)
+    elif spec.get("mem_per_node") is not None:
+        mem_mib = slurm_mem_to_mib(spec["mem_per_node"])  # MiB as an integer, or 32Gi
     else:
         mem_mib = None
     gpus = spec.get("gpus_per_node")
@@ -324,7 +331,7 @@ def _launch_segments(
                 f"--nodes={topo['nodes']}",
                 f"--ntasks={topo['nodes']}",
                 "--ntasks-per-node=1",
-                f"--cpus-per-task={topo['cpus_per_task']}",
+                *([f"--cpus-per-task={topo['cpus_per_task']}"] if topo["cpus_per_task"] else []),
                 "--export=ALL",  # the batch step runs with SLURM_EXPORT_ENV=NONE
                 "--kill-on-bad-exit=1",
                 "--label",

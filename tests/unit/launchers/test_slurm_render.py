@@ -157,6 +157,7 @@ def test_pyxis_golden() -> None:
 
 
 def test_multi_node_golden() -> None:
+    """The seed's university asks 4 CPUs and 64Gi: per node on 2 nodes (NVIDIA FLARE 2.9)."""
     launcher_spec = {"university": {"slurm": {"nodes": 2, "gpus_per_node": 4, "time": "30:00"}}}
     rendered = render_slurm(request_for("university", launcher_spec=launcher_spec))
     assert_golden("slurm/multi_node", golden(rendered))
@@ -165,21 +166,21 @@ def test_multi_node_golden() -> None:
         ("ntasks", "2"),
         ("ntasks-per-node", None),
         ("gres", "gpu:4"),
-        ("cpus-per-task", "2"),
-        ("mem", "32768M"),
+        ("cpus-per-task", "4"),
+        ("mem", "65536M"),
         ("time", "30:00"),
     ):
         if value is not None:
             assert argv_value(rendered, flag) == value, flag
     assert "--ntasks-per-node=1" in rendered["sbatch_argv"]
     script = rendered["script"]
-    assert "exec srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2" in script
+    assert "exec srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=4" in script
     assert 'export ATOLL_RANK="$SLURM_PROCID" ATOLL_WORLD_SIZE="$SLURM_NTASKS"' in script
     assert "ATOLL_RANK=0" not in script
     bash_syntax_ok(script)
 
 
-def test_native_per_node_values_win_over_spreading() -> None:
+def test_native_per_node_values_when_no_portable_ones() -> None:
     spec = {"default": {"slurm": {"nodes": 3, "cpus_per_node": 8, "mem_per_node": "10Gi"}}}
     rendered = render_slurm(
         request_for(resource_spec={"@default": {"num_of_gpus": 0}}, launcher_spec=spec)

@@ -137,7 +137,7 @@ def test_resource_and_launcher_spec_errors_carry_their_full_path():
     issues = by_path(issues_of(load_meta, doc))
     assert issues["resource_spec.@default.num_of_gpus"].startswith("must be an integer")
     assert issues["launcher_spec.default.docker.privileged"] == (
-        "not settable by a job for the docker launcher; allowed keys: image, shm_size"
+        "not settable by a job for the docker launcher; allowed keys: image, shm_size, num_of_gpus"
     )
 
 
