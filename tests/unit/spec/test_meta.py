@@ -83,7 +83,7 @@ def test_targets_expand_and_app_for():
         ({"a": ["site-a"]}, "deploy_map", "no app runs on the server"),
         ({"a": ["server", "bad name!"]}, "deploy_map.a[1]", "is not a target"),
         ({"a": ["@ALL"], "b": ["site-x"]}, "deploy_map.b", "already runs on every target (@ALL)"),
-        ({"a": "server"}, "deploy_map.a", "must be a list"),
+        ({"a": 5}, "deploy_map.a", "must be a list"),
     ],
 )
 def test_deploy_map_rules(deploy_map, path, message):
@@ -98,7 +98,7 @@ def test_deploy_map_rules(deploy_map, path, message):
         (0, "must be at least 1, not 0"),
         (1_000_001, "must be at most 1000000"),
         (True, "must be an integer"),
-        ("2", "must be an integer"),
+        ("two", "must be an integer"),
     ],
 )
 def test_min_clients_range(value, message):
