@@ -226,7 +226,10 @@ def _volumes(request: LaunchRequest) -> tuple[list[dict[str, Any]], list[dict[st
         mounts.append({"name": vol, "mountPath": path, "readOnly": read_only})
     for name, sm in study.secret_mounts.items():
         vol = _volume_name("secret", name)
-        volumes.append({"name": vol, "secret": {"secretName": sm.source}})
+        secret: dict[str, Any] = {"secretName": sm.source}
+        if sm.items:  # only these keys, at these file names (NVIDIA FLARE's items)
+            secret["items"] = [{"key": k, "path": p} for k, p in sm.items.items()]
+        volumes.append({"name": vol, "secret": secret})
         mounts.append({"name": vol, "mountPath": sm.mount_path, "readOnly": True})
     return volumes, mounts
 

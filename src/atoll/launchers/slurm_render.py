@@ -303,11 +303,16 @@ def _script(
     if not multi:
         lines += [f"export {prefix}ATOLL_RANK=0 {prefix}ATOLL_WORLD_SIZE=1"]
     if sandbox == "none" and request.study_runtime is not None:
-        if request.study_runtime.secret_mounts:
-            raise LaunchError(
-                f"studies.{ident.study}.secret_mounts in local/study_runtime.yaml needs a "
-                "container: set slurm.sandbox to apptainer or pyxis, or remove secret_mounts"
-            )
+        for field in ("secret_mounts", "container"):  # FLARE 2.9 refuses both when bare
+            if getattr(request.study_runtime, field):
+                raise LaunchError(
+                    f"studies.{ident.study}.{field} in local/study_runtime.yaml needs a "
+                    f"container: set slurm.sandbox to apptainer or pyxis, or remove {field}"
+                )
+    setup = (_study_slurm(request).get("setup") or "").strip("\n")
+    if setup:
+        lines += ["", f"# The study's setup (local/study_runtime.yaml studies.{ident.study}."
+                  "slurm.setup).", setup]
     lines += ["", "# Start the worker."]
     segments = _launch_segments(request, sandbox, python, topo, multi, prefix)
     lines.append("exec " + " \\\n    ".join(" ".join(map(q, seg)) for seg in segments))

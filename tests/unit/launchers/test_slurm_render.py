@@ -48,9 +48,11 @@ def request_for(
     site_config = parse_site_config(
         {"launcher": "slurm", "slurm": SITE if slurm is None else slurm}
     )
+    if study is None:  # a bare worker uses no image: FLARE 2.9 and atoll refuse one there
+        bare = (SITE if slurm is None else slurm).get("sandbox", "none") == "none"
+        study = {k: v for k, v in PATHOLOGY.items() if not (bare and k == "container")}
     runtime = parse_study_runtime(
-        {"format_version": 2, "studies": {"pathology": PATHOLOGY if study is None else study}},
-        "slurm",
+        {"format_version": 2, "studies": {"pathology": study}}, "slurm"
     )
     meta = load_meta(
         {
@@ -206,7 +208,8 @@ def test_no_memory_asked_means_no_mem_flag() -> None:
 
 
 def test_study_overrides_site_directives_and_names_the_source() -> None:
-    study = {**PATHOLOGY, "slurm": {"partition": "pathology", "account": "path-lab"}}
+    bare = {k: v for k, v in PATHOLOGY.items() if k != "container"}
+    study = {**bare, "slurm": {"partition": "pathology", "account": "path-lab"}}
     site = {**SITE, "constraint": "a100", "reservation": "fl-week"}
     rendered = render_slurm(request_for(slurm=site, study=study))
     assert argv_value(rendered, "partition") == "pathology"
