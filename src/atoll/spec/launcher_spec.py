@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
-from atoll.spec.model import NoNullModel, check_fields, validate_into
+from atoll.spec.model import NULL_HINT, NoNullModel, check_fields, validate_into
 from atoll.spec.names import ALL_SITES, SERVER, is_site_name
 from atoll.spec.quantity import (
     docker_size_to_bytes,
@@ -65,6 +65,13 @@ def _positive_slurm_time(value: str) -> str:
     return value
 
 
+def _not_null(value: Any) -> Any:
+    """Before-validators run ahead of NoNullModel's own: keep its message for null."""
+    if value is None:
+        raise ValueError(NULL_HINT)
+    return value
+
+
 class ProcessJobSpec(NoNullModel):
     """The process launcher takes no job settings: resources come from resource_spec."""
 
@@ -85,10 +92,10 @@ class DockerJobSpec(NoNullModel):
         None, ge=0, description="GPUs for the worker; instead of resource_spec num_of_gpus"
     )
 
-    @field_validator("shm_size")
+    @field_validator("shm_size", mode="before")  # one error at the field, not one per type
     @classmethod
-    def _shm(cls, value: int | str) -> int | str:
-        docker_size_to_bytes(value)
+    def _shm(cls, value: Any) -> Any:
+        docker_size_to_bytes(_not_null(value))
         return value
 
 
@@ -122,10 +129,12 @@ class K8sJobSpec(NoNullModel):
         None, ge=1, description="Seconds the pod may stay Pending; at most the site's value"
     )
 
-    @field_validator("cpu", "memory", "cpu_request", "memory_request", "ephemeral_storage")
+    @field_validator(
+        "cpu", "memory", "cpu_request", "memory_request", "ephemeral_storage", mode="before"
+    )
     @classmethod
     def _quantity(cls, value: Any) -> str:
-        return k8s_quantity(value)
+        return k8s_quantity(_not_null(value))
 
     @model_validator(mode="after")
     def _request_within_limit(self) -> K8sJobSpec:
@@ -159,10 +168,10 @@ class SlurmJobSpec(NoNullModel):
         None, ge=1, description="Seconds the job may stay PENDING; at most the site's value"
     )
 
-    @field_validator("mem_per_node")
+    @field_validator("mem_per_node", mode="before")
     @classmethod
-    def _mem(cls, value: int | str) -> int | str:
-        slurm_mem_to_mib(value)
+    def _mem(cls, value: Any) -> Any:
+        slurm_mem_to_mib(_not_null(value))
         return value
 
     _time = check_fields(_positive_slurm_time, "time")

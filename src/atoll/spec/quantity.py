@@ -129,5 +129,6 @@ def slurm_mem_to_mib(value: object) -> int:
     if is_memory(value):
         return memory_to_mib(value)  # type: ignore[arg-type]
     raise ValueError(
-        f"{value!r} is not a memory size; write an integer of MiB (32768) or {MEMORY_HINT}"
+        f"{value!r} is not a memory size; give MiB as an integer (32768), or "
+        f"{MEMORY_HINT.removeprefix('write ')}"
     )
