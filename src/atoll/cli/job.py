@@ -1,4 +1,4 @@
-"""`atoll job submit|list|status|logs|abort|download|init`."""
+"""`atoll job submit|list|status|logs|abort|download|init|import-flare`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ from atoll.cli.common import (
 job_arg = click.argument("job_id")
 
 
-@click.group("job", cls=LazyCommands, lazy={"init": ("atoll.cli.job_init", "init_command")})
+@click.group("job", cls=LazyCommands, lazy={
+    "init": ("atoll.cli.job_init", "init_command"),
+    "import-flare": ("atoll.cli.job_import_flare", "import_flare_command"),
+})
 def job_group() -> None:
     """Jobs of the session's study."""
 
