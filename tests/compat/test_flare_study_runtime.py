@@ -129,3 +129,9 @@ def test_parse_slurm_unknown_sandbox_is_refused():
 
 def test_parse_slurm_setup_may_be_empty():
     assert parse("slurm", slurm={"setup": ""}).slurm.setup == ""
+
+
+@pytest.mark.parametrize("launcher", ["docker", "k8s", "slurm"])
+def test_require_env_name_lowercase_posix_names_are_accepted(launcher):
+    assert parse(launcher, env={"http_proxy": "http://proxy:3128"}).env == {
+        "http_proxy": "http://proxy:3128"}

@@ -322,8 +322,8 @@ def _name_problem(name: str) -> str:
 def _env_name_problem(name: Any) -> str | None:
     if not is_env_name(name):
         return (
-            f"{describe(name)} is not an environment variable name; use uppercase letters, "
-            "digits and '_', not starting with a digit"
+            f"{describe(name)} is not an environment variable name; use letters, digits and "
+            "'_', not starting with a digit"
         )
     if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
         return f"{name} is set by the launcher (atoll owns {', '.join(sorted(RESERVED_ENV))} and ATOLL_*); remove it"
