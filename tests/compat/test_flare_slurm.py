@@ -132,3 +132,25 @@ def test_effective_study_values_container_with_site_sandbox_none_is_refused():
 def test_effective_study_values_container_with_apptainer_is_used():
     study = {"container": {"image": "/images/lung.sif"}, "slurm": {"sandbox": "apptainer"}}
     assert "/images/lung.sif" in render_slurm(flare_request("slurm", study=study))["script"]
+
+
+@pytest.mark.parametrize(("study", "path"), [
+    pytest.param({"datasets": {"ref": {"source": "/srv/a:b", "mode": "ro"}},
+                  "slurm": {"sandbox": "apptainer"}}, "datasets.ref.source",
+                 id="study_runtime-mount-operand-colon"),
+    pytest.param({"datasets": {"ref": {"source": "/srv/a,b", "mode": "ro"}},
+                  "slurm": {"sandbox": "apptainer"}}, "datasets.ref.source",
+                 id="study_runtime-mount-operand-comma"),
+    pytest.param({"secret_mounts": {"db": {"source": "/srv/db", "mount_path": "/run/a:b"}},
+                  "slurm": {"sandbox": "apptainer"}}, "secret_mounts.db.mount_path",
+                 id="study_runtime-secret-mount-path-colon"),
+    pytest.param({"secret_mounts": {"db": {"source": "/srv/db", "mount_path": "/proc/db"}},
+                  "slurm": {"sandbox": "apptainer"}}, "secret_mounts.db.mount_path",
+                 id="config-mount-destination-under-proc"),
+    pytest.param({"secret_mounts": {"db": {"source": "/srv/db", "mount_path": "/dev/db"}},
+                  "slurm": {"sandbox": "apptainer"}}, "secret_mounts.db.mount_path",
+                 id="config-mount-destination-under-dev"),
+])
+def test_slurm_mount_paths_flare_refuses(study, path):
+    with pytest.raises(SpecError, match=rf"studies\.lung\.{path}"):
+        flare_request("slurm", study=study)

@@ -14,7 +14,8 @@ validation, so a FLARE site's file reads the same here:
 And for a Slurm site (``slurm_issues``): names Slurm, Apptainer and the batch shell own
 (``SLURM_*``, ``APPTAINER_*``, ``APPTAINERENV_*``, ``SINGULARITY_*``, ``SINGULARITYENV_*``,
 ``BASHOPTS``, ``EUID``, ``SHELLOPTS``, ``UID``) may not be set by ``env`` or ``secret_env``; a
-study whose ``slurm.sandbox`` is ``none`` may not name a ``container``.
+study whose ``slurm.sandbox`` is ``none`` may not name a ``container``; a mount's path may not
+hold ':', ',' or a newline, nor a secret mount land under /proc, /sys or /dev.
 """
 
 from __future__ import annotations
@@ -111,9 +112,38 @@ def slurm_issues(data: Any) -> list[Issue]:
                     issues.append(Issue(join_path(at, field, str(name)), (
                         f"{name} belongs to Slurm, Apptainer or the batch shell on a Slurm "
                         "site; pick another name")))
+        issues += _slurm_mount_issues(entry, at)
         slurm = entry.get("slurm")
         if isinstance(slurm, dict) and slurm.get("sandbox") == "none" and "container" in entry:
             issues.append(Issue(join_path(at, "container"), (
                 "slurm.sandbox none runs the worker bare on the node: no image is used; set "
                 "slurm.sandbox to apptainer or pyxis, or remove container")))
+    return issues
+
+
+SLURM_FORBIDDEN_DESTINATIONS = ("/proc", "/sys", "/dev")
+
+
+def _slurm_mount_issues(entry: dict[str, Any], at: str) -> list[Issue]:
+    """Apptainer's --bind and Pyxis's --container-mounts split on ':' and ','; a mount over
+    /proc, /sys or /dev would replace the container's own (FLARE's slurm/config.py rules)."""
+    issues = []
+    paths = []
+    for field, keys in (("datasets", ("source",)), ("secret_mounts", ("source", "mount_path"))):
+        items = entry.get(field)
+        for name, item in items.items() if isinstance(items, dict) else ():
+            for key in keys:
+                value = item.get(key) if isinstance(item, dict) else None
+                if isinstance(value, str):
+                    paths.append((join_path(at, field, str(name), key), key, value))
+    for where, key, value in paths:
+        if any(c in value for c in ":,\n\r"):
+            issues.append(Issue(where, "contains ':', ',' or a newline, which Slurm's container "
+                                "mounts (--bind, --container-mounts) cannot carry; rename it"))
+        elif key == "mount_path" and any(
+            value.rstrip("/") == root or value.startswith(root + "/")
+            for root in SLURM_FORBIDDEN_DESTINATIONS
+        ):
+            issues.append(Issue(where, f"{value} is under /proc, /sys or /dev, which the "
+                                "container needs for itself; pick another path"))
     return issues
