@@ -19,6 +19,7 @@ blocks that now live in ``launcher_spec``, so that errors found there point back
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from atoll.spec.errors import Issue, describe, join_path
@@ -26,6 +27,7 @@ from atoll.spec.errors import Issue, describe, join_path
 ALL_SITES = "@ALL"
 BACKEND_KEYS = ("process", "docker", "k8s", "slurm")
 _TARGET_KEYS = ("targets", "sites")
+_DIGITS = re.compile(r"[0-9]{1,9}")  # what FLARE's int() takes, bounded
 
 
 def normalize_flare_meta(data: dict[str, Any]) -> tuple[dict[str, Any], list[Issue], dict]:
@@ -36,13 +38,14 @@ def normalize_flare_meta(data: dict[str, Any]) -> tuple[dict[str, Any], list[Iss
         data["deploy_map"], found = _deploy_map(data["deploy_map"])
         issues += found
     clients = data.get("min_clients")
-    if isinstance(clients, str) and clients.strip().isdigit():
+    if isinstance(clients, str) and _DIGITS.fullmatch(clients.strip()):
         data["min_clients"] = int(clients.strip())
     moved: dict[str, str] = {}
     if isinstance(data.get("resource_spec"), dict):
         spec = data.get("launcher_spec")
         launcher = dict(spec) if isinstance(spec, dict) else {}
-        data["resource_spec"], moved = _nested_resource_spec(data["resource_spec"], launcher)
+        data["resource_spec"], moved, found = _nested_resource_spec(data["resource_spec"], launcher)
+        issues += found
         if moved:
             data["launcher_spec"] = launcher
     return data, issues, moved
@@ -92,8 +95,9 @@ def _targets(entry: Any) -> tuple[Any, str | None]:
 
 def _nested_resource_spec(
     spec: dict[str, Any], launcher: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, str]]:
+) -> tuple[dict[str, Any], dict[str, str], list[Issue]]:
     out: dict[str, Any] = {}
+    issues: list[Issue] = []
     moved: dict[str, str] = {}  # "launcher_spec.<site>.<backend>" -> "resource_spec.<site>..."
     default_blocks = launcher.get("default") if isinstance(launcher.get("default"), dict) else {}
     for target, block in spec.items():
@@ -101,11 +105,16 @@ def _nested_resource_spec(
         if target == "@default" or not nested:
             out[target] = block
             continue
-        process = block.get("process")
+        process = block.get("process", {})
+        if not isinstance(process, dict):
+            issues.append(Issue(join_path("resource_spec", str(target), "process"),
+                                f"must be a mapping of resources, not {describe(process)}"))
         resources = dict(process) if isinstance(process, dict) else {}
         out[target] = {**{k: v for k, v in block.items() if k not in BACKEND_KEYS}, **resources}
-        own = launcher.get(target)
-        own = dict(own) if isinstance(own, dict) else {}
+        own = launcher.get(target, {})
+        if not isinstance(own, dict):
+            continue  # launcher_spec's own error is reported; nothing is moved over it
+        own = dict(own)
         for backend in BACKEND_KEYS[1:]:
             if backend not in block or backend in own or backend in (default_blocks or {}):
                 continue  # launcher_spec wins, as in FLARE
@@ -120,7 +129,7 @@ def _nested_resource_spec(
             )
         if own:
             launcher[target] = own
-    return out, moved
+    return out, moved, issues
 
 
 def point_back(issue: Issue, moved: dict[str, str]) -> Issue:
