@@ -119,3 +119,9 @@ def test_design_doc_nested_resource_spec_k8s_block_is_used():
     res = resources(resource_spec={"site-1": {"k8s": {"cpu": "500m", "memory": "2Gi"}}})
     assert res == {"requests": {"cpu": "500m", "memory": "2Gi"},
                    "limits": {"cpu": "500m", "memory": "2Gi"}}
+
+
+def test_a_request_above_the_default_blocks_limit_is_refused_after_the_merge():
+    spec = {"default": {"k8s": {"cpu": "1"}}, "site-1": {"k8s": {"cpu_request": "2"}}}
+    with pytest.raises(SpecError, match=r"launcher_spec\.site-1\.k8s\.cpu_request"):
+        flare_request("k8s", launcher_spec=spec)

@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
+from atoll.spec.errors import Issue, SpecError, describe, join_path
 from atoll.spec.model import NULL_HINT, NoNullModel, check_fields, validate_into
 from atoll.spec.names import ALL_SITES, SERVER, is_site_name
 from atoll.spec.quantity import (
@@ -135,18 +135,6 @@ class K8sJobSpec(NoNullModel):
     @classmethod
     def _quantity(cls, value: Any) -> str:
         return k8s_quantity(_not_null(value))
-
-    @model_validator(mode="after")
-    def _request_within_limit(self) -> K8sJobSpec:
-        for limit, request in (("cpu", "cpu_request"), ("memory", "memory_request")):
-            low, high = getattr(self, request), getattr(self, limit)
-            if low is not None and high is not None and (
-                k8s_quantity_value(low) > k8s_quantity_value(high)
-            ):
-                raise IssuesError([Issue(request, (
-                    f"{low} is above the {limit} limit {high}; Kubernetes refuses a request "
-                    f"above its limit: lower {request} or raise {limit}"))])
-        return self
 
 
 class SlurmJobSpec(NoNullModel):
@@ -305,8 +293,24 @@ def target_issues(
                     ),
                 )
             )
+    if backend == "k8s":
+        issues += _k8s_requests(spec, target, who, native)
     if backend == "slurm":
         issues += _slurm_topology(spec, target, who, native, portable)
+    return issues
+
+
+def _k8s_requests(spec: Mapping[str, Any], target: str, who: str, native: dict) -> list[Issue]:
+    """A request above its limit (after ``default`` is merged): the API server refuses the pod."""
+    issues = []
+    for limit, request in (("cpu", "cpu_request"), ("memory", "memory_request")):
+        low, high = native.get(request), native.get(limit)
+        if low is not None and high is not None and (
+            k8s_quantity_value(str(low)) > k8s_quantity_value(str(high))
+        ):
+            issues.append(Issue(_where(spec, target, "k8s", request), (
+                f"for {who} on k8s, {request} {low} is above the {limit} limit {high}; "
+                f"Kubernetes refuses a request above its limit: lower {request} or raise {limit}")))
     return issues
 
 
