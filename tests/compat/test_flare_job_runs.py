@@ -11,6 +11,7 @@ torchvision): the test machine downloads nothing.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,28 @@ def test_imported_flare_job_runs_to_completion(federation, tmp_path):  # noqa: F
         assert {site: r["num_examples"] for site, r in event["sites"].items()} == {
             "site-1": 4, "site-2": 4}
         assert set(event["sites"]["site-1"]["train"]) == {"accuracy"}
+
+
+def test_flare_meta_spellings_pass_every_hop(federation, tmp_path):  # noqa: F811
+    """The same job with its meta.json in FLARE's other spellings ({targets}/{sites} forms,
+    min_clients as text, the legacy nested resource_spec): the submitter's check, the server's
+    intake and each site's comparison of the dispatched meta with the signed one all read it
+    the same way, and the job completes."""
+    out = tmp_path / "hello-pt-atoll"
+    subprocess.run([sys.executable, "-m", "atoll", "job", "import-flare", str(FLARE_JOB),
+                    str(out)], check=True, capture_output=True, timeout=120)
+    meta = {
+        "name": "hello-pt-spellings",
+        "deploy_map": {"app_server": {"targets": ["server"]},
+                       "app_site-1": [{"sites": ["site-1"]}], "app_site-2": "site-2"},
+        "min_clients": "2",
+        "resource_spec": {"site-1": {"process": {"num_of_gpus": 0},
+                                     "docker": {"shm_size": "1g"}}},
+    }
+    (out / "meta.json").write_text(json.dumps(meta))
+    with federation.session(ADMIN) as s:
+        job = s.submit(out, wait=True, timeout=600)
+        status = s.status(job["job_id"])
+    assert status["state"] == "FINISHED:COMPLETED", status
+    assert status["deploy_map"] == {"app_server": ["server"], "app_site-1": ["site-1"],
+                                    "app_site-2": ["site-2"]}
