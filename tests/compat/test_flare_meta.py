@@ -279,3 +279,14 @@ def test_validator_legacy_docker_resource_spec_uses_same_allowlist():
     doc = meta(resource_spec={"site-1": {"docker": {"privileged": True}}})
     assert [i.path for i in issues_of(load_meta, doc)] == [
         "resource_spec.site-1.docker.privileged"]
+
+
+def test_deliberate_nested_process_gpus_are_the_workers_on_every_backend():
+    """FLARE (k8s_launcher_test: flat_gpu_ignored_when_resource_spec_has_mode_keys) schedules
+    the process block's GPUs but attaches none to a Docker/K8s worker without its own
+    num_of_gpus; atoll gives the worker what the site reserved (docs/job-format.md)."""
+    from atoll.spec.resources import resolve_resources
+
+    loaded = load_meta(meta(resource_spec={"site-1": {"process": {"num_of_gpus": 2},
+                                                      "k8s": {"image": "repo/x:1"}}}))
+    assert resolve_resources(loaded.resource_spec, "site-1").num_of_gpus == 2
