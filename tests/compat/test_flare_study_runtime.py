@@ -135,3 +135,18 @@ def test_parse_slurm_setup_may_be_empty():
 def test_require_env_name_lowercase_posix_names_are_accepted(launcher):
     assert parse(launcher, env={"http_proxy": "http://proxy:3128"}).env == {
         "http_proxy": "http://proxy:3128"}
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param("a\0b", id="study_runtime-env-value-NUL"),
+    pytest.param("\ud800", id="study_runtime-env-value-not-utf8"),
+])
+@pytest.mark.parametrize("launcher", ["docker", "slurm"])
+def test_require_utf8_text_env_values_without_nul(launcher, value):
+    assert refused(launcher, env={"X": value}) == ["studies.lung.env.X"]
+
+
+def test_explicit_slurm_sandbox_none_rejects_secret_mounts():
+    paths = refused("slurm", slurm={"sandbox": "none"},
+                    secret_mounts={"tls": {"source": "/secrets/tls", "mount_path": "/run/tls"}})
+    assert paths == ["studies.lung.secret_mounts"]

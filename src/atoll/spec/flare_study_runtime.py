@@ -14,7 +14,7 @@ validation, so a FLARE site's file reads the same here:
 And for a Slurm site (``slurm_issues``): names Slurm, Apptainer and the batch shell own
 (``SLURM_*``, ``APPTAINER_*``, ``APPTAINERENV_*``, ``SINGULARITY_*``, ``SINGULARITYENV_*``,
 ``BASHOPTS``, ``EUID``, ``SHELLOPTS``, ``UID``) may not be set by ``env`` or ``secret_env``; a
-study whose ``slurm.sandbox`` is ``none`` may not name a ``container``; a mount's path may not
+study whose ``slurm.sandbox`` is ``none`` may not name a ``container`` or ``secret_mounts``; a mount's path may not
 hold ':', ',' or a newline, nor a secret mount land under /proc, /sys or /dev.
 """
 
@@ -114,10 +114,12 @@ def slurm_issues(data: Any) -> list[Issue]:
                         "site; pick another name")))
         issues += _slurm_mount_issues(entry, at)
         slurm = entry.get("slurm")
-        if isinstance(slurm, dict) and slurm.get("sandbox") == "none" and "container" in entry:
-            issues.append(Issue(join_path(at, "container"), (
-                "slurm.sandbox none runs the worker bare on the node: no image is used; set "
-                "slurm.sandbox to apptainer or pyxis, or remove container")))
+        bare = isinstance(slurm, dict) and slurm.get("sandbox") == "none"
+        for field in ("container", "secret_mounts") if bare else ():
+            if field in entry:
+                issues.append(Issue(join_path(at, field), (
+                    f"slurm.sandbox none runs the worker bare on the node, with no container "
+                    f"for {field}; set slurm.sandbox to apptainer or pyxis, or remove {field}")))
     return issues
 
 

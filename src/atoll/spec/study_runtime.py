@@ -49,6 +49,7 @@ _FIELD_LAUNCHERS = {
     "slurm": ("slurm",),
 }
 _SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def dataset_mount_path(study: str, dataset: str) -> str:
@@ -335,6 +336,8 @@ def _env_problem(name: Any, value: Any, empty_ok: bool = False) -> str | None:
         return problem
     if not isinstance(value, str):
         return f"must be a text, number or true/false, not {describe(value)}"
+    if "\0" in value or _SURROGATES.search(value):
+        return "must be text without NUL or a lone surrogate (\\ud800...)"
     if value == "" and not empty_ok:
         return "empty value; give it a value or remove the variable"
     return None
