@@ -32,9 +32,7 @@ from typing import Any
 
 import yaml
 
-from atoll.compat.flare_client import FORMAT_KEY
 from atoll.spec.errors import Issue, SpecError
-from atoll.spec.meta import load_meta
 
 SERVER_CONFIG = "config_fed_server"
 CLIENT_CONFIG = "config_fed_client"
@@ -71,6 +69,8 @@ def import_flare_job(source: Path, out_dir: Path) -> ImportReport:
     Raises SpecError naming the file and field that stops the import; ``out_dir`` must not
     exist or be empty.
     """
+    from atoll.spec.meta import load_meta  # pydantic: not for `job submit`'s flare_apps check
+
     source, out_dir = Path(source), Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise SpecError([Issue("", f"{out_dir} is not empty; choose a new folder")])
@@ -106,6 +106,16 @@ def import_flare_job(source: Path, out_dir: Path) -> ImportReport:
     for app in apps:
         load_app_config(out_dir / app)
     return report
+
+
+def flare_apps(job_dir: Path) -> list[str]:
+    """App folders of ``job_dir`` that are FLARE's (config/config_fed_*, no app.yaml): such a
+    job is translated with import-flare first, not submitted as it is."""
+    return sorted(
+        p.name for p in Path(job_dir).iterdir()
+        if p.is_dir() and not (p / "app.yaml").exists()
+        and any((p / "config").glob("config_fed_*"))
+    )
 
 
 def _write(path: Path, text: str, report: ImportReport) -> None:
@@ -244,6 +254,8 @@ def _site_section(app_dir: Path, report: ImportReport) -> dict[str, Any]:
     script = _script_in_app(app_dir, script, file, index)
     script_args = args.pop("task_script_args", "") or ""
     section: dict[str, Any] = {"script": script, "args": shlex.split(str(script_args))}
+    from atoll.compat.flare_client import FORMAT_KEY  # the client API's: numpy and atoll.fl
+
     exchange = args.pop("params_exchange_format", args.pop("framework", None))
     if str(exchange).lower() in ("pytorch", "frameworktype.pytorch"):
         section["config"] = {FORMAT_KEY: "pytorch"}

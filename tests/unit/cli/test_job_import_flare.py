@@ -41,3 +41,10 @@ def test_a_job_it_cannot_translate_is_an_error_naming_the_file(tmp_path):
     assert result.exit_code == 2
     assert "app_server/config/config_fed_server.json" in result.output
     assert "workflows" in result.output and "Traceback" not in result.output
+
+
+def test_submitting_a_flare_job_folder_as_it_is_points_at_import_flare():
+    result = CliRunner().invoke(cli, ["job", "submit", str(HELLO_PT)])
+    assert result.exit_code == 2
+    assert "is an NVIDIA FLARE job folder" in result.output
+    assert f"atoll job import-flare {HELLO_PT} OUT_DIR" in result.output
