@@ -154,3 +154,20 @@ def test_effective_study_values_container_with_apptainer_is_used():
 def test_slurm_mount_paths_flare_refuses(study, path):
     with pytest.raises(SpecError, match=rf"studies\.lung\.{path}"):
         flare_request("slurm", study=study)
+
+
+def test_per_node_resources_count_once_per_node_in_the_sites_capacity():
+    """num_of_cpus and memory are per node (FLARE 2.9): a 2-node job of 4 CPUs and 16Gi holds
+    8 CPUs and 32Gi of the site's capacity (atoll's admission; FLARE's resource manager does
+    not count CPUs or memory)."""
+    from atoll.spec.capacity import fits
+
+    request = flare_request("slurm", resource_spec={"@default": {"num_of_cpus": 4,
+                                                                 "memory": "16Gi"}},
+                            launcher_spec=site_block("slurm", nodes=2))
+    res = request.resources
+    assert (res.nodes, res.cpus_counted, res.memory_counted) == (2, 8, 32 << 30)
+    assert fits({"cpus": 8, "memory": "32Gi"}, [], res) is None
+    assert fits({"cpus": 7}, [], res) == "8 CPU(s) asked, 7 free"
+    assert fits({"memory": "24Gi"}, [], res) == (
+        "16Gi memory asked on each of 2 nodes, 24576Mi free")

@@ -67,12 +67,13 @@ def capacity_issues(resources: Resources, capacity: Capacity) -> list[Issue]:
                 (f"asks {resources.cpus_counted} CPU(s); this site has {capacity.cpus}"),
             )
         )
-    if capacity.memory is not None and resources.memory is not None:
-        if memory_to_bytes(resources.memory) > memory_to_bytes(capacity.memory):
+    if capacity.memory is not None and resources.memory_counted is not None:
+        if resources.memory_counted > memory_to_bytes(capacity.memory):
+            nodes = f" on each of {resources.nodes} nodes" if resources.nodes > 1 else ""
             issues.append(
                 Issue(
                     "resource_spec.memory",
-                    (f"asks {resources.memory}; this site has {capacity.memory}"),
+                    (f"asks {resources.memory}{nodes}; this site has {capacity.memory}"),
                 )
             )
     return issues

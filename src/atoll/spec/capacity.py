@@ -21,7 +21,8 @@ def fits(capacity: dict[str, Any], used: list[Resources], asked: Resources) -> s
     memory = capacity.get("memory")
     if memory is not None and asked.memory is not None:
         total = memory_to_bytes(memory)
-        held = sum(r.memory_bytes or 0 for r in used)
-        if held + (asked.memory_bytes or 0) > total:
-            return f"{asked.memory} memory asked, {(total - held) >> 20}Mi free"
+        held = sum(r.memory_counted or 0 for r in used)
+        if held + (asked.memory_counted or 0) > total:
+            nodes = f" on each of {asked.nodes} nodes" if asked.nodes > 1 else ""
+            return f"{asked.memory} memory asked{nodes}, {(total - held) >> 20}Mi free"
     return None

@@ -36,11 +36,19 @@ class Resources:
     memory: str | None = None  # as written: "64Gi"; None when the job did not ask
     # Other per-site keys pass through to the site's capacity accounting.
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Slurm launcher_spec nodes: num_of_cpus and memory are per node (NVIDIA FLARE 2.9).
+    nodes: int = 1
 
     @property
     def cpus_counted(self) -> int:
-        """CPUs this worker holds in a site's capacity accounting."""
-        return DEFAULT_CPUS if self.num_of_cpus is None else self.num_of_cpus
+        """CPUs this worker holds in a site's capacity accounting, over all its nodes."""
+        return (DEFAULT_CPUS if self.num_of_cpus is None else self.num_of_cpus) * self.nodes
+
+    @property
+    def memory_counted(self) -> int | None:
+        """Bytes this worker holds in a site's capacity accounting, over all its nodes."""
+        per_node = self.memory_bytes
+        return None if per_node is None else per_node * self.nodes
 
     @property
     def memory_bytes(self) -> int | None:
@@ -140,4 +148,5 @@ def resolve_resources(
         num_of_cpus=merged.get("num_of_cpus"),
         memory=merged.get("memory"),
         extra=extra,
+        nodes=(native or {}).get("nodes") or 1,
     )
