@@ -146,3 +146,17 @@ def test_app_yaml_is_plain_yaml(flare_job, tmp_path):
     import_flare_job(flare_job, tmp_path / "out")
     assert yaml.safe_load((tmp_path / "out" / "app_server" / "app.yaml").read_text())["server"][
         "args"]["num_rounds"] == 2
+
+
+def test_cross_site_model_eval_becomes_cross_site_eval_all(flare_job, tmp_path):
+    """The recipe's add_cross_site_evaluation adds FLARE's CrossSiteModelEval workflow."""
+    def change(data):
+        data["workflows"].append({
+            "id": "cross_site_validate",
+            "path": "nvflare.app_common.workflows.cross_site_model_eval.CrossSiteModelEval",
+            "args": {"model_locator_id": "locator"}})
+    edit(flare_job / "app_server" / "config" / "config_fed_server.json", change)
+    report = import_flare_job(flare_job, tmp_path / "out")
+    _, args = load_app_config(tmp_path / "out" / "app_server")
+    assert args.cross_site_eval == "all"
+    assert not any("CrossSiteModelEval" in line for line in report.not_translated)

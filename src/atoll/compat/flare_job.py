@@ -6,8 +6,9 @@ Client API script:
 - ``meta.json``: name, ``deploy_map``, ``min_clients``, ``mandatory_clients``, ``resource_spec``,
   ``launcher_spec``, in any spelling FLARE 2.9 accepts (``spec.meta`` reads them);
 - per app, ``config/config_fed_server.json``: the ``FedAvg`` workflow's ``num_rounds`` and
-  ``num_clients``/``min_clients``, and the persistor's model class (``model.SimpleNetwork``),
-  which becomes the app's ``server.initial_model``;
+  ``num_clients``/``min_clients``, a ``CrossSiteModelEval`` workflow after it (atoll's
+  ``cross_site_eval: all``), and the persistor's model class (``model.SimpleNetwork``), which
+  becomes the app's ``server.initial_model``;
 - per app, ``config/config_fed_client.json``: the Client API executor's script
   (``task_script_path``), its arguments (``task_script_args``) and exchange format;
 - per app, ``custom/``: the script and the modules it imports, copied into the atoll app; the
@@ -43,6 +44,7 @@ CLIENT_API_EXECUTORS = ("ClientAPIExecutor", "InProcessClientAPIExecutor",
                         "PTInProcessClientAPIExecutor", "ClientAPILauncherExecutor",
                         "PTClientAPILauncherExecutor")
 PERSISTORS = ("PTFileModelPersistor", "PTModelPersistor")
+CROSS_SITE_EVAL = ("CrossSiteModelEval", "CrossSiteEval")
 INITIAL_MODEL_FILE = "flare_initial_model.py"
 FLARE_FEDAVG_ROUNDS = 5  # FLARE's FedAvg default
 SCRIPT_PREFIXES = ("/local/custom/", "local/custom/", "custom/", "/")
@@ -191,7 +193,9 @@ def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None
         report.not_translated.append(f"{file} workflows[{index}].args.{key}: not a FedAvg "
                                      "argument atoll has")
     for i, other in enumerate(workflows):
-        if i != index:
+        if i != index and _short(other.get("path")) in CROSS_SITE_EVAL:
+            server_args["cross_site_eval"] = "all"  # the global and every site's last model
+        elif i != index:
             report.not_translated.append(f"{file} workflows[{i}]: {other.get('path')}")
     section: dict[str, Any] = {"workflow": "fedavg", "args": server_args}
     components = {c.get("id"): c for c in config.get("components") or [] if isinstance(c, dict)}
