@@ -12,6 +12,7 @@ torchvision): the test machine downloads nothing.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,13 +48,22 @@ def test_imported_flare_job_runs_to_completion(federation, tmp_path):  # noqa: F
         assert set(event["sites"]["site-1"]["train"]) == {"accuracy"}
 
 
-def test_flare_meta_spellings_pass_every_hop(federation, tmp_path):  # noqa: F811
+def test_flare_meta_spellings_and_cross_site_eval(federation, tmp_path):  # noqa: F811
     """The same job with its meta.json in FLARE's other spellings ({targets}/{sites} forms,
     min_clients as text, the legacy nested resource_spec): the submitter's check, the server's
     intake and each site's comparison of the dispatched meta with the signed one all read it
-    the same way, and the job completes."""
+    the same way. With the recipe's cross-site evaluation (FLARE's CrossSiteModelEval), the
+    script's flare.is_evaluate() branch answers every site's model."""
+    flare_job = Path(shutil.copytree(FLARE_JOB, tmp_path / "hello-pt"))
+    config = flare_job / "app_server" / "config" / "config_fed_server.json"
+    server = json.loads(config.read_text())
+    server["workflows"].append({
+        "id": "cross_site_validate",
+        "path": "nvflare.app_common.workflows.cross_site_model_eval.CrossSiteModelEval",
+        "args": {"model_locator_id": "locator"}})
+    config.write_text(json.dumps(server))
     out = tmp_path / "hello-pt-atoll"
-    subprocess.run([sys.executable, "-m", "atoll", "job", "import-flare", str(FLARE_JOB),
+    subprocess.run([sys.executable, "-m", "atoll", "job", "import-flare", str(flare_job),
                     str(out)], check=True, capture_output=True, timeout=120)
     meta = {
         "name": "hello-pt-spellings",
@@ -70,3 +80,8 @@ def test_flare_meta_spellings_pass_every_hop(federation, tmp_path):  # noqa: F81
     assert status["state"] == "FINISHED:COMPLETED", status
     assert status["deploy_map"] == {"app_server": ["server"], "app_site-1": ["site-1"],
                                     "app_site-2": ["site-2"]}
+    cross = next(e for e in status["progress"] if e.get("event") == "cross_site_eval")
+    assert cross["failures"] == {}
+    for model in ("global_final", "site-1", "site-2"):  # each model, evaluated at each site
+        assert set(cross["table"][model]) == {"site-1", "site-2"}
+        assert all(set(m) == {"accuracy"} for m in cross["table"][model].values())
