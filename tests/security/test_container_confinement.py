@@ -264,7 +264,7 @@ def test_hostile_pod_reaches_nothing_of_the_parent(
     identity = JobIdentity(uuid.uuid4().hex, "confine", "pathology", "site-a", "site")
     request = LaunchRequest(
         identity=identity,
-        resources=Resources(num_of_cpus=1, memory="64Mi"),
+        resources=Resources(memory="64Mi"),
         launcher_spec={"cpu_request": "100m"},
         study_runtime=runtime.entry("pathology"),
         site_config=config,

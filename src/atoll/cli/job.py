@@ -1,4 +1,4 @@
-"""`atoll job submit|list|status|logs|abort|download|init`."""
+"""`atoll job submit|list|status|logs|abort|download|init|import-flare`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ from atoll.cli.common import (
 job_arg = click.argument("job_id")
 
 
-@click.group("job", cls=LazyCommands, lazy={"init": ("atoll.cli.job_init", "init_command")})
+@click.group("job", cls=LazyCommands, lazy={
+    "init": ("atoll.cli.job_init", "init_command"),
+    "import-flare": ("atoll.cli.job_import_flare", "import_flare_command"),
+})
 def job_group() -> None:
     """Jobs of the session's study."""
 
@@ -83,6 +86,14 @@ def submit(job_dir: Path, kit: Path | None, study: str | None, wait: bool,
 
     The job is signed with your kit's key: the server and every site check that nobody
     changed it on the way (docs/security.md)."""
+    from atoll.compat.flare_job import flare_apps
+
+    if apps := flare_apps(job_dir):
+        from atoll.cli.common import render_error
+
+        render_error(f"{job_dir} is an NVIDIA FLARE job folder ({', '.join(apps)} have "
+                     "config/config_fed_* and no app.yaml): translate it first with "
+                     f"`atoll job import-flare {job_dir} OUT_DIR`, then submit OUT_DIR", fmt)
     with open_session(kit) as session:
         job = session.submit(job_dir, study=study)
         if fmt == "text":

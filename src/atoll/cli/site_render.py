@@ -235,7 +235,8 @@ def _print_text(summary: dict[str, Any]) -> None:
         f"{summary['study']}, job {summary['job_id']}"
     )
     click.echo(
-        f"resources: {res['num_of_gpus']} GPU(s), {res['num_of_cpus']} CPU(s), "
+        f"resources: {res['num_of_gpus']} GPU(s), "
+        f"{str(res['num_of_cpus']) + ' CPU(s)' if res['num_of_cpus'] else 'CPUs not limited'}, "
         f"memory {res['memory'] or 'not limited'}"
     )
     if not summary["study_mapped"]:

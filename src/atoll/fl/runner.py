@@ -62,6 +62,17 @@ def _inside(app_dir: Path, relative: str, field: str) -> Path:
     return path
 
 
+def forget_modules_of(folder: Path, before: set[str]) -> None:
+    """Drop from ``sys.modules`` what was imported since ``before`` from ``folder``: a job's own
+    modules (``model``, ``my_workflow``) must not stand in for another job's of the same name
+    in a process that runs several (the simulator, tests). A worker runs one job and exits."""
+    root = str(Path(folder).resolve())
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules.get(name), "__file__", None) or ""
+        if os.path.realpath(file).startswith(root + os.sep):
+            sys.modules.pop(name, None)
+
+
 def load_initial_model(app_dir: Path, reference: str) -> Model:
     """The model app.yaml's ``server.initial_model`` names: a .safetensors file of the app, or
     ``FILE.py:FUNCTION``, called with no arguments on the server worker, in the app folder
@@ -76,7 +87,7 @@ def load_initial_model(app_dir: Path, reference: str) -> Model:
             return load_file(path)
         except SerdeError as exc:
             raise AppConfigError(source, [f"server.initial_model: {exc}"]) from None
-    saved_cwd, saved_path = os.getcwd(), sys.path[:]
+    saved_cwd, saved_path, saved_modules = os.getcwd(), sys.path[:], set(sys.modules)
     try:
         os.chdir(app_dir)
         sys.path.insert(0, str(path.parent))
@@ -88,6 +99,7 @@ def load_initial_model(app_dir: Path, reference: str) -> Model:
     finally:
         sys.path[:] = saved_path
         os.chdir(saved_cwd)
+        forget_modules_of(app_dir, saved_modules)
     return _as_model(made, reference, source)
 
 

@@ -242,7 +242,12 @@ def simulate(
     re-raised (after the sites stopped) unless ``raise_on_error`` is False; a site script's
     exception is a drop-out, recorded in ``site_errors``.
     """
-    from atoll.fl.runner import run_server_app, run_site_app_in_thread, site_argv
+    from atoll.fl.runner import (
+        forget_modules_of,
+        run_server_app,
+        run_site_app_in_thread,
+        site_argv,
+    )
 
     job_dir = Path(job_dir).resolve()
     if not sites:
@@ -274,6 +279,7 @@ def simulate(
             federation.drop(site, f"{site} dropped out: {type(exc).__name__}: {exc}")
 
     saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
+    saved_modules = set(sys.modules)
     sys.argv = site_argv(site_app)
     sys.path.insert(0, str(site_app.resolve()))
     os.chdir(site_app)
@@ -296,4 +302,5 @@ def simulate(
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
+        forget_modules_of(Path(job_dir), saved_modules)
     return SimulationResult(results, federation.events, site_errors)

@@ -41,7 +41,7 @@ from atoll.launchers.images import choose_image
 from atoll.launchers.ranks import container_rank_env
 from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.names import address_host, is_loopback
-from atoll.spec.quantity import memory_to_bytes
+from atoll.spec.quantity import docker_size_to_bytes, memory_to_bytes
 from atoll.spec.study_runtime import data_root, dataset_mount_path
 
 CONTAINER_WORKDIR = "/atoll/job"
@@ -80,8 +80,8 @@ def render_docker(
             "local/study_runtime.yaml",
             f"studies.{identity.study}.docker_kwargs",
         )
-    if request.launcher_spec.get("shm_size"):
-        kwargs["shm_size"] = memory_to_bytes(request.launcher_spec["shm_size"])
+    if request.launcher_spec.get("shm_size") is not None:  # "8g", 2Gi or bytes: bytes here
+        kwargs["shm_size"] = docker_size_to_bytes(request.launcher_spec["shm_size"])
     kwargs.setdefault("user", _default_user(parent_ids))
 
     resources = request.resources
@@ -93,7 +93,6 @@ def render_docker(
         environment=_environment(request),
         working_dir=CONTAINER_WORKDIR,
         mounts=_mounts(request, engine_socket),
-        nano_cpus=resources.num_of_cpus * NANO,
         device_requests=_gpu_requests(resources.num_of_gpus),
         detach=True,
         # Over anything run_kwargs/docker_kwargs say (the spec layer refuses what would loosen).
@@ -101,6 +100,8 @@ def render_docker(
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
     )
+    if resources.num_of_cpus is not None:  # none asked: no CPU limit, as in NVIDIA FLARE
+        kwargs["nano_cpus"] = resources.num_of_cpus * NANO
     if resources.memory is not None:
         kwargs["mem_limit"] = memory_to_bytes(resources.memory)
         kwargs["memswap_limit"] = kwargs["mem_limit"]  # no swap beyond the job's memory

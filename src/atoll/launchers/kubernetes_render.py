@@ -32,6 +32,7 @@ from atoll.spec.pod_template import (  # noqa: F401  (LOCKED: re-exported, the d
     LABEL_PREFIX,
     LOCKED,
     MAIN_CONTAINER,
+    main_container_index,
     pod_template_issues,
 )
 from atoll.spec.study_runtime import data_root
@@ -93,18 +94,31 @@ def _volume_name(kind: str, name: str) -> str:
 
 
 # --- values ------------------------------------------------------------------------------------
-def resource_quantities(request: LaunchRequest) -> dict[str, str]:
-    """Requests and limits (equal: the worker gets what it asked for, never more)."""
+def resource_requirements(request: LaunchRequest) -> dict[str, dict[str, str]]:
+    """The worker's ``resources``: ``requests`` and ``limits``, as NVIDIA FLARE 2.9 renders them.
+
+    Portable ``num_of_cpus``/``memory`` set both. Native ``cpu``/``memory`` are limits (and the
+    requests unless ``cpu_request``/``memory_request`` say less); a request alone sets no limit.
+    Nothing asked: neither (the namespace's defaults apply). GPUs and ephemeral storage: both.
+    """
     spec, res = request.launcher_spec, request.resources
-    quantities = {"cpu": str(spec.get("cpu_request") or res.num_of_cpus)}
-    memory = spec.get("memory_request") or res.memory
-    if memory:
-        quantities["memory"] = memory
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    portable = {"cpu": res.num_of_cpus, "memory": res.memory}
+    for key in ("cpu", "memory"):
+        if portable[key] is not None:
+            requests[key] = limits[key] = str(portable[key])
+            continue
+        limit, request_value = spec.get(key), spec.get(f"{key}_request", spec.get(key))
+        if limit is not None:
+            limits[key] = str(limit)
+        if request_value is not None:
+            requests[key] = str(request_value)
     if spec.get("ephemeral_storage"):
-        quantities["ephemeral-storage"] = spec["ephemeral_storage"]
+        requests["ephemeral-storage"] = limits["ephemeral-storage"] = spec["ephemeral_storage"]
     if res.num_of_gpus:
-        quantities[GPU_RESOURCE] = str(res.num_of_gpus)
-    return quantities
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(res.num_of_gpus)
+    return {"requests": requests, "limits": limits}
 
 
 def image_for(request: LaunchRequest) -> str:
@@ -141,12 +155,15 @@ def _template(request: LaunchRequest) -> dict[str, Any]:
             + "; ".join(f"{where}.{i.path}: {i.message}" for i in issues)
         )
     containers = (template.get("spec") or {}).get("containers")
-    if containers and not any(c.get("name") == MAIN_CONTAINER for c in containers):
-        raise LaunchError(
-            f"local/study_runtime.yaml: {where}.spec.containers has no container named "
-            f"{MAIN_CONTAINER!r}; name the worker's container {MAIN_CONTAINER} (other "
-            "containers run beside it)"
-        )
+    if containers:
+        main = main_container_index(containers)
+        if main is None:
+            raise LaunchError(
+                f"local/study_runtime.yaml: {where}.spec.containers has several containers and "
+                f"none named {MAIN_CONTAINER!r} (or NVIDIA FLARE's 'nvflare_job'); name the "
+                "worker's container so the study's env and secrets cannot land on a sidecar"
+            )
+        containers[main]["name"] = MAIN_CONTAINER
     return template
 
 
@@ -212,7 +229,10 @@ def _volumes(request: LaunchRequest) -> tuple[list[dict[str, Any]], list[dict[st
         mounts.append({"name": vol, "mountPath": path, "readOnly": read_only})
     for name, sm in study.secret_mounts.items():
         vol = _volume_name("secret", name)
-        volumes.append({"name": vol, "secret": {"secretName": sm.source}})
+        secret: dict[str, Any] = {"secretName": sm.source}
+        if sm.items:  # only these keys, at these file names (NVIDIA FLARE's items)
+            secret["items"] = [{"key": k, "path": p} for k, p in sm.items.items()]
+        volumes.append({"name": vol, "secret": secret})
         mounts.append({"name": vol, "mountPath": sm.mount_path, "readOnly": True})
     return volumes, mounts
 
@@ -275,11 +295,10 @@ def render_pod(request: LaunchRequest) -> dict[str, Any]:
         main = {"name": MAIN_CONTAINER}
         containers.insert(0, main)
     python = settings.python
-    quantities = resource_quantities(request)
     main.update(
         image=image_for(request),
         command=[python, *request.worker_args],
-        resources={"requests": dict(quantities), "limits": dict(quantities)},
+        resources=resource_requirements(request),
         env=list(main.get("env") or []) + _env(request, secret_name(ident.site, ident.job_id)),
         volumeMounts=list(main.get("volumeMounts") or []) + mounts,
     )

@@ -155,7 +155,7 @@ class ProcessLauncher(Launcher):
         res = request.resources
         gpus = gpu_ids if gpu_ids is not None else self._gpus.preview(res.num_of_gpus)
         if cpus is None and self._cpus.cpus:
-            cpus = self._cpus.preview(res.num_of_cpus)
+            cpus = self._cpus.preview(res.cpus_counted)
         entry = request.study_runtime
         env = dict(request.worker_env)
         env.update(entry.env if entry is not None else {})
@@ -170,7 +170,7 @@ class ProcessLauncher(Launcher):
         # Math libraries (OpenMP, BLAS, PyTorch) size their thread pools from the host's cores,
         # not from the CPUs the worker is pinned to; oversubscribed, a small model runs 10x
         # slower. The study's env may still choose otherwise.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, res.num_of_cpus // processes)))
+        env.setdefault("OMP_NUM_THREADS", str(max(1, res.cpus_counted // processes)))
         mounts = dataset_mounts(request) if self.sandboxed else ()
         if entry is not None and entry.datasets:
             datasets = {name: d.source for name, d in sorted(entry.datasets.items())}
@@ -209,7 +209,7 @@ class ProcessLauncher(Launcher):
                 raise LaunchError(f"a worker for job {ident.job_id} at {ident.site} is running")
         res = request.resources
         gpus = self._gpus.allocate(key, res.num_of_gpus)
-        cpus = self._cpus.allocate(key, res.num_of_cpus) if self._cpus.cpus else []
+        cpus = self._cpus.allocate(key, res.cpus_counted) if self._cpus.cpus else []
         cgroup = None
         try:
             spec = self.render(request, gpu_ids=gpus, cpus=cpus)

@@ -15,7 +15,7 @@ from typing import Any
 
 from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest
 from atoll.spec.errors import Issue, SpecError
-from atoll.spec.launcher_spec import resolve_launcher_spec
+from atoll.spec.launcher_spec import merged_block, resolve_launcher_spec
 from atoll.spec.meta import JobMeta
 from atoll.spec.quantity import memory_to_bytes
 from atoll.spec.resources import Resources, resolve_resources
@@ -61,19 +61,20 @@ def capacity_issues(resources: Resources, capacity: Capacity) -> list[Issue]:
                 ),
             )
         )
-    if capacity.cpus is not None and resources.num_of_cpus > capacity.cpus:
+    if capacity.cpus is not None and resources.cpus_counted > capacity.cpus:
         issues.append(
             Issue(
                 "resource_spec.num_of_cpus",
-                (f"asks {resources.num_of_cpus} CPU(s); this site has {capacity.cpus}"),
+                (f"asks {resources.cpus_counted} CPU(s); this site has {capacity.cpus}"),
             )
         )
-    if capacity.memory is not None and resources.memory is not None:
-        if memory_to_bytes(resources.memory) > memory_to_bytes(capacity.memory):
+    if capacity.memory is not None and resources.memory_counted is not None:
+        if resources.memory_counted > memory_to_bytes(capacity.memory):
+            nodes = f" on each of {resources.nodes} nodes" if resources.nodes > 1 else ""
             issues.append(
                 Issue(
                     "resource_spec.memory",
-                    (f"asks {resources.memory}; this site has {capacity.memory}"),
+                    (f"asks {resources.memory}{nodes}; this site has {capacity.memory}"),
                 )
             )
     return issues
@@ -155,7 +156,8 @@ def build_request(
     if resources is None:
         resources = Resources()
         try:
-            resources = resolve_resources(meta.resource_spec, target)
+            native = merged_block(meta.launcher_spec, target, site_config.launcher)
+            resources = resolve_resources(meta.resource_spec, target, native)
         except SpecError as err:
             issues += err.issues
     spec: dict[str, Any] = {}

@@ -7,16 +7,18 @@ against (``time``, ``mem``), as values, so nothing is read back out of the argv.
 study's ``secret_env`` values are written at launch into ``secrets_file`` (mode 0600, in the run
 folder), which the script sources and deletes before it starts the worker.
 
-Resources (portable values are totals for the target; native ``launcher_spec`` values are per
-node; ``--mem`` and ``--gres`` are per node in Slurm):
+Resources (as NVIDIA FLARE 2.9: ``num_of_cpus`` and ``memory`` are per node, like the native
+``cpus_per_node``/``mem_per_node``; ``num_of_gpus`` is the total; ``--mem`` and ``--gres`` are per
+node in Slurm):
 
 - ``--nodes=N --ntasks=N*T --ntasks-per-node=T``: T tasks (processes, ranks) per node, one per
   GPU of the node (``gpus_per_node``, else ``num_of_gpus``) or ``processes_per_node``; T is 1
   without GPUs (launchers/ranks.py).
 - ``--cpus-per-task``: the node's CPUs shared among its T tasks (at least one each); the node's
-  CPUs are ``cpus_per_node``, else ``num_of_cpus`` spread over the nodes (rounded up).
-- ``--mem=<MiB>M``: ``mem_per_node``, else ``memory`` spread over the nodes; omitted when neither
-  is given (the partition's default applies).
+  CPUs are ``num_of_cpus`` (per node, as in FLARE 2.9), else ``cpus_per_node``; omitted when
+  neither is given.
+- ``--mem=<MiB>M``: ``memory`` (per node), else ``mem_per_node`` (MiB, or 32Gi); omitted when
+  neither is given (the partition's default applies).
 - ``--gres=gpu:G``: ``gpus_per_node``, else ``num_of_gpus`` (single node); omitted for no GPU.
 - ``--time``: the job's ``launcher_spec.time``, else the site's ``slurm.time``.
 
@@ -50,7 +52,7 @@ from atoll.launchers.base import LaunchError, LaunchRequest
 from atoll.launchers.ranks import processes_per_node
 from atoll.launchers.request import TOKEN_VAR
 from atoll.spec.names import is_env_name
-from atoll.spec.quantity import memory_to_mib
+from atoll.spec.quantity import memory_to_mib, slurm_mem_to_mib
 from atoll.spec.study_runtime import data_root, dataset_mount_path
 
 CONTAINER_WORKDIR = "/atoll/job"
@@ -145,14 +147,19 @@ def slurm_memory(memory: str) -> str:
 
 
 def topology(request: LaunchRequest) -> dict[str, Any]:
-    """Nodes and per-node CPUs, MiB and GPUs from resources and the job's slurm block."""
+    """Nodes and per-node CPUs, MiB and GPUs from resources and the job's slurm block.
+
+    As NVIDIA FLARE 2.9: portable ``num_of_cpus`` and ``memory`` are per node; None when
+    neither they nor ``cpus_per_node``/``mem_per_node`` are given (no directive: the
+    partition's defaults apply). ``num_of_gpus`` is the total (``gpus_per_node`` per node).
+    """
     spec, res = request.launcher_spec, request.resources
     nodes = spec.get("nodes") or 1
-    cpus = spec.get("cpus_per_node") or -(-res.num_of_cpus // nodes)
-    if spec.get("mem_per_node"):
-        mem_mib = memory_to_mib(spec["mem_per_node"])
-    elif res.memory is not None:
-        mem_mib = -(-memory_to_mib(res.memory) // nodes)
+    cpus = res.num_of_cpus if res.num_of_cpus is not None else spec.get("cpus_per_node")
+    if res.memory is not None:
+        mem_mib = memory_to_mib(res.memory)
+    elif spec.get("mem_per_node") is not None:
+        mem_mib = slurm_mem_to_mib(spec["mem_per_node"])  # MiB as an integer, or 32Gi
     else:
         mem_mib = None
     gpus = spec.get("gpus_per_node")
@@ -168,13 +175,15 @@ def topology(request: LaunchRequest) -> dict[str, Any]:
 
 def _task_flags(topo: dict[str, Any]) -> list[str]:
     """One task per process: ``tasks_per_node`` on each node, the node's CPUs shared out."""
-    tasks = topo["tasks_per_node"]
-    return [
+    tasks, cpus = topo["tasks_per_node"], topo["cpus_per_task"]
+    flags = [
         f"--nodes={topo['nodes']}",
         f"--ntasks={topo['nodes'] * tasks}",
         f"--ntasks-per-node={tasks}",
-        f"--cpus-per-task={max(1, topo['cpus_per_task'] // tasks)}",
     ]
+    if cpus is not None:  # none asked: the partition's default, as FLARE leaves it
+        flags.append(f"--cpus-per-task={max(1, cpus // tasks)}")
+    return flags
 
 
 def _directives(
@@ -324,11 +333,16 @@ def _script(
         lines += ["", "# torch.distributed's rendezvous: rank 0 is on the first node."]
         lines += [line.format(p=prefix) for line in RENDEZVOUS]
     if sandbox == "none" and request.study_runtime is not None:
-        if request.study_runtime.secret_mounts:
-            raise LaunchError(
-                f"studies.{ident.study}.secret_mounts in local/study_runtime.yaml needs a "
-                "container: set slurm.sandbox to apptainer or pyxis, or remove secret_mounts"
-            )
+        for field in ("secret_mounts", "container"):  # FLARE 2.9 refuses both when bare
+            if getattr(request.study_runtime, field):
+                raise LaunchError(
+                    f"studies.{ident.study}.{field} in local/study_runtime.yaml needs a "
+                    f"container: set slurm.sandbox to apptainer or pyxis, or remove {field}"
+                )
+    setup = (_study_slurm(request).get("setup") or "").strip("\n")
+    if setup:
+        lines += ["", f"# The study's setup (local/study_runtime.yaml studies.{ident.study}."
+                  "slurm.setup).", setup]
     lines += ["", "# Start the worker."]
     segments = _launch_segments(request, sandbox, python, topo, multi, prefix, secrets)
     lines.append("exec " + " \\\n    ".join(" ".join(map(q, seg)) for seg in segments))

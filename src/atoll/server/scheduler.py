@@ -143,6 +143,7 @@ class Scheduler:
 
     def _try(self, record: JobRecord, meta: JobMeta) -> str | None:
         """Dispatch the job if it can run now; otherwise return what it waits for."""
+        from atoll.spec.launcher_spec import merged_block
         from atoll.spec.resources import resolve_resources
 
         study_sites = self.studies.sites(record.study)
@@ -161,7 +162,8 @@ class Scheduler:
         used = self.jobs.held()
         resources: dict[str, Resources] = {}
         for site in ready:
-            asked = resolve_resources(meta.resource_spec, site)
+            native = merged_block(meta.launcher_spec, site, online[site].launcher)
+            asked = resolve_resources(meta.resource_spec, site, native)
             short = fits(online[site].capacity, used.get(site, []), asked)
             if short:
                 return f"waiting for resources at {site}: {short}"

@@ -61,6 +61,13 @@ class SiteLink:
         return self.hello.get("capacity") or {}
 
     @property
+    def launcher(self) -> str:
+        """The site's backend, as it said at hello ("" if it did not): the job's
+        launcher_spec block for it may hold a native GPU count."""
+        value = self.hello.get("launcher")
+        return value if isinstance(value, str) else ""
+
+    @property
     def running_jobs(self) -> list[str]:
         return list(self.hello.get("running_jobs") or [])
 

@@ -123,6 +123,7 @@ class Supervisor:
         self.link.send_state(job_id, state, reason, **extra)
 
     def _admit(self, job_id: str, study: str, meta) -> SiteJob:
+        from atoll.spec.launcher_spec import merged_block
         from atoll.spec.resources import resolve_resources
 
         site = self.kit.name
@@ -131,7 +132,8 @@ class Supervisor:
         if entry is None:
             raise NotAdmitted(f"site {site} does not map study {study!r} in its local/"
                               "study_runtime.yaml; the site operator must add it")
-        resources = resolve_resources(meta.resource_spec, site)
+        native = merged_block(meta.launcher_spec, site, self.host.launcher.name)
+        resources = resolve_resources(meta.resource_spec, site, native)
         with self._lock:
             if job_id in self.jobs:
                 raise NotAdmitted(f"job {job_id} is already running at {site}")

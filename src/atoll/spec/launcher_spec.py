@@ -23,9 +23,14 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from atoll.spec.errors import Issue, SpecError, describe, join_path
-from atoll.spec.model import NoNullModel, check_fields, validate_into
+from atoll.spec.model import NULL_HINT, NoNullModel, check_fields, validate_into
 from atoll.spec.names import ALL_SITES, SERVER, is_site_name
-from atoll.spec.quantity import check_memory
+from atoll.spec.quantity import (
+    docker_size_to_bytes,
+    k8s_quantity,
+    k8s_quantity_value,
+    slurm_mem_to_mib,
+)
 from atoll.spec.resources import requested_resources
 
 BACKENDS = ("process", "docker", "k8s", "slurm")
@@ -34,7 +39,6 @@ DEFAULT_BLOCK = "default"
 _SLURM_TIME_RE = re.compile(
     r"^(?:(\d+)-(\d{1,2})(?::(\d{1,2})(?::(\d{1,2}))?)?|(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?)$"
 )
-_CPU_RE = re.compile(r"^(?:[0-9]+(?:\.[0-9]{1,3})?|[0-9]+m)$")
 
 
 def slurm_time_to_seconds(value: str) -> int:
@@ -61,11 +65,11 @@ def _positive_slurm_time(value: str) -> str:
     return value
 
 
-def cpu_quantity_to_millicores(value: str) -> int:
-    """Kubernetes CPU quantity -> millicores: ``"500m"`` -> 500, ``"2"`` -> 2000."""
-    if value.endswith("m"):
-        return int(value[:-1])
-    return round(float(value) * 1000)
+def _not_null(value: Any) -> Any:
+    """Before-validators run ahead of NoNullModel's own: keep its message for null."""
+    if value is None:
+        raise ValueError(NULL_HINT)
+    return value
 
 
 def _processes_per_node() -> Any:
@@ -90,49 +94,59 @@ class DockerJobSpec(NoNullModel):
         min_length=1,
         description="Image for the worker; only one the site allows (allow_job_images)",
     )
-    shm_size: str | None = Field(
-        None, description="Size of /dev/shm, e.g. 2Gi (a positive integer with Mi, Gi or Ti)"
+    shm_size: int | str | None = Field(
+        None,
+        description="Size of /dev/shm: bytes, a Docker size (512m, 8g, 1.5g) or 2Gi",
+    )
+    num_of_gpus: int | None = Field(
+        None, ge=0, description="GPUs for the worker; instead of resource_spec num_of_gpus"
     )
     processes_per_node: int | None = _processes_per_node()
 
-    _shm = check_fields(check_memory, "shm_size")
+    @field_validator("shm_size", mode="before")  # one error at the field, not one per type
+    @classmethod
+    def _shm(cls, value: Any) -> Any:
+        docker_size_to_bytes(_not_null(value))
+        return value
 
 
 class K8sJobSpec(NoNullModel):
-    """Kubernetes keys a job may set."""
+    """Kubernetes keys a job may set: limits (``cpu``, ``memory``) and requests."""
 
     image: str | None = Field(
         None,
         min_length=1,
         description="Image for the worker; only one the site allows (allow_job_images)",
     )
-    cpu_request: str | None = Field(
-        None, description='CPU request and limit as a Kubernetes quantity, e.g. "500m" or "2"'
+    cpu: int | float | str | None = Field(
+        None, description='CPU limit (and request unless cpu_request is given), e.g. "2"'
+    )
+    memory: str | None = Field(
+        None, description="Memory limit (and request unless memory_request is given), e.g. 8Gi"
+    )
+    cpu_request: int | float | str | None = Field(
+        None, description='CPU request, e.g. "500m"; alone it sets no limit'
     )
     memory_request: str | None = Field(
-        None, description="Memory request and limit, e.g. 8Gi (integer with Mi, Gi or Ti)"
+        None, description="Memory request, e.g. 4Gi; alone it sets no limit"
     )
     ephemeral_storage: str | None = Field(
         None, description="Ephemeral storage request and limit, e.g. 20Gi"
+    )
+    num_of_gpus: int | None = Field(
+        None, ge=0, description="GPUs for the pod; instead of resource_spec num_of_gpus"
     )
     pending_timeout: int | None = Field(
         None, ge=1, description="Seconds the pod may stay Pending; at most the site's value"
     )
     processes_per_node: int | None = _processes_per_node()
 
-    @field_validator("cpu_request", mode="before")
+    @field_validator(
+        "cpu", "memory", "cpu_request", "memory_request", "ephemeral_storage", mode="before"
+    )
     @classmethod
-    def _cpu_from_int(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-    @field_validator("cpu_request")
-    @classmethod
-    def _cpu(cls, value: str) -> str:
-        if not _CPU_RE.fullmatch(value) or cpu_quantity_to_millicores(value) <= 0:
-            raise ValueError(f'{value!r} is not a CPU quantity; write e.g. "500m" or "2"')
-        return value
-
-    _mem = check_fields(check_memory, "memory_request", "ephemeral_storage")
+    def _quantity(cls, value: Any) -> str:
+        return k8s_quantity(_not_null(value))
 
 
 class SlurmJobSpec(NoNullModel):
@@ -145,8 +159,9 @@ class SlurmJobSpec(NoNullModel):
     cpus_per_node: int | None = Field(
         None, ge=1, description="CPUs on each node; instead of resource_spec num_of_cpus"
     )
-    mem_per_node: str | None = Field(
-        None, description="Memory on each node, e.g. 64Gi; instead of resource_spec memory"
+    mem_per_node: int | str | None = Field(
+        None,
+        description="Memory on each node: MiB as an integer (32768) or 32Gi; instead of memory",
     )
     time: str | None = Field(None, description="Wall-clock limit (--time), e.g. 2:00:00")
     pending_timeout: int | None = Field(
@@ -154,7 +169,12 @@ class SlurmJobSpec(NoNullModel):
     )
     processes_per_node: int | None = _processes_per_node()
 
-    _mem = check_fields(check_memory, "mem_per_node")
+    @field_validator("mem_per_node", mode="before")
+    @classmethod
+    def _mem(cls, value: Any) -> Any:
+        slurm_mem_to_mib(_not_null(value))
+        return value
+
     _time = check_fields(_positive_slurm_time, "time")
 
 
@@ -170,8 +190,30 @@ ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
 
 # Native field -> the portable resource_spec key it duplicates (a conflict when both are given).
 _CONFLICTS: dict[str, dict[str, str]] = {
-    "k8s": {"cpu_request": "num_of_cpus", "memory_request": "memory"},
+    "docker": {"num_of_gpus": "num_of_gpus"},
+    "k8s": {
+        "cpu": "num_of_cpus",
+        "cpu_request": "num_of_cpus",
+        "memory": "memory",
+        "memory_request": "memory",
+        "num_of_gpus": "num_of_gpus",
+    },
     "slurm": {"cpus_per_node": "num_of_cpus", "mem_per_node": "memory"},
+}
+# FLARE 2.9 keys a job may not set here, and why (docs/job-format.md lists them).
+_REFUSED_FLARE_KEYS: dict[str, dict[str, str]] = {
+    "docker": {
+        "python_path": "the worker's command is the launcher's (it authenticates the worker)",
+        "entrypoint": "the worker's command is the launcher's (it authenticates the worker)",
+    },
+    "k8s": {
+        "python_path": "the worker's command is the launcher's; the site sets k8s.python",
+    },
+    "slurm": {
+        "image": "an image on Slurm is a file on the site's hosts, which a job may not pick; "
+        "the site maps one per study (studies.<study>.container.image)",
+        "additional_node_command": "a job may not add commands to the site's batch script",
+    },
 }
 
 
@@ -211,6 +253,10 @@ def validate_launcher_spec(spec: Any, path: str = "launcher_spec") -> list[Issue
 
 
 def _name_backend(issue: Issue, backend: str) -> Issue:
+    key = issue.path.rsplit(".", 1)[-1]
+    reason = _REFUSED_FLARE_KEYS.get(backend, {}).get(key)
+    if issue.message.startswith("unknown key") and reason:
+        return Issue(issue.path, f"accepted by NVIDIA FLARE but not by atoll: {reason}")
     if issue.message.startswith("unknown key"):
         allowed = ALLOWED_KEYS[backend]
         keys = f"allowed keys: {', '.join(allowed)}" if allowed else "it takes no job settings"
@@ -260,8 +306,24 @@ def target_issues(
                     ),
                 )
             )
+    if backend == "k8s":
+        issues += _k8s_requests(spec, target, who, native)
     if backend == "slurm":
         issues += _slurm_topology(spec, target, who, native, portable)
+    return issues
+
+
+def _k8s_requests(spec: Mapping[str, Any], target: str, who: str, native: dict) -> list[Issue]:
+    """A request above its limit (after ``default`` is merged): the API server refuses the pod."""
+    issues = []
+    for limit, request in (("cpu", "cpu_request"), ("memory", "memory_request")):
+        low, high = native.get(request), native.get(limit)
+        if low is not None and high is not None and (
+            k8s_quantity_value(str(low)) > k8s_quantity_value(str(high))
+        ):
+            issues.append(Issue(_where(spec, target, "k8s", request), (
+                f"for {who} on k8s, {request} {low} is above the {limit} limit {high}; "
+                f"Kubernetes refuses a request above its limit: lower {request} or raise {limit}")))
     return issues
 
 

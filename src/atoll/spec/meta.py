@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
+from atoll.spec.flare_meta import normalize_flare_meta, point_back
 from atoll.spec.launcher_spec import launcher_spec_issues, validate_launcher_spec
 from atoll.spec.model import SpecModel, validate_into
 from atoll.spec.names import ALL_SITES, SERVER, is_site_name
@@ -303,8 +304,10 @@ def _validate(data: Any, label: str) -> JobMeta:
     if shape is not None:
         raise SpecError([shape], source=label)
     data = {k: v for k, v in data.items() if k not in SERVER_SET_FIELDS}
-    meta, issues = validate_into(JobMeta, data)
-    if meta is None:
+    data, issues, moved = normalize_flare_meta(data)  # NVIDIA FLARE's spellings -> atoll's
+    meta, found = validate_into(JobMeta, data)
+    issues += [point_back(issue, moved) for issue in found]
+    if meta is None or issues:
         raise SpecError(issues, source=label)
     return meta
 

@@ -10,7 +10,7 @@ SITE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 # RFC 1123 subdomain: Kubernetes Secret and PVC names.
 SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"  # POSIX, as NVIDIA FLARE 2.9 takes on Slurm
 
 _SITE_RE = re.compile(SITE_NAME_PATTERN)
 _LABEL_RE = re.compile(LABEL_PATTERN)
@@ -49,8 +49,8 @@ def check_label(name: str) -> str:
 def check_env_name(name: str) -> str:
     if not is_env_name(name):
         raise ValueError(
-            f"{name!r} is not a valid environment variable name; use uppercase letters, "
-            "digits and '_', not starting with a digit"
+            f"{name!r} is not a valid environment variable name; use letters, digits and "
+            "'_', not starting with a digit"
         )
     return name
 

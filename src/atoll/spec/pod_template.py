@@ -26,6 +26,9 @@ from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
 from atoll.spec.site_config import read_yaml
 
 MAIN_CONTAINER = "atoll-worker"
+# The worker's container in a template: atoll's name or NVIDIA FLARE's sentinel, else the only
+# container of a one-container template (FLARE's fallback); renamed atoll-worker at render.
+MAIN_CONTAINER_NAMES = (MAIN_CONTAINER, "nvflare_job")
 LABEL_PREFIX = "atoll.dev/"
 ATOLL_VOLUME_PREFIX = "atoll-"
 OWNED_MOUNT_ROOTS = ("/data", "/atoll")
@@ -176,10 +179,20 @@ def _owned_issues(template: Mapping[str, Any]) -> list[Issue]:
         for i, v in _items(spec.get("volumes"))
         if str(v.get("name", "")).startswith(ATOLL_VOLUME_PREFIX)
     ]
+    main = main_container_index(spec.get("containers"))
     for i, container in _items(spec.get("containers")):
-        if container.get("name") == MAIN_CONTAINER:
+        if i == main:
             issues += _main_container_issues(f"spec.containers[{i}]", container)
     return issues
+
+
+def main_container_index(containers: Any) -> int | None:
+    """Which of a template's containers is the worker's (see MAIN_CONTAINER_NAMES), or None."""
+    listed = list(_items(containers))
+    for i, container in listed:
+        if container.get("name") in MAIN_CONTAINER_NAMES:
+            return i
+    return listed[0][0] if len(listed) == 1 and isinstance(containers, list) else None
 
 
 def _main_container_issues(at: str, container: dict[str, Any]) -> list[Issue]:
@@ -220,9 +233,10 @@ def _host_issues(template: Mapping[str, Any], claims: Mapping[str, str]) -> list
     issues += _context_issues("spec.securityContext", _map(spec.get("securityContext")))
     for i, volume in _items(spec.get("volumes")):
         issues += _volume_issues(f"spec.volumes[{i}]", volume, claims)
+    main_index = main_container_index(spec.get("containers"))
     for field in CONTAINER_LISTS:
         for i, container in _items(spec.get(field)):
-            main = field == "containers" and container.get("name") == MAIN_CONTAINER
+            main = field == "containers" and i == main_index
             issues += _container_issues(f"spec.{field}[{i}]", container, main)
     return issues
 

@@ -30,10 +30,25 @@ class Resources:
     """What one target (a site or ``server``) asked for, after ``@default`` is merged in."""
 
     num_of_gpus: int = 0
-    num_of_cpus: int = 1
+    # None when the job did not ask: no CPU limit on a container, pod or Slurm task (as
+    # NVIDIA FLARE 2.9); admission still counts it as DEFAULT_CPUS (``cpus_counted``).
+    num_of_cpus: int | None = None
     memory: str | None = None  # as written: "64Gi"; None when the job did not ask
     # Other per-site keys pass through to the site's capacity accounting.
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Slurm launcher_spec nodes: num_of_cpus and memory are per node (NVIDIA FLARE 2.9).
+    nodes: int = 1
+
+    @property
+    def cpus_counted(self) -> int:
+        """CPUs this worker holds in a site's capacity accounting, over all its nodes."""
+        return (DEFAULT_CPUS if self.num_of_cpus is None else self.num_of_cpus) * self.nodes
+
+    @property
+    def memory_counted(self) -> int | None:
+        """Bytes this worker holds in a site's capacity accounting, over all its nodes."""
+        per_node = self.memory_bytes
+        return None if per_node is None else per_node * self.nodes
 
     @property
     def memory_bytes(self) -> int | None:
@@ -112,16 +127,26 @@ def requested_resources(spec: Mapping[str, Any] | None, target: str) -> dict[str
     return merged
 
 
-def resolve_resources(spec: Mapping[str, Any] | None, target: str) -> Resources:
-    """Resources for one target; raises SpecError listing every problem of the spec."""
+def resolve_resources(
+    spec: Mapping[str, Any] | None, target: str, native: Mapping[str, Any] | None = None
+) -> Resources:
+    """Resources for one target; raises SpecError listing every problem of the spec.
+
+    ``native`` is the job's launcher_spec block for the site's backend: a Docker or Kubernetes
+    ``num_of_gpus`` there (NVIDIA FLARE's spelling) is the worker's GPU count.
+    """
     issues = validate_resource_spec({} if spec is None else spec)
     if issues:
         raise SpecError(issues)
     merged = requested_resources(spec, target)
     extra = {k: v for k, v in merged.items() if k not in RESOURCE_KEYS}
+    gpus = merged.get("num_of_gpus", 0)
+    if native and native.get("num_of_gpus") is not None:
+        gpus = native["num_of_gpus"]  # never both: a conflict refused at submit
     return Resources(
-        num_of_gpus=merged.get("num_of_gpus", 0),
-        num_of_cpus=merged.get("num_of_cpus", DEFAULT_CPUS),
+        num_of_gpus=gpus,
+        num_of_cpus=merged.get("num_of_cpus"),
         memory=merged.get("memory"),
         extra=extra,
+        nodes=(native or {}).get("nodes") or 1,
     )

@@ -170,6 +170,19 @@ class K8sSettings(NoNullModel):
         return self
 
 
+SLURM_DIRECTIVES = ("partition", "account", "qos", "constraint", "reservation")
+
+
+def slurm_directive(value: Any) -> Any:
+    """A directive as NVIDIA FLARE 2.9 takes it: text or an integer (``account: 1234``), never
+    with whitespace (it would split the sbatch option)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str) and any(c.isspace() for c in value):
+        raise ValueError(f"{value!r} contains whitespace; Slurm names have none")
+    return value
+
+
 class SlurmSettings(NoNullModel):
     """``slurm:`` the worker is a Slurm batch job."""
 
@@ -201,6 +214,11 @@ class SlurmSettings(NoNullModel):
         ge=1,
         description="Seconds a job may stay PENDING; jobs may lower it",
     )
+
+    @field_validator(*SLURM_DIRECTIVES, mode="before")
+    @classmethod
+    def _directive(cls, value: Any) -> Any:
+        return slurm_directive(value)
 
     @field_validator("time")
     @classmethod

@@ -25,12 +25,14 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from atoll.spec.docker_kwargs import docker_kwargs_issues
-from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
+from atoll.spec.errors import Issue, IssuesError, SpecError, describe
+from atoll.spec.flare_study_runtime import normalize_flare_study_runtime, slurm_issues
 from atoll.spec.model import NoNullModel, validate_into
 from atoll.spec.names import check_label, is_env_name, is_label, is_subdomain
 from atoll.spec.pod_template import dataset_claims, load_pod_template, pod_template_issues
-from atoll.spec.site_config import read_yaml
+from atoll.spec.site_config import read_yaml, slurm_directive
 from atoll.spec.statistics_rules import StatisticsRules
+from atoll.spec.study_runtime_rules import cross_issues
 
 RUNTIME_FILE = "study_runtime.yaml"
 FORMAT_VERSION = 2
@@ -48,6 +50,7 @@ _FIELD_LAUNCHERS = {
     "slurm": ("slurm",),
 }
 _SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def dataset_mount_path(study: str, dataset: str) -> str:
@@ -149,6 +152,28 @@ class SecretMount(NoNullModel):
 
     source: str = Field(min_length=1, description="k8s: a Secret name; others: a host path")
     mount_path: str = Field(min_length=1, description="Absolute path inside the worker")
+    mode: Literal["ro"] | None = Field(
+        None, description="Always ro (NVIDIA FLARE's key; secret mounts are read-only)"
+    )
+    items: dict[str, str] | None = Field(
+        None, description="k8s: Secret key -> file path to project (default: every key)"
+    )
+
+    @field_validator("items")
+    @classmethod
+    def _items(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if _launcher(info) not in (None, "k8s"):
+            raise ValueError("items is Kubernetes-only (a Secret's keys); point source at a "
+                             "folder holding only the intended files")
+        if not value:
+            raise ValueError("is empty; remove items to project every key of the Secret")
+        for key, path in value.items():
+            if not _SECRET_KEY_RE.fullmatch(key) or not path or path.startswith("/") or (
+                ".." in PurePosixPath(path).parts
+            ):
+                raise ValueError(f"{key}: {path!r} must be a Secret key mapped to a relative "
+                                 "file path without '..'")
+        return value
 
     @field_validator("source")
     @classmethod
@@ -185,6 +210,21 @@ class SlurmStudySettings(NoNullModel):
     partition: str | None = Field(None, min_length=1, description="--partition for this study")
     account: str | None = Field(None, min_length=1, description="--account for this study")
     qos: str | None = Field(None, min_length=1, description="--qos for this study")
+    setup: str | None = Field(
+        None, description="Shell lines the batch script runs before the worker (site-owned)"
+    )
+
+    @field_validator("partition", "account", "qos", mode="before")
+    @classmethod
+    def _directive(cls, value: Any) -> Any:
+        return slurm_directive(value)
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, value: str) -> str:
+        if "\0" in value:
+            raise ValueError("must not contain NUL")
+        return value
 
 
 class StudyEntry(NoNullModel):
@@ -235,10 +275,12 @@ class StudyEntry(NoNullModel):
 
     @field_validator("env", mode="before")
     @classmethod
-    def _env(cls, value: Any) -> Any:
+    def _env(cls, value: Any, info: ValidationInfo) -> Any:
         if not isinstance(value, dict):
             return value
-        issues = [Issue(str(name), p) for name, v in value.items() if (p := _env_problem(name, v))]
+        empty_ok = _launcher(info) == "slurm"  # FLARE 2.9 keeps empty values on Slurm
+        issues = [Issue(str(name), p) for name, v in value.items()
+                  if (p := _env_problem(name, v, empty_ok))]
         if issues:
             raise IssuesError(issues)
         return value
@@ -262,7 +304,7 @@ class StudyEntry(NoNullModel):
     @field_validator("pod_template")
     @classmethod
     def _pod(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        if value.get("kind") != "Pod":
+        if value.get("kind", "Pod") != "Pod":  # FLARE 2.9 accepts a template without kind
             raise ValueError(
                 f"must be a Pod manifest with kind: Pod, not kind: {describe(value.get('kind'))}"
             )
@@ -285,20 +327,22 @@ def _name_problem(name: str) -> str:
 def _env_name_problem(name: Any) -> str | None:
     if not is_env_name(name):
         return (
-            f"{describe(name)} is not an environment variable name; use uppercase letters, "
-            "digits and '_', not starting with a digit"
+            f"{describe(name)} is not an environment variable name; use letters, digits and "
+            "'_', not starting with a digit"
         )
     if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
         return f"{name} is set by the launcher (atoll owns {', '.join(sorted(RESERVED_ENV))} and ATOLL_*); remove it"
     return None
 
 
-def _env_problem(name: Any, value: Any) -> str | None:
+def _env_problem(name: Any, value: Any, empty_ok: bool = False) -> str | None:
     if (problem := _env_name_problem(name)) is not None:
         return problem
     if not isinstance(value, str):
-        return f'must be a string, not {describe(value)}; quote it in YAML, e.g. "{value}"'
-    if value == "":
+        return f"must be a text, number or true/false, not {describe(value)}"
+    if "\0" in value or _SURROGATES.search(value):
+        return "must be text without NUL or a lone surrogate (\\ud800...)"
+    if value == "" and not empty_ok:
         return "empty value; give it a value or remove the variable"
     return None
 
@@ -338,43 +382,6 @@ def unconfined_issues(site_config: Any, runtime: StudyRuntime) -> list[Issue]:
         "data and secrets: map one study, or run workers in the sandbox (docs/security.md)"))]
 
 
-def _cross_issues(data: dict[str, Any]) -> list[Issue]:
-    """Rules spanning fields, checked on the raw document so they join the field errors."""
-    issues: list[Issue] = []
-    studies = data.get("studies")
-    if not isinstance(studies, dict):
-        return issues
-    for study, entry in studies.items():
-        if not is_label(study):
-            issues.append(Issue(join_path("studies", str(study)), _name_problem(str(study))))
-        if not isinstance(entry, dict):
-            continue
-        env, secret_env = entry.get("env"), entry.get("secret_env")
-        if isinstance(env, dict) and isinstance(secret_env, dict):
-            for name in env.keys() & secret_env.keys():
-                issues.append(
-                    Issue(
-                        join_path("studies", study, "secret_env", name),
-                        (f"{name} is also in env; keep it in one of env or secret_env"),
-                    )
-                )
-        mounts = entry.get("secret_mounts")
-        if isinstance(mounts, dict):
-            seen: dict[str, str] = {}
-            for name, mount in mounts.items():
-                path = mount.get("mount_path") if isinstance(mount, dict) else None
-                if isinstance(path, str) and path.rstrip("/") in seen:
-                    issues.append(
-                        Issue(
-                            join_path("studies", study, "secret_mounts", name, "mount_path"),
-                            f"same mount_path as {seen[path.rstrip('/')]!r}; pick another",
-                        )
-                    )
-                elif isinstance(path, str):
-                    seen[path.rstrip("/")] = name
-    return issues
-
-
 def parse_study_runtime(
     data: Any, launcher: str | None, local_dir: Path | None = None, source: str = RUNTIME_FILE
 ) -> StudyRuntime:
@@ -389,9 +396,12 @@ def parse_study_runtime(
             ],
             source=source,
         )
+    data, flare_issues = normalize_flare_study_runtime(data, launcher)
+    if launcher == "slurm":
+        flare_issues += slurm_issues(data)
     context = {"launcher": launcher, "local_dir": local_dir, "dataset_claims": dataset_claims(data)}
     runtime, issues = validate_into(StudyRuntime, data, context=context)
-    issues = sorted(issues + _cross_issues(data), key=lambda i: i.path)
+    issues = sorted(issues + cross_issues(data) + flare_issues, key=lambda i: i.path)
     if issues or runtime is None:
         raise SpecError(issues, source=source)
     return runtime

@@ -238,3 +238,27 @@ def test_container_removed_behind_atolls_back_fails_the_job(
     result = launcher.wait(handle)
     assert result.outcome is Outcome.FAILED
     assert "disappeared" in result.reason or "lost the worker container" in result.reason
+
+
+def test_flare_shm_size_and_no_cpu_limit_as_the_engine_stores_them(
+    launcher: DockerLauncher, docker_engine: Engine, tmp_path: Path
+) -> None:
+    """NVIDIA FLARE 2.9's launcher_spec docker {shm_size: "1g"} in Docker's own units, and a
+    job that asks no CPUs: ShmSize is 1 GiB and the container has no CPU limit (NanoCpus 0)."""
+    request = make_request(
+        tmp_path / "run",
+        SLEEPER,
+        site_config=launcher.site_config,
+        resources=Resources(memory="256Mi"),
+        launcher_spec={"shm_size": "1g"},
+    )
+    rendered = launcher.render(request)["containers.run"]
+    assert "nano_cpus" not in rendered
+    handle = launcher.launch(request)
+    try:
+        host = wait_running(docker_engine, handle.native_id)["HostConfig"]
+        assert host["ShmSize"] == rendered["shm_size"] == 1 << 30
+        assert host["NanoCpus"] == 0 and host["CpuQuota"] == 0
+        assert host["Memory"] == 256 << 20
+    finally:
+        launcher.cancel(handle)

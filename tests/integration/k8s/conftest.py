@@ -176,8 +176,9 @@ def make_request(
     identity = JobIdentity(uuid.uuid4().hex, "k8s-it", STUDY, "site-a", "site")
     return LaunchRequest(
         identity=identity,
-        resources=resources or Resources(num_of_cpus=1, memory="64Mi"),
-        # A tenth of a CPU each: the 2-CPU test node then never queues the tests' pods.
+        resources=resources or Resources(memory="64Mi"),
+        # A tenth of a CPU requested each, no CPU limit (NVIDIA FLARE's cpu_request alone): the
+        # 2-CPU test node then never queues the tests' pods.
         launcher_spec={"cpu_request": "100m", **(launcher_spec or {})},
         study_runtime=runtime.entry(STUDY),
         site_config=launcher.site_config,

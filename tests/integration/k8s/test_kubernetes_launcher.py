@@ -146,7 +146,7 @@ def test_pod_is_as_rendered_with_ro_pvc_and_secret_refs(cluster: Cluster, tmp_pa
         script,
         tmp_path / "run",
         study=study,
-        resources=Resources(num_of_cpus=1, memory="64Mi", num_of_gpus=1),
+        resources=Resources(memory="64Mi", num_of_gpus=1),
     )
     rendered = launcher.render(request)["pod"]
     handle = launcher.launch(request)
@@ -158,8 +158,9 @@ def test_pod_is_as_rendered_with_ro_pvc_and_secret_refs(cluster: Cluster, tmp_pa
         main["resources"]
         == want["resources"]
         == {
+            # cpu_request alone: a request and no CPU limit, as NVIDIA FLARE 2.9 renders it
             "requests": {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": "1"},
-            "limits": {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": "1"},
+            "limits": {"memory": "64Mi", "nvidia.com/gpu": "1"},
         }
     )
     assert [m for m in main["volumeMounts"] if m["mountPath"].startswith("/data")] == [
@@ -190,7 +191,7 @@ def test_pod_is_as_rendered_with_ro_pvc_and_secret_refs(cluster: Cluster, tmp_pa
 def test_gpus_above_capacity_fail_after_pending_timeout(cluster: Cluster, tmp_path: Path) -> None:
     launcher = make_launcher(cluster, pending_timeout=3)
     request = make_request(
-        launcher, "echo never", tmp_path, resources=Resources(num_of_cpus=1, num_of_gpus=3)
+        launcher, "echo never", tmp_path, resources=Resources(num_of_gpus=3)
     )
     notes: list[str] = []
     start = time.monotonic()
@@ -246,3 +247,25 @@ def test_quota_refusal_is_explained_and_the_secret_removed(
         assert not api.list_namespaced_secret(ns, label_selector=job).items
     finally:
         api.delete_namespace(ns)
+
+
+def test_flare_cpu_limit_with_a_lower_request_is_kept_by_the_api(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """NVIDIA FLARE 2.9's launcher_spec k8s {cpu, cpu_request, memory}: the limit, a lower
+    request and a memory limit that is also the request, as the API server stores them."""
+    launcher = make_launcher(cluster)
+    spec = {"cpu": "500m", "cpu_request": "100m", "memory": "96Mi"}
+    request = make_request(launcher, "echo done", tmp_path, launcher_spec=spec,
+                           resources=Resources())
+    handle = launcher.launch(request)
+    try:
+        live = cluster.api.read_namespaced_pod(handle.native_id, cluster.namespace)
+        main = next(c for c in live.spec.containers if c.name == "atoll-worker")
+        assert ApiClient().sanitize_for_serialization(main.resources) == {
+            "requests": {"cpu": "100m", "memory": "96Mi"},
+            "limits": {"cpu": "500m", "memory": "96Mi"},
+        }
+        assert launcher.wait(handle).outcome is Outcome.COMPLETED
+    finally:
+        launcher.cancel(handle)

@@ -223,3 +223,28 @@ def test_over_time_limit_is_timeout(timeout_job) -> None:
     result = launcher.wait(handle)  # a minute after submission, plus Slurm's 30 s check
     assert result.outcome is Outcome.FAILED
     assert "TIMEOUT" in result.reason and "--time=1" in result.reason, result.reason
+
+
+def test_flare_study_setup_and_mem_per_node_reach_the_real_job(tmp_path: Path) -> None:
+    """NVIDIA FLARE 2.9's study slurm.setup runs in the batch script before the worker; its
+    launcher_spec mem_per_node (an integer of MiB) is the node's memory; a job that asks no
+    CPUs gets no --cpus-per-task (Slurm's default, one CPU per task)."""
+    site = slurm_site()
+    launcher = SlurmLauncher(site)
+    study = study_entry(slurm={"setup": "export FROM_SETUP=yes"}, env={"EPOCHS": 3})
+    program = ("import os; open(os.path.join(os.environ['ATOLL_WORKDIR'], 'setup.txt'), 'w')"
+               ".write(os.environ.get('FROM_SETUP', 'missing') + ' ' + os.environ['EPOCHS'])")
+    try:
+        request = make_request(tmp_path, program, site_config=site, study=study,
+                               resources=Resources(), launcher_spec={"mem_per_node": 192})
+        rendered = launcher.render(request)["sbatch_argv"]
+        assert "--mem=192M" in rendered
+        assert not [a for a in rendered if a.startswith("--cpus-per-task")]
+        handle = launcher.launch(request)
+        job = scontrol_job(handle.native_id)
+        assert job["MinMemoryNode"] == "192M" and job["NumCPUs"] == "1"
+        result = launcher.wait(handle)
+        assert result.outcome is Outcome.COMPLETED, result.reason
+        assert (tmp_path / "setup.txt").read_text() == "yes 3"
+    finally:
+        launcher.close()

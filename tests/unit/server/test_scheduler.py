@@ -62,7 +62,7 @@ def test_a_meta_handed_over_at_intake_is_not_parsed_again(store, monkeypatch):
     for _ in range(3):  # waiting for its site: each tick uses the same meta
         scheduler.tick()
     assert store.get_job("a" * 32).reason.startswith("waiting for sites: 0 of 1 online")
-    links.sites["site-a"] = SimpleNamespace(capacity={})
+    links.sites["site-a"] = SimpleNamespace(capacity={}, launcher="process")
     scheduler.tick()
     assert jobs.dispatched == [("a" * 32, meta, ["site-a"])]
     store.set_job_state("a" * 32, "DISPATCHED")
@@ -98,3 +98,18 @@ def test_a_stored_meta_no_longer_valid_aborts_its_job(store):
 
 def _no_parse(source):
     raise AssertionError("the scheduler parsed a meta intake had handed over")
+
+
+def test_a_native_docker_gpu_count_is_what_the_site_admits(store):
+    """NVIDIA FLARE's launcher_spec docker num_of_gpus is the worker's GPUs: the server counts
+    them against the site's capacity like resource_spec's."""
+    queue, jobs, links, scheduler = _setup(store)
+    meta = {**META, "launcher_spec": {"site-a": {"docker": {"num_of_gpus": 2}}}}
+    _submit(store, "d" * 32, meta)
+    links.sites["site-a"] = SimpleNamespace(capacity={"gpus": 1}, launcher="docker")
+    scheduler.tick()
+    assert store.get_job("d" * 32).reason == (
+        "waiting for resources at site-a: 2 GPU(s) asked, 1 free")
+    links.sites["site-a"] = SimpleNamespace(capacity={"gpus": 1}, launcher="k8s")
+    scheduler.tick()  # a Kubernetes site does not read the docker block
+    assert [d[0] for d in jobs.dispatched] == ["d" * 32]

@@ -31,6 +31,8 @@ def local(tmp_path):
 
 
 class Host:
+    launcher = SimpleNamespace(name="process")  # the backend's name: its launcher_spec block
+
     def __init__(self, local: Path):
         self.local, self.reads = local, 0
 

@@ -43,9 +43,18 @@ def site(launcher, **block):
 def test_allowlists_per_backend():
     assert ALLOWED_KEYS == {
         "process": ("processes_per_node",),
-        "docker": ("image", "shm_size", "processes_per_node"),
-        "k8s": ("image", "cpu_request", "memory_request", "ephemeral_storage", "pending_timeout",
-                "processes_per_node"),
+        "docker": ("image", "shm_size", "num_of_gpus", "processes_per_node"),
+        "k8s": (
+            "image",
+            "cpu",
+            "memory",
+            "cpu_request",
+            "memory_request",
+            "ephemeral_storage",
+            "num_of_gpus",
+            "pending_timeout",
+            "processes_per_node",
+        ),
         "slurm": (
             "nodes",
             "gpus_per_node",
@@ -102,9 +111,9 @@ def test_a_full_valid_spec():
 @pytest.mark.parametrize(
     ("block", "path", "message"),
     [
-        ({"docker": {"shm_size": "1g"}}, "docker.shm_size", "is not a memory size"),
-        ({"k8s": {"cpu_request": "two"}}, "k8s.cpu_request", "is not a CPU quantity"),
-        ({"k8s": {"cpu_request": "0"}}, "k8s.cpu_request", "is not a CPU quantity"),
+        ({"docker": {"shm_size": "lots"}}, "docker.shm_size", "is not a size"),
+        ({"k8s": {"cpu_request": "two"}}, "k8s.cpu_request", "is not a positive quantity"),
+        ({"k8s": {"cpu_request": "0"}}, "k8s.cpu_request", "is not a positive quantity"),
         ({"k8s": {"pending_timeout": 0}}, "k8s.pending_timeout", "must be at least 1"),
         ({"slurm": {"nodes": 0}}, "slurm.nodes", "must be at least 1"),
         ({"slurm": {"nodes": True}}, "slurm.nodes", "must be an integer"),

@@ -83,7 +83,7 @@ def test_targets_expand_and_app_for():
         ({"a": ["site-a"]}, "deploy_map", "no app runs on the server"),
         ({"a": ["server", "bad name!"]}, "deploy_map.a[1]", "is not a target"),
         ({"a": ["@ALL"], "b": ["site-x"]}, "deploy_map.b", "already runs on every target (@ALL)"),
-        ({"a": "server"}, "deploy_map.a", "must be a list"),
+        ({"a": 5}, "deploy_map.a", "must be a list"),
     ],
 )
 def test_deploy_map_rules(deploy_map, path, message):
@@ -98,7 +98,7 @@ def test_deploy_map_rules(deploy_map, path, message):
         (0, "must be at least 1, not 0"),
         (1_000_001, "must be at most 1000000"),
         (True, "must be an integer"),
-        ("2", "must be an integer"),
+        ("two", "must be an integer"),
     ],
 )
 def test_min_clients_range(value, message):
@@ -138,7 +138,7 @@ def test_resource_and_launcher_spec_errors_carry_their_full_path():
     assert issues["resource_spec.@default.num_of_gpus"].startswith("must be an integer")
     assert issues["launcher_spec.default.docker.privileged"] == (
         "not settable by a job for the docker launcher; allowed keys: image, shm_size, "
-        "processes_per_node"
+        "num_of_gpus, processes_per_node"
     )
 
 

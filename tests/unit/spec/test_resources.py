@@ -26,7 +26,7 @@ def test_seed_example_exactly():
 
 
 def test_absent_spec_and_absent_keys_give_the_defaults():
-    assert resolve_resources(None, "site-a") == Resources(num_of_gpus=0, num_of_cpus=1, memory=None)
+    assert resolve_resources(None, "site-a") == Resources(num_of_gpus=0, num_of_cpus=None, memory=None)
     assert resolve_resources({}, "server") == Resources()
     assert resolve_resources({"site-a": {"memory": "1Gi"}}, "site-b").memory is None
     assert Resources().memory_bytes is None
@@ -89,7 +89,7 @@ def test_other_per_site_keys_pass_through_to_capacity_accounting():
 
 def test_a_site_named_default_is_an_ordinary_site():
     spec = {"@default": {"num_of_gpus": 1}, "default": {"num_of_gpus": 3, "custom": 1}}
-    assert resolve_resources(spec, "default") == Resources(3, 1, None, {"custom": 1})
+    assert resolve_resources(spec, "default") == Resources(3, None, None, {"custom": 1})
     assert resolve_resources(spec, "other").num_of_gpus == 1
 
 

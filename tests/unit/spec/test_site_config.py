@@ -131,7 +131,7 @@ def test_all_errors_together_with_the_file_name(tmp_path):
     local = tmp_path / "kit" / "local"
     local.mkdir(parents=True)
     (local / "site.yaml").write_text(
-        "launcher: slurm\nslurm: {qos: 1, bogus: x}\ncapacity: {cpus: 0}\n"
+        "launcher: slurm\nslurm: {qos: true, bogus: x}\ncapacity: {cpus: 0}\n"
     )
     with pytest.raises(Exception) as info:
         load_site_config(tmp_path / "kit")

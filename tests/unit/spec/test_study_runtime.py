@@ -109,16 +109,17 @@ def test_launcher_owned_environment_names(name):
 def test_env_rules():
     issues = problems(
         "docker",
-        env={"EMPTY": "", "lower": "x", "NUM": 5, "OK": "fine"},
+        env={"EMPTY": "", "my-var": "x", "NUM": [5], "OK": "fine"},
         secret_env={"OK": {"source": "env", "key": "OK_SECRET"}},
     )
     assert (
         issues["studies.pathology.env.EMPTY"]
         == "empty value; give it a value or remove the variable"
     )
-    assert "is not an environment variable name" in issues["studies.pathology.env.lower"]
+    assert "is not an environment variable name" in issues["studies.pathology.env.my-var"]
     assert (
-        issues["studies.pathology.env.NUM"] == 'must be a string, not 5; quote it in YAML, e.g. "5"'
+        issues["studies.pathology.env.NUM"]
+        == "must be a text, number or true/false, not a list"
     )
     assert (
         issues["studies.pathology.secret_env.OK"]

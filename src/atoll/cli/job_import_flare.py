@@ -1,0 +1,42 @@
+"""``atoll job import-flare FLARE_JOB_DIR OUT_DIR``: an NVIDIA FLARE 2.9 job as an atoll job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from atoll.cli.common import format_option, handle_errors
+
+
+@click.command("import-flare")
+@click.argument("flare_job_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@format_option
+@handle_errors
+def import_flare_command(flare_job_dir: Path, out_dir: Path, fmt: str) -> None:
+    """Translate a FLARE job folder (FedAvg recipe, Client API script) into OUT_DIR.
+
+    Reads meta.json, each app's config_fed_server.json / config_fed_client.json and custom/
+    folder; points the script's `import nvflare.client` line at atoll.compat.flare_client; lists
+    everything it could not translate. Exits 2 when the job cannot be translated.
+    """
+    from atoll.compat.flare_job import import_flare_job
+
+    report = import_flare_job(flare_job_dir, out_dir)
+    if fmt == "json":
+        click.echo(json.dumps({"ok": True, "out_dir": str(report.out_dir), "files": report.files,
+                               "rewritten": report.rewritten,
+                               "not_translated": report.not_translated}, indent=2))
+        return
+    click.echo(f"wrote {report.out_dir}/: " + ", ".join(report.files))
+    for line in report.rewritten:
+        click.echo(f"import line changed: {line}")
+    if report.not_translated:
+        click.echo(f"not translated ({len(report.not_translated)}):")
+        for line in report.not_translated:
+            click.echo(f"  - {line}")
+    else:
+        click.echo("everything was translated")
+    click.echo(f"submit it: atoll job submit {report.out_dir} --kit ADMIN_KIT")

@@ -1,0 +1,335 @@
+"""``atoll job import-flare``: an NVIDIA FLARE 2.9 job folder becomes an atoll job folder.
+
+What it reads, from a job FLARE's FedAvg recipe exports (``recipe.export(job_dir)``) with a
+Client API script:
+
+- ``meta.json``: name, ``deploy_map``, ``min_clients``, ``mandatory_clients``, ``resource_spec``,
+  ``launcher_spec``, in any spelling FLARE 2.9 accepts (``spec.meta`` reads them);
+- per app, ``config/config_fed_server.json``: the ``FedAvg`` workflow's ``num_rounds`` and
+  ``num_clients``/``min_clients``, a ``CrossSiteModelEval`` workflow after it (atoll's
+  ``cross_site_eval: all``), and the persistor's model class (``model.SimpleNetwork``), which
+  becomes the app's ``server.initial_model``;
+- per app, ``config/config_fed_client.json``: the Client API executor's script
+  (``task_script_path``), its arguments (``task_script_args``) and exchange format;
+- per app, ``custom/``: the script and the modules it imports, copied into the atoll app; the
+  script's ``import nvflare.client as flare`` becomes ``import atoll.compat.flare_client as
+  flare`` (its one change; atoll installs nothing under FLARE's name, which would shadow it).
+
+Everything else (other components, filters, executor options such as an external process) is
+listed in the report as not translated, with the file and the path it came from. A workflow
+other than FedAvg, a job without a Client API executor, or a ``.conf`` (HOCON) config stops the
+import with an error naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from atoll.spec.errors import Issue, SpecError
+
+SERVER_CONFIG = "config_fed_server"
+CLIENT_CONFIG = "config_fed_client"
+META_KEYS = ("name", "deploy_map", "min_clients", "mandatory_clients", "resource_spec",
+             "launcher_spec")
+FEDAVG = ("FedAvg", "PTFedAvg", "FedAvgEarlyStopping")
+CLIENT_API_EXECUTORS = ("ClientAPIExecutor", "InProcessClientAPIExecutor",
+                        "PTInProcessClientAPIExecutor", "ClientAPILauncherExecutor",
+                        "PTClientAPILauncherExecutor")
+PERSISTORS = ("PTFileModelPersistor", "PTModelPersistor")
+CROSS_SITE_EVAL = ("CrossSiteModelEval", "CrossSiteEval")
+INITIAL_MODEL_FILE = "flare_initial_model.py"
+FLARE_FEDAVG_ROUNDS = 5  # FLARE's FedAvg default
+SCRIPT_PREFIXES = ("/local/custom/", "local/custom/", "custom/", "/")
+ATOLL_CLIENT = "atoll.compat.flare_client"
+CLIENT_IMPORT = re.compile(
+    r"^(?P<indent>\s*)(?:import nvflare\.client|from nvflare import client) as (?P<alias>\w+)\s*$"
+)
+NVFLARE_IMPORT = re.compile(r"^\s*(?:import|from)\s+nvflare\b")
+
+
+@dataclass
+class ImportReport:
+    """What was written, and what was not translated (one sentence each)."""
+
+    out_dir: Path
+    files: list[str] = field(default_factory=list)
+    rewritten: list[str] = field(default_factory=list)  # import lines pointed at atoll
+    not_translated: list[str] = field(default_factory=list)
+
+
+def import_flare_job(source: Path, out_dir: Path) -> ImportReport:
+    """Translate the FLARE job folder ``source`` into the atoll job folder ``out_dir``.
+
+    Raises SpecError naming the file and field that stops the import; ``out_dir`` must not
+    exist or be empty.
+    """
+    from atoll.spec.meta import load_meta  # pydantic: not for `job submit`'s flare_apps check
+
+    source, out_dir = Path(source), Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise SpecError([Issue("", f"{out_dir} is not empty; choose a new folder")])
+    report = ImportReport(out_dir)
+    meta_doc = _meta_document(source, report)
+    meta = load_meta(meta_doc)  # FLARE's spellings -> atoll's; every problem at once
+    apps: dict[str, dict[str, Any]] = {}
+    for app, targets in meta.deploy_map.items():
+        runs_server = "server" in targets or "@ALL" in targets
+        runs_site = any(t != "server" for t in targets)
+        app_dir = source / app
+        if not app_dir.is_dir():
+            raise SpecError([Issue(f"deploy_map.{app}", f"{app_dir} is not a folder of the job")],
+                            source=str(source / "meta.json"))
+        config: dict[str, Any] = {}
+        if runs_server:
+            config["server"] = _server_section(app_dir, report, meta.min_clients)
+        if runs_site:
+            config["site"] = _site_section(app_dir, report)
+        apps[app] = config
+    out_dir.mkdir(parents=True, exist_ok=True)
+    canonical = meta.model_dump(exclude_none=True, exclude={"study", "submitter"})
+    canonical = {k: v for k, v in canonical.items() if v not in ({}, [])}
+    _write(out_dir / "meta.json", json.dumps(canonical, indent=2) + "\n", report)
+    for app, config in apps.items():
+        _copy_custom(source / app, out_dir / app, report)
+        initial = config.get("server", {}).pop("_initial_model", None)
+        if initial is not None:
+            _write(out_dir / app / INITIAL_MODEL_FILE, initial, report)
+        _write(out_dir / app / "app.yaml", yaml.safe_dump(config, sort_keys=False), report)
+    from atoll.fl.app_config import load_app_config  # the translation must load as written
+
+    for app in apps:
+        load_app_config(out_dir / app)
+    return report
+
+
+def flare_apps(job_dir: Path) -> list[str]:
+    """App folders of ``job_dir`` that are FLARE's (config/config_fed_*, no app.yaml): such a
+    job is translated with import-flare first, not submitted as it is."""
+    return sorted(
+        p.name for p in Path(job_dir).iterdir()
+        if p.is_dir() and not (p / "app.yaml").exists()
+        and any((p / "config").glob("config_fed_*"))
+    )
+
+
+def _write(path: Path, text: str, report: ImportReport) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    report.files.append(path.relative_to(report.out_dir).as_posix())
+
+
+def _meta_document(source: Path, report: ImportReport) -> dict[str, Any]:
+    data = _read_config(source, "meta", "meta.json")
+    if data is None:
+        raise SpecError([Issue("", f"{source} has no meta.json; is it a FLARE job folder?")])
+    extra = sorted(k for k in data if k not in META_KEYS)
+    for key in extra:
+        report.not_translated.append(
+            f"meta.json {key}: not an atoll job key (study: give it with atoll job submit "
+            "--study; job_id: set by the server)" if key in ("study", "job_id") else
+            f"meta.json {key}: not an atoll job key")
+    doc = {k: data[k] for k in META_KEYS if k in data}
+    doc.setdefault("name", source.resolve().name)  # FLARE names a job by its folder
+    return doc
+
+
+def _read_config(folder: Path, stem: str, label: str) -> dict[str, Any] | None:
+    """``stem``.json, .yml or .yaml (FLARE's formats); a .conf is refused, naming the file."""
+    for suffix in (".json", ".yml", ".yaml"):
+        path = folder / f"{stem}{suffix}"
+        if path.is_file():
+            try:
+                text = path.read_text(encoding="utf-8")
+                data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+            except (ValueError, yaml.YAMLError) as err:
+                raise SpecError([Issue("", f"cannot be read: {err}")], source=str(path)) from None
+            if not isinstance(data, dict):
+                raise SpecError([Issue("", "must be a mapping")], source=str(path))
+            return data
+    if (folder / f"{stem}.conf").is_file():
+        raise SpecError([Issue("", f"{label} is HOCON (.conf), which atoll does not read; "
+                                   "export the job as JSON (recipe.export writes JSON)")],
+                        source=str(folder / f"{stem}.conf"))
+    return None
+
+
+def _short(path: Any) -> str:
+    return str(path).rsplit(".", 1)[-1] if isinstance(path, str) else ""
+
+
+def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None) -> dict:
+    file = f"{app_dir.name}/config/{SERVER_CONFIG}.json"
+    config = _read_config(app_dir / "config", SERVER_CONFIG, file)
+    if config is None:
+        raise SpecError([Issue("", "missing: the app runs on the server")], source=file)
+    workflows = config.get("workflows") or []
+    found = [(i, w) for i, w in enumerate(workflows)
+             if isinstance(w, dict) and _short(w.get("path")) in FEDAVG]
+    if not found:
+        names = ", ".join(str(w.get("path")) for w in workflows if isinstance(w, dict))
+        raise SpecError([Issue("workflows", f"has no FedAvg workflow ({names or 'none'}); "
+                                            "import-flare translates FedAvg recipe jobs")],
+                        source=file)
+    index, workflow = found[0]
+    args = dict(workflow.get("args") or {})
+    server_args: dict[str, Any] = {
+        "num_rounds": args.pop("num_rounds", FLARE_FEDAVG_ROUNDS),
+        "evaluate_every": 0,  # FLARE's FedAvg sends no validate task of its own
+        "cross_site_eval": "none",
+    }
+    clients = args.pop("num_clients", args.pop("min_clients", min_clients))
+    if isinstance(clients, int):
+        server_args["min_clients"] = clients
+    persistor_id = args.pop("persistor_id", "persistor")
+    for key in sorted(args):
+        report.not_translated.append(f"{file} workflows[{index}].args.{key}: not a FedAvg "
+                                     "argument atoll has")
+    for i, other in enumerate(workflows):
+        if i != index and _short(other.get("path")) in CROSS_SITE_EVAL:
+            server_args["cross_site_eval"] = "all"  # the global and every site's last model
+        elif i != index:
+            report.not_translated.append(f"{file} workflows[{i}]: {other.get('path')}")
+    section: dict[str, Any] = {"workflow": "fedavg", "args": server_args}
+    components = {c.get("id"): c for c in config.get("components") or [] if isinstance(c, dict)}
+    used: set[Any] = set()
+    persistor = components.get(persistor_id)
+    if persistor is not None and _short(persistor.get("path")) in PERSISTORS:
+        used.add(persistor_id)
+        model = (persistor.get("args") or {}).get("model")
+        if isinstance(model, str) and model in components:  # a reference to another component
+            used.add(model)
+            model = components[model]
+        if isinstance(model, dict) and isinstance(model.get("path"), str):
+            section["initial_model"] = f"{INITIAL_MODEL_FILE}:make_model"
+            section["_initial_model"] = _initial_model_source(model["path"],
+                                                              model.get("args") or {})
+    if "initial_model" not in section:
+        report.not_translated.append(f"{file}: no PyTorch persistor with a model class; the "
+                                     "first round starts from the sites' own weights")
+    for cid, component in components.items():
+        if cid not in used:
+            report.not_translated.append(f"{file} components.{cid}: {component.get('path')}")
+    for key in ("task_data_filters", "task_result_filters"):
+        if config.get(key):
+            report.not_translated.append(f"{file} {key}: filters are not translated")
+    return section
+
+
+def _initial_model_source(class_path: str, args: dict[str, Any]) -> str:
+    module, _, name = class_path.rpartition(".")
+    return (
+        f'"""Written by atoll job import-flare: the initial model of FLARE\'s persistor, '
+        f'{class_path}({", ".join(f"{k}=..." for k in args)})."""\n\n'
+        "import importlib\n\n\n"
+        "def make_model():\n"
+        f"    model_class = getattr(importlib.import_module({module!r}), {name!r})\n"
+        f"    return model_class(**{args!r}).state_dict()\n"
+    )
+
+
+def _site_section(app_dir: Path, report: ImportReport) -> dict[str, Any]:
+    file = f"{app_dir.name}/config/{CLIENT_CONFIG}.json"
+    config = _read_config(app_dir / "config", CLIENT_CONFIG, file)
+    if config is None:
+        raise SpecError([Issue("", "missing: the app runs on sites")], source=file)
+    executors = config.get("executors") or []
+    found = [(i, e.get("executor")) for i, e in enumerate(executors)
+             if isinstance(e, dict) and isinstance(e.get("executor"), dict)
+             and _short(e["executor"].get("path")) in CLIENT_API_EXECUTORS]
+    if not found:
+        raise SpecError([Issue("executors", "has no Client API executor (ClientAPIExecutor, "
+                                            "written by the recipe's ScriptRunner)")],
+                        source=file)
+    index, executor = found[0]
+    args = dict(executor.get("args") or {})
+    at = f"{file} executors[{index}].executor.args"
+    script = args.pop("task_script_path", None)
+    if not isinstance(script, str) or not script:
+        raise SpecError([Issue(f"executors[{index}].executor.args.task_script_path",
+                               "missing: name the Client API script")], source=file)
+    script = _script_in_app(app_dir, script, file, index)
+    script_args = args.pop("task_script_args", "") or ""
+    section: dict[str, Any] = {"script": script, "args": shlex.split(str(script_args))}
+    from atoll.compat.flare_client import FORMAT_KEY  # the client API's: numpy and atoll.fl
+
+    exchange = args.pop("params_exchange_format", args.pop("framework", None))
+    if str(exchange).lower() in ("pytorch", "frameworktype.pytorch"):
+        section["config"] = {FORMAT_KEY: "pytorch"}
+    for key in ("server_expected_format", "execution_mode", "params_transfer_type"):
+        args.pop(key, None)  # atoll moves numpy arrays in-process: nothing to choose
+    if args.pop("launch_external_process", False) or _short(executor.get("path")).startswith(
+        ("ClientAPILauncher", "PTClientAPILauncher")
+    ):
+        report.not_translated.append(f"{at}: the script ran in an external process; atoll "
+                                     "runs it inside the site worker")
+    for key in sorted(args):
+        report.not_translated.append(f"{at}.{key}: no atoll equivalent")
+    for i, _ in enumerate(executors):
+        if i != index:
+            report.not_translated.append(f"{file} executors[{i}]: not translated")
+    for component in config.get("components") or []:
+        if isinstance(component, dict):
+            report.not_translated.append(
+                f"{file} components.{component.get('id')}: {component.get('path')}")
+    return section
+
+
+def _script_in_app(app_dir: Path, script: str, file: str, index: int) -> str:
+    """The script's path inside the app (FLARE keeps it under custom/)."""
+    custom = app_dir / "custom"
+    relative = script
+    for prefix in SCRIPT_PREFIXES:
+        if relative.startswith(prefix):
+            relative = relative[len(prefix):]
+    candidates = [relative, PurePosixPath(relative).name]
+    for candidate in candidates:
+        if candidate and ".." not in PurePosixPath(candidate).parts and (
+            custom / candidate
+        ).is_file():
+            return candidate
+    raise SpecError([Issue(f"executors[{index}].executor.args.task_script_path",
+                           f"{script} is not in {app_dir.name}/custom/")], source=file)
+
+
+def _copy_custom(app_dir: Path, out_app: Path, report: ImportReport) -> None:
+    custom = app_dir / "custom"
+    if not custom.is_dir():
+        return
+    for path in sorted(custom.rglob("*")):
+        if path.is_symlink() or "__pycache__" in path.parts or not path.is_file():
+            continue
+        relative = path.relative_to(custom)
+        target = out_app / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        name = f"{out_app.name}/{relative.as_posix()}"
+        report.files.append(name)
+        if path.suffix == ".py":
+            _point_at_atoll(target, name, report)
+
+
+def _point_at_atoll(path: Path, name: str, report: ImportReport) -> None:
+    """The Client API import line is the one change a script needs; other nvflare imports
+    have no atoll counterpart and are reported."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    changed = False
+    for number, line in enumerate(lines, 1):
+        match = CLIENT_IMPORT.match(line)
+        if match:
+            lines[number - 1] = f"{match['indent']}import {ATOLL_CLIENT} as {match['alias']}\n"
+            report.rewritten.append(f"{name}:{number}: {line.strip()} -> "
+                                    f"{lines[number - 1].strip()}")
+            changed = True
+        elif NVFLARE_IMPORT.match(line):
+            report.not_translated.append(f"{name}:{number}: {line.strip()}: only the Client "
+                                         "API (nvflare.client) has an atoll counterpart")
+    if changed:
+        path.write_text("".join(lines), encoding="utf-8")

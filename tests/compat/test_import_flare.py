@@ -1,0 +1,162 @@
+"""``atoll job import-flare`` on FLARE job folders: what it writes, what it reports, and the
+errors that stop it (each naming the file and field). The run of a translated job is in
+test_flare_job_runs.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from atoll.compat.flare_job import import_flare_job
+from atoll.fl.app_config import load_app_config
+from atoll.spec.errors import SpecError
+from atoll.spec.meta import load_meta
+
+HELLO_PT = Path(__file__).parent / "flare_jobs" / "hello-pt"
+
+
+@pytest.fixture
+def flare_job(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(HELLO_PT, tmp_path / "hello-pt"))
+
+
+def edit(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_fedavg_recipe_job_becomes_an_atoll_job(flare_job, tmp_path):
+    out = tmp_path / "out"
+    report = import_flare_job(flare_job, out)
+    meta = load_meta(out)
+    assert meta.name == "hello-pt" and meta.min_clients == 2
+    assert meta.deploy_map == {"app_server": ["server"], "app_site-1": ["site-1"],
+                               "app_site-2": ["site-2"]}
+    server, args = load_app_config(out / "app_server")
+    assert server.server.workflow == "fedavg" and server.server.initial_model == (
+        "flare_initial_model.py:make_model")
+    assert (args.num_rounds, args.min_clients, args.evaluate_every, args.cross_site_eval) == (
+        2, 2, 0, "none")
+    site, _ = load_app_config(out / "app_site-1")
+    assert site.site.script == "client.py"
+    assert site.site.args == ["--batch_size", "16", "--epochs", "1", "--num_workers", "0",
+                              "--train_size", "64", "--test_size", "32"]
+    assert site.site.config == {"nvflare_params_exchange_format": "pytorch"}
+    assert (out / "app_site-1" / "model.py").is_file()
+    assert report.rewritten == [
+        f"app_site-{n}/client.py:14: import nvflare.client as flare -> "
+        "import atoll.compat.flare_client as flare" for n in (1, 2)]
+    untranslated = "\n".join(report.not_translated)
+    for component in ("IntimeModelSelector", "TBAnalyticsReceiver", "ConvertToFedEvent"):
+        assert component in untranslated
+
+
+def test_initial_model_file_makes_the_persistors_model(flare_job, tmp_path):
+    from atoll.fl.runner import load_initial_model
+
+    import_flare_job(flare_job, tmp_path / "out")
+    model = load_initial_model(tmp_path / "out" / "app_server", "flare_initial_model.py:make_model")
+    assert model.params["fc3.weight"].shape == (10, 84)
+
+
+def test_other_nvflare_imports_are_reported_and_left_alone(flare_job, tmp_path):
+    script = flare_job / "app_site-1" / "custom" / "client.py"
+    script.write_text("from nvflare.client.tracking import SummaryWriter\n" + script.read_text())
+    report = import_flare_job(flare_job, tmp_path / "out")
+    assert any(line.startswith("app_site-1/client.py:1: from nvflare.client.tracking")
+               for line in report.not_translated)
+
+
+def test_external_process_and_unknown_executor_args_are_reported(flare_job, tmp_path):
+    def change(data):
+        data["executors"][0]["executor"]["args"].update(launch_external_process=True,
+                                                        memory_gc_rounds=2)
+    edit(flare_job / "app_site-2" / "config" / "config_fed_client.json", change)
+    report = "\n".join(import_flare_job(flare_job, tmp_path / "out").not_translated)
+    assert "external process" in report and "args.memory_gc_rounds: no atoll equivalent" in report
+
+
+def test_flare_meta_spellings_are_read(flare_job, tmp_path):
+    def change(data):
+        data["deploy_map"] = {"app_server": {"targets": ["server"]},
+                              "app_site-1": [{"sites": ["site-1"]}], "app_site-2": "site-2"}
+        data["min_clients"] = "2"
+        data["job_id"] = "abc"
+    edit(flare_job / "meta.json", change)
+    report = import_flare_job(flare_job, tmp_path / "out")
+    assert load_meta(tmp_path / "out").deploy_map["app_site-2"] == ["site-2"]
+    assert any(line.startswith("meta.json job_id") for line in report.not_translated)
+
+
+def test_a_workflow_other_than_fedavg_stops_the_import(flare_job, tmp_path):
+    def change(data):
+        data["workflows"][0]["path"] = "nvflare.app_common.workflows.cyclic_ctl.CyclicController"
+    edit(flare_job / "app_server" / "config" / "config_fed_server.json", change)
+    with pytest.raises(SpecError) as info:
+        import_flare_job(flare_job, tmp_path / "out")
+    assert info.value.source == "app_server/config/config_fed_server.json"
+    assert info.value.issues[0].path == "workflows"
+    assert "CyclicController" in info.value.issues[0].message
+
+
+def test_a_client_without_the_client_api_executor_stops_the_import(flare_job, tmp_path):
+    def change(data):
+        data["executors"][0]["executor"]["path"] = "custom.trainer.MyTrainer"
+    edit(flare_job / "app_site-1" / "config" / "config_fed_client.json", change)
+    with pytest.raises(SpecError) as info:
+        import_flare_job(flare_job, tmp_path / "out")
+    assert (info.value.source, info.value.issues[0].path) == (
+        "app_site-1/config/config_fed_client.json", "executors")
+
+
+def test_a_script_missing_from_custom_stops_the_import(flare_job, tmp_path):
+    (flare_job / "app_site-1" / "custom" / "client.py").unlink()
+    with pytest.raises(SpecError) as info:
+        import_flare_job(flare_job, tmp_path / "out")
+    assert info.value.issues[0].path == "executors[0].executor.args.task_script_path"
+
+
+def test_hocon_configs_are_refused_naming_the_file(flare_job, tmp_path):
+    config = flare_job / "app_site-1" / "config"
+    (config / "config_fed_client.json").rename(config / "config_fed_client.conf")
+    with pytest.raises(SpecError, match="HOCON"):
+        import_flare_job(flare_job, tmp_path / "out")
+
+
+def test_a_flare_meta_error_names_the_field(flare_job, tmp_path):
+    edit(flare_job / "meta.json", lambda d: d.update(min_clients=3))
+    with pytest.raises(SpecError) as info:
+        import_flare_job(flare_job, tmp_path / "out")
+    assert [i.path for i in info.value.issues] == ["min_clients"]
+
+
+def test_the_output_folder_must_be_new(flare_job, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x").write_text("")
+    with pytest.raises(SpecError, match="not empty"):
+        import_flare_job(flare_job, tmp_path / "out")
+
+
+def test_app_yaml_is_plain_yaml(flare_job, tmp_path):
+    import_flare_job(flare_job, tmp_path / "out")
+    assert yaml.safe_load((tmp_path / "out" / "app_server" / "app.yaml").read_text())["server"][
+        "args"]["num_rounds"] == 2
+
+
+def test_cross_site_model_eval_becomes_cross_site_eval_all(flare_job, tmp_path):
+    """The recipe's add_cross_site_evaluation adds FLARE's CrossSiteModelEval workflow."""
+    def change(data):
+        data["workflows"].append({
+            "id": "cross_site_validate",
+            "path": "nvflare.app_common.workflows.cross_site_model_eval.CrossSiteModelEval",
+            "args": {"model_locator_id": "locator"}})
+    edit(flare_job / "app_server" / "config" / "config_fed_server.json", change)
+    report = import_flare_job(flare_job, tmp_path / "out")
+    _, args = load_app_config(tmp_path / "out" / "app_server")
+    assert args.cross_site_eval == "all"
+    assert not any("CrossSiteModelEval" in line for line in report.not_translated)
