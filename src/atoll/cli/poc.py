@@ -131,7 +131,7 @@ def up(n_sites: int | None, reset: bool, workspace: Path | None) -> None:
         fail(str(exc), 3)
     save_session({"kit": str(found["admin"]), "study": "default", "token": answer["token"],
                   "user": ADMIN})
-    click.echo(f"federation {how} in {time.monotonic() - started:.2f} s: server + "
+    click.echo(f"federation up in {time.monotonic() - started:.2f} s ({how}): server + "
                f"{len(sites)} sites in {workspace}" + (f"; {jobs} job(s) kept" if jobs else ""))
     click.echo(f"admin kit: {found['admin']} (logged in; session in {atoll_home()})")
     click.echo("try:\n  atoll job init myjob\n  atoll job submit myjob --wait\n"
