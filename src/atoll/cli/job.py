@@ -43,7 +43,9 @@ def _ago(ts: float) -> str:
 def _parts(job: dict[str, Any]) -> str:
     lines = []
     for name, part in sorted(job.get("parts", {}).items(), key=lambda p: p[0] != "server"):
-        reason = f"  ({printable(part['reason'])})" if part.get("reason") else ""
+        # the job's reason is shown once, above: a participant's line repeats only its own
+        own = part.get("reason") and part["reason"] != job.get("reason")
+        reason = f"  ({printable(part['reason'])})" if own else ""
         lines.append(f"  {printable(name):<20} {printable(part['state'])}{reason}")
     return "\n".join(lines)
 
@@ -60,11 +62,15 @@ def _round(event: dict[str, Any]) -> str:
     return str(value + 1) if isinstance(value, int) else printable(value)
 
 
-def _status_text(job: dict[str, Any]) -> str:
+def _status_text(job: dict[str, Any], parts: bool = True) -> str:
+    """The job as `status` prints it; without ``parts`` after a follow, which printed each
+    participant's state and reason as it came."""
     reason = f"\nreason: {printable(job['reason'], lines=True)}" if job.get("reason") else ""
     lines = [f"job {printable(job['job_id'])}  '{printable(job['name'])}'  "
              f"study {printable(job['study'])}",
-             f"state: {printable(job['state'])}{reason}", "participants:", _parts(job)]
+             f"state: {printable(job['state'])}{reason}"]
+    if parts:
+        lines += ["participants:", _parts(job)]
     rounds = [e for e in job.get("progress", []) if "round" in e]
     if rounds:
         last = rounds[-1]
@@ -100,7 +106,7 @@ def submit(job_dir: Path, kit: Path | None, study: str | None, wait: bool,
                        f"to study {printable(job['study'])}")
         if wait:
             job = _follow(session, job["job_id"], study, timeout, fmt)
-    emit(job, fmt, _status_text(job) if wait else None)
+    emit(job, fmt, _status_text(job, parts=False) if wait else None)
     if wait and job["state"] != "FINISHED:COMPLETED":
         from atoll.spec.errors import EXIT_FAILED
 
@@ -124,7 +130,9 @@ def _follow(session, job_id: str, study: str | None, timeout: float | None, fmt:
         for name, part in job.get("parts", {}).items():
             if seen.get(name) != part["state"]:
                 seen[name] = part["state"]
-                reason = f" ({printable(part['reason'])})" if part.get("reason") else ""
+                # the server's reason at its end is the job's, printed once at the end
+                own = part.get("reason") and not (name == "server" and "FINISHED" in part["state"])
+                reason = f" ({printable(part['reason'])})" if own else ""
                 click.echo(f"  {printable(name):<20} {printable(part['state'])}{reason}")
         events = job.get("progress", [])
         for event in events[shown_events:] if len(events) >= shown_events else events:
@@ -191,7 +199,7 @@ def _watch(job_id: str, kit: Path | None, study: str | None, timeout: float | No
            fmt: str) -> None:
     with open_session(kit) as session:
         job = _follow(session, job_id, study, timeout, fmt)
-    emit(job, fmt, _status_text(job))
+    emit(job, fmt, _status_text(job, parts=False))
     if job["state"] != "FINISHED:COMPLETED":
         from atoll.spec.errors import EXIT_FAILED
 

@@ -140,7 +140,7 @@ def main() -> int:
         else:
             ok = False
             traceback.print_exc()
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            error = _reason(exc)
     try:
         stub.Finish(msg.Json(body=json.dumps({"ok": ok, "error": error[-2000:]})), metadata=meta,
                     timeout=10)
@@ -149,6 +149,16 @@ def main() -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return 0 if ok else EXIT_FAILED
+
+
+def _reason(exc: BaseException) -> str:
+    """A failure as the job's status shows it: atoll's own errors by their message (it names
+    the file and field), others as ``TypeName: message``; the traceback is in the log."""
+    from atoll.spec.errors import AtollError
+
+    if isinstance(exc, AtollError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _exit_now(code: int) -> None:
