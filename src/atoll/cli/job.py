@@ -282,6 +282,24 @@ def abort(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
     emit(job, fmt, f"abort requested for job {printable(job_id)}: {printable(job['state'])}")
 
 
+@job_group.command("delete")
+@job_arg
+@kit_option
+@study_option
+@format_option
+@handle_errors
+def delete(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
+    """Delete a finished job: its record, progress, logs and results on the server.
+
+    Who may: its submitter, an org admin of the submitter's org, a project admin (a site's
+    policy may narrow that). The audit log keeps the deletion. A study without jobs can then
+    be removed (`atoll study remove`)."""
+    with open_session(kit) as session:
+        answer = session.delete(job_id, study)
+    emit(answer, fmt, f"deleted job {printable(answer['deleted'])} "
+                      f"({printable(answer['name'])}) and its results")
+
+
 @job_group.command("download")
 @job_arg
 @kit_option

@@ -140,8 +140,8 @@ class StudyOps:
         self._visible(who, name)
         jobs = self.store.count_jobs(name)
         if jobs:
-            raise Denied(f"study {name} still has {jobs} job(s); a study with jobs keeps their "
-                         "records and cannot be removed")
+            raise Denied(f"study {name} still has {jobs} job(s); delete them first "
+                         f"(`atoll job delete JOB_ID --study {name}`), then remove the study")
         self.store.remove_study(name)
         self._audit(who, "study_remove", name)
         return {"removed": name}
