@@ -108,20 +108,18 @@ def test_killed_site_worker_fails_the_job_naming_the_site(federation, tmp_path):
 
 def test_crashing_script_fails_its_site_with_the_traceback(federation, tmp_path):
     # Both sites run the crashing script. The first crash leaves the round short of
-    # min_clients, so the other site may be aborted before its own crash is reported.
+    # min_clients; the other site still gets a few seconds to end on its own, so each site
+    # shows its own crash, not a copy of the server's reason (issue 25, wrong turn 2).
     with federation.session(ADMIN) as s:
         job = s.submit(make_job(tmp_path / "crash", script=CRASH), wait=True, timeout=120)
         logs = s.logs(job["job_id"])["logs"]
     assert job["state"] == "FINISHED:FAILED"
     sites = {name: part for name, part in job["parts"].items() if name != "server"}
     failed = [name for name, part in sites.items() if part["state"] == "FINISHED:FAILED"]
-    assert failed, sites
+    assert sorted(failed) == sorted(sites), sites
     for name in failed:
         assert "the training script broke on purpose" in sites[name]["reason"]
         assert "Traceback" in logs[name] and "broke on purpose" in logs[name]
-    for name in set(sites) - set(failed):
-        assert sites[name]["state"] == "FINISHED:ABORTED", sites
-        assert "could no longer reach min_clients" in sites[name]["reason"]
 
 
 def test_worker_tokens_are_in_no_environment_and_wrong_ones_are_refused(federation, tmp_path):
