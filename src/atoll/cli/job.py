@@ -28,6 +28,7 @@ job_arg = click.argument("job_id")
 @click.group("job", cls=LazyCommands, lazy={
     "init": ("atoll.cli.job_init", "init_command"),
     "validate": ("atoll.cli.job_check", "validate_command"),
+    "simulate": ("atoll.cli.job_simulate", "simulate_command"),
 })
 def job_group() -> None:
     """Jobs of the session's study."""

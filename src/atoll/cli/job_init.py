@@ -107,8 +107,5 @@ def init_command(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content, encoding="utf-8")
     click.echo(f"wrote {directory}/: " + ", ".join(files))
-    click.echo(
-        'try it locally:  python -c "from atoll.fl.simulator import simulate; '
-        f"print(simulate('{directory}', {{'site-1': {{}}, 'site-2': {{}}}}).results_dir)\""
-    )
+    click.echo(f"try it locally:  atoll job simulate {directory}")
     click.echo(f"submit it:       atoll job submit {directory} --kit ADMIN_KIT")

@@ -227,16 +227,17 @@ def _check_sites(meta: JobMeta, meta_file: str, study: str, study_sites: list[st
     more ``min_clients`` than the sites it can reach."""
     problems = []
     enrolled = ", ".join(study_sites) or "none"
+    where = f"study {study!r}" if study else "the simulation"
     for app, targets in meta.deploy_map.items():
         for i, target in enumerate(targets):
             if target not in (SERVER, ALL_SITES) and target not in study_sites:
                 problems.append(_problem(meta_file, f"deploy_map.{app}[{i}]",
-                                         f"site {target!r} is not in study {study!r} "
+                                         f"site {target!r} is not in {where} "
                                          f"(its sites: {enrolled})"))
     for i, site in enumerate(meta.mandatory_clients):
         if site not in study_sites:
             problems.append(_problem(meta_file, f"mandatory_clients[{i}]",
-                                     f"site {site!r} is not in study {study!r} (its sites: "
+                                     f"site {site!r} is not in {where} (its sites: "
                                      f"{enrolled}); the job could never start"))
     reachable = [s for s in meta.expand_targets(study_sites) if s in study_sites]
     if meta.min_clients is not None and meta.min_clients > len(reachable):
@@ -246,9 +247,10 @@ def _check_sites(meta: JobMeta, meta_file: str, study: str, study_sites: list[st
 
 
 def _too_many(needed: int, study: str, reachable: list[str]) -> str:
-    return (f"{needed}, but the job can reach only {len(reachable)} site(s) of study {study!r} "
+    where = f"study {study!r}" if study else "the simulation"
+    return (f"{needed}, but the job can reach only {len(reachable)} site(s) of {where} "
             f"({', '.join(reachable) or 'none'}); it could never start: write at most "
-            f"{len(reachable)}, or add sites to the study")
+            f"{len(reachable)}, or add sites")
 
 
 def copy_with_overrides(job_dir: Path, dest: Path, overrides: dict[tuple[str, str], Any]) -> Path:
