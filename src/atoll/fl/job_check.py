@@ -136,7 +136,13 @@ def _check_app_yaml(app_dir: Path, label: str, targets: list[str],
     try:
         config, _ = parse_app_config(apply_overrides(data, overrides), source)
     except AppConfigError as exc:
-        return problems + [_split(source, e, overrides) for e in exc.errors]
+        problems += [_split(source, e, overrides) for e in exc.errors]
+        site = data.get("site") if isinstance(data, dict) else None
+        script = site.get("script") if isinstance(site, dict) else None
+        if isinstance(script, str) and script.endswith(".py") and not _is_file(app_dir, script):
+            problems.append(_problem(source, "site.script", f"{script!r} is not a file in "
+                                     f"{label}/"))  # reported with the file's other problems
+        return problems
     runs_server = SERVER in targets or ALL_SITES in targets
     runs_sites = any(t != SERVER for t in targets)
     if runs_server and config.server is None:
@@ -161,6 +167,11 @@ def _check_app_yaml(app_dir: Path, label: str, targets: list[str],
     if model and ":" in model:
         problems += _check_function(app_dir, label, model)
     return problems
+
+
+def _is_file(app_dir: Path, relative: str) -> bool:
+    path = (app_dir / relative).resolve()
+    return path.is_relative_to(app_dir.resolve()) and path.is_file()
 
 
 def _unused_overrides(data: Any, overrides: dict[tuple[str, str], Any], source: str

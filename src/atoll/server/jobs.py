@@ -22,6 +22,7 @@ from atoll.launchers.job_files import create_job_file
 from atoll.pki.files import PRIVATE, private_dir
 from atoll.pki.job_signature import SIGNATURE_FILE
 from atoll.server.relay import JobRelay
+from atoll.server.scheduler import never_starts
 from atoll.server.site_links import ControlTooLarge
 from atoll.server.spool import Budget
 from atoll.server.store import JobRecord
@@ -169,7 +170,7 @@ class JobManager:
                 if target != "server" and target not in study_sites:
                     problems.append(f"deploy_map: site {target!r} is not enrolled in study "
                                     f"{study!r} (enrolled: {', '.join(study_sites) or 'none'})")
-            problems += _never_starts(meta, study, study_sites)
+            problems += never_starts(meta, study, study_sites)
             for app in meta.deploy_map:
                 if not (tree / app).is_dir():
                     problems.append(f"deploy_map: app folder {app!r} is missing from the job")
@@ -407,15 +408,3 @@ def job_summary(record: JobRecord) -> dict[str, Any]:
     out["deploy_map"] = record.meta.get("deploy_map")
     return json.loads(json.dumps(out))
 
-
-def _never_starts(meta: JobMeta, study: str, study_sites: list[str]) -> list[str]:
-    """What would keep the job waiting forever in ``study``: a mandatory site that is not in
-    it, more min_clients than the study's sites the job targets."""
-    problems = [f"mandatory_clients: site {site!r} is not enrolled in study {study!r}; the job "
-                "could never start" for site in meta.mandatory_clients if site not in study_sites]
-    reachable = [s for s in meta.expand_targets(study_sites) if s in study_sites]
-    if meta.min_clients is not None and meta.min_clients > len(reachable):
-        problems.append(f"min_clients: {meta.min_clients}, but the job can reach only "
-                        f"{len(reachable)} site(s) of study {study!r} "
-                        f"({', '.join(reachable) or 'none'}); it could never start")
-    return problems
