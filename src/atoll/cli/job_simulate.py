@@ -112,7 +112,7 @@ def simulate_command(job_dir: Path, count: int | None, site_entries: tuple[str, 
     (folder / "job.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = [f"  {printable(s):<20} FINISHED:FAILED ({printable(r)})"
             for s, r in summary["site_errors"].items()]
-    text.append(f"job {job_id}: {summary['state']}"
+    text.append(f"job {job_id}: {printable(summary['state'])}"
                 + (f"\nreason: {printable(summary['reason'], lines=True)}"
                    if summary["reason"] else ""))
     text.append(f"results in {printable(folder)}")
