@@ -114,3 +114,18 @@ def _python(cli, code: str, *args: str) -> str:  # noqa: F811
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def test_set_overrides_app_yaml_for_one_submission(poc):
+    poc("job", "init", "myjob")
+    typo = poc("job", "submit", "myjob", "--set", "num_round=2", check=False)
+    assert typo.returncode == 2 and "--set: server.args.num_round: unknown key" in typo.stderr
+    ran = poc("job", "submit", "myjob", "--set", "num_rounds=2", "--wait")
+    assert "round 2:" in ran.stdout and "round 3:" not in ran.stdout
+    assert "num_rounds: 5" in (poc.cwd / "myjob" / "app" / "app.yaml").read_text()  # unchanged
+
+
+def test_validate_without_a_kit_checks_the_folder_and_says_what_it_did_not(cli):  # noqa: F811
+    cli("job", "init", "myjob")
+    ok = cli("job", "validate", "myjob")
+    assert "myjob: ok" in ok.stdout and "not checked against a study" in ok.stdout
