@@ -82,6 +82,9 @@ def test_wait_says_what_the_job_waits_for(poc):
     from atoll.parent import detach
 
     detach.stop(stop / "workspace", "site")
+    for _ in range(300):  # until the server has seen it go (a condition, not a time)
+        if not {s["name"]: s["online"] for s in poc.json("site", "list")["sites"]}["site-2"]:
+            break
     waiting = poc("job", "submit", "myjob", "--wait", "--timeout", "3", check=False)
     assert "waiting for sites: 1 of 2 online, 2 needed (min_clients)" in waiting.stdout
 
