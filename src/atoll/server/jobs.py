@@ -282,12 +282,12 @@ class JobManager:
         live.server_state, live.server_reason = state, reason
         self.store.set_part_state(live.id, "server", f"FINISHED:{state}", reason)
         live.relay.end()
-        # After a failure sites get a short grace too: one about to fail on its own reports
-        # its own reason, not a copy of the server's.
+        # After a failure, sites are aborted only after a short grace: one about to fail on
+        # its own reports its own reason, not a copy of the server's.
         for site in self._unfinished_sites(live):
             if state == "ABORTED":
                 self.links.send(site, "abort", {"job_id": live.id, "reason": reason})
-            else:
+            elif state == "COMPLETED":
                 self.links.send(site, "end", {"job_id": live.id})
         if state != "ABORTED" and self._unfinished_sites(live):
             grace = END_GRACE_S if state == "COMPLETED" else FAILED_GRACE_S

@@ -256,7 +256,7 @@ def test_killed_site_parent_takes_its_workers_along(own_federation, tmp_path):
         wait_for(lambda: _all_running(s, job_id), what="every worker running")
         fed.kill("site-1", signal.SIGKILL)
         wait_for(lambda: not [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True)
-                               if b"ATOLL_SITE=site-1" in open(f"/proc/{p}/environ", "rb").read()],
+                               if b"ATOLL_SITE=site-1" in _environ(p)],
                   10, "site-1's worker gone")
         final = s.wait(job_id, timeout=60)
     assert final["state"] == "FINISHED:FAILED"
@@ -283,3 +283,13 @@ def test_server_restart_keeps_records_and_sites_reconnect(own_federation, tmp_pa
         wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={running}", sandboxes=True), 20, "workers gone")
         again = s.submit(make_job(tmp_path / "after"), wait=True, timeout=120)
     assert again["state"] == "FINISHED:COMPLETED"
+
+
+def _environ(pid: int) -> bytes:
+    """A process's environment; empty once it is gone (it may exit between listing and
+    reading: ESRCH or ENOENT)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
