@@ -262,11 +262,12 @@ def _follow_logs(session, job_id: str, study: str | None) -> None:
 
 def _added(before: str, now: str) -> str:
     """What ``now`` (a log's tail) adds to ``before``: the tail moves on, so the overlap is
-    found by the end of what was shown."""
+    found by the end of what was shown (its first match: a repetitive log may print a line
+    twice, never lose one); nothing in common (the log grew past the tail): all of ``now``."""
     if now.startswith(before):
         return now[len(before):]
     anchor = before[-512:]
-    at = now.rfind(anchor) if anchor else -1
+    at = now.find(anchor) if anchor else -1
     return now[at + len(anchor):] if at >= 0 else now
 
 

@@ -14,7 +14,7 @@ def test_a_growing_log_prints_only_its_new_end():
 
 def test_a_tail_that_moved_on_is_matched_by_the_end_of_what_was_shown():
     shown = "".join(f"line {i}\n" for i in range(100))
-    tail = "".join(f"line {i}\n" for i in range(50, 120))
+    tail = "".join(f"line {i}\n" for i in range(20, 120))  # the window moved by 20 lines
     assert _added(shown, tail) == "".join(f"line {i}\n" for i in range(100, 120))
 
 
