@@ -94,6 +94,10 @@ class Session:
     def abort(self, job_id: str, study: str | None = None) -> dict[str, Any]:
         return self.call("abort_job", study=study, job_id=job_id)
 
+    def delete(self, job_id: str, study: str | None = None) -> dict[str, Any]:
+        """Delete a finished job with its results (audited)."""
+        return self.call("delete_job", study=study, job_id=job_id)
+
     def sites(self, study: str | None = None) -> dict[str, Any]:
         return self.call("list_sites", study=study)
 

@@ -1,4 +1,5 @@
-"""`atoll job submit|list|status|logs|abort|download|init|import-flare`."""
+"""`atoll job submit|list|status|watch|logs|abort|delete|download`; `init`, `validate`,
+`simulate` and `import-flare` live in modules of their own."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from atoll.cli.common import (
     printable,
     study_option,
 )
+from atoll.cli.job_check import check_or_fail, job_to_run, set_option, study_sites
 
 job_arg = click.argument("job_id")
 
@@ -26,6 +28,8 @@ job_arg = click.argument("job_id")
 @click.group("job", cls=LazyCommands, lazy={
     "init": ("atoll.cli.job_init", "init_command"),
     "import-flare": ("atoll.cli.job_import_flare", "import_flare_command"),
+    "validate": ("atoll.cli.job_check", "validate_command"),
+    "simulate": ("atoll.cli.job_simulate", "simulate_command"),
 })
 def job_group() -> None:
     """Jobs of the session's study."""
@@ -41,7 +45,9 @@ def _ago(ts: float) -> str:
 def _parts(job: dict[str, Any]) -> str:
     lines = []
     for name, part in sorted(job.get("parts", {}).items(), key=lambda p: p[0] != "server"):
-        reason = f"  ({printable(part['reason'])})" if part.get("reason") else ""
+        # the job's reason is shown once, above: a participant's line repeats only its own
+        own = part.get("reason") and part["reason"] != job.get("reason")
+        reason = f"  ({printable(part['reason'])})" if own else ""
         lines.append(f"  {printable(name):<20} {printable(part['state'])}{reason}")
     return "\n".join(lines)
 
@@ -58,11 +64,15 @@ def _round(event: dict[str, Any]) -> str:
     return printable(event.get("round", "-"))
 
 
-def _status_text(job: dict[str, Any]) -> str:
+def _status_text(job: dict[str, Any], parts: bool = True) -> str:
+    """The job as `status` prints it; without ``parts`` after a follow, which printed each
+    participant's state and reason as it came."""
     reason = f"\nreason: {printable(job['reason'], lines=True)}" if job.get("reason") else ""
     lines = [f"job {printable(job['job_id'])}  '{printable(job['name'])}'  "
              f"study {printable(job['study'])}",
-             f"state: {printable(job['state'])}{reason}", "participants:", _parts(job)]
+             f"state: {printable(job['state'])}{reason}"]
+    if parts:
+        lines += ["participants:", _parts(job)]
     rounds = [e for e in job.get("progress", []) if "round" in e]
     if rounds:
         last = rounds[-1]
@@ -78,14 +88,16 @@ def _status_text(job: dict[str, Any]) -> str:
 @study_option
 @click.option("--wait", is_flag=True, help="Follow the job until it ends; exit 1 unless COMPLETED.")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after SECONDS.")
+@set_option
 @format_option
 @handle_errors
 def submit(job_dir: Path, kit: Path | None, study: str | None, wait: bool,
-           timeout: float | None, fmt: str) -> None:
+           timeout: float | None, sets: tuple[str, ...], fmt: str) -> None:
     """Submit JOB_DIR (a folder with meta.json and its apps) to the session's study.
 
-    The job is signed with your kit's key: the server and every site check that nobody
-    changed it on the way (docs/security.md)."""
+    The job is first checked here as `atoll job validate` does (exit 2 listing every problem,
+    nothing sent). It is signed with your kit's key: the server and every site check that
+    nobody changed it on the way (docs/security.md)."""
     from atoll.compat.flare_job import flare_apps
 
     if apps := flare_apps(job_dir):
@@ -95,13 +107,16 @@ def submit(job_dir: Path, kit: Path | None, study: str | None, wait: bool,
                      "config/config_fed_* and no app.yaml): translate it first with "
                      f"`atoll job import-flare {job_dir} OUT_DIR`, then submit OUT_DIR", fmt)
     with open_session(kit) as session:
-        job = session.submit(job_dir, study=study)
+        where, sites = study_sites(session, study)
+        overrides = check_or_fail(job_dir, sets, where, sites)
+        with job_to_run(job_dir, overrides) as folder:
+            job = session.submit(folder, study=study)
         if fmt == "text":
             click.echo(f"submitted job {printable(job['job_id'])} ({printable(job['name'])}) "
                        f"to study {printable(job['study'])}")
         if wait:
             job = _follow(session, job["job_id"], study, timeout, fmt)
-    emit(job, fmt, _status_text(job) if wait else None)
+    emit(job, fmt, _status_text(job, parts=False) if wait else None)
     if wait and job["state"] != "FINISHED:COMPLETED":
         from atoll.spec.errors import EXIT_FAILED
 
@@ -109,6 +124,8 @@ def submit(job_dir: Path, kit: Path | None, study: str | None, wait: bool,
 
 
 def _follow(session, job_id: str, study: str | None, timeout: float | None, fmt: str):
+    """Print each change of the job until it ends (what it waits for, each participant's state,
+    each round); the job's last status."""
     seen: dict[str, str] = {}
     shown_until = 0.0  # the time of the last event shown: status holds only the latest events
 
@@ -116,10 +133,16 @@ def _follow(session, job_id: str, study: str | None, timeout: float | None, fmt:
         nonlocal shown_until
         if fmt != "text":
             return
+        waiting = job.get("reason") if job["state"] == "SUBMITTED" else None
+        if waiting and seen.get("\0job") != waiting:  # the scheduler's "waiting for sites: ..."
+            seen["\0job"] = waiting
+            click.echo(f"  {printable(waiting)}")
         for name, part in job.get("parts", {}).items():
             if seen.get(name) != part["state"]:
                 seen[name] = part["state"]
-                reason = f" ({printable(part['reason'])})" if part.get("reason") else ""
+                # the server's reason at its end is the job's, printed once at the end
+                own = part.get("reason") and not (name == "server" and "FINISHED" in part["state"])
+                reason = f" ({printable(part['reason'])})" if own else ""
                 click.echo(f"  {printable(name):<20} {printable(part['state'])}{reason}")
         for event in job.get("progress", []):
             at = event.get("at", 0.0)
@@ -154,28 +177,66 @@ def list_jobs(kit: Path | None, study: str | None, fmt: str) -> None:
 @job_arg
 @kit_option
 @study_option
+@click.option("--wait", is_flag=True,
+              help="Follow the job until it ends, as `submit --wait` does; exit 1 unless COMPLETED.")
+@click.option("--timeout", type=float, default=None, help="With --wait: give up after SECONDS.")
 @format_option
 @handle_errors
-def status(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
+def status(job_id: str, kit: Path | None, study: str | None, wait: bool, timeout: float | None,
+           fmt: str) -> None:
     """A job's state, each participant's state and reason, and its progress."""
+    if wait:
+        _watch(job_id, kit, study, timeout, fmt)
+        return
     with open_session(kit) as session:
         job = session.status(job_id, study)
     emit(job, fmt, _status_text(job))
+
+
+@job_group.command("watch")
+@job_arg
+@kit_option
+@study_option
+@click.option("--timeout", type=float, default=None, help="Give up after SECONDS.")
+@format_option
+@handle_errors
+def watch(job_id: str, kit: Path | None, study: str | None, timeout: float | None,
+          fmt: str) -> None:
+    """Follow a job until it ends, with the live progress of `submit --wait`: re-attach after
+    Ctrl-C, or from another terminal. Exits 1 unless the job COMPLETED."""
+    _watch(job_id, kit, study, timeout, fmt)
+
+
+def _watch(job_id: str, kit: Path | None, study: str | None, timeout: float | None,
+           fmt: str) -> None:
+    with open_session(kit) as session:
+        job = _follow(session, job_id, study, timeout, fmt)
+    emit(job, fmt, _status_text(job, parts=False))
+    if job["state"] != "FINISHED:COMPLETED":
+        from atoll.spec.errors import EXIT_FAILED
+
+        raise SystemExit(EXIT_FAILED)
 
 
 @job_group.command("logs")
 @job_arg
 @kit_option
 @study_option
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing what the logs add until the job ends (the server's log as it "
+                   "grows; each site's when its part ends).")
 @format_option
 @handle_errors
-def logs(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
+def logs(job_id: str, kit: Path | None, study: str | None, follow: bool, fmt: str) -> None:
     """The job's worker logs (server and sites) and its progress events.
 
     On a terminal, control characters in the logs (escape sequences, carriage returns) show as
     escapes such as \\x1b; piped or redirected, the logs are written as the job wrote them.
     """
     with open_session(kit) as session:
+        if follow and fmt == "text":
+            _follow_logs(session, job_id, study)
+            return
         answer = session.logs(job_id, study)
     text = []
     for name, body in answer["logs"].items():
@@ -190,6 +251,38 @@ def logs(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
     emit(answer, fmt, "\n".join(text) or "no logs yet")
 
 
+def _follow_logs(session, job_id: str, study: str | None) -> None:
+    """Print each log's new text as the server answers a change of the job, until it ends."""
+    shown: dict[str, str] = {}
+    current = None
+    job = session.status(job_id, study)
+    while True:
+        for name, body in session.logs(job_id, study)["logs"].items():
+            new = _added(shown.get(name, ""), body)
+            if new:
+                if current != name:
+                    click.echo(f"==> {printable(name)} <==")
+                    current = name
+                click.echo(log_text(new), nl=False)
+            shown[name] = body
+        if job["state"].startswith("FINISHED"):
+            click.echo(f"\njob {printable(job_id)}: {printable(job['state'])}")
+            return
+        # the server answers as soon as the job changes, or after 2 s for a log that grew
+        job = session.status(job_id, study, since=job["version"], wait_s=2.0)
+
+
+def _added(before: str, now: str) -> str:
+    """What ``now`` (a log's tail) adds to ``before``: the tail moves on, so the overlap is
+    found by the end of what was shown (its first match: a repetitive log may print a line
+    twice, never lose one); nothing in common (the log grew past the tail): all of ``now``."""
+    if now.startswith(before):
+        return now[len(before):]
+    anchor = before[-512:]
+    at = now.find(anchor) if anchor else -1
+    return now[at + len(anchor):] if at >= 0 else now
+
+
 @job_group.command("abort")
 @job_arg
 @kit_option
@@ -201,6 +294,24 @@ def abort(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
     with open_session(kit) as session:
         job = session.abort(job_id, study)
     emit(job, fmt, f"abort requested for job {printable(job_id)}: {printable(job['state'])}")
+
+
+@job_group.command("delete")
+@job_arg
+@kit_option
+@study_option
+@format_option
+@handle_errors
+def delete(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
+    """Delete a finished job: its record, progress, logs and results on the server.
+
+    Who may: its submitter, an org admin of the submitter's org, a project admin (a site's
+    policy may narrow that). The audit log keeps the deletion. A study without jobs can then
+    be removed (`atoll study remove`)."""
+    with open_session(kit) as session:
+        answer = session.delete(job_id, study)
+    emit(answer, fmt, f"deleted job {printable(answer['deleted'])} "
+                      f"({printable(answer['name'])}) and its results")
 
 
 @job_group.command("download")

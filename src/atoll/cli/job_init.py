@@ -174,9 +174,7 @@ def init_command(
               f"wrote {printable(directory)}/: " + ", ".join(files),
               f"min_clients: {min_clients} ({why})" if min_clients is not None
               else f"min_clients: not set ({why}): every site the job reaches must take part",
-              'try it locally:  python -c "from atoll.fl.simulator import simulate; '
-              f"print(simulate('{printable(directory)}', "
-              "{'site-1': {}, 'site-2': {}}).results_dir)\"",
+              f"try it locally:  atoll job simulate {printable(directory)}",
               f"submit it:       {printable(submit)}"
               + ("" if logged_in else "   (or `atoll login --kit ADMIN_KIT` first)")]))
 

@@ -1,4 +1,7 @@
-"""`atoll poc up|down`: a whole federation on this machine, as separate processes, with mTLS."""
+"""`atoll poc up|down`: a whole federation on this machine, as separate processes, with mTLS.
+
+The workspace keeps its state between calls: `up` provisions once, then restarts the same kits
+and job store; `up --reset` starts afresh; `down` leaves no process of the workspace behind."""
 
 from __future__ import annotations
 
@@ -77,23 +80,47 @@ def poc_group() -> None:
 
 
 @poc_group.command("up")
-@click.option("--sites", "n_sites", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--sites", "n_sites", type=click.IntRange(1, 64), default=None,
+              help="Sites of a new federation [default: 2]; an existing one keeps its own.")
+@click.option("--reset", is_flag=True,
+              help="Start afresh: stop what runs, delete the workspace's kits, jobs and results, "
+                   "provision a new federation.")
 @workspace_option
 @format_option
 @handle_errors
-def up(n_sites: int, workspace: Path | None, fmt: str) -> None:
-    """Provision and start a local federation; log the admin in."""
+def up(n_sites: int | None, reset: bool, workspace: Path | None, fmt: str) -> None:
+    """Start the local federation; log the admin in.
+
+    The first call provisions it (a CA, kits, an empty job store) into the workspace; later
+    calls restart that same federation, with its kits and its job history. --reset starts
+    afresh. A parent of the workspace left running (say after the server crashed) is stopped
+    first; a federation whose server runs is left alone."""
     from atoll.admin.session import Session
     from atoll.parent import detach, pidfile
 
     started = time.monotonic()
     workspace = (workspace or default_workspace()).resolve()
-    if (workspace / "poc").exists() and pidfile.read_pid(kits(workspace)["server"] / "workspace",
-                                                        "server"):
-        fail(f"a federation already runs in {workspace}; `atoll poc down` first")
-    found = provision_poc(n_sites, workspace)
-    roles = [("server", found["server"])] + [("site", k) for n, k in found.items()
-                                             if n.startswith("site-")]
+    existing = (workspace / "poc" / "server").is_dir()
+    if existing and not reset:
+        if pidfile.read_pid(kits(workspace)["server"] / "workspace", "server"):
+            fail(f"a federation already runs in {workspace}; `atoll poc down` first")
+        have = len([n for n in kits(workspace) if n.startswith("site-")])
+        if n_sites is not None and n_sites != have:
+            fail(f"the federation in {workspace} has {have} site(s); `atoll poc up --reset "
+                 f"--sites {n_sites}` replaces it with a new one (its jobs are deleted)")
+    leftovers = _stop_all(workspace)
+    if existing and reset:
+        import shutil
+
+        shutil.rmtree(workspace / "poc")
+    if not existing or reset:
+        found = provision_poc(n_sites or 2, workspace)
+        how = "provisioned"
+    else:
+        found = kits(workspace)
+        how = "restarted" + (f" (stopped {leftovers} parent(s) left running)" if leftovers else "")
+    sites = [n for n in found if n.startswith("site-")]
+    roles = [("server", found["server"])] + [("site", found[n]) for n in sites]
     try:
         detach.start_many([(role, kit, kit / "workspace")
                            for role, kit in roles])
@@ -101,25 +128,45 @@ def up(n_sites: int, workspace: Path | None, fmt: str) -> None:
             deadline = time.monotonic() + 30
             while True:
                 online = [s for s in session.sites()["sites"] if s["online"]]
-                if len(online) == n_sites:
+                if len(online) == len(sites):
                     break
                 if time.monotonic() > deadline:
-                    fail(f"only {len(online)} of {n_sites} sites connected within 30 s; see "
+                    fail(f"only {len(online)} of {len(sites)} sites connected within 30 s; see "
                          f"{workspace}/poc/*/workspace/*.log", 3)
                 time.sleep(0.02)
             answer = session.login("default")
+            jobs = len(session.list_jobs())
     except RuntimeError as exc:
+        _stop_all(workspace)  # never half a federation
         fail(str(exc), 3)
     save_session({"kit": str(found["admin"]), "study": "default", "token": answer["token"],
                   "user": ADMIN})
     seconds = time.monotonic() - started
-    emit({"workspace": str(workspace), "sites": [n for n in found if n.startswith("site-")],
+    emit({"workspace": str(workspace), "sites": sites, "how": how, "jobs_kept": jobs,
           "admin_kit": str(found["admin"]), "user": ADMIN, "study": "default",
           "seconds": round(seconds, 2)}, fmt,
-         f"federation up in {seconds:.2f} s: server + {n_sites} sites in {printable(workspace)}\n"
+         f"federation up in {seconds:.2f} s ({how}): server + {len(sites)} sites in "
+         f"{printable(workspace)}" + (f"; {jobs} job(s) kept" if jobs else "") + "\n"
          f"admin kit: {printable(found['admin'])} (logged in; session in "
          f"{printable(atoll_home())})\n"
          "try:\n  atoll job init myjob\n  atoll job submit myjob --wait\n  atoll poc down")
+
+
+def _stop_all(workspace: Path) -> int:
+    """Stop every parent of the workspace: those its pid files name, then any other atoll
+    process found under it (an orphan of a crash, one whose pid file was lost). How many."""
+    from atoll.parent import detach
+
+    stopped = 0
+    if (workspace / "poc").is_dir():
+        found = kits(workspace)
+        for name, kit in found.items():
+            if name.startswith("site-"):
+                stopped += detach.stop(kit / "workspace", "site")
+        stopped += detach.stop(found["server"] / "workspace", "server")
+    rest = detach.processes_under(workspace / "poc")
+    detach.end_processes(rest)
+    return stopped + len(rest)
 
 
 @poc_group.command("down")
@@ -127,18 +174,13 @@ def up(n_sites: int, workspace: Path | None, fmt: str) -> None:
 @format_option
 @handle_errors
 def down(workspace: Path | None, fmt: str) -> None:
-    """Stop the local federation's parents (and their workers)."""
-    from atoll.parent import detach
-
+    """Stop the local federation: every parent and worker of its workspace, whatever
+    happened before. Its kits and jobs stay for the next `atoll poc up`."""
     workspace = (workspace or default_workspace()).resolve()
     if not (workspace / "poc").exists():
         fail(f"no federation in {workspace}")
     found = kits(workspace)
-    stopped = 0
-    for name, kit in found.items():
-        if name.startswith("site-"):
-            stopped += detach.stop(kit / "workspace", "site")
-    stopped += detach.stop(found["server"] / "workspace", "server")
+    stopped = _stop_all(workspace)
     if saved_session().get("kit") == str(found["admin"]):
         (atoll_home() / "session.json").unlink(missing_ok=True)
     emit({"workspace": str(workspace), "stopped": stopped}, fmt,

@@ -152,7 +152,8 @@ def add_site_command(project_dir: Path, name: str, org: str, fmt: str) -> None:
     record_kits(kit.path)
     _report_added(
         kit,
-        "Enrol it in a study with `atoll study add-site`; the server accepts it "
+        "Enrol it in a study with `atoll study add-site STUDY SITE` (before it ever connects: "
+        "an admin kit of this project folder sends its certificate); the server accepts it "
         "when it connects with this certificate.",
         fmt,
     )
@@ -169,7 +170,9 @@ def add_user_command(project_dir: Path, name: str, org: str, role: str, fmt: str
     from atoll.pki.provision import add_user
 
     kit = _guarded(lambda: add_user(project_dir, name, org, role))
-    _report_added(kit, "Add the user to a study with `atoll study add-user`.", fmt)
+    _report_added(kit, "Add the user to a study with `atoll study add-user STUDY USER`: no "
+                  "need to wait for their first login (an admin kit of this project folder "
+                  "sends their certificate; from elsewhere pass --cert USER/startup/client.crt).", fmt)
 
 
 def kit_json(kit: WrittenKit) -> dict[str, Any]:

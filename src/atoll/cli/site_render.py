@@ -175,6 +175,11 @@ def render_command(
                                               Actor(user, own_org if org is None else org, role),
                                               own_org)
             problems += refusals
+    if site != "server" and runtime is not None and runtime.entry(study) is None:
+        # the words the running site refuses the job with (site/supervisor.py)
+        problems.append({"file": "local/study_runtime.yaml", "path": "studies",
+                         "message": f"site {site} does not map study {study!r}, so it would "
+                                    "refuse this job; the site operator must add it"})
     if problems:
         render_error(problems, fmt)
     job_id = job_id or hashlib.sha256(f"{job_dir.resolve()}:{study}".encode()).hexdigest()[:32]
@@ -239,8 +244,6 @@ def _print_text(summary: dict[str, Any]) -> None:
         f"{str(res['num_of_cpus']) + ' CPU(s)' if res['num_of_cpus'] else 'CPUs not limited'}, "
         f"memory {res['memory'] or 'not limited'}"
     )
-    if not summary["study_mapped"]:
-        click.echo(f"note: local/study_runtime.yaml maps nothing for study {summary['study']}")
     if "authorization" in summary:
         auth = summary["authorization"]
         rules = ", ".join(r["rule"] for r in auth["rules"])

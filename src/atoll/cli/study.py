@@ -80,7 +80,8 @@ def create(name, sites, users, kit, fmt):
 @format_option
 @handle_errors
 def remove(name, kit, fmt):
-    """Remove study NAME; refused while it has jobs (project admins)."""
+    """Remove study NAME (project admins); refused while it has jobs: `atoll job delete`
+    them first."""
     _run(kit, fmt, "study_remove", name=name)
 
 
@@ -97,11 +98,52 @@ def _member_command(op: str, key: str, doc: str):
     return command
 
 
-study_group.command("add-site")(_member_command(
+def _adding_command(op: str, key: str, doc: str):
+    """add-site / add-user: with the participant's certificate when the server has not seen
+    it yet (provisioned since it started, never connected)."""
+    @click.argument("name")
+    @click.argument(key)
+    @click.option("--cert", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                  default=None, help=f"The {key}'s certificate (its kit's startup/client.crt), "
+                  f"for a {key} provisioned since the server started that has not connected "
+                  "yet; default: found in a kit folder of that name next to your own kit.")
+    @kit_option
+    @format_option
+    @handle_errors
+    def command(name, kit, fmt, cert, **kwargs):
+        member = kwargs[key]
+        with open_session(kit) as session:
+            pem = _certificate(cert, session.kit.kit_dir, member)
+            answer = session.call(op, name=name, **{key: member},
+                                  **({"cert": pem} if pem else {}))
+        emit(answer, fmt, _text(answer))
+
+    command.__doc__ = doc
+    return command
+
+
+def _certificate(given: Path | None, own_kit: Path, member: str) -> str | None:
+    """The PEM of ``member``'s certificate: --cert, or the kit ``provision add-user|add-site``
+    wrote next to the admin's own kit (same project folder)."""
+    path = given
+    if path is None and member and "/" not in member and member not in (".", ".."):
+        found = own_kit.parent / member / "startup" / "client.crt"
+        path = found if found.is_file() else None
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        from atoll.cli.common import fail
+
+        fail(f"{path}: cannot read the certificate: {exc}")
+
+
+study_group.command("add-site")(_adding_command(
     "study_add_site", "site", "Enrol SITE in study NAME."))
 study_group.command("remove-site")(_member_command(
     "study_remove_site", "site", "Remove SITE from study NAME."))
-study_group.command("add-user")(_member_command(
+study_group.command("add-user")(_adding_command(
     "study_add_user", "user", "Add admin USER to study NAME."))
 study_group.command("remove-user")(_member_command(
     "study_remove_user", "user", "Remove admin USER from study NAME."))

@@ -276,7 +276,9 @@ def simulate(
             federation.drop(site, f"{site}: the site script ended before answering")
         except BaseException as exc:  # noqa: BLE001 - a site's crash is a drop-out, reported
             site_errors[site] = traceback.format_exc()
-            federation.drop(site, f"{site} dropped out: {type(exc).__name__}: {exc}")
+            # as in a federation: the workflow names the site, its own error is told once
+            # (site_errors, the CLI's line for that site)
+            federation.drop(site, f"{site} dropped out ({type(exc).__name__})")
 
     saved_argv, saved_cwd, saved_path = sys.argv[:], os.getcwd(), sys.path[:]
     saved_modules = set(sys.modules)

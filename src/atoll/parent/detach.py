@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from atoll.parent.pidfile import alive, pid_file, read_pid
+from atoll.parent.pidfile import alive, read_pid, recorded_pid, remove_own
 
 
 def start_detached(role: str, kit: Path, workspace: Path, timeout: float = 30.0) -> int:
@@ -48,16 +49,59 @@ def start_many(specs: list[tuple[str, Path, Path]], timeout: float = 30.0) -> li
 
 
 def stop(workspace: Path, role: str, timeout: float = 10.0) -> bool:
-    """SIGTERM the parent recorded in the workspace; SIGKILL it if it does not go in time."""
+    """SIGTERM the parent recorded in the workspace; SIGKILL it if it does not go in time.
+    The pid file is removed only while it still names the process stopped (or a dead one)."""
     pid = read_pid(workspace, role)
     if pid is None:
-        pid_file(workspace, role).unlink(missing_ok=True)
+        stale = recorded_pid(workspace, role)
+        if stale is not None:
+            remove_own(workspace, role, stale)
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and alive(pid):
-        time.sleep(0.02)
-    if alive(pid):
-        os.kill(pid, signal.SIGKILL)
-    pid_file(workspace, role).unlink(missing_ok=True)
+    end_processes([pid], timeout)
+    remove_own(workspace, role, pid)
     return True
+
+
+def end_processes(pids: list[int], timeout: float = 10.0) -> None:
+    """SIGTERM each process, then SIGKILL those still there after ``timeout``."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.02)
+    for pid in pids:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def processes_under(root: Path) -> list[int]:
+    """This user's atoll processes (parents, workers) that belong to the folder ``root``: an
+    argument of their command line, or their working directory, lies under it. Found from
+    /proc, so a parent whose pid file was lost or overwritten is found too."""
+    root = root.resolve()
+    found = []
+    me, uid = os.getpid(), os.getuid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv if a]
+        if not any(a.startswith("atoll.") or a.endswith("/atoll") for a in args):
+            continue
+        if cwd.is_relative_to(root) or any(_under(a, root) for a in args):
+            pid = int(entry.name)
+            if alive(pid):
+                found.append(pid)
+    return found
+
+
+def _under(arg: str, root: Path) -> bool:
+    return arg.startswith("/") and Path(arg).is_relative_to(root)

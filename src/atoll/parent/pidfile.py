@@ -25,14 +25,29 @@ def alive(pid: int) -> bool:
         return True
 
 
-def read_pid(workspace: Path, role: str) -> int | None:
+def recorded_pid(workspace: Path, role: str) -> int | None:
+    """The pid the file names, alive or not."""
     try:
-        pid = int(json.loads(pid_file(workspace, role).read_text())["pid"])
+        return int(json.loads(pid_file(workspace, role).read_text())["pid"])
     except (OSError, ValueError, KeyError):
         return None
-    return pid if alive(pid) else None
+
+
+def read_pid(workspace: Path, role: str) -> int | None:
+    """The pid of the running parent, None when the file is absent or names a dead process."""
+    pid = recorded_pid(workspace, role)
+    return pid if pid is not None and alive(pid) else None
 
 
 def write_pid(workspace: Path, role: str) -> None:
     workspace.mkdir(parents=True, exist_ok=True)
     pid_file(workspace, role).write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
+
+
+def remove_own(workspace: Path, role: str, pid: int) -> bool:
+    """Remove the pid file only if it still names ``pid``: a parent that outlived its
+    workspace's restart (or the CLI stopping it) must never remove its successor's file."""
+    if recorded_pid(workspace, role) != pid:
+        return False
+    pid_file(workspace, role).unlink(missing_ok=True)
+    return True

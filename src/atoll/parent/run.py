@@ -106,7 +106,7 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> in
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
     finally:
-        pidfile.pid_file(kit.workspace, role).unlink(missing_ok=True)
+        pidfile.remove_own(kit.workspace, role, os.getpid())
 
 
 def main(argv: list[str]) -> None:

@@ -120,3 +120,25 @@ def _checked(name: str, org: str, kind: str, role: str | None) -> Identity:
     if kind != "admin" and role is not None:
         raise IdentityError(f"a {kind} certificate carries no role, found {role!r}")
     return Identity(name=name, org=org, kind=kind, role=role)
+
+
+def issued_identity(pem: bytes, ca_pem: bytes, now: float | None = None) -> Identity:
+    """The identity of a certificate this project's CA issued and that is valid now:
+    how the server learns of a participant provisioned since it started, before it connects.
+    IdentityError says what is wrong."""
+    import datetime as dt
+    import time
+
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+        ca = x509.load_pem_x509_certificate(ca_pem)
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise IdentityError("the certificate given was not issued by this project's CA") from None
+    at = dt.datetime.fromtimestamp(now if now is not None else time.time(), dt.UTC)
+    if not cert.not_valid_before_utc <= at <= cert.not_valid_after_utc:
+        raise IdentityError("the certificate given is not valid now")
+    return identity_from_cert(pem)

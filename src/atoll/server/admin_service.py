@@ -55,9 +55,9 @@ log = logging.getLogger("atoll.server.admin")
 LOG_TAIL_BYTES = 256 * 1024
 MAX_WAIT_S = 20.0  # a status long-poll answers at least this often
 SESSION_KEY = "x-atoll-session"
-ACTIONS = {"abort_job": "abort"}  # an operation's name in the audit log, where it differs
+ACTIONS = {"abort_job": "abort", "delete_job": "delete"}  # an operation's name in the audit log, where it differs
 # Operations on one study's jobs and sites: never without a study its caller is in.
-STUDY_SCOPED = {"list_jobs", "job_status", "job_logs", "abort_job", "list_sites"}
+STUDY_SCOPED = {"list_jobs", "job_status", "job_logs", "abort_job", "delete_job", "list_sites"}
 
 
 class NoSuchJob(AtollError):
@@ -110,6 +110,7 @@ class AdminService:
         self.ops: dict[str, Op] = {
             "login": self.login, "whoami": self.whoami, "list_jobs": self.list_jobs,
             "job_status": self.job_status, "job_logs": self.job_logs, "abort_job": self.abort_job,
+            "delete_job": self.delete_job,
             "list_sites": self.list_sites, "audit": self.audit_log,
         }
         self.ops.update(ops)
@@ -332,6 +333,24 @@ class AdminService:
         self.jobs.abort(record.id, f"aborted by {who.name}")
         self._audit(who, study, "abort", record.id, "ok")
         return job_summary(self.store.get_job(record.id))
+
+    def delete_job(self, who, study, body):
+        """A finished job, gone: its record, progress and results folder. The audit log keeps
+        who submitted and who deleted it. A study without jobs can then be removed."""
+        import shutil  # with the first delete, not at rest
+
+        record = self._job(study, body.get("job_id"))
+        if not self._may_manage(who, record):  # audited by _run
+            raise Denied(f"{who.name} ({who.role}) may not delete {record.submitter}'s job")
+        self._sites_allow(who, record, "manage_job", "delete")
+        if not record.finished:
+            raise ValueError(f"job {record.id} is {record.state}; abort it first "
+                             f"(`atoll job abort {record.id}`)")
+        self.store.delete_job(record.id)
+        shutil.rmtree(self.jobs.jobs_dir / record.id, ignore_errors=True)
+        self._audit(who, study, "delete", record.id, "ok", f"name={record.name!r} "
+                    f"submitter={record.submitter} state={record.state}")
+        return {"deleted": record.id, "name": record.name}
 
     def list_sites(self, who, study, body):
         online = self.links.online()

@@ -39,6 +39,7 @@ from atoll.server.worker_backend import ServerWorkerBackend
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
+    from atoll.pki.identity import Identity
     from atoll.spec.meta import JobMeta
 
 log = logging.getLogger("atoll.server")
@@ -130,7 +131,8 @@ class ServerParent:
         admin = AdminService(
             store=self.store, studies=self.studies, jobs=self.jobs, links=self.links,
             signer=self.signer, scratch=self.workspace / "tmp", stopping=self._stopped.is_set,
-            ops={**_study_ops(self.studies, self.store), **self.revocations.ops()})
+            ops={**_study_ops(self.studies, self.store, self.kit.ca, self.revocations),
+                 **self.revocations.ops()})
         server.serve("Federation", federation, federation.admit)
         server.serve("Admin", admin, admin.admit)
         self.port = server.add_secure_port(self.kit.listen_address, server_credentials(self.kit))
@@ -174,13 +176,24 @@ class ServerParent:
             pass
 
 
-def _study_ops(studies: Studies, store: JobStore) -> dict[str, Any]:
+def _study_ops(studies: Studies, store: JobStore, ca: Path,
+               revocations: ServerRevocations) -> dict[str, Any]:
     """The admin operations on studies (server/study_ops.py), where that module is present."""
     try:
         from atoll.server.study_ops import study_ops
     except ImportError:
         return {}
-    return study_ops(studies, store)
+
+    def certified(pem: bytes) -> Identity:
+        from atoll.pki.identity import issued_identity
+
+        identity = issued_identity(pem, ca.read_bytes())
+        why = revocations.refusal(pem)
+        if why is not None:
+            raise ValueError(why)
+        return identity
+
+    return study_ops(studies, store, certified)
 
 
 def run_forever(kit: Kit, ready_file: Path | None = None,

@@ -22,6 +22,7 @@ from atoll.launchers.job_files import create_job_file
 from atoll.pki.files import PRIVATE, private_dir
 from atoll.pki.job_signature import SIGNATURE_FILE
 from atoll.server.relay import JobRelay
+from atoll.server.scheduler import never_starts
 from atoll.server.site_links import ControlTooLarge
 from atoll.server.spool import Budget
 from atoll.server.store import JobRecord
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("atoll.server.jobs")
 
 END_GRACE_S = 60.0  # how long sites get to wrap up after the workflow completed
+FAILED_GRACE_S = 5.0  # ... and after it failed: to report their own reason
 # Payload bytes the relays of all jobs keep in memory; the rest spills to the jobs' folders.
 RELAY_MEMORY = 4 * 1024 * 1024
 
@@ -168,6 +170,7 @@ class JobManager:
                 if target != "server" and target not in study_sites:
                     problems.append(f"deploy_map: site {target!r} is not enrolled in study "
                                     f"{study!r} (enrolled: {', '.join(study_sites) or 'none'})")
+            problems += never_starts(meta, study, study_sites)
             for app in meta.deploy_map:
                 if not (tree / app).is_dir():
                     problems.append(f"deploy_map: app folder {app!r} is missing from the job")
@@ -279,13 +282,18 @@ class JobManager:
         live.server_state, live.server_reason = state, reason
         self.store.set_part_state(live.id, "server", f"FINISHED:{state}", reason)
         live.relay.end()
+        # After a failure, sites are aborted only after a short grace: one about to fail on
+        # its own reports its own reason, not a copy of the server's.
         for site in self._unfinished_sites(live):
-            if state == "COMPLETED":
-                self.links.send(site, "end", {"job_id": live.id})
-            else:
+            if state == "ABORTED":
                 self.links.send(site, "abort", {"job_id": live.id, "reason": reason})
-        if state == "COMPLETED" and self._unfinished_sites(live):
-            timer = threading.Timer(END_GRACE_S, self._end_stragglers, args=(live,))
+            elif state == "COMPLETED":
+                self.links.send(site, "end", {"job_id": live.id})
+        if state != "ABORTED" and self._unfinished_sites(live):
+            grace = END_GRACE_S if state == "COMPLETED" else FAILED_GRACE_S
+            why = (f"did not finish within {grace:.0f} s of the workflow's end"
+                   if state == "COMPLETED" else "stopped: the job failed on the server")
+            timer = threading.Timer(grace, self._end_stragglers, args=(live, why))
             timer.daemon = True
             timer.start()
         self._maybe_finish(live)
@@ -295,11 +303,9 @@ class JobManager:
         run = live.folder / "run" / "server"
         return public(reason, [run, live.folder / "job", live.folder], self.workspace)
 
-    def _end_stragglers(self, live: LiveJob) -> None:
+    def _end_stragglers(self, live: LiveJob, reason: str) -> None:
         for site in self._unfinished_sites(live):
-            self.links.send(site, "abort", {
-                "job_id": live.id, "reason": f"did not finish within {END_GRACE_S:.0f} s of the "
-                                             "workflow's end"})
+            self.links.send(site, "abort", {"job_id": live.id, "reason": reason})
 
     # -- reports from sites -------------------------------------------------------------------
     def site_state(self, site: str, body: dict[str, Any]) -> None:
@@ -317,7 +323,8 @@ class JobManager:
         if state.startswith("FINISHED:"):
             live.site_states[site] = (state, reason)
             if state != "FINISHED:COMPLETED" or not live.relay.ended:
-                live.relay.drop_site(site, f"{site} dropped out: {reason or state}")
+                # its reason is its own part's; the workflow's names the site and its state
+                live.relay.drop_site(site, f"{site} dropped out ({state.removeprefix('FINISHED:')})")
             self._maybe_finish(live)
 
     @staticmethod
@@ -400,3 +407,4 @@ def job_summary(record: JobRecord) -> dict[str, Any]:
     out = record.summary()
     out["deploy_map"] = record.meta.get("deploy_map")
     return json.loads(json.dumps(out))
+

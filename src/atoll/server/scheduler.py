@@ -173,3 +173,16 @@ class Scheduler:
                         for s in targets if s not in study_sites})
         self.jobs.dispatch(record, meta, ready, skipped, resources)
         return None
+
+
+def never_starts(meta: JobMeta, study: str, study_sites: list[str]) -> list[str]:
+    """What would keep the job waiting forever in ``study``: a mandatory site that is not in
+    it, more min_clients than the study's sites the job targets. Intake refuses such a job."""
+    problems = [f"mandatory_clients: site {site!r} is not enrolled in study {study!r}; the job "
+                "could never start" for site in meta.mandatory_clients if site not in study_sites]
+    reachable = [s for s in meta.expand_targets(study_sites) if s in study_sites]
+    if meta.min_clients is not None and meta.min_clients > len(reachable):
+        problems.append(f"min_clients: {meta.min_clients}, but the job can reach only "
+                        f"{len(reachable)} site(s) of study {study!r} "
+                        f"({', '.join(reachable) or 'none'}); it could never start")
+    return problems

@@ -106,6 +106,11 @@ class Studies:
             raise Denied(f"this federation has named studies and no default study; choose "
                          f"yours with `atoll login --study NAME` (or --study NAME for one "
                          f"command); your studies: {yours}")
+        if who.role == "project_admin" and not self.exists(study):
+            # A project admin sees every study: "absent" leaks nothing to them.
+            raise NoSuchStudy(f"no such study: {study}; studies: "
+                              f"{', '.join(self.visible(who)) or 'none'} (`atoll study create "
+                              f"{study}` makes it)")
         if not self.can_see(who, study):
             # Same words for "absent" and "not yours": a study's existence is not leaked.
             raise Denied(f"{who.name} is not a member of study {study!r}; ask a project admin "

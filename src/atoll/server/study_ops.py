@@ -11,6 +11,7 @@ names exist. Only a project admin, who may see them all, is told what is missing
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from atoll.pki.identity import Identity
@@ -21,16 +22,23 @@ if TYPE_CHECKING:
     from atoll.server.studies import Studies
 
 
-def study_ops(studies: Studies, store: JobStore) -> dict[str, Any]:
-    return StudyOps(studies, store).table()
+# A certificate (PEM) -> the identity it proves: issued by the project's CA, valid, not revoked;
+# raises ValueError otherwise.
+Certified = Callable[[bytes], Identity]
+
+
+def study_ops(studies: Studies, store: JobStore, certified: Certified) -> dict[str, Any]:
+    return StudyOps(studies, store, certified).table()
 
 
 class StudyOps:
-    """Receives the studies it manages and the store it audits and counts jobs in."""
+    """Receives the studies it manages, the store it audits and counts jobs in, and the check
+    of a participant's certificate (a user provisioned since, who has not logged in yet)."""
 
-    def __init__(self, studies: Studies, store: JobStore):
+    def __init__(self, studies: Studies, store: JobStore, certified: Certified):
         self.studies = studies
         self.store = store
+        self.certified = certified
 
     def table(self) -> dict[str, Any]:
         return {
@@ -84,8 +92,26 @@ class StudyOps:
         if participant is not None:
             return participant
         noun = "site" if kind == "site" else "user"
-        raise ValueError(f"{name!r} is not a provisioned {noun}; provision it first "
-                         f"(`atoll provision add-{noun}`)")
+        raise ValueError(f"{name!r} is not a provisioned {noun}: the server has not seen it yet; "
+                         f"provision it (`atoll provision add-{noun}`) and pass its certificate "
+                         f"(`--cert KIT/startup/client.crt`; found by itself in a kit folder "
+                         f"next to your own)")
+
+    def _learn(self, who: Identity, member: str, kind: str, cert: Any) -> None:
+        """Register ``member`` from its certificate, when the caller sent one and may manage
+        that participant: a user or site provisioned since the server started is enrolled
+        before it ever connects."""
+        if not isinstance(cert, str) or self._find(member, kind) is not None:
+            return
+        try:
+            identity = self.certified(cert.encode("ascii"))
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise ValueError(f"--cert for {member!r}: {exc}") from None
+        if identity.name != member or identity.kind != kind:
+            raise ValueError(f"--cert is the {identity.kind} certificate of {identity.name!r}, "
+                             f"not of {member!r}")
+        if who.role == "project_admin" or (who.role == "org_admin" and identity.org == who.org):
+            self.store.upsert_participant(identity.name, kind, identity.org, identity.role or "")
 
     def _audit(self, who: Identity, action: str, target: str, detail: str = "") -> None:
         self.store.audit(who.name, who.org, who.role or "", target.split(":")[0], action, target,
@@ -140,8 +166,8 @@ class StudyOps:
         self._visible(who, name)
         jobs = self.store.count_jobs(name)
         if jobs:
-            raise Denied(f"study {name} still has {jobs} job(s); a study with jobs keeps their "
-                         "records and cannot be removed")
+            raise Denied(f"study {name} still has {jobs} job(s); delete them first "
+                         f"(`atoll job delete JOB_ID --study {name}`), then remove the study")
         self.store.remove_study(name)
         self._audit(who, "study_remove", name)
         return {"removed": name}
@@ -150,6 +176,7 @@ class StudyOps:
         name = str(body.get("name", ""))
         key = "site" if kind == "site" else "user"
         member = str(body.get(key, ""))
+        self._learn(who, member, "site" if kind == "site" else "admin", body.get("cert"))
         self._changeable(who, name, member, "site" if kind == "site" else "admin", f"the {key}s")
         self.store.set_member(name, member, kind, present)
         self._audit(who, f"study_{'add' if present else 'remove'}_{key}", name, member)

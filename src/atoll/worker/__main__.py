@@ -232,7 +232,7 @@ def main() -> int:
             ok = False
             if not isinstance(exc, RankFailed):
                 traceback.print_exc()
-            error = _error_line(exc)
+            error = _reason(exc)
             if peers is not None and not isinstance(exc, RankFailed):
                 error = peers.root_cause() or error
     if peers is not None:
@@ -245,6 +245,16 @@ def main() -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return 0 if ok else EXIT_FAILED
+
+
+def _reason(exc: BaseException) -> str:
+    """A failure as the job's status shows it: atoll's own errors by their message (it names
+    the file and field), others as ``TypeName: message``; the traceback is in the log."""
+    from atoll.spec.errors import AtollError
+
+    if isinstance(exc, AtollError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _exit_now(code: int) -> None:

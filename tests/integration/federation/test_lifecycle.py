@@ -108,20 +108,18 @@ def test_killed_site_worker_fails_the_job_naming_the_site(federation, tmp_path):
 
 def test_crashing_script_fails_its_site_with_the_traceback(federation, tmp_path):
     # Both sites run the crashing script. The first crash leaves the round short of
-    # min_clients, so the other site may be aborted before its own crash is reported.
+    # min_clients; the other site still gets a few seconds to end on its own, so each site
+    # shows its own crash, not a copy of the server's reason (issue 25, wrong turn 2).
     with federation.session(ADMIN) as s:
         job = s.submit(make_job(tmp_path / "crash", script=CRASH), wait=True, timeout=120)
         logs = s.logs(job["job_id"])["logs"]
     assert job["state"] == "FINISHED:FAILED"
     sites = {name: part for name, part in job["parts"].items() if name != "server"}
     failed = [name for name, part in sites.items() if part["state"] == "FINISHED:FAILED"]
-    assert failed, sites
+    assert sorted(failed) == sorted(sites), sites
     for name in failed:
         assert "the training script broke on purpose" in sites[name]["reason"]
         assert "Traceback" in logs[name] and "broke on purpose" in logs[name]
-    for name in set(sites) - set(failed):
-        assert sites[name]["state"] == "FINISHED:ABORTED", sites
-        assert "could no longer reach min_clients" in sites[name]["reason"]
 
 
 def test_worker_tokens_are_in_no_environment_and_wrong_ones_are_refused(federation, tmp_path):
@@ -258,7 +256,7 @@ def test_killed_site_parent_takes_its_workers_along(own_federation, tmp_path):
         wait_for(lambda: _all_running(s, job_id), what="every worker running")
         fed.kill("site-1", signal.SIGKILL)
         wait_for(lambda: not [p for p in pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True)
-                               if b"ATOLL_SITE=site-1" in open(f"/proc/{p}/environ", "rb").read()],
+                               if b"ATOLL_SITE=site-1" in _environ(p)],
                   10, "site-1's worker gone")
         final = s.wait(job_id, timeout=60)
     assert final["state"] == "FINISHED:FAILED"
@@ -285,3 +283,13 @@ def test_server_restart_keeps_records_and_sites_reconnect(own_federation, tmp_pa
         wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={running}", sandboxes=True), 20, "workers gone")
         again = s.submit(make_job(tmp_path / "after"), wait=True, timeout=120)
     assert again["state"] == "FINISHED:COMPLETED"
+
+
+def _environ(pid: int) -> bytes:
+    """A process's environment; empty once it is gone (it may exit between listing and
+    reading: ESRCH or ENOENT)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""

@@ -209,3 +209,31 @@ def test_audit_log_records_who_did_what(fed, alpha_job, tmp_path):
     assert (LEAD_A, "alpha", "submit", "ok") in seen
     assert (LEAD_A, "alpha", "download", "ok") in seen
     assert (ADMIN, "gamma", "study_create", "ok") in seen
+
+
+def test_job_delete_follows_roles_and_refuses_a_running_job(fed, alpha_job, tmp_path):
+    from tests.integration.federation.jobs import STALL
+
+    with fed.session(LEAD_B, study="beta") as s:  # another study's job: as if absent
+        with pytest.raises(NotFound, match="no such job"):
+            s.delete(alpha_job["job_id"])
+    with fed.session(LEAD_A, study="alpha") as s:
+        stalls = job_folder(tmp_path / "stalls", {"name": "stalls", "deploy_map": {
+            "app": ["@ALL"]}}, APP_YAML, {"train.py": STALL})
+        job_id = s.submit(stalls)["job_id"]
+        with pytest.raises(Refused, match="abort it first"):
+            s.delete(job_id)
+    with fed.session(MEMBER_A, study="alpha") as s:
+        with pytest.raises(Refused, match="may not delete lead@a.org's job"):
+            s.delete(job_id)
+    with fed.session(LEAD_A, study="alpha") as s:
+        s.abort(job_id)
+        s.wait(job_id, timeout=60)
+        assert s.delete(job_id) == {"deleted": job_id, "name": "stalls"}
+        with pytest.raises(NotFound):
+            s.status(job_id)
+    with fed.session(ADMIN, study="alpha") as s:
+        entries = s.call("audit", only_study="alpha")["entries"]
+    assert [(e["user"], e["outcome"]) for e in entries
+            if e["action"] == "delete" and e["target"] == job_id] == [
+        (MEMBER_A, "refused"), (LEAD_A, "ok")]

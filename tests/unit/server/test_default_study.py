@@ -24,8 +24,12 @@ def store(tmp_path):
     store.close()
 
 
+def _no_certificate(pem: bytes) -> Identity:
+    raise ValueError("these tests send no certificate")
+
+
 def _ops(store) -> StudyOps:
-    return StudyOps(Studies(store), store)
+    return StudyOps(Studies(store), store, _no_certificate)
 
 
 def _job_in_default(store) -> None:
