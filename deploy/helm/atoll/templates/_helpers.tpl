@@ -49,3 +49,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- toYaml $config -}}
 {{- end -}}
+
+{{/* The labels of this parent's job Pods (set by atoll's Kubernetes launcher). */}}
+{{- define "atoll.jobPodLabels" -}}
+app.kubernetes.io/managed-by: atoll
+atoll.dev/role: {{ .Values.role }}
+{{- with .Values.networkPolicy.jobPodLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
