@@ -31,7 +31,7 @@ from atoll.admin.errors import ConnectionFailed
 from atoll.pki.project import parse_project
 from atoll.pki.provision import provision
 from tests.integration.federation.harness import PROJECT, Federation, free_port, project_doc
-from tests.integration.federation.jobs import make_job
+from tests.integration.federation.jobs import STALL, make_job
 from tests.integration.k8s.conftest import SESSION_ID, SESSION_LABEL, Cluster, pod_template
 from tests.integration.k8s.helm_support import CHART, run
 
@@ -155,6 +155,16 @@ def _allowed(cluster: Cluster, user: str, verb: str, resource: str, namespace: s
     return bool(review.status.allowed)
 
 
+def _small_job(path: Path, **how: Any) -> Path:
+    """A job whose two worker Pods fit the 2-CPU test node beside the parents."""
+    job_dir = make_job(path, **how)
+    meta = json.loads((job_dir / "meta.json").read_text())
+    meta["resource_spec"] = {"@default": {"memory": "512Mi"}}
+    meta["launcher_spec"] = {"default": {"k8s": {"cpu_request": "100m"}}}
+    (job_dir / "meta.json").write_text(json.dumps(meta))
+    return job_dir
+
+
 def _job_image(cluster: Cluster) -> str:
     """The job image under a version tag: a Pod without a template (the server's worker) then
     gets Kubernetes' default pull policy IfNotPresent, as with any released image."""
@@ -222,13 +232,8 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
         assert not _allowed(cluster, account, "create", "pods", "default")
         assert not _allowed(cluster, account, "list", "nodes", None)
 
-        job_dir = make_job(tmp_path / "helm-echo", rounds=2)
-        meta = json.loads((job_dir / "meta.json").read_text())
-        meta["resource_spec"] = {"@default": {"memory": "512Mi"}}
-        meta["launcher_spec"] = {"default": {"k8s": {"cpu_request": "100m"}}}
-        (job_dir / "meta.json").write_text(json.dumps(meta))
         with fed.session(ADMIN) as session:
-            job = session.submit(job_dir, wait=True, timeout=300)
+            job = session.submit(_small_job(tmp_path / "echo", rounds=2), wait=True, timeout=300)
         assert job["state"] == "FINISHED:COMPLETED", (job["reason"], job["parts"])
         workers = {p.metadata.labels["atoll.dev/role"]: p for p in pods.seen.values()
                    if p.metadata.labels.get("atoll.dev/job-id") == job["job_id"]}
@@ -255,6 +260,14 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
             kept = {j["job_id"]: j["state"] for j in session.list_jobs()}
         assert kept.get(job["job_id"]) == "FINISHED:COMPLETED", kept
         assert any((volume_root / "volume" / "workspace").iterdir())  # the store is there
+
+        # A job still running when the releases go: uninstall must not leave its Pods behind.
+        with fed.session(ADMIN) as session:
+            stalled = session.submit(_small_job(tmp_path / "stall", script=STALL))["job_id"]
+        _wait(lambda: [p for p in api.list_namespaced_pod(ns, label_selector=JOB_PODS).items
+                       if p.metadata.labels.get("atoll.dev/job-id") == stalled
+                       and p.metadata.labels.get("atoll.dev/role") == "site"
+                       and p.status.phase == "Running"], 120, "the stalled job's site Pod")
     finally:
         pods.stop()
         for release in (site_release, server_release):
@@ -264,7 +277,8 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
                 pass  # never installed
         _wait(lambda: not (_parent_pods(cluster, server_release)
                            or _parent_pods(cluster, site_release)), 120, "parent Pods gone")
-    assert not api.list_namespaced_pod(ns, label_selector=JOB_PODS).items
+    _wait(lambda: not api.list_namespaced_pod(ns, label_selector=JOB_PODS).items, 60,
+          "no job Pod left after uninstall")
     # The claim outlives the release (helm.sh/resource-policy: keep): the job store is data.
     claim = f"{server_release}-workspace"
     assert api.read_namespaced_persistent_volume_claim(claim, ns).status.phase == "Bound"
