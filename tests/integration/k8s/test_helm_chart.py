@@ -32,6 +32,8 @@ def values(role: str) -> dict[str, Any]:
         "role": role,
         "kitSecret": f"{role}-kit",
         "image": {"pullPolicy": "Never"},
+        # No Pod of these releases can run (no such image, no kit Secret): no uninstall hook.
+        "cleanupOnUninstall": False,
         "extraLabels": {SESSION_LABEL: SESSION_ID},
         "config": {
             "site": {"launcher": "k8s", "k8s": {"pending_timeout": 300}},
