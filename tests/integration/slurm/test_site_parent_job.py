@@ -89,7 +89,7 @@ def test_site_parent_as_a_slurm_job_resumes_in_its_next_allocation(slurm_cluster
         # The first allocation nears its limit; the successor waits until we have submitted.
         subprocess.run(["scontrol", "hold", successor], check=True, env=env)
         _wait(lambda: first not in dict(_squeue(name)), 150, f"the end of job {first}")
-        assert "time limit near: stopping the site parent" in log.read_text()
+        assert f"job {first}: SIGTERM (the time limit nears, or scancel)" in log.read_text()
         assert not _online(fed)
         with fed.session(ADMIN) as session:
             waiting = session.submit(_small_job(tmp_path / "meanwhile"))["job_id"]
