@@ -65,11 +65,12 @@ def test_site_parent_as_a_slurm_job_resumes_in_its_next_allocation(slurm_cluster
     fed = Federation.provisioned(tmp_path / "fed", [SITE],
                                  [{"name": ADMIN, "org": "test", "role": "project_admin"}])
     site_yaml = {"launcher": "slurm", "slurm": {"python_path": PYTHON, "pending_timeout": 120},
-                 "worker_endpoint": {"host": "127.0.0.1", "port": 0}}
-    (fed.kit(SITE) / "local" / "site.yaml").write_text(yaml.safe_dump(site_yaml))
+                 "worker_endpoint": {"host": "__NODE_ADDRESS__", "port": 0}}
+    # Each allocation writes site.yaml from this, naming its node (here: the nodes' 127.0.0.1).
+    (fed.kit(SITE) / "local" / "site.yaml.in").write_text(yaml.safe_dump(site_yaml))
     name = f"atoll-site-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "ATOLL": str(Path(PYTHON).parent / "atoll"),
-           "ATOLL_STOP_BEFORE": str(STOP_BEFORE)}
+           "ATOLL_STOP_BEFORE": str(STOP_BEFORE), "ATOLL_NODE_ADDRESS": "127.0.0.1"}
     fed.start_server()
     try:
         first = subprocess.run(
