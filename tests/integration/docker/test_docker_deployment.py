@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from atoll.admin.errors import ConnectionFailed
 from atoll.pki.project import parse_project
 from atoll.pki.provision import provision
 from tests.integration.docker.conftest import SESSION_ID, SESSION_LABEL, Engine
+from tests.integration.docker.deployment import own_kit, parent_container, wait_online, write_local
 from tests.integration.federation.harness import PROJECT, Federation, free_port, project_doc
 from tests.integration.federation.jobs import make_job
 
@@ -31,7 +30,6 @@ pytestmark = pytest.mark.docker
 
 ADMIN = "admin@compose.test"
 SITE = "site-c"
-SOCKET = "/var/run/docker.sock"  # where the parents see the engine
 
 
 class WorkerLog:
@@ -54,48 +52,6 @@ class WorkerLog:
         self._thread.join()
 
 
-def _parent(engine: Engine, image: str, role: str, kit: Path, socket_gid: int) -> Any:
-    """docker run -d --network host --user 1000:1000 --group-add GID
-         -v SOCKET:/var/run/docker.sock -v KIT:KIT IMAGE ROLE start KIT"""
-    host_socket = engine.env["DOCKER_HOST"].removeprefix("unix://")
-    return engine.client.containers.run(
-        image, [role, "start", str(kit)], detach=True, name=f"atoll-{role}-{SESSION_ID}",
-        network_mode="host", user="1000:1000", group_add=[str(socket_gid)],
-        environment={"DOCKER_HOST": f"unix://{SOCKET}"},
-        volumes={host_socket: {"bind": SOCKET, "mode": "rw"},
-                 str(kit): {"bind": str(kit), "mode": "rw"}},
-        labels={"atoll.test": "1", SESSION_LABEL: SESSION_ID})
-
-
-def _local(fed: Federation, name: str, job_image: str) -> None:
-    """local/site.yaml: the docker launcher, on the engine the parent container was given."""
-    site_yaml = {"launcher": "docker",
-                 "docker": {"default_image": job_image, "pull_policy": "never",
-                            "labels": {"atoll.test": "1", SESSION_LABEL: SESSION_ID}}}
-    (fed.kit(name) / "local").mkdir(exist_ok=True)
-    (fed.kit(name) / "local" / "site.yaml").write_text(yaml.safe_dump(site_yaml))
-
-
-def _own(path: Path, uid: int = 1000) -> None:
-    """The kit belongs to the parent image's user, as the guide's `chown -R 1000:1000`."""
-    for folder, dirs, files in os.walk(path):
-        for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
-            os.chown(name, uid, uid)
-
-
-def _wait_online(fed: Federation, containers: list[Any], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            fed.wait_online(ADMIN, timeout=max(deadline - time.monotonic(), 1))
-            return
-        except (ConnectionFailed, TimeoutError) as exc:
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {c.name}\n{c.logs(tail=30).decode()}" for c in containers)
-                raise AssertionError(f"site not online: {exc}\n{logs}") from None
-            time.sleep(0.25)
-
-
 def test_parent_containers_run_a_federated_job(docker_engine: Engine, tmp_path: Path) -> None:
     parent_image = docker_engine.env.get("ATOLL_TEST_PARENT_IMAGE")
     if not parent_image or not docker_engine.client.images.list(name=parent_image):
@@ -109,17 +65,17 @@ def test_parent_containers_run_a_federated_job(docker_engine: Engine, tmp_path: 
     (fed.kit(SITE) / "local" / "study_runtime.yaml").write_text(
         "format_version: 2\nstudies:\n  default: {}\n")
     for name in ("server", SITE):
-        _local(fed, name, docker_engine.job_image)
-        _own(fed.kit(name))
+        write_local(fed, name, docker_engine.job_image)
+        own_kit(fed.kit(name))
     socket_gid = os.stat(docker_engine.env["DOCKER_HOST"].removeprefix("unix://")).st_gid
     workers = WorkerLog(docker_engine)
     containers = []
     try:
         started = time.monotonic()
-        containers.append(_parent(docker_engine, parent_image, "server", fed.kit("server"),
+        containers.append(parent_container(docker_engine, parent_image, "server", fed.kit("server"),
                                   socket_gid))
-        containers.append(_parent(docker_engine, parent_image, "site", fed.kit(SITE), socket_gid))
-        _wait_online(fed, containers, 120)
+        containers.append(parent_container(docker_engine, parent_image, "site", fed.kit(SITE), socket_gid))
+        wait_online(fed, ADMIN, containers, 120)
         print(f"\nparent containers started -> site online: {time.monotonic() - started:.1f} s")
 
         job_dir = make_job(tmp_path / "compose-echo", rounds=2)

@@ -14,7 +14,6 @@ server's Service is installed and its endpoints checked), and the parents reach 
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -27,35 +26,26 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
-from atoll.admin.errors import ConnectionFailed
 from atoll.pki.project import parse_project
 from atoll.pki.provision import provision
 from tests.integration.federation.harness import PROJECT, Federation, free_port, project_doc
 from tests.integration.federation.jobs import STALL, make_job
-from tests.integration.k8s.conftest import SESSION_ID, SESSION_LABEL, Cluster, pod_template
-from tests.integration.k8s.helm_support import CHART, run
+from tests.integration.k8s.conftest import SESSION_ID, SESSION_LABEL, Cluster
+from tests.integration.k8s.helm_support import (
+    CHART,
+    job_image_tag,
+    kit_secret,
+    parent_pods,
+    release_values,
+    run,
+    running_pod,
+    wait_online,
+    wait_until,
+)
 
 ADMIN = "admin@helm.test"
 SITE = "site-h"
 JOB_PODS = "app.kubernetes.io/managed-by=atoll"
-
-
-def _wait(check: Any, seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {seconds} s")
-        time.sleep(0.25)
-
-
-def _kit_secret(cluster: Cluster, name: str, startup: Path) -> None:
-    """The kit's startup/ files as a Secret, as `kubectl create secret generic --from-file`."""
-    data = {f.name: base64.b64encode(f.read_bytes()).decode() for f in startup.iterdir()}
-    cluster.api.create_namespaced_secret(cluster.namespace, {
-        "metadata": {"name": name, "labels": {SESSION_LABEL: SESSION_ID}}, "data": data})
 
 
 def _server_volume(cluster: Cluster, path: Path, storage_class: str) -> None:
@@ -66,29 +56,6 @@ def _server_volume(cluster: Cluster, path: Path, storage_class: str) -> None:
                  "storageClassName": storage_class, "persistentVolumeReclaimPolicy": "Retain",
                  "hostPath": {"path": str(path), "type": "Directory"}},
     })
-
-
-def _values(role: str, cluster: Cluster, image: str, job_image: str, **extra: Any) -> dict:
-    server = cluster.api.api_client.configuration.host.removeprefix("https://")
-    host, port = server.rsplit(":", 1)
-    repository, tag = image.rsplit(":", 1)
-    k8s = {"host_network": True, "default_image": job_image, "python": "python3",
-           "pending_timeout": 120}
-    return {
-        "role": role,
-        "kitSecret": f"{role}-kit-{SESSION_ID}",
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "hostNetwork": True,
-        "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": host},
-                     {"name": "KUBERNETES_SERVICE_PORT", "value": port}],
-        "workerPort": free_port(),
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "extraLabels": {SESSION_LABEL: SESSION_ID},
-        "config": {"site": {"launcher": "k8s", "k8s": k8s},
-                   "studyRuntime": {"format_version": 2,
-                                    "studies": {"default": {"pod_template": pod_template()}}}},
-        **extra,
-    }
 
 
 class PodLog:
@@ -115,39 +82,6 @@ class PodLog:
         self._watch.stop()
 
 
-def _logs(cluster: Cluster, release: str) -> str:
-    return "\n".join(
-        f"--- {p.metadata.name} ({p.status.phase})\n"
-        + cluster.api.read_namespaced_pod_log(p.metadata.name, cluster.namespace, tail_lines=40)
-        for p in _parent_pods(cluster, release) if p.status.phase != "Pending")
-
-
-def _wait_online(fed: Federation, cluster: Cluster, releases: list[str], seconds: float) -> None:
-    """Until the server answers and sees the site online (its Pod may not be up yet)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            fed.wait_online(ADMIN, timeout=max(deadline - time.monotonic(), 1))
-            return
-        except (ConnectionFailed, TimeoutError) as exc:
-            if time.monotonic() > deadline:
-                logs = "\n".join(_logs(cluster, r) for r in releases)
-                raise AssertionError(f"site not online: {exc}\n{logs}") from None
-            time.sleep(0.5)
-
-
-def _parent_pods(cluster: Cluster, release: str) -> list[Any]:
-    return cluster.api.list_namespaced_pod(
-        cluster.namespace, label_selector=f"app.kubernetes.io/instance={release}").items
-
-
-def _running(cluster: Cluster, release: str) -> Any:
-    pods = _parent_pods(cluster, release)
-    ready = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
-             and all(c.ready for c in p.status.container_statuses or [])]
-    return ready[0] if len(pods) == 1 and ready else None
-
-
 def _allowed(cluster: Cluster, user: str, verb: str, resource: str, namespace: str | None) -> bool:
     review = client.AuthorizationV1Api(cluster.api.api_client).create_subject_access_review({
         "spec": {"user": user, "resourceAttributes": {
@@ -165,17 +99,6 @@ def _small_job(path: Path, **how: Any) -> Path:
     return job_dir
 
 
-def _job_image(cluster: Cluster) -> str:
-    """The job image under a version tag: a Pod without a template (the server's worker) then
-    gets Kubernetes' default pull policy IfNotPresent, as with any released image."""
-    import docker
-
-    engine = docker.DockerClient(base_url=cluster.env["ATOLL_K8S_DOCKER_HOST"])
-    image = engine.images.get(cluster.job_image)
-    image.tag("atoll-test/job", tag="helm")
-    return "atoll-test/job:helm"
-
-
 def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster,
                                                      tmp_path: Path) -> None:
     parent_image = cluster.env.get("ATOLL_K8S_PARENT_IMAGE")
@@ -189,8 +112,8 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
     doc = project_doc(port, [SITE], [{"name": ADMIN, "org": "test", "role": "project_admin"}])
     provision(parse_project(doc, "test"), tmp_path)
     fed = Federation(tmp_path / PROJECT, [SITE])
-    _kit_secret(cluster, f"server-kit-{SESSION_ID}", fed.kit("server") / "startup")
-    _kit_secret(cluster, f"site-kit-{SESSION_ID}", fed.kit(SITE) / "startup")
+    kit_secret(cluster, f"server-kit-{SESSION_ID}", fed.kit("server") / "startup")
+    kit_secret(cluster, f"site-kit-{SESSION_ID}", fed.kit(SITE) / "startup")
     # The server's job store on a PersistentVolume: a host folder the parent (uid 1000) owns.
     volume_root = Path(tempfile.mkdtemp(prefix="atoll-helm-"))
     volume_root.chmod(0o755)
@@ -199,22 +122,24 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
     storage_class = f"atoll-test-{SESSION_ID}"
     _server_volume(cluster, volume_root / "volume", storage_class)
 
-    job_image = _job_image(cluster)
+    job_image = job_image_tag(cluster)
     config = helm.Configuration(namespace=ns, kubeconfig=cluster.kubeconfig)
     server_release, site_release = f"fl{SESSION_ID}-server", f"fl{SESSION_ID}-site"
     workspace = {"persistence": True, "size": "1Gi", "storageClassName": storage_class}
-    server_values = _values("server", cluster, parent_image, job_image, workspace=workspace,
-                            server={"port": port, "service": {"port": port}})
-    site_values = _values("site", cluster, parent_image, job_image)
+    server_values = release_values("server", cluster, parent_image, job_image,
+                                   workspace=workspace,
+                                   server={"port": port, "service": {"port": port}})
+    site_values = release_values("site", cluster, parent_image, job_image)
     pods = PodLog(api, ns)
     try:
         started = time.monotonic()
         run(helm.Install(config).run(server_release, str(CHART), values=server_values, wait=False))
         run(helm.Install(config).run(site_release, str(CHART), values=site_values, wait=False))
-        _wait_online(fed, cluster, [server_release, site_release], 180)
+        wait_online(fed, ADMIN, cluster, [server_release, site_release], 180)
         print(f"\nhelm install -> site online: {time.monotonic() - started:.1f} s")
-        server_pod = _wait(lambda: _running(cluster, server_release), 60, "server Pod ready")
-        assert _running(cluster, site_release)
+        server_pod = wait_until(lambda: running_pod(cluster, server_release), 60,
+                                "server Pod ready")
+        assert running_pod(cluster, site_release)
         # The server's Service selects the server Pod's grpc port. (The test node routes no
         # Service, and its endpoints controller refuses the Pod's loopback address.)
         service = api.read_namespaced_service(server_release, ns)
@@ -247,15 +172,15 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
             workers["site"].metadata.labels.items())
         [rule] = policy.spec.egress
         assert [p.port for p in rule.ports] == [site_values["workerPort"]]
-        _wait(lambda: not api.list_namespaced_pod(ns, label_selector=JOB_PODS).items, 60,
+        wait_until(lambda: not api.list_namespaced_pod(ns, label_selector=JOB_PODS).items, 60,
               "no job Pod left after the job")
 
         # An upgrade replaces the server Pod (its config changed); the job store and kits stay.
         server_values["config"]["site"]["k8s"]["pending_timeout"] = 180
         run(helm.Upgrade(config).run(server_release, str(CHART), values=server_values, wait=False))
-        _wait(lambda: (pod := _running(cluster, server_release)) and pod.metadata.uid != (
+        wait_until(lambda: (pod := running_pod(cluster, server_release)) and pod.metadata.uid != (
             server_pod.metadata.uid), 180, "the upgraded server Pod")
-        _wait_online(fed, cluster, [server_release, site_release], 120)
+        wait_online(fed, ADMIN, cluster, [server_release, site_release], 120)
         with fed.session(ADMIN) as session:
             kept = {j["job_id"]: j["state"] for j in session.list_jobs()}
         assert kept.get(job["job_id"]) == "FINISHED:COMPLETED", kept
@@ -264,7 +189,7 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
         # A job still running when the releases go: uninstall must not leave its Pods behind.
         with fed.session(ADMIN) as session:
             stalled = session.submit(_small_job(tmp_path / "stall", script=STALL))["job_id"]
-        _wait(lambda: [p for p in api.list_namespaced_pod(ns, label_selector=JOB_PODS).items
+        wait_until(lambda: [p for p in api.list_namespaced_pod(ns, label_selector=JOB_PODS).items
                        if p.metadata.labels.get("atoll.dev/job-id") == stalled
                        and p.metadata.labels.get("atoll.dev/role") == "site"
                        and p.status.phase == "Running"], 120, "the stalled job's site Pod")
@@ -275,9 +200,9 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
                 run(helm.Uninstall(config).run(release, wait=True, timeout=120))
             except helm.HelmError:
                 pass  # never installed
-        _wait(lambda: not (_parent_pods(cluster, server_release)
-                           or _parent_pods(cluster, site_release)), 120, "parent Pods gone")
-    _wait(lambda: not api.list_namespaced_pod(ns, label_selector=JOB_PODS).items, 60,
+        wait_until(lambda: not (parent_pods(cluster, server_release)
+                           or parent_pods(cluster, site_release)), 120, "parent Pods gone")
+    wait_until(lambda: not api.list_namespaced_pod(ns, label_selector=JOB_PODS).items, 60,
           "no job Pod left after uninstall")
     # The claim outlives the release (helm.sh/resource-policy: keep): the job store is data.
     claim = f"{server_release}-workspace"
