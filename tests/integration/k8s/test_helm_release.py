@@ -184,6 +184,8 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
         with fed.session(ADMIN) as session:
             kept = {j["job_id"]: j["state"] for j in session.list_jobs()}
         assert kept.get(job["job_id"]) == "FINISHED:COMPLETED", kept
+        for kit in (f"server-kit-{SESSION_ID}", f"site-kit-{SESSION_ID}"):  # not the chart's
+            assert api.read_namespaced_secret(kit, ns).data.keys() >= {"kit.yaml", "rootCA.pem"}
         assert any((volume_root / "volume" / "workspace").iterdir())  # the store is there
 
         # A job still running when the releases go: uninstall must not leave its Pods behind.
