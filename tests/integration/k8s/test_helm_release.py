@@ -204,10 +204,10 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
                 pass  # never installed
         wait_until(lambda: not (parent_pods(cluster, server_release)
                            or parent_pods(cluster, site_release)), 120, "parent Pods gone")
+        shutil.rmtree(volume_root, ignore_errors=True)
     wait_until(lambda: not api.list_namespaced_pod(ns, label_selector=JOB_PODS).items, 60,
           "no job Pod left after uninstall")
     # The claim outlives the release (helm.sh/resource-policy: keep): the job store is data.
     claim = f"{server_release}-workspace"
     assert api.read_namespaced_persistent_volume_claim(claim, ns).status.phase == "Bound"
     api.delete_namespaced_persistent_volume_claim(claim, ns)
-    shutil.rmtree(volume_root, ignore_errors=True)
