@@ -13,7 +13,7 @@
 # (e.g. a kubelet's) is left alone. Settings (environment):
 #   ATOLL_DOCKER_BASE     data root, sockets, logs, env file     (default /tmp/atoll-docker)
 #   ATOLL_DOCKER_SOCK     the engine's socket                    (default $ATOLL_DOCKER_BASE/docker.sock)
-#   ATOLL_DOCKER_IMAGES   images to build: busybox python job parent  (default "busybox python job")
+#   ATOLL_DOCKER_IMAGES   images to build: busybox python job parent  (default: all four)
 #   ATOLL_DOCKERD_ARGS    extra dockerd flags (e.g. --default-runtime for a kubelet's engine)
 #   ATOLL_CACHE_DIR       cached root filesystem and wheels      (default ~/.cache/atoll)
 #   ATOLL_DEBIAN_MIRROR   mirror for debootstrap                 (default: read from apt sources)
@@ -24,7 +24,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 BASE=${ATOLL_DOCKER_BASE:-/tmp/atoll-docker}
 SOCK=${ATOLL_DOCKER_SOCK:-$BASE/docker.sock}
-IMAGES=${ATOLL_DOCKER_IMAGES:-busybox python job}
+IMAGES=${ATOLL_DOCKER_IMAGES:-busybox python job parent}
 CACHE=${ATOLL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/atoll}
 PYTHON=${ATOLL_PYTHON:-$REPO/.venv/bin/python}
 SUITE=bookworm # the job image's Python (3.11) must match the wheels built by $PYTHON

@@ -14,8 +14,8 @@
 # KUBECONFIG and the test image names. Settings (environment):
 #   ATOLL_K8S_BASE     state, logs, sockets (default /tmp/atoll-k8s)
 #   ATOLL_K8S_CACHE    built binaries (default ~/.cache/atoll/k8s-bin)
-#   ATOLL_K8S_IMAGES   test images (default "busybox job"; "job" = Debian's Python + atoll's wheel,
-#                      built offline by scripts/backends/docker.sh's recipe)
+#   ATOLL_K8S_IMAGES   test images (default "busybox job parent"; "job" = Debian's Python + atoll's wheel,
+#                      built offline by scripts/backends/docker.sh's recipe; "parent" = docker/parent.Dockerfile)
 #   ATOLL_K8S_APISERVER_PORT (16443), ATOLL_K8S_ETCD_PORT (12379, +1 for peers),
 #   ATOLL_K8S_KUBELET_PORT (10250), ATOLL_K8S_NODE (127.0.0.1: the node name)
 # Why each setting is there: docs/launchers/kubernetes.md, "The test cluster".
@@ -32,7 +32,7 @@ KUBELET_PORT=${ATOLL_K8S_KUBELET_PORT:-10250}
 # InternalIP without the loopback check it applies to --node-ip, so the API server reaches the
 # kubelet (logs) on 127.0.0.1, where it listens.
 NODE=${ATOLL_K8S_NODE:-127.0.0.1}
-IMAGES=${ATOLL_K8S_IMAGES:-busybox job}
+IMAGES=${ATOLL_K8S_IMAGES:-busybox job parent}
 DEBIAN_PACKAGES=(dpkg-dev golang-go golang-github-modern-go-reflect2-dev etcd-server docker.io rsync
   openssl curl)
 COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)

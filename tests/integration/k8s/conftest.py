@@ -187,3 +187,16 @@ def make_request(
         credentials={"ATOLL_JOB_TOKEN": token},
         worker_args=("-c", script),
     )
+
+
+@pytest.fixture(scope="module")
+def helm() -> Any:
+    """A real Helm: PyPI helm-sdkpy (tests/requirements-helm.txt), Helm's Go library via cffi."""
+    try:
+        import helm_sdkpy
+    except ImportError:
+        why = "helm-sdkpy missing: pip install --ignore-requires-python -r tests/requirements-helm.txt"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return helm_sdkpy

@@ -7,19 +7,16 @@ the chart's Role must grant exactly what deploy/k8s/rbac.yaml grants.
 
 from __future__ import annotations
 
-import asyncio
-import os
 from typing import Any
 
-import pytest
 import yaml
 from kubernetes import client
 
 from atoll.spec.site_config import parse_site_config
 from atoll.spec.study_runtime import parse_study_runtime
 from tests.integration.k8s.conftest import REPO, SESSION_ID, SESSION_LABEL, Cluster
+from tests.integration.k8s.helm_support import CHART, run
 
-CHART = REPO / "deploy" / "helm" / "atoll"
 RBAC_FILE = REPO / "deploy" / "k8s" / "rbac.yaml"
 STUDIES = {
     "pathology": {
@@ -30,27 +27,13 @@ STUDIES = {
 }
 
 
-@pytest.fixture(scope="module")
-def helm() -> Any:
-    try:
-        import helm_sdkpy
-    except ImportError:
-        why = "helm-sdkpy missing: pip install --ignore-requires-python -r tests/requirements-helm.txt"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    return helm_sdkpy
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
 def values(role: str) -> dict[str, Any]:
     return {
         "role": role,
         "kitSecret": f"{role}-kit",
         "image": {"pullPolicy": "Never"},
+        # No Pod of these releases can run (no such image, no kit Secret): no uninstall hook.
+        "cleanupOnUninstall": False,
         "extraLabels": {SESSION_LABEL: SESSION_ID},
         "config": {
             "site": {"launcher": "k8s", "k8s": {"pending_timeout": 300}},
@@ -87,7 +70,8 @@ def test_site_and_server_install_into_the_api_server(helm: Any, cluster: Cluster
         assert site["info"]["status"] == server["info"]["status"] == "deployed"
         manifests = [d for d in yaml.safe_load_all(site["manifest"]) if d]
         kinds = sorted(d["kind"] for d in manifests)
-        assert kinds == ["ConfigMap", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+        assert kinds == ["ConfigMap", "Deployment", "NetworkPolicy", "Role", "RoleBinding",
+                         "ServiceAccount"]
 
         # What Helm rendered is what atoll reads: the site's files validate with atoll's models.
         local = cluster.api.read_namespaced_config_map(f"{site_release}-site-local", ns).data

@@ -49,3 +49,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- toYaml $config -}}
 {{- end -}}
+
+{{/* The labels of this parent's job Pods (set by atoll's Kubernetes launcher). */}}
+{{- define "atoll.jobPodLabels" -}}
+app.kubernetes.io/managed-by: atoll
+atoll.dev/role: {{ .Values.role }}
+{{- with .Values.jobPodLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The same labels as a label selector (key=value,...). */}}
+{{- define "atoll.jobPodSelector" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := (include "atoll.jobPodLabels" . | fromYaml) -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

@@ -1,0 +1,108 @@
+"""A site parent that is itself a Slurm job (deploy/slurm/atoll-site.sbatch), on the real Slurm of
+scripts/backends/slurm.sh: for sites whose login nodes allow no daemons (marker: slurm).
+
+The first allocation queues its successor (dependency singleton), runs `atoll site start` and
+submits the site's job worker with sbatch from inside the allocation: a federated job completes.
+Then the allocation reaches its time limit: Slurm signals the batch shell, the parent stops in
+order, and while no allocation runs a second job is submitted (the successor is held until the
+server has seen the site go, so that the job is really submitted meanwhile). Released, the
+successor starts the same site from the same shared kit and workspace, and the waiting job runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.federation.harness import Federation
+from tests.integration.federation.jobs import make_job
+from tests.integration.slurm.conftest import PYTHON, REPO
+
+pytestmark = pytest.mark.slurm
+
+ADMIN = "admin@slurm-parent.test"
+SITE = "site-sp"
+SBATCH_SCRIPT = REPO / "deploy" / "slurm" / "atoll-site.sbatch"
+STOP_BEFORE = 20  # seconds: a 1-minute allocation signals its parent after ~40 s
+
+
+def _squeue(name: str) -> list[tuple[str, str]]:
+    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i|%T"], capture_output=True,
+                         text=True, check=True).stdout
+    return [tuple(line.split("|")) for line in out.split()]  # type: ignore[misc]
+
+
+def _wait(check, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {seconds} s")
+        time.sleep(0.5)
+    return value
+
+
+def _online(fed: Federation) -> bool:
+    with fed.session(ADMIN) as session:
+        return any(s["name"] == SITE and s["online"] for s in session.sites()["sites"])
+
+
+def _small_job(path: Path) -> Path:
+    job_dir = make_job(path)
+    meta = json.loads((job_dir / "meta.json").read_text())
+    meta["resource_spec"] = {"@default": {"num_of_cpus": 1, "memory": "512Mi"}}
+    (job_dir / "meta.json").write_text(json.dumps(meta))
+    return job_dir
+
+
+def test_site_parent_as_a_slurm_job_resumes_in_its_next_allocation(slurm_cluster, tmp_path):
+    fed = Federation.provisioned(tmp_path / "fed", [SITE],
+                                 [{"name": ADMIN, "org": "test", "role": "project_admin"}])
+    site_yaml = {"launcher": "slurm", "slurm": {"python_path": PYTHON, "pending_timeout": 120},
+                 "worker_endpoint": {"host": "__NODE_ADDRESS__", "port": 0}}
+    # Each allocation writes site.yaml from this, naming its node (here: the nodes' 127.0.0.1).
+    (fed.kit(SITE) / "local" / "site.yaml.in").write_text(yaml.safe_dump(site_yaml))
+    name = f"atoll-site-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "ATOLL": str(Path(PYTHON).parent / "atoll"),
+           "ATOLL_STOP_BEFORE": str(STOP_BEFORE), "ATOLL_NODE_ADDRESS": "127.0.0.1"}
+    fed.start_server()
+    try:
+        first = subprocess.run(
+            ["sbatch", "--parsable", f"--job-name={name}", "--time=1", "--mem=400M",
+             f"--signal=B:TERM@{STOP_BEFORE}", f"--chdir={tmp_path}", str(SBATCH_SCRIPT),
+             str(fed.kit(SITE))], capture_output=True, text=True, env=env, check=True
+        ).stdout.strip()
+        log = tmp_path / f"atoll-site-{name}.log"
+        _wait(lambda: _online(fed), 60, f"the site online from job {first}")
+        jobs = dict(_squeue(name))
+        successor = next(j for j in jobs if j != first)
+        assert jobs == {first: "RUNNING", successor: "PENDING"}, jobs
+        with fed.session(ADMIN) as session:
+            job = session.submit(_small_job(tmp_path / "in-first"), wait=True, timeout=120)
+        assert job["state"] == "FINISHED:COMPLETED", (job, log.read_text())
+
+        # The first allocation nears its limit; the successor waits until we have submitted.
+        subprocess.run(["scontrol", "hold", successor], check=True, env=env)
+        _wait(lambda: first not in dict(_squeue(name)), 150, f"the end of job {first}")
+        assert f"job {first}: SIGTERM (the time limit nears, or scancel)" in log.read_text()
+        assert not _online(fed)
+        with fed.session(ADMIN) as session:
+            waiting = session.submit(_small_job(tmp_path / "meanwhile"))["job_id"]
+        subprocess.run(["scontrol", "release", successor], check=True, env=env)
+        _wait(lambda: dict(_squeue(name)).get(successor) == "RUNNING", 60, "the successor")
+        with fed.session(ADMIN) as session:
+            done = session.wait(waiting, timeout=180)
+        assert done["state"] == "FINISHED:COMPLETED", (done, log.read_text())
+        text = log.read_text()
+        assert f"job {successor}: starting the site parent" in text
+        assert f"job {first}: site parent exited 0" in text
+    finally:
+        subprocess.run(["scancel", "--name", name], capture_output=True, env=env)
+        fed.stop_all()
+    _wait(lambda: not _squeue(name), 60, "no allocation of the site parent left")
