@@ -124,3 +124,50 @@ def test_the_site_worker_applies_the_sites_budget_the_parent_cannot_count(strict
     site_log = "\n".join(text for name, text in logs.items() if "site-1" in name)
     assert "BudgetExhausted: privacy budget of site site-1 (local/privacy.yaml budget.epsilon)" \
         in site_log
+
+
+WORKFLOW = '''
+from atoll.workflow import Model, Workflow
+
+
+class MyWorkflow(Workflow):
+    def run(self) -> None:
+        ctx, rounds = self.ctx, []
+        model = ctx.initial_model
+        for round_ in (1, 2):
+            result = ctx.secure_round(model, round=round_, total_rounds=2, timeout=120)
+            model = Model(params=result.aggregate, round=round_)
+            rounds.append({"ok": sorted(result.ok), "total_weight": result.total_weight,
+                           "privacy": result.privacy, "metrics": result.mean_metrics()})
+        ctx.save_model("global_model_final", model)
+        ctx.save_json("summary", {"rounds": rounds})
+'''
+
+
+def test_a_job_workflow_runs_a_secure_round_through_the_public_api(strict_federation, tmp_path):
+    app = ("server:\n  workflow: my_workflow.py:MyWorkflow\n  initial_model: model.py:make\n"
+           "site:\n  script: train.py\n" + COMPLIANT)
+    path = job_folder(tmp_path / "custom", {"name": "custom", "deploy_map": {"app": ["@ALL"]}},
+                      app,
+                      {"train.py": TRAIN, "model.py": MODEL, "my_workflow.py": WORKFLOW})
+    with strict_federation.session(ADMIN) as s:
+        job = s.submit(path, wait=True, timeout=300)
+        assert job["state"] == "FINISHED:COMPLETED", job
+        archive = s.download(job["job_id"], tmp_path / "download")
+    folder = tmp_path / "results"
+    if archive.is_file():
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(folder)
+    else:
+        folder = archive
+    from atoll.fl.privacy.accounting import epsilon
+
+    rounds = json.loads(next(folder.rglob("summary.json")).read_text())["rounds"]
+    assert [r["ok"] for r in rounds] == [SITES, SITES]
+    assert [r["total_weight"] for r in rounds] == [30, 30]  # learned as the masked sum only
+    assert [r["privacy"]["epsilon"] for r in rounds] == pytest.approx(
+        [epsilon(0.5, 1, 1e-5), epsilon(0.5, 2, 1e-5)])
+    from atoll.fl.serde import load_file
+
+    final = load_file(next(folder.rglob("global_model_final.safetensors"))).params["w"]
+    assert final.shape == (4, 4) and np.isfinite(final).all()

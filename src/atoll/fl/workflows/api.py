@@ -32,7 +32,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel
@@ -50,6 +50,9 @@ from atoll.fl.workflows.rounds import (
     require,
     resolve_min_clients,
 )
+
+if TYPE_CHECKING:
+    from atoll.fl.privacy.server_privacy import PrivateRound, ServerPrivacy
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +118,34 @@ class Gathered:
         return weighted_metrics((m.metrics, m.num_examples) for m in self.results.values())
 
 
+@dataclass
+class SecureResult:
+    """One securely aggregated train round (``Context.secure_round``): the server learned the
+    sum of the survivors' updates and their total example count, never one site's update."""
+
+    round: int
+    aggregate: Params  # the model sent plus the example-weighted mean of the sites' updates
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> train metrics
+    outcome: Outcome = field(default_factory=Outcome)
+    total_weight: float = 0.0  # the survivors' example counts, learned only as their sum
+    privacy: dict[str, float] = field(default_factory=dict)  # epsilon, delta after this round
+
+    @property
+    def ok(self) -> list[str]:
+        """Sites whose masked update is in the sum."""
+        return list(self.outcome.ok)
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Sites that dropped out, sent something unusable or were late, with why."""
+        return self.outcome.failed
+
+    def mean_metrics(self) -> dict[str, float]:
+        """Each metric's mean over the sites that reported it (unweighted: a site's example
+        count travels masked, so the server never learns it)."""
+        return weighted_metrics((m, 0) for m in self.metrics.values())
+
+
 class Context:
     """One job as a workflow sees it: its sites, arguments, results folder and link to sites."""
 
@@ -144,6 +175,7 @@ class Context:
         self.task_filters: list[Filter] = []
         self.result_filters: list[Filter] = []
         self._metrics: MetricsLog | None = None
+        self._privacy: ServerPrivacy | None = None
 
     @property
     def channel(self) -> ServerChannel:
@@ -273,6 +305,109 @@ class Context:
         """``send`` then ``gather``: one round trip."""
         sent = self.send(task, model, targets=targets, args=args, round=round)
         return self.gather(sent, timeout=timeout, min_replies=min_replies, aggregator=aggregator)
+
+    def secure_round(
+        self,
+        model: Model,
+        *,
+        round: int,
+        total_rounds: int | None = None,
+        targets: Sequence[str] | None = None,
+        timeout: float | None = None,
+        min_replies: int | None = None,
+    ) -> SecureResult:
+        """One ``train`` round under secure aggregation: the server learns only the sum.
+
+        Sends ``model`` as a ``train`` task to ``targets`` (default: every active site) after
+        the protocol's key and share steps; each site's runtime masks its update (its weights
+        minus ``model.params``, after app.yaml's reply filters and client-mode DP) and the
+        server folds the masked replies into one sum, then unmasks the sum alone. Sites that
+        drop out after masking are recovered from the others' shares; drop-outs leave
+        ``ctx.active`` as with ``gather``. Fewer than ``min_replies`` (default
+        ``ctx.min_clients``) masked updates raise ``WorkflowError``. ``round`` must be an int
+        (the round's keys are bound to it). Neither ``task_filters`` nor ``result_filters``
+        apply: the sites' own privacy filters do. Needs app.yaml's
+        ``privacy.secure_aggregation``; with ``privacy.dp`` it records the round's epsilon and
+        refuses a round past ``privacy.dp.max_epsilon``.
+        """
+        privacy = self._server_privacy()
+        if privacy is None or not privacy.secure:
+            raise WorkflowError(
+                "secure_round needs secure aggregation: set privacy.secure_aggregation in the "
+                "job's app.yaml (for example `privacy: {secure_aggregation: {}}`); the sites' "
+                "runtimes mask their updates only then")
+        reason = privacy.stop_reason()
+        if reason is not None:
+            raise WorkflowError(f"round {round}: {reason}")
+        private, aggregate = self._private_round(
+            model, round=round, total_rounds=total_rounds, targets=targets, timeout=timeout,
+            min_replies=min_replies)
+        return SecureResult(
+            round=round,
+            aggregate=aggregate,
+            metrics={site: dict(metrics) for site, (metrics, _) in private.train.items()},
+            outcome=private.outcome,
+            total_weight=private.total_weight,
+            privacy=privacy.record_round(),
+        )
+
+    def _server_privacy(self) -> ServerPrivacy | None:
+        """The job's one ``ServerPrivacy`` (app.yaml's privacy section; its budget and buffers
+        span rounds), made on first use; None without a privacy section."""
+        settings = self.job_args.get("privacy")
+        if settings is None:
+            return None
+        if self._privacy is None:
+            from atoll.fl.privacy.server_privacy import ServerPrivacy
+
+            self._privacy = ServerPrivacy(settings)
+        return self._privacy
+
+    def _private_round(
+        self,
+        model: Model,
+        *,
+        round: int,
+        total_rounds: int | None = None,
+        targets: Sequence[str] | None = None,
+        timeout: float | None = None,
+        min_replies: int | None = None,
+        in_place: bool = False,
+    ) -> tuple[PrivateRound, Params]:
+        """A train round the privacy settings aggregate (secure aggregation, or server-side
+        DP): the round's replies and the new params (``in_place``: written over
+        ``model.params``' arrays). ``secure_round`` and the FedAvg family run on it."""
+        from atoll.fl.privacy.server_privacy import apply_update
+
+        privacy = self._server_privacy()
+        assert privacy is not None
+        if not isinstance(round, int) or isinstance(round, bool):
+            raise WorkflowError(f"a private round needs an int round, not {round!r}")
+        if not model.params:
+            raise WorkflowError(
+                "secure aggregation and server-side DP need the sites to send updates against "
+                "a global model: send a model with params (set server.initial_model in app.yaml)")
+        chosen = list(self.active if targets is None else targets)
+        unknown = [t for t in chosen if t not in self.sites]
+        if unknown:
+            raise WorkflowError(f"round {round}: unknown site(s) {unknown}; sites: {self.sites}")
+        wanted = self.min_clients if min_replies is None else min_replies
+        meta = dict(model.meta)
+        headers: dict[str, Any] = {"round": round}
+        if total_rounds is not None:
+            meta["total_rounds"] = headers["total_rounds"] = total_rounds
+        outgoing = Model(params=model.params, num_examples=model.num_examples,
+                         params_type=model.params_type, metrics=model.metrics, round=round,
+                         meta=meta)
+        private = privacy.train_round(self._channel, chosen, outgoing, headers, timeout, wanted,
+                                      model.params)
+        del outgoing
+        self.note_dropouts(private.outcome)
+        update = private.mean_update(wanted, f"round {round}")
+        aggregate = apply_update(model.params, update, in_place=in_place)
+        if privacy.secure:
+            privacy.recycle(update, aggregate)  # never handed out: its memory is the next sum's
+        return private, aggregate
 
     def require_active(self, what: str, needed: int | None = None) -> None:
         """Fail when fewer active sites are left than ``needed`` (default ``min_clients``)."""

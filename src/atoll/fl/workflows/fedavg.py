@@ -71,18 +71,17 @@ def run_fedavg(
     FedAvgRun(channel, args, initial, job_args, workflow, server_update, site_meta or {}).run()
 
 
-def _privacy(job_args: dict[str, Any], has_initial: bool) -> ServerPrivacy | None:
-    """app.yaml's privacy section, as the runner passed it in the job's settings."""
-    settings = job_args.get("privacy")
+def _privacy(ctx: Context, has_initial: bool) -> ServerPrivacy | None:
+    """app.yaml's privacy section, as the runner passed it in the job's settings: the
+    context's one ``ServerPrivacy``, which ``ctx.secure_round`` uses too."""
+    settings = ctx.job_args.get("privacy")
     if settings is None:
         return None
-    from atoll.fl.privacy.server_privacy import ServerPrivacy
-
     if settings.changes_updates and not has_initial:
         raise WorkflowError("privacy filters and secure aggregation need the sites to send "
                             "updates against a global model: set server.initial_model in "
                             "app.yaml")
-    return ServerPrivacy(settings)
+    return ctx._server_privacy()
 
 
 class FedAvg(Workflow):
@@ -122,7 +121,7 @@ class FedAvgRun:
         self.last_validation: dict[str, float] = {}
         self.best: tuple[int, float] | None = None
         self.metrics = ctx.metrics
-        self.privacy = _privacy(ctx.job_args, bool(self.global_params))
+        self.privacy = _privacy(ctx, bool(self.global_params))
         self.stopped: str | None = None  # why training ended before num_rounds
         self.rounds_done = 0
 
@@ -233,19 +232,13 @@ class FedAvgRun:
         """A round whose aggregation the privacy settings own: secure aggregation (the server
         learns only the sum) or server-side DP (each update clipped, the sum noised). It runs
         on the job's link itself: masked replies cannot pass the context's result filters."""
-        from atoll.fl.privacy.server_privacy import apply_update
-
-        assert self.privacy is not None
-        private = self.privacy.train_round(self.ctx.channel, self.active, outgoing, headers,
-                                           self.args.round_timeout, self.min_clients,
-                                           self.global_params)
+        # the round ctx.secure_round runs too (the epsilon is recorded by _finish_round); a
+        # server optimizer (FedOpt) needs the old global model beside the new one
+        private, averaged = self.ctx._private_round(
+            outgoing, round=round_, total_rounds=headers.get("total_rounds"),
+            targets=self.active, timeout=self.args.round_timeout, min_replies=self.min_clients,
+            in_place=self.server_update is None)
         del outgoing
-        self.ctx.note_dropouts(private.outcome)
-        update = private.mean_update(self.min_clients, f"round {round_}")
-        # a server optimizer (FedOpt) needs the old global model beside the new one
-        averaged = apply_update(self.global_params, update, in_place=self.server_update is None)
-        if self.privacy.secure:
-            self.privacy.recycle(update, averaged)
         self._finish_round(round_, averaged, private.train, private.outcome, private.total_weight)
 
     def _finish_round(self, round_: int, averaged: Params,
