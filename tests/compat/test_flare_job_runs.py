@@ -41,7 +41,7 @@ def test_imported_flare_job_runs_to_completion(federation, tmp_path):  # noqa: F
     assert {name: part["state"] for name, part in status["parts"].items()} == {
         name: "FINISHED:COMPLETED" for name in ("server", "site-1", "site-2")}
     rounds = [e for e in status["progress"] if e.get("event") == "round"]
-    assert [e["round"] for e in rounds] == [0, 1]  # the FLARE job's num_rounds: 2
+    assert [e["round"] for e in rounds] == [1, 2]  # the FLARE job's num_rounds: 2 (atoll counts from 1)
     for event in rounds:  # weighed by meta NUM_STEPS_CURRENT_ROUND: 64 samples / 16 per batch
         assert {site: r["num_examples"] for site, r in event["sites"].items()} == {
             "site-1": 4, "site-2": 4}

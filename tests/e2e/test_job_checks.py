@@ -57,6 +57,10 @@ def test_a_job_that_cannot_run_is_refused_before_it_is_sent(poc, mistake):
 def test_a_one_site_federation_refuses_the_template_that_needs_two(cli):  # noqa: F811
     cli("poc", "up", "--sites", "1")
     cli("job", "init", "myjob")
+    # job init now writes the study's own site count; a job that asks for more is refused
+    meta = cli.cwd / "myjob" / "meta.json"
+    assert json.loads(meta.read_text())["min_clients"] == 1
+    meta.write_text(meta.read_text().replace('"min_clients": 1', '"min_clients": 2'))
     refused = cli("job", "submit", "myjob", "--wait", check=False)
     assert refused.returncode == 2
     assert "min_clients: 2, but the job can reach only 1 site(s)" in refused.stderr

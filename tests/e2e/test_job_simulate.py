@@ -63,6 +63,8 @@ def test_simulate_checks_the_job_first_and_reports_each_sites_failure(cli):  # n
     bad = cli("job", "simulate", "myjob", "--set", "num_round=2", check=False)
     assert bad.returncode == 2
     assert "--set: server.args.num_round: unknown key" in bad.stderr
+    meta = cli.cwd / "myjob" / "meta.json"  # not logged in: job init left min_clients out
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "min_clients": 2}))
     few = cli("job", "simulate", "myjob", "--sites", "1", check=False)
     assert few.returncode == 2 and "min_clients: 2, but the job can reach only 1" in few.stderr
     (cli.cwd / "myjob" / "app" / "train.py").write_text(

@@ -97,7 +97,8 @@ def receive(timeout: float | None = None) -> FLModel | None:
         params_type=ParamsType.DIFF if model.params_type == "diff" else ParamsType.FULL,
         params=params,
         metrics=dict(model.metrics) or None,
-        current_round=model.round,
+        # FLARE counts rounds from 0; atoll's users see them from 1
+        current_round=model.round - 1 if isinstance(model.round, int) else None,
         total_rounds=model.total_rounds,
         meta=meta,
     )
@@ -125,7 +126,7 @@ def _to_atoll(model: FLModel) -> Model:
         params_type="diff" if str(kind).upper() == "DIFF" else "full",
         num_examples=max(weight, 0),
         metrics=dict(model.metrics or {}),
-        round=model.current_round,
+        round=model.current_round + 1 if isinstance(model.current_round, int) else None,
         meta=_json_safe(model.meta),
     )
 

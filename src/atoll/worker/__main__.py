@@ -82,7 +82,8 @@ def _other_rank(job_id: str, role: str) -> int:
         from atoll.fl.runner import run_site_app
 
         datasets = json.loads(os.environ.get("ATOLL_DATASETS", "{}") or "{}")
-        run_site_app(NoLink(job_id, site), workdir / "app", site, datasets, Ranks.from_env())
+        run_site_app(NoLink(job_id, site), workdir / "app", site, datasets,
+                     ranks=Ranks.from_env())
     except BaseException as exc:  # noqa: BLE001 - rank 0 reports it for the site
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             return 0

@@ -118,7 +118,7 @@ def check_ddp_rounds(records: dict[int, list[dict[str, Any]]], world: int, round
     parameters as the others, from the same model received; only rank 0 held credentials."""
     assert sorted(records) == list(range(world)), records.keys()
     for rank, rows in records.items():
-        assert [r["round"] for r in rows] == list(range(rounds)), rows
+        assert [r["round"] for r in rows] == list(range(1, rounds + 1)), rows
         assert all(r["world_size"] == world and r["env_rank"] == str(rank) for r in rows)
         assert not any(r["token"] for r in rows) or rank == 0, (rank, rows)
     for round_ in range(rounds):

@@ -138,4 +138,4 @@ def test_the_torch_ddp_template_federates_with_two_processes_per_site(ddp_federa
     for site in ("site-ddp", "site-one"):
         assert f"{site}: rank 0 of 2 on cpu" in logs[site], logs[site]
         assert f"{site}: rank 1 of 2 on cpu" in logs[site], logs[site]
-        assert f"{site} round 4:" in logs[site], logs[site]
+        assert f"{site} round 5:" in logs[site], logs[site]
