@@ -19,6 +19,7 @@ class Cli:
         self.workspace = tmp_path / "poc"
         self.env = {**os.environ, "ATOLL_HOME": str(tmp_path / "home"),
                     "ATOLL_POC_WORKSPACE": str(self.workspace)}
+        self.env.pop("ATOLL_KIT", None)  # a newcomer's shell names no kit
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 300
                  ) -> subprocess.CompletedProcess:

@@ -11,32 +11,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
-import subprocess
-import sys
 
-import pytest
+from tests.e2e.newcomer import cli  # noqa: F401 - the fixture
 
 
-@pytest.fixture
-def cli(tmp_path):
-    env = {**os.environ, "ATOLL_HOME": str(tmp_path / "home"),
-           "ATOLL_POC_WORKSPACE": str(tmp_path / "poc")}
-
-    def run(*args, check=True):
-        proc = subprocess.run([sys.executable, "-m", "atoll", *args], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=600)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"atoll {' '.join(args)} exited {proc.returncode}:\n"
-                                 f"{proc.stdout}\n{proc.stderr}")
-        return proc
-
-    yield run
-    run("poc", "down", check=False)
-
-
-def test_fedprox_job_metrics_and_rounds_agree_everywhere(cli, tmp_path):
+def test_fedprox_job_metrics_and_rounds_agree_everywhere(cli, tmp_path):  # noqa: F811
     cli("poc", "up", "--sites", "2")
     cli("job", "init", "myjob", "--workflow", "fedprox")
     script = tmp_path / "myjob" / "app" / "train.py"

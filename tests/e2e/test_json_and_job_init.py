@@ -4,33 +4,12 @@ command answers in JSON, errors included (issue 25, wrong turns 5 and 10)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from tests.e2e.newcomer import cli  # noqa: F401 - the fixture
 
 
-@pytest.fixture
-def cli(tmp_path):
-    env = {**os.environ, "ATOLL_HOME": str(tmp_path / "home"),
-           "ATOLL_POC_WORKSPACE": str(tmp_path / "poc")}
-    env.pop("ATOLL_KIT", None)
-
-    def run(*args, check=True):
-        proc = subprocess.run([sys.executable, "-m", "atoll", *args], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"atoll {' '.join(args)} exited {proc.returncode}:\n"
-                                 f"{proc.stdout}\n{proc.stderr}")
-        return proc
-
-    yield run
-    run("poc", "down", check=False)
-
-
-def test_one_site_federation_init_submit_and_json_everywhere(cli, tmp_path):
+def test_one_site_federation_init_submit_and_json_everywhere(cli, tmp_path):  # noqa: F811
     up = json.loads(cli("poc", "up", "--sites", "1", "--format", "json").stdout)
     assert up["sites"] == ["site-1"] and up["study"] == "default"
 
