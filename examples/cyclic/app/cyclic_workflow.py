@@ -31,9 +31,9 @@ class Cyclic(Workflow):
                                 f"{', '.join(ctx.sites)}")
         model = ctx.initial_model or Model()
         visits, total = [], args.num_cycles * len(order)
-        for cycle in range(args.num_cycles):
+        for cycle in range(1, args.num_cycles + 1):  # counted from 1, as users see them
             for site in order:
-                step = len(visits)
+                step = len(visits) + 1  # the visit's round, from 1
                 if site not in ctx.active:
                     visits.append({"cycle": cycle, "site": site, "skipped": ctx.dropped[site]})
                     continue

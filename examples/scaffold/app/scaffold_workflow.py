@@ -21,7 +21,7 @@ class Scaffold(Workflow):
         ctx, args = self.ctx, self.args
         x = dict(ctx.initial_model.params) if ctx.initial_model else zeros()
         c = {name: value * 0 for name, value in x.items()}
-        for round_ in range(args.num_rounds):
+        for round_ in range(1, args.num_rounds + 1):  # rounds count from 1, as users see them
             ctx.require_active(f"round {round_}")
             outgoing = Model(params={**x, **{f"c/{k}": v for k, v in c.items()}})
             sent = ctx.send("train", outgoing, round=round_, total_rounds=args.num_rounds)

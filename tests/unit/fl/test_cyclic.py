@@ -54,7 +54,7 @@ def test_sites_are_visited_in_the_configured_order(tmp_path):
     assert trail.tolist() == [3, 1, 2, 3, 1, 2]
     visits = json.loads((tmp_path / "results" / "cyclic.json").read_text())["visits"]
     assert [(v["cycle"], v["site"]) for v in visits] == [
-        (0, "site-c"), (0, "site-a"), (0, "site-b"), (1, "site-c"), (1, "site-a"), (1, "site-b")]
+        (1, "site-c"), (1, "site-a"), (1, "site-b"), (2, "site-c"), (2, "site-a"), (2, "site-b")]
     assert [v["metrics"]["length"] for v in visits] == [1, 2, 3, 4, 5, 6]
 
 

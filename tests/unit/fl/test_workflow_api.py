@@ -64,14 +64,14 @@ def test_the_documented_workflow_runs_and_stops_early(tmp_path):
     job = _job(tmp_path, CUSTOM_APP, template)
     result = simulate(job, SITES, results_dir=tmp_path / "results")
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
-    # round 0: every site saw w=0 (loss 1), round 1: w=1 (loss 0), rounds 2, 3: no better
+    # round 1: every site saw w=0 (loss 1), round 2: w=1 (loss 0), rounds 3, 4: no better
     assert summary == {"rounds": 4, "best_loss": 0.0}
     from atoll.fl.serde import load_file
 
     w = load_file(tmp_path / "results" / "global_model_final.safetensors").params["w"]
     np.testing.assert_allclose(w, np.ones(3))  # (0*1 + 1*2 + 2*1) / 4
     rounds = [e for e in result.events if e.get("event") == "round"]
-    assert [e["round"] for e in rounds] == [0, 1, 2, 3]
+    assert [e["round"] for e in rounds] == [1, 2, 3, 4]
     lines = (tmp_path / "results" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[1])["metrics"] == {"loss": 0.0}
 
