@@ -33,6 +33,20 @@ def test_every_template_simulates(cli, workflow, framework):  # noqa: F811
     assert f"results in {folder}" in ran.stdout
 
 
+@pytest.mark.parametrize("workflow,framework", [
+    ("scaffold", "numpy"), ("cyclic", "numpy"), ("stats", "numpy"), ("custom", "numpy"),
+    ("fedavg", "torch-ddp")])
+def test_the_templates_of_shipped_workflows_simulate(cli, workflow, framework):  # noqa: F811
+    """The workflows a job ships (issue 26) and the DDP template (issue 23) run as written."""
+    if framework == "torch-ddp":
+        pytest.importorskip("torch")
+    cli("job", "init", "myjob", "--workflow", workflow, "--framework", framework)
+    ran = cli("job", "simulate", "myjob", "--out", "out")
+    assert "round 0" not in ran.stdout  # rounds count from 1 wherever users see them
+    _, job = _results(cli.cwd / "out")
+    assert job["state"] == "FINISHED:COMPLETED" and job["simulated"], ran.stdout
+
+
 def test_the_demo_job_simulates_with_each_sites_data_and_live_progress(cli, tmp_path):  # noqa: F811
     from atoll.demo.data import JOB_DIR, SITES
 
