@@ -88,8 +88,13 @@ def test_parent_containers_run_a_federated_job(docker_engine: Engine, tmp_path: 
         assert job["state"] == "FINISHED:COMPLETED", f"{job['reason']} {job['parts']}\n{logs}"
     finally:
         workers.stop()
-        for container in containers:
+        exits = {}
+        for container in containers:  # stopped, then gone: a later test counts this session's
             container.stop(timeout=20)
+            container.reload()
+            exits[container.name] = (container.attrs["State"]["ExitCode"],
+                                     container.logs(tail=20).decode())
+            container.remove(force=True)
     ran = {attrs["Config"]["Labels"]["atoll.role"]: attrs for attrs in workers.seen.values()
            if attrs["Config"]["Labels"].get("atoll.job_id") == job["job_id"]}
     assert sorted(ran) == ["server", "site"]
@@ -98,6 +103,5 @@ def test_parent_containers_run_a_federated_job(docker_engine: Engine, tmp_path: 
         assert not [s for s in sources if s.endswith(".sock")], sources
         assert not [e for e in attrs["Config"]["Env"] if e.startswith("DOCKER_HOST=")]
     assert (fed.workspace(SITE) / "jobs" / job["job_id"] / "logs" / "worker.log").exists()
-    for container in containers:
-        container.reload()
-        assert container.attrs["State"]["ExitCode"] == 0, container.logs(tail=20).decode()
+    for code, logs in exits.values():
+        assert code == 0, logs

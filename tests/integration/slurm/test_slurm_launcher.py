@@ -143,7 +143,9 @@ def test_two_nodes_run_one_task_each(launcher, tmp_path: Path) -> None:
     request = make_request(
         tmp_path,
         WRITE_ENV,
-        resources=Resources(num_of_gpus=2, num_of_cpus=2, memory="256Mi"),
+        # per node (FLARE 2.9's meaning): one CPU of each node's two, so a job still ending
+        # on one node (a test before) does not hold this one past its pending_timeout
+        resources=Resources(num_of_gpus=2, num_of_cpus=1, memory="256Mi"),
         launcher_spec={"nodes": 2, "gpus_per_node": 1},
     )
     result = launcher.wait(launcher.launch(request))
