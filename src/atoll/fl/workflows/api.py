@@ -11,7 +11,7 @@ from atoll.workflow import Context, Model, WeightedAverage, Workflow
 class MyFedAvg(Workflow):
     def run(self) -> None:
         model = self.ctx.initial_model or Model()
-        for round_ in range(self.ctx.args["num_rounds"]):
+        for round_ in range(1, self.ctx.args["num_rounds"] + 1):  # rounds count from 1
             sent = self.ctx.send("train", model, round=round_)        # to every active site
             replies = self.ctx.gather(sent, timeout=60, aggregator=WeightedAverage())
             model = Model(params=replies.aggregate, round=round_)
@@ -50,6 +50,7 @@ from atoll.fl.workflows.rounds import (
     require,
     resolve_min_clients,
 )
+from atoll.fl.workflows.secure import SecureResult, private_round, server_privacy
 
 if TYPE_CHECKING:
     from atoll.fl.privacy.server_privacy import PrivateRound, ServerPrivacy
@@ -116,34 +117,6 @@ class Gathered:
     def mean_metrics(self) -> dict[str, float]:
         """Each metric's mean over the sites that reported it, weighted by num_examples."""
         return weighted_metrics((m.metrics, m.num_examples) for m in self.results.values())
-
-
-@dataclass
-class SecureResult:
-    """One securely aggregated train round (``Context.secure_round``): the server learned the
-    sum of the survivors' updates and their total example count, never one site's update."""
-
-    round: int
-    aggregate: Params  # the model sent plus the example-weighted mean of the sites' updates
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> train metrics
-    outcome: Outcome = field(default_factory=Outcome)
-    total_weight: float = 0.0  # the survivors' example counts, learned only as their sum
-    privacy: dict[str, float] = field(default_factory=dict)  # epsilon, delta after this round
-
-    @property
-    def ok(self) -> list[str]:
-        """Sites whose masked update is in the sum."""
-        return list(self.outcome.ok)
-
-    @property
-    def failed(self) -> dict[str, str]:
-        """Sites that dropped out, sent something unusable or were late, with why."""
-        return self.outcome.failed
-
-    def mean_metrics(self) -> dict[str, float]:
-        """Each metric's mean over the sites that reported it (unweighted: a site's example
-        count travels masked, so the server never learns it)."""
-        return weighted_metrics((m, 0) for m in self.metrics.values())
 
 
 class Context:
@@ -352,62 +325,17 @@ class Context:
         )
 
     def _server_privacy(self) -> ServerPrivacy | None:
-        """The job's one ``ServerPrivacy`` (app.yaml's privacy section; its budget and buffers
-        span rounds), made on first use; None without a privacy section."""
-        settings = self.job_args.get("privacy")
-        if settings is None:
-            return None
+        """The job's one ``ServerPrivacy`` (workflows/secure.py), made on first use."""
         if self._privacy is None:
-            from atoll.fl.privacy.server_privacy import ServerPrivacy
-
-            self._privacy = ServerPrivacy(settings)
+            self._privacy = server_privacy(self.job_args)
         return self._privacy
 
-    def _private_round(
-        self,
-        model: Model,
-        *,
-        round: int,
-        total_rounds: int | None = None,
-        targets: Sequence[str] | None = None,
-        timeout: float | None = None,
-        min_replies: int | None = None,
-        in_place: bool = False,
-    ) -> tuple[PrivateRound, Params]:
-        """A train round the privacy settings aggregate (secure aggregation, or server-side
-        DP): the round's replies and the new params (``in_place``: written over
-        ``model.params``' arrays). ``secure_round`` and the FedAvg family run on it."""
-        from atoll.fl.privacy.server_privacy import apply_update
-
+    def _private_round(self, model: Model, **how: Any) -> tuple[PrivateRound, Params]:
+        """A train round the privacy settings aggregate (workflows/secure.py); ``secure_round``
+        and the FedAvg family run on it."""
         privacy = self._server_privacy()
         assert privacy is not None
-        if not isinstance(round, int) or isinstance(round, bool):
-            raise WorkflowError(f"a private round needs an int round, not {round!r}")
-        if not model.params:
-            raise WorkflowError(
-                "secure aggregation and server-side DP need the sites to send updates against "
-                "a global model: send a model with params (set server.initial_model in app.yaml)")
-        chosen = list(self.active if targets is None else targets)
-        unknown = [t for t in chosen if t not in self.sites]
-        if unknown:
-            raise WorkflowError(f"round {round}: unknown site(s) {unknown}; sites: {self.sites}")
-        wanted = self.min_clients if min_replies is None else min_replies
-        meta = dict(model.meta)
-        headers: dict[str, Any] = {"round": round}
-        if total_rounds is not None:
-            meta["total_rounds"] = headers["total_rounds"] = total_rounds
-        outgoing = Model(params=model.params, num_examples=model.num_examples,
-                         params_type=model.params_type, metrics=model.metrics, round=round,
-                         meta=meta)
-        private = privacy.train_round(self._channel, chosen, outgoing, headers, timeout, wanted,
-                                      model.params)
-        del outgoing
-        self.note_dropouts(private.outcome)
-        update = private.mean_update(wanted, f"round {round}")
-        aggregate = apply_update(model.params, update, in_place=in_place)
-        if privacy.secure:
-            privacy.recycle(update, aggregate)  # never handed out: its memory is the next sum's
-        return private, aggregate
+        return private_round(self, privacy, model, **how)
 
     def require_active(self, what: str, needed: int | None = None) -> None:
         """Fail when fewer active sites are left than ``needed`` (default ``min_clients``)."""
