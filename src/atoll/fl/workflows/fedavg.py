@@ -176,9 +176,6 @@ class FedAvgRun:
             },
         )
 
-    def _check_active(self, what: str) -> None:
-        self.ctx.require_active(what)
-
     def _aggregator(self, reuse: bool) -> Aggregator:
         if self.args.aggregator == "median":
             return CoordinateMedian(self.global_params or None)
@@ -188,7 +185,7 @@ class FedAvgRun:
 
     def train_round(self, round_: int) -> None:
         what = f"round {round_}"
-        self._check_active(what)
+        self.ctx.require_active(what)
         last = round_ == self.args.num_rounds
         keep_site_models = last and self.args.cross_site_eval == "all"
         outgoing = self._global_model(round_)
@@ -265,7 +262,7 @@ class FedAvgRun:
 
     def validate(self, round_: int) -> dict[str, Any]:
         what = f"round {round_} validation"
-        self._check_active(what)
+        self.ctx.require_active(what)
         result = evaluate(
             self.ctx, self.active, self._global_model(round_), "global", self.args.round_timeout
         )
