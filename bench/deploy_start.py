@@ -31,11 +31,12 @@ from typing import Any
 
 from atoll.pki.project import parse_project
 from atoll.pki.provision import provision
+from bench.sections import write_section
 from tests.integration.backend_env import read_env_file
 from tests.integration.federation.harness import PROJECT, Federation, free_port, project_doc
 
 ROOT = Path(__file__).resolve().parent.parent
-BEGIN, END = "<!-- deploy-start:begin -->", "<!-- deploy-start:end -->"
+SECTION = "deploy-start"  # its markers in BENCHMARKS.md (bench/sections.py)
 HEADING = "Deployments: start to a site online"
 ADMIN = "admin@bench.test"
 SITE = "site-b"
@@ -139,16 +140,6 @@ def table(results: dict[str, list[float]], repeats: int) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    body = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in body and END in body:
-        body = body[:body.index(BEGIN)] + block + body[body.index(END) + len(END):]
-    else:
-        body = body.rstrip("\n") + f"\n\n## {HEADING}\n\n{block}\n"
-    path.write_text(body if body.endswith("\n") else body + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -164,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(results, args.repeats)
     print(text)
     if not args.no_write:
-        write_section(Path(args.output), text)
+        write_section(Path(args.output), SECTION, HEADING, text)
     return 0
 
 

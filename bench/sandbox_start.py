@@ -33,9 +33,10 @@ from atoll.launchers.process import ProcessLauncher
 from atoll.launchers.request import build_request
 from atoll.spec.meta import load_meta
 from atoll.spec.site_config import parse_site_config
+from bench.sections import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
-BEGIN, END = "<!-- sandbox-start:begin -->", "<!-- sandbox-start:end -->"
+SECTION = "sandbox-start"  # its markers in BENCHMARKS.md (bench/sections.py)
 HEADING = "The process launcher's sandbox: worker start-up"
 WARMUP = 2
 PROBES = 5
@@ -185,16 +186,6 @@ def table(data: dict, launches: int, command: str, code: str) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    body = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in body and END in body:
-        body = body[:body.index(BEGIN)] + block + body[body.index(END) + len(END):]
-    else:
-        body = body.rstrip("\n") + f"\n\n## {HEADING}\n\n{block}\n"
-    path.write_text(body if body.endswith("\n") else body + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--launches", type=int, default=30, help="counted starts per variant")
@@ -213,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(data, args.launches, command, args.code)
     print(text)
     if not args.no_write:
-        write_section(Path(args.output), text)
+        write_section(Path(args.output), SECTION, HEADING, text)
         print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
