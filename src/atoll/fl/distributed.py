@@ -21,6 +21,7 @@ This module imports torch only for a site with several ranks.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -128,6 +129,11 @@ class TaskBroadcast:
                             f"{dist.get_world_size()}; the launcher set RANK={self.ranks.rank} "
                             f"WORLD_SIZE={self.ranks.world_size}")
         self._group = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        # gloo's threads must not outlive the interpreter: a process group still alive at exit
+        # aborts its process ("terminate called without an active exception", SIGABRT) after
+        # the script has finished. The script may still use the default group after the loop,
+        # so it goes at exit; atoll's own group goes when the job ends (close).
+        atexit.register(_destroy_default_group)
 
     def share(self, task: Task | None) -> Task | None:
         """Rank 0 passes its task (None: the job is over); every rank gets the same back."""
@@ -147,6 +153,7 @@ class TaskBroadcast:
         dist.broadcast(sizes, src=0, group=self._group)
         present, head_len, payload_len = (int(x) for x in sizes)
         if not present:
+            self.close()
             return None
         if self.ranks.leader:
             buffer = torch.frombuffer(data, dtype=torch.uint8)
@@ -156,6 +163,24 @@ class TaskBroadcast:
         view = memoryview(buffer.numpy())
         doc = json.loads(bytes(view[:head_len]))
         return Task(doc["task_id"], doc["topic"], doc["headers"], iter([view[head_len:]]))
+
+
+    def close(self) -> None:
+        """Every rank, once the job is over: wait for the others, then leave atoll's group."""
+        if self._group is None:
+            return
+        import torch.distributed as dist
+
+        dist.barrier(group=self._group)
+        dist.destroy_process_group(self._group)
+        self._group = None
+
+
+def _destroy_default_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _one_visible_gpu() -> bool:
