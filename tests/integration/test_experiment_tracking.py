@@ -4,7 +4,8 @@ The demo job (examples/hospitals) runs over mutual TLS with the process launcher
 app.yaml for MLflow tracking (per job: the server worker streams the global metrics and a nested
 run per site), and hospital-1's operator also sets MLFLOW_TRACKING_URI for the study in its
 local/study_runtime.yaml (per site: that site's worker streams its own metrics). Both must show
-up in MLflow while the job is still running, not at its end.
+up in MLflow while the job is still running, not at its end. hospital-2's operator keeps
+TensorBoard event files instead, in a read-write dataset of the study (TENSORBOARD_LOGDIR).
 """
 
 from __future__ import annotations
@@ -89,13 +90,18 @@ def _job(tmp_path: Path, uri: str) -> Path:
     return job
 
 
-def _map_sites(project: Path, folders: dict[str, Path], uri: str) -> None:
+def _map_sites(project: Path, folders: dict[str, Path], uri: str, tensorboard: Path) -> None:
     for site, folder in folders.items():
         runtime = {"format_version": 2, "studies": {STUDY: {
             "datasets": {demo_data.DATASET: {"source": str(folder), "mode": "ro"}}}}}
         if site == "hospital-1":  # this site's operator tracks its own metrics
             runtime["studies"][STUDY]["env"] = {"MLFLOW_TRACKING_URI": uri,
                                                 "MLFLOW_EXPERIMENT_NAME": SITE_EXPERIMENT}
+        if site == "hospital-2":  # this one in TensorBoard, in a folder the job may write
+            runtime["studies"][STUDY]["datasets"]["tensorboard"] = {"source": str(tensorboard),
+                                                                    "mode": "rw"}
+            runtime["studies"][STUDY]["env"] = {
+                "TENSORBOARD_LOGDIR": f"/data/{STUDY}/tensorboard"}
         (project / site / "local" / "study_runtime.yaml").write_text(yaml.safe_dump(runtime))
 
 
@@ -111,7 +117,9 @@ def test_the_demo_jobs_metrics_stream_to_a_real_mlflow_server_while_it_runs(tmp_
     client = mlflow.MlflowClient(mlflow_server)
     folders = demo_data.prepare(tmp_path / "data")
     project = provision_demo(tmp_path / "kits", demo_data.SITES)
-    _map_sites(project, folders, mlflow_server)
+    tensorboard = tmp_path / "hospital-2-tensorboard"
+    tensorboard.mkdir()
+    _map_sites(project, folders, mlflow_server, tensorboard)
     parents = [("server", project / "server")] + [("site", project / s) for s in demo_data.SITES]
     detach.start_many([(role, kit, kit / "workspace") for role, kit in parents])
     try:
@@ -162,6 +170,13 @@ def test_the_demo_jobs_metrics_stream_to_a_real_mlflow_server_while_it_runs(tmp_
     own_loss = client.get_metric_history(own.info.run_id, "train/loss")
     assert sorted(m.step for m in own_loss) == [1, 2, 3, 4, 5, 6]
     assert "local_loss" in own.data.metrics  # fl.log_metrics, streamed by the site itself
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tensorboard / job_id / "hospital-2"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss/hospital-2")] == [1, 2, 3, 4, 5, 6]
+    assert "local_loss/hospital-2" in events.Tags()["scalars"]  # fl.log_metrics too
 
 
 CRASHING_SITE = """

@@ -6,9 +6,11 @@ Who tracks what, and who configures it:
   workflow makes (each site's and the global train and validation metrics, per round; the
   cross-site table) and the ``fl.log_metrics`` values each site sent with its results. MLflow
   gets one run per job (the global metrics) with a nested run per site.
-- a **site worker**, when its site sets ``MLFLOW_TRACKING_URI`` for the study (``env`` in the
-  site's ``local/study_runtime.yaml``; a token through ``secret_env``): its own metrics, live, at
-  every ``fl.log_metrics`` and ``fl.send``, in one run per site and job. The site's operator
+- a **site worker**, when its site sets ``MLFLOW_TRACKING_URI`` (a token through
+  ``secret_env``) or ``TENSORBOARD_LOGDIR`` for the study (``env`` in the site's
+  ``local/study_runtime.yaml``): its own metrics, live, at every ``fl.log_metrics`` and
+  ``fl.send``, in one MLflow run per site and job, or event files under
+  ``<TENSORBOARD_LOGDIR>/<job id>/<site>``. The site's operator
   chooses the server and holds its credentials; the job never sees them in its payload.
 
 Tracking never fails a job: a tracking server that cannot be reached costs one warning in the
@@ -33,6 +35,9 @@ log = logging.getLogger(__name__)
 
 GLOBAL = "global"
 LOGGED = "log"  # the phase of fl.log_metrics values
+# A site's own TensorBoard folder, as its worker sees it (a study env variable the site sets;
+# named after `tensorboard --logdir`: ATOLL_* names belong to the launcher)
+TENSORBOARD_DIR_VAR = "TENSORBOARD_LOGDIR"
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,9 @@ class TensorBoardTracker:
         self.writer.close()
 
 
-def tensorboard_tracker(folder: Path, required: bool | None) -> TensorBoardTracker | None:
+def tensorboard_tracker(folder: Path, required: bool | None,
+                        asked_by: str = "server.tracking.tensorboard is true",
+                        where: str = "the server worker") -> TensorBoardTracker | None:
     """TensorBoard event files: ``required`` None writes them when tensorboard is installed."""
     import importlib.util
 
@@ -109,9 +116,8 @@ def tensorboard_tracker(folder: Path, required: bool | None) -> TensorBoardTrack
         except ImportError:
             missing = True
     if required:
-        raise TrackingError("server.tracking.tensorboard is true but the tensorboard package (and "
-                            "torch) is not installed where the server worker runs "
-                            "(pip install 'atoll[tracking]')")
+        raise TrackingError(f"{asked_by} but the tensorboard package (and torch) is not "
+                            f"installed where {where} runs (pip install 'atoll[tracking]')")
     return None
 
 
@@ -255,13 +261,27 @@ def server_streamer(config: Any, results_dir: Path, job: dict[str, Any]) -> Stre
 
 
 def site_streamer(site: str, job_id: str) -> Streamer | None:
-    """A site worker's tracker, when its site set MLFLOW_TRACKING_URI for the study."""
-    if not os.environ.get("MLFLOW_TRACKING_URI"):
-        return None
-    try:
-        tracker = start_mlflow(None, None, f"{site} ({job_id})",
-                               {"atoll.job_id": job_id, "atoll.site": site}, per_site=False)
-    except TrackingError as exc:
-        log.warning("%s", exc)
-        return None
-    return Streamer([tracker]) if tracker is not None else None
+    """A site worker's trackers, as its site set them for the study (its env): MLflow when
+    ``MLFLOW_TRACKING_URI`` is set, TensorBoard event files under ``TENSORBOARD_LOGDIR``."""
+    trackers: list[Tracker] = []
+    folder = os.environ.get(TENSORBOARD_DIR_VAR)
+    if folder:
+        try:
+            tensorboard = tensorboard_tracker(Path(folder) / job_id / site, required=True,
+                                              asked_by=f"{TENSORBOARD_DIR_VAR} is set",
+                                              where=f"{site}'s worker")
+        except (TrackingError, OSError) as exc:
+            log.warning("TensorBoard tracking to %s is off for this job: %s", folder, exc)
+        else:
+            if tensorboard is not None:
+                trackers.append(tensorboard)
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        try:
+            tracker = start_mlflow(None, None, f"{site} ({job_id})",
+                                   {"atoll.job_id": job_id, "atoll.site": site}, per_site=False)
+        except TrackingError as exc:
+            log.warning("%s", exc)
+        else:
+            if tracker is not None:
+                trackers.append(tracker)
+    return Streamer(trackers) if trackers else None
