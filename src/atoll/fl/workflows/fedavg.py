@@ -43,7 +43,8 @@ from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, save_file
 from atoll.fl.workflows.api import Aggregator, Context, Workflow
 from atoll.fl.workflows.evaluation import cross_site_table, evaluate, format_table, save_table
-from atoll.fl.workflows.rounds import Outcome, WorkflowError, describe, require
+from atoll.fl.workflows.round_report import report_round
+from atoll.fl.workflows.rounds import Outcome, WorkflowError, require
 
 if TYPE_CHECKING:
     from atoll.fl.privacy.server_privacy import ServerPrivacy
@@ -254,7 +255,9 @@ class FedAvgRun:
         if spent:  # the job's privacy budget, through the metrics files like any metric
             self.metrics.record(round_, "privacy", "global", spent)
         validation = self.validate(round_) if self._evaluation_due(round_) else None
-        self._report_round(round_, train, global_train, validation, outcome, spent)
+        report_round(self.ctx, round_, self.args, train, global_train, validation,
+                     {**outcome.failed, **(validation["failed"] if validation else {})},
+                     list(self.active), self.best, spent)
 
     def _evaluation_due(self, round_: int) -> bool:
         every = self.args.evaluate_every
@@ -366,61 +369,6 @@ class FedAvgRun:
             summary["stopped"] = self.stopped
         (self.results / "summary.json").write_text(json.dumps(summary, indent=2))
         self.ctx.report({"event": "finished", **summary})
-
-    def _headline(self, global_train: dict[str, float], validation: dict[str, Any] | None) -> dict:
-        """A flat view for one-line progress: global validation and each site's key metric."""
-        if not validation:
-            return {f"train_{k}": v for k, v in global_train.items()}
-        key = self.args.key_metric
-        flat = dict(validation["global"])
-        flat.update(
-            {f"{s}/{key}": m[key] for s, m in sorted(validation["sites"].items()) if key in m}
-        )
-        return flat
-
-    def _report_round(
-        self,
-        round_: int,
-        train: dict[str, tuple[dict[str, float], int]],
-        global_train: dict[str, float],
-        validation: dict[str, Any] | None,
-        outcome: Outcome,
-        privacy: dict[str, float] | None = None,
-    ) -> None:
-        sites: dict[str, Any] = {
-            site: {"train": metrics, "num_examples": n} for site, (metrics, n) in train.items()
-        }
-        if validation:
-            for site, metrics in validation["sites"].items():
-                sites.setdefault(site, {})["validate"] = metrics
-        event = {
-            "event": "round",
-            "round": round_,
-            "total_rounds": self.args.num_rounds,
-            "num_rounds": self.args.num_rounds,
-            "metrics": self._headline(global_train, validation),
-            "sites": sites,
-            "global": {
-                "train": global_train,
-                "validate": validation["global"] if validation else {},
-            },
-            "failed": {**outcome.failed, **(validation["failed"] if validation else {})},
-            "active": list(self.active),
-        }
-        if self.best is not None:
-            event["best"] = {"round": self.best[0], self.args.key_metric: self.best[1]}
-        if privacy:
-            event["privacy"] = privacy
-        log.info(
-            "round %d of %d: %d result(s)%s%s%s",
-            round_,
-            self.args.num_rounds,
-            len(train),
-            f", validation {validation['global']}" if validation else "",
-            f", failed: {describe(event['failed'])}" if event["failed"] else "",
-            f", epsilon {privacy['epsilon']:.3f} at delta {privacy['delta']:g}" if privacy else "",
-        )
-        self.ctx.report(event)
 
 
 class _NotingDiffs:
