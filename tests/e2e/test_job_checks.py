@@ -136,3 +136,29 @@ def test_validate_without_a_kit_checks_the_folder_and_says_what_it_did_not(cli):
     cli("job", "init", "myjob")
     ok = cli("job", "validate", "myjob")
     assert "myjob: ok" in ok.stdout and "not checked against a study" in ok.stdout
+
+
+def test_a_job_asking_more_than_an_online_site_has_is_refused_at_submit(poc):
+    """Wrong turn 5, resources: a site reports what it can ever hold (local/site.yaml's
+    capacity); a job asking more there would wait forever. The server refuses it at submit."""
+    site_yaml = poc.workspace / "poc" / "site-1" / "local" / "site.yaml"
+    site_yaml.write_text(site_yaml.read_text() + "\ncapacity: {gpus: 1}\n")
+    poc("poc", "down")
+    poc("poc", "up")  # the same federation; site-1 now reports its capacity
+    poc("job", "init", "myjob")
+    meta = poc.cwd / "myjob" / "meta.json"
+    doc = json.loads(meta.read_text())
+    doc["resource_spec"] = {"@default": {"num_of_gpus": 2}}
+    meta.write_text(json.dumps(doc))
+    refused = poc("job", "submit", "myjob", "--wait", check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert ("resource_spec: site 'site-1' could never run this job: 2 GPU(s) asked, 1 free "
+            "with nothing else running there") in refused.stderr
+    assert "site-2" not in refused.stderr  # no limit there: it could
+    assert poc.json("job", "list") == []
+
+    doc["resource_spec"] = {"@default": {"num_of_gpus": 2}, "site-1": {"num_of_gpus": 1}}
+    meta.write_text(json.dumps(doc))
+    accepted = poc.json("job", "submit", "myjob")  # asks what site-1 has: it may run
+    assert accepted["job_id"]
+    poc("job", "abort", accepted["job_id"])

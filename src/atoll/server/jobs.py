@@ -22,7 +22,7 @@ from atoll.launchers.job_files import create_job_file
 from atoll.pki.files import PRIVATE, private_dir
 from atoll.pki.job_signature import SIGNATURE_FILE
 from atoll.server.relay import JobRelay
-from atoll.server.scheduler import never_starts
+from atoll.server.scheduler import never_fits, never_starts
 from atoll.server.site_links import ControlTooLarge
 from atoll.server.spool import Budget
 from atoll.server.store import JobRecord
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from atoll.parent.worker_endpoint import WorkerTokens
     from atoll.pki.identity import Identity
     from atoll.server.job_signing import SubmissionCheck
+    from atoll.server.site_links import SiteLink
     from atoll.server.store import JobStore
     from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
@@ -100,9 +101,12 @@ class StudySites(Protocol):
 
 
 class SiteCommands(Protocol):
-    """The control streams of connected sites (server/site_links.py): False if it is offline."""
+    """The connected sites (server/site_links.py): their control streams (send: False if the
+    site is offline) and the capacity each reported."""
 
     def send(self, site: str, kind: str, body: dict[str, Any]) -> bool: ...
+
+    def online(self) -> dict[str, SiteLink]: ...
 
 
 class JobQueue(Protocol):
@@ -171,6 +175,8 @@ class JobManager:
                     problems.append(f"deploy_map: site {target!r} is not enrolled in study "
                                     f"{study!r} (enrolled: {', '.join(study_sites) or 'none'})")
             problems += never_starts(meta, study, study_sites)
+            problems += never_fits(meta, [t for t in targets if t in study_sites],
+                                   self.links.online())
             for app in meta.deploy_map:
                 if not (tree / app).is_dir():
                     problems.append(f"deploy_map: app folder {app!r} is missing from the job")

@@ -143,9 +143,6 @@ class Scheduler:
 
     def _try(self, record: JobRecord, meta: JobMeta) -> str | None:
         """Dispatch the job if it can run now; otherwise return what it waits for."""
-        from atoll.spec.launcher_spec import merged_block
-        from atoll.spec.resources import resolve_resources
-
         study_sites = self.studies.sites(record.study)
         targets = [t for t in meta.expand_targets(study_sites) if t != "server"]
         # Never dispatch outside the study, even to a site removed after the job was submitted.
@@ -162,8 +159,7 @@ class Scheduler:
         used = self.jobs.held()
         resources: dict[str, Resources] = {}
         for site in ready:
-            native = merged_block(meta.launcher_spec, site, online[site].launcher)
-            asked = resolve_resources(meta.resource_spec, site, native)
+            asked = _asked(meta, site, online[site])
             short = fits(online[site].capacity, used.get(site, []), asked)
             if short:
                 return f"waiting for resources at {site}: {short}"
@@ -186,3 +182,33 @@ def never_starts(meta: JobMeta, study: str, study_sites: list[str]) -> list[str]
                         f"{len(reachable)} site(s) of study {study!r} "
                         f"({', '.join(reachable) or 'none'}); it could never start")
     return problems
+
+
+def never_fits(meta: JobMeta, targets: list[str], online: dict[str, SiteLink]) -> list[str]:
+    """The online target sites whose whole capacity is less than the job asks there. The
+    scheduler starts a job only when it fits at every online target, so while such a site
+    reports that capacity the job could never start: intake refuses it."""
+    problems = []
+    for site in targets:
+        link = online.get(site)
+        if link is None:
+            continue  # offline: its capacity is not known now
+        try:
+            short = fits(link.capacity, [], _asked(meta, site, link))
+        except SpecError as exc:
+            problems.append(f"resource_spec for site {site!r}: {exc}")
+            continue
+        if short:
+            problems.append(f"resource_spec: site {site!r} could never run this job: {short} "
+                            "with nothing else running there; ask less for it (a per-site "
+                            "entry of resource_spec) or leave it out of deploy_map")
+    return problems
+
+
+def _asked(meta: JobMeta, site: str, link: SiteLink) -> Resources:
+    """What the job asks at ``site``, read for the launcher that site runs."""
+    from atoll.spec.launcher_spec import merged_block
+    from atoll.spec.resources import resolve_resources
+
+    return resolve_resources(meta.resource_spec, site,
+                             merged_block(meta.launcher_spec, site, link.launcher))

@@ -113,3 +113,19 @@ def test_a_native_docker_gpu_count_is_what_the_site_admits(store):
     links.sites["site-a"] = SimpleNamespace(capacity={"gpus": 1}, launcher="k8s")
     scheduler.tick()  # a Kubernetes site does not read the docker block
     assert [d[0] for d in jobs.dispatched] == ["d" * 32]
+
+
+def test_intake_names_each_online_site_too_small_for_the_job_ever():
+    from atoll.server.scheduler import never_fits
+
+    meta = load_meta({**META, "resource_spec": {"@default": {"num_of_gpus": 2},
+                                                "site-c": {"num_of_gpus": 1}}})
+    online = {"site-a": SimpleNamespace(capacity={"gpus": 1}, launcher="process"),
+              "site-b": SimpleNamespace(capacity={}, launcher="process"),  # no limit
+              "site-c": SimpleNamespace(capacity={"gpus": 1}, launcher="process")}
+    problems = never_fits(meta, ["site-a", "site-b", "site-c", "site-d"], online)
+    assert problems == ["resource_spec: site 'site-a' could never run this job: 2 GPU(s) asked, "
+                        "1 free with nothing else running there; ask less for it (a per-site "
+                        "entry of resource_spec) or leave it out of deploy_map"]
+    # site-d is offline: what it holds is not known now, so it does not count against the job
+    assert never_fits(meta, ["site-b", "site-d"], online) == []
