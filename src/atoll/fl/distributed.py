@@ -164,7 +164,6 @@ class TaskBroadcast:
         doc = json.loads(bytes(view[:head_len]))
         return Task(doc["task_id"], doc["topic"], doc["headers"], iter([view[head_len:]]))
 
-
     def close(self) -> None:
         """Every rank, once the job is over: wait for the others, then leave atoll's group."""
         if self._group is None:
