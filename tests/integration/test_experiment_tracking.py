@@ -10,6 +10,7 @@ TensorBoard event files instead, in a read-write dataset of the study (TENSORBOA
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -20,12 +21,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import mlflow
 import pytest
 import yaml
 
-pytest.importorskip("torch")
-pytest.importorskip("sklearn")
-mlflow = pytest.importorskip("mlflow")
+importlib.import_module("torch")  # required: a process this test starts loads it
+importlib.import_module("sklearn")  # required: a process this test starts loads it
 
 from atoll.admin.session import Session  # noqa: E402
 from atoll.demo import data as demo_data  # noqa: E402

@@ -17,7 +17,7 @@ import yaml
 from atoll.fl.serde import load_file
 from tests.integration.federation.harness import Federation
 
-pytest.importorskip("sklearn")
+importlib.import_module("sklearn")  # required: a process this test starts loads it
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 ADMIN = "admin@test.org"
