@@ -64,7 +64,7 @@ def test_the_demo_job_simulates_with_each_sites_data_and_live_progress(cli, tmp_
         if line.startswith("  round 1:"):
             first_round = line
             still_running = proc.poll() is None  # printed as it happened, not at the end
-    proc.wait(timeout=600)
+    proc.wait(timeout=240)
     assert proc.returncode == 0, "".join(lines) + proc.stderr.read()
     assert first_round is not None and still_running
     assert "accuracy=" in first_round and "hospital-3/accuracy=" in first_round

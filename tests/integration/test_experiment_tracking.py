@@ -154,7 +154,7 @@ def test_the_demo_jobs_metrics_stream_to_a_real_mlflow_server_while_it_runs(tmp_
                 assert runs[site].data.tags["mlflow.parentRunId"] == parent.info.run_id
                 assert "validate/accuracy" in runs[site].data.metrics
 
-            job = session.wait(job_id, timeout=600)
+            job = session.wait(job_id, timeout=240)
             assert job["state"] == "FINISHED:COMPLETED", job
     finally:
         for role, kit in reversed(parents):
