@@ -1,7 +1,7 @@
 """A lead's `job list` while one site's certificate holds hundreds of silent streams (issue 20).
 
     .venv/bin/python -m bench.hostile [--calls 400] [--streams 200]     (make bench-hostile)
-    .venv/bin/python -m bench.hostile attack KIT [--streams 200] [--summary FILE]
+    .venv/bin/python -m bench.hostile attack KIT [--streams 200] [--summary FILE] [--progress FILE]
 
 The bench provisions a project with two studies (alpha: site-1; beta: site-2 and its lead),
 starts the real server parent and site-2's parent, and times the lead's `Session.list_jobs()`
@@ -112,14 +112,31 @@ class SilentStreams:
                 "codes": dict(self.codes)}
 
 
-def attack_main(kit: Path, streams: int, summary: Path | None) -> int:
+def attack_main(kit: Path, streams: int, summary: Path | None,
+                progress: Path | None = None) -> int:
+    """Attack until SIGTERM; with ``progress``, the summary so far is rewritten there every
+    0.2 s, so that a test can wait for the attack to be at full strength instead of guessing."""
+
+    async def report(attacker: SilentStreams, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            partial = progress.with_suffix(".tmp")
+            partial.write_text(json.dumps(attacker.summary()))
+            partial.replace(progress)
+            try:
+                await asyncio.wait_for(stop.wait(), 0.2)
+            except TimeoutError:
+                pass
+
     async def run() -> dict:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         attacker = SilentStreams(kit, streams)
+        reporter = asyncio.create_task(report(attacker, stop)) if progress else None
         await attacker.run(stop)
+        if reporter is not None:
+            await reporter
         return attacker.summary()
 
     result = asyncio.run(run())
@@ -303,8 +320,9 @@ def main(argv: list[str]) -> int:
         parser.add_argument("kit", type=Path)
         parser.add_argument("--streams", type=int, default=200)
         parser.add_argument("--summary", type=Path)
+        parser.add_argument("--progress", type=Path)
         args = parser.parse_args(argv[1:])
-        return attack_main(args.kit, args.streams, args.summary)
+        return attack_main(args.kit, args.streams, args.summary, args.progress)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--streams", type=int, default=200)

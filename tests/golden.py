@@ -1,7 +1,9 @@
 """Golden files: compare a rendered object with tests/golden/<name>.json.
 
 On a mismatch the test fails with a unified diff and the command that regenerates the file:
-``ATOLL_REGEN_GOLDEN=1 .venv/bin/pytest <test>``. Review the diff before committing it.
+``ATOLL_REGEN_GOLDEN=1 .venv/bin/pytest <test>``. Review the diff before committing it. A run that
+regenerates never passes (the variable leaking into an environment must not turn the suite
+green), and under ``CI=true`` nothing is regenerated at all.
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ def assert_golden(name: str, obj: Any) -> None:
     actual = to_golden_text(obj)
     regen = f"{REGEN_VAR}=1 .venv/bin/pytest '{_current_test()}'"
     if os.environ.get(REGEN_VAR) == "1":
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"golden files cannot be regenerated under CI ({REGEN_VAR}=1 is set)",
+                        pytrace=False)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(actual)
-        return
+        pytest.fail(f"regenerated golden/{name}.json: review `git diff {GOLDEN_DIR.name}`, then "
+                    f"run the test again without {REGEN_VAR}", pytrace=False)
     if not path.exists():
         pytest.fail(f"golden file {path} does not exist; create it with:\n  {regen}")
     expected = path.read_text()

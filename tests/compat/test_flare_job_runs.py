@@ -35,7 +35,7 @@ def test_imported_flare_job_runs_to_completion(federation, tmp_path):  # noqa: F
                         "import atoll.compat.flare_client as flare")]
 
     with federation.session(ADMIN) as s:
-        job = s.submit(out, wait=True, timeout=600)
+        job = s.submit(out, wait=True, timeout=240)
         status = s.status(job["job_id"])
     assert status["state"] == "FINISHED:COMPLETED", status
     assert {name: part["state"] for name, part in status["parts"].items()} == {
@@ -75,7 +75,7 @@ def test_flare_meta_spellings_and_cross_site_eval(federation, tmp_path):  # noqa
     }
     (out / "meta.json").write_text(json.dumps(meta))
     with federation.session(ADMIN) as s:
-        job = s.submit(out, wait=True, timeout=600)
+        job = s.submit(out, wait=True, timeout=240)
         status = s.status(job["job_id"])
     assert status["state"] == "FINISHED:COMPLETED", status
     assert status["deploy_map"] == {"app_server": ["server"], "app_site-1": ["site-1"],

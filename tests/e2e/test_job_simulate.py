@@ -3,6 +3,7 @@ the demo job, with the live progress of `submit --wait` and the results folder o
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -23,7 +24,7 @@ def _results(out):
     ("scatter_gather", "numpy"), ("fedavg", "torch")])
 def test_every_template_simulates(cli, workflow, framework):  # noqa: F811
     if framework == "torch":
-        pytest.importorskip("torch")
+        importlib.import_module("torch")  # required: a process this test starts loads it
     cli("job", "init", "myjob", "--workflow", workflow, "--framework", framework)
     ran = cli("job", "simulate", "myjob", "--set", "num_rounds=2", "--out", "out")
     assert "round 1:" in ran.stdout and "round 2:" in ran.stdout and "round 3:" not in ran.stdout
@@ -39,7 +40,7 @@ def test_every_template_simulates(cli, workflow, framework):  # noqa: F811
 def test_the_templates_of_shipped_workflows_simulate(cli, workflow, framework):  # noqa: F811
     """The workflows a job ships (issue 26) and the DDP template (issue 23) run as written."""
     if framework == "torch-ddp":
-        pytest.importorskip("torch")
+        importlib.import_module("torch")  # required: a process this test starts loads it
     cli("job", "init", "myjob", "--workflow", workflow, "--framework", framework)
     ran = cli("job", "simulate", "myjob", "--out", "out")
     assert "round 0" not in ran.stdout  # rounds count from 1 wherever users see them
@@ -63,7 +64,7 @@ def test_the_demo_job_simulates_with_each_sites_data_and_live_progress(cli, tmp_
         if line.startswith("  round 1:"):
             first_round = line
             still_running = proc.poll() is None  # printed as it happened, not at the end
-    proc.wait(timeout=600)
+    proc.wait(timeout=240)
     assert proc.returncode == 0, "".join(lines) + proc.stderr.read()
     assert first_round is not None and still_running
     assert "accuracy=" in first_round and "hospital-3/accuracy=" in first_round

@@ -48,7 +48,7 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
 
     def run(command: str, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(command, shell=True, env=env, cwd=tmp_path, capture_output=True,
-                              text=True, timeout=600, **kwargs)
+                              text=True, timeout=240, **kwargs)
 
     try:
         for command in commands:

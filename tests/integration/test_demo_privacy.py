@@ -5,11 +5,13 @@ learn."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("sklearn")
-pytest.importorskip("opacus")
+importlib.import_module("torch")  # required: a process this test starts loads it
+importlib.import_module("sklearn")  # required: a process this test starts loads it
+importlib.import_module("opacus")  # required: a process this test starts loads it
 
 from atoll.demo.privacy import DELTA, federate_variants, format_rows, variants  # noqa: E402
 from atoll.fl.privacy.accounting import epsilon  # noqa: E402

@@ -7,13 +7,12 @@ how the bytes travel, not what is computed.
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("sklearn")
+importlib.import_module("torch")  # required: a process this test starts loads it
+importlib.import_module("sklearn")  # required: a process this test starts loads it
 
 from atoll.demo import data as demo_data  # noqa: E402
 from atoll.fl.simulator import simulate  # noqa: E402

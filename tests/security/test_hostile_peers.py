@@ -25,7 +25,7 @@ from atoll.pki.kit import load_kit
 from atoll.pki.tls import channel_credentials
 from atoll.wire import messages as msg
 from atoll.wire import rpc
-from tests.integration.federation.harness import Federation, job_folder
+from tests.integration.federation.harness import Federation, job_folder, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN, LEAD_A, MEMBER_A = "admin@consortium.org", "lead@a.org", "member@a.org"
@@ -71,6 +71,16 @@ def alpha_job(fed, tmp_path_factory):
                         timeout=120)
 
 
+def _at_full_strength(progress: Path, streams: int) -> bool:
+    try:
+        seen = json.loads(progress.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    codes = seen["codes"]
+    return (seen["opened"] >= streams and codes.get("PERMISSION_DENIED", 0) > 0
+            and codes.get("RESOURCE_EXHAUSTED", 0) > 0)
+
+
 def _fingerprint(fed: Federation, name: str) -> str:
     pem = (fed.kit(name) / "startup" / "client.crt").read_text()
     return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
@@ -78,14 +88,18 @@ def _fingerprint(fed: Federation, name: str) -> str:
 
 # -- under attack, service holds for others ------------------------------------------------------
 def test_silent_streams_of_one_site_do_not_starve_another_study(fed, tmp_path):
-    summary = tmp_path / "attack.json"
+    summary, progress = tmp_path / "attack.json", tmp_path / "attack-progress.json"
     attacker = subprocess.Popen(
         [sys.executable, "-m", "bench.hostile", "attack", str(fed.kit("site-1")),
-         "--streams", "240", "--summary", str(summary)], cwd=ROOT,
+         "--streams", "240", "--summary", str(summary), "--progress", str(progress)], cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "attack.log", "ab"))  # noqa: SIM115
     started = time.monotonic()
     try:
-        time.sleep(2.0)  # let every stream open: the lead's calls below meet the attack at full
+        # The lead's calls below meet the attack at full: every stream opened, and the server
+        # already refusing the site's calls on Admin and those past its 64 open calls.
+        wait_for(lambda: _at_full_strength(progress, 240) or attacker.poll() is not None, 60,
+                 what="the attack to be at full strength")
+        assert attacker.poll() is None, (tmp_path / "attack.log").read_text()
         with fed.session(LEAD_B, study="beta") as lead:
             before = {j["job_id"] for j in lead.list_jobs()}
             job = lead.submit(_job(tmp_path, "under-attack"), wait=True, timeout=120)

@@ -71,7 +71,7 @@ def docker_engine() -> Iterator[Engine]:
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)
-    docker = pytest.importorskip("docker")
+    import docker
     env = _engine_env()
     client = docker.DockerClient(base_url=env["DOCKER_HOST"])
     engine = Engine(env, client)

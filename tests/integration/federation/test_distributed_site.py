@@ -52,7 +52,7 @@ def test_a_two_process_site_federates_with_one_gpu_per_rank(ddp_federation, tmp_
     job_dir = make_ddp_job(tmp_path / "ddp", ["site-ddp", "site-one"], rounds=3,
                            resource_spec=RESOURCES)
     with ddp_federation.session(ADMIN) as session:
-        job = session.submit(job_dir, wait=True, timeout=300)
+        job = session.submit(job_dir, wait=True, timeout=240)
     assert job["state"] == "FINISHED:COMPLETED", (job, ddp_federation.log("site-ddp"))
     records = rank_records(run_folder(ddp_federation, "site-ddp", job["job_id"]))
     check_ddp_rounds(records, world=2, rounds=3)
@@ -132,7 +132,7 @@ def test_the_torch_ddp_template_federates_with_two_processes_per_site(ddp_federa
     done = CliRunner().invoke(init_command, [str(job_dir), "--framework", "torch-ddp"])
     assert done.exit_code == 0, done.output
     with ddp_federation.session(ADMIN) as session:
-        job = session.submit(job_dir, wait=True, timeout=400)
+        job = session.submit(job_dir, wait=True, timeout=240)
         logs = session.logs(job["job_id"])["logs"]
     assert job["state"] == "FINISHED:COMPLETED", (job, logs)
     for site in ("site-ddp", "site-one"):

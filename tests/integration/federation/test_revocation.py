@@ -10,7 +10,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,11 @@ from tests.integration.federation.jobs import make_job
 ADMIN = "admin@test.org"
 LEAVER = "leaver@test.org"
 LEAD = "lead@test.org"
+SPARE = "spare@test.org"  # revoked by the site test to make an older list of its own
 USERS = [{"name": ADMIN, "org": "test", "role": "project_admin"},
          {"name": LEAVER, "org": "test", "role": "lead"},
-         {"name": LEAD, "org": "test", "role": "lead"}]
+         {"name": LEAD, "org": "test", "role": "lead"},
+         {"name": SPARE, "org": "test", "role": "member"}]
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +47,20 @@ def atoll(*args: str, home: Path, check: bool = True) -> subprocess.CompletedPro
     return proc
 
 
+def list_number(fed: Federation, home: Path) -> int:
+    """The number of the revocation list the server holds now (0: none yet)."""
+    shown = atoll("crl", "show", "--kit", str(fed.kit(ADMIN)), "--format", "json", home=home)
+    return int(shown.stdout.split('"number": ')[1].split(",")[0])
+
+
 def online(fed: Federation) -> set[str]:
     with fed.session(ADMIN) as s:
         return {x["name"] for x in s.sites()["sites"] if x["online"]}
+
+
+def refusals(fed: Federation, site: str) -> int:
+    """How many times the server has refused ``site``'s link as revoked, by the site's log."""
+    return fed.log(site).count("this certificate is revoked")
 
 
 def test_a_revoked_users_cli_is_refused_at_once_and_the_sites_refuse_their_waiting_job(
@@ -65,12 +77,13 @@ def test_a_revoked_users_cli_is_refused_at_once_and_the_sites_refuse_their_waiti
         waiting = s.submit(make_job(tmp_path / "waiting"))
     assert waiting["state"] == "SUBMITTED"
 
+    number = list_number(fed, admin_home) + 1  # whichever test ran before
     revoked = atoll("provision", "revoke", str(fed.root), LEAVER, "--reason",
                     "affiliation-changed", home=admin_home)
-    assert "revocation list 1" in revoked.stdout
+    assert f"revocation list {number}" in revoked.stdout
     crl = fed.root / "ca" / "crl.pem"
     pushed = atoll("crl", "push", str(crl), "--kit", str(fed.kit(ADMIN)), home=admin_home)
-    assert "revocation list 1 (1 revoked)" in pushed.stdout
+    assert f"revocation list {number} (" in pushed.stdout
 
     # at once: the saved login session, and any new connection, are refused
     refused = atoll("job", "list", home=leaver_home, check=False)
@@ -89,7 +102,7 @@ def test_a_revoked_users_cli_is_refused_at_once_and_the_sites_refuse_their_waiti
     for site in ("site-1", "site-2"):
         reason = job["parts"][site]["reason"]
         assert f"{LEAVER} that signed the job is revoked" in reason, (site, reason)
-        assert "revocation list 1" in reason
+        assert f"revocation list {number}" in reason
     held = fed.workspace("site-2") / "crl.pem"
     assert held.read_text() == crl.read_text()
     assert stat.S_IMODE(held.stat().st_mode) == 0o600
@@ -106,11 +119,12 @@ def test_a_revoked_site_is_dropped_and_refused_and_lists_only_move_forward(feder
     home = tmp_path / "admin-home"
     admin_kit = str(fed.kit(ADMIN))
     wait_for(lambda: {"site-1", "site-2"} <= online(fed), 60, what="both sites online")
-    number = int(atoll("crl", "show", "--kit", admin_kit, "--format", "json", home=home)
-                 .stdout.split('"number": ')[1].split(",")[0])
+    # A list of its own to be the older one, whichever test ran before
+    atoll("provision", "revoke", str(fed.root), SPARE, "--reason", "superseded", home=home)
+    atoll("crl", "push", str(fed.root / "ca" / "crl.pem"), "--kit", admin_kit, home=home)
+    number = list_number(fed, home)
     older = tmp_path / "older.pem"
-    if number:
-        shutil.copy(fed.root / "ca" / "crl.pem", older)
+    shutil.copy(fed.root / "ca" / "crl.pem", older)
 
     atoll("provision", "revoke", str(fed.root), "site-2", "--reason", "key-compromise",
           home=home)
@@ -118,26 +132,28 @@ def test_a_revoked_site_is_dropped_and_refused_and_lists_only_move_forward(feder
                    home=home)
     assert "Closed the links of: site-2." in pushed.stdout
     wait_for(lambda: "site-2" not in online(fed), 60, what="site-2's link to be closed")
-    time.sleep(6)  # past the site's longest reconnect backoff: it is refused, not back
+    # The site dials again, and is refused again: seen in its own log, not assumed after a pause
+    seen = refusals(fed, "site-2")
+    wait_for(lambda: refusals(fed, "site-2") > seen, 60, what="site-2 to be refused once more")
     assert online(fed) == {"site-1"}
-    assert "this certificate is revoked" in fed.log("site-2")
     assert "key-compromise" in fed.log("site-2")
 
     # pushing the same list again changes nothing; an older one, or one by a lead, is refused
     again = atoll("crl", "push", str(fed.root / "ca" / "crl.pem"), "--kit", admin_kit, home=home)
     assert "it already held this list" in again.stdout
-    if number:
-        stale = atoll("crl", "push", str(older), "--kit", admin_kit, home=home, check=False)
-        assert stale.returncode == 2 and "older than the number" in stale.stderr, stale.stderr
+    stale = atoll("crl", "push", str(older), "--kit", admin_kit, home=home, check=False)
+    assert stale.returncode == 2 and "older than the number" in stale.stderr, stale.stderr
     lead = atoll("crl", "push", str(fed.root / "ca" / "crl.pem"), "--kit", str(fed.kit(LEAD)),
                  home=tmp_path / "lead", check=False)
     assert lead.returncode == 2 and "only project admins" in lead.stderr, lead.stderr
 
-    # a restarted server enforces the list it kept
+    # a restarted server enforces the list it kept: the site dials the new server and is refused
     fed.kill("server")
+    seen = refusals(fed, "site-2")
     fed.start_server()
     fed.wait_online(ADMIN, sites=["site-1"], timeout=30)
-    time.sleep(6)
+    wait_for(lambda: refusals(fed, "site-2") > seen, 60,
+             what="the restarted server to refuse site-2")
     assert online(fed) == {"site-1"}
     shown = atoll("crl", "show", "--kit", admin_kit, home=home).stdout
     assert f"Revocation list {number + 1}" in shown and "key-compromise" in shown

@@ -66,7 +66,9 @@ class Backend:
     log: Callable[[Handle, Path], str]  # the worker's output as the launcher saved it
     resources_in: Callable[[dict[str, Any]], tuple[int, int | None, int]]  # from native fields
     never_started: Callable[[], Handle]  # a handle of this backend's shape for no worker
-    untouched: Callable[[], bool] = lambda: True  # what never_started names is left alone
+    # A bystander on the same engine (a live process, container, pod or batch job that no
+    # launcher here started) is still running: cancelling a handle of no worker touched nothing.
+    untouched: Callable[[], bool]
 
 
 def eventually(check: Callable[[], bool], what: str) -> float:
@@ -167,13 +169,30 @@ def _process(launchers: list[Launcher], stack: list[Callable[[], None]]) -> Back
 # -- docker -----------------------------------------------------------------------------------
 
 
-def _docker(engine: Any, launchers: list[Launcher]) -> Backend:
+def _docker(engine: Any, launchers: list[Launcher], stack: list[Callable[[], None]]) -> Backend:
     import docker
     from atoll.launchers.docker import DockerLauncher
-    from tests.integration.docker.conftest import make_request, site_config
+    from tests.integration.docker.conftest import (
+        SESSION_ID,
+        SESSION_LABEL,
+        make_request,
+        site_config,
+    )
 
     config = site_config(engine)
     fresh = _closing(launchers, lambda: DockerLauncher(config))
+    bystander: list[Any] = []  # a container of someone else, started with never_started's
+
+    def never_started() -> Handle:
+        bystander.append(engine.client.containers.run(
+            engine.env["ATOLL_TEST_BUSYBOX_IMAGE"], ["sleep", "600"], detach=True,
+            labels={"atoll.test": "1", SESSION_LABEL: SESSION_ID}))
+        stack.append(lambda: bystander[0].remove(force=True))
+        return Handle("docker", uuid.uuid4().hex * 2, uuid.uuid4().hex)
+
+    def bystander_runs() -> bool:
+        bystander[0].reload()
+        return bystander[0].status == "running"
 
     def request(workdir: Path, program: str, resources: Resources) -> LaunchRequest:
         return make_request(workdir, program, site_config=config, resources=resources)
@@ -205,7 +224,8 @@ def _docker(engine: Any, launchers: list[Launcher]) -> Backend:
         gone=gone,
         log=lambda handle, workdir: (workdir / "logs" / "worker.log").read_text(),
         resources_in=resources_in,
-        never_started=lambda: Handle("docker", uuid.uuid4().hex * 2, uuid.uuid4().hex),
+        never_started=never_started,
+        untouched=bystander_runs,
     )
 
 
@@ -223,6 +243,26 @@ def _k8s(cluster: Any, launchers: list[Launcher], stack: list[Callable[[], None]
     node = docker.DockerClient(base_url=cluster.env["ATOLL_K8S_DOCKER_HOST"])  # the kubelet's
     stack.append(node.close)
     first = fresh()
+    from tests.integration.k8s.conftest import SESSION_ID, SESSION_LABEL
+
+    bystander = f"atoll-bystander-{uuid.uuid4().hex[:12]}"  # a pod of someone else
+
+    def never_started() -> Handle:
+        cluster.api.create_namespaced_pod(cluster.namespace, {
+            "metadata": {"name": bystander, "labels": {SESSION_LABEL: SESSION_ID}},
+            "spec": {"restartPolicy": "Never", "containers": [{
+                "name": "sleep", "image": cluster.busybox, "imagePullPolicy": "Never",
+                "command": ["sleep", "600"]}]}})
+        stack.append(lambda: cluster.api.delete_namespaced_pod(bystander, cluster.namespace,
+                                                               grace_period_seconds=0))
+        return Handle("k8s", f"atoll-never-{uuid.uuid4().hex[:12]}", uuid.uuid4().hex,
+                      extra={"namespace": cluster.namespace,
+                             "secret": f"atoll-never-{uuid.uuid4().hex[:12]}"})
+
+    def bystander_stays() -> bool:
+        pod = cluster.api.read_namespaced_pod(bystander, cluster.namespace)  # 404: it was deleted
+        return pod.metadata.deletion_timestamp is None and pod.status.phase in ("Pending",
+                                                                                "Running")
 
     def request(workdir: Path, program: str, resources: Resources) -> LaunchRequest:
         made = make_request(first, program, workdir, resources=resources, token=_token())
@@ -263,10 +303,8 @@ def _k8s(cluster: Any, launchers: list[Launcher], stack: list[Callable[[], None]
         gone=gone,
         log=lambda handle, workdir: (workdir / "logs" / "worker.log").read_text(),
         resources_in=resources_in,
-        never_started=lambda: Handle(
-            "k8s", f"atoll-never-{uuid.uuid4().hex[:12]}", uuid.uuid4().hex,
-            extra={"namespace": cluster.namespace,
-                   "secret": f"atoll-never-{uuid.uuid4().hex[:12]}"}),
+        never_started=never_started,
+        untouched=bystander_stays,
     )
 
 
@@ -276,12 +314,25 @@ _SLURM_LIVE = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "COMPLETING", "
                "RESIZING", "SIGNALING", "STAGE_OUT"}
 
 
-def _slurm(launchers: list[Launcher]) -> Backend:
+def _slurm(launchers: list[Launcher], stack: list[Callable[[], None]]) -> Backend:
     from atoll.launchers.slurm import SlurmLauncher
     from tests.integration.slurm.conftest import make_request, slurm_site
 
     site = slurm_site()
     fresh = _closing(launchers, lambda: SlurmLauncher(site))
+    bystander: list[str] = []  # a batch job of someone else, submitted with never_started's
+
+    def never_started() -> Handle:
+        bystander.append(subprocess.run(
+            ["sbatch", "--parsable", "-J", "atoll-bystander", "-c", "1", "--mem=16M", "--wrap",
+             "sleep 600"], capture_output=True, text=True, check=True).stdout.split(";")[0])
+        stack.append(lambda: subprocess.run(["scancel", *bystander], capture_output=True))
+        return Handle("slurm", "60000001", uuid.uuid4().hex)  # no such job id
+
+    def bystander_stays() -> bool:
+        state = subprocess.run(["squeue", "-h", "--states=all", "-j", bystander[0], "-o", "%T"],
+                               capture_output=True, text=True).stdout.strip()
+        return state in ("PENDING", "CONFIGURING", "RUNNING")
 
     def request(workdir: Path, program: str, resources: Resources) -> LaunchRequest:
         return make_request(workdir, program, site_config=site, resources=resources)
@@ -312,7 +363,8 @@ def _slurm(launchers: list[Launcher]) -> Backend:
         log=lambda handle, workdir: (workdir / "logs" / f"slurm-{handle.native_id}.out")
         .read_text(),
         resources_in=resources_in,
-        never_started=lambda: Handle("slurm", "60000001", uuid.uuid4().hex),  # no such job id
+        never_started=never_started,
+        untouched=bystander_stays,
     )
 
 
@@ -331,12 +383,12 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
                 pytest.skip("the process launcher needs Linux")
             yield _process(launchers, stack)
         elif request.param == "docker":
-            yield _docker(request.getfixturevalue("docker_engine"), launchers)
+            yield _docker(request.getfixturevalue("docker_engine"), launchers, stack)
         elif request.param == "k8s":
             yield _k8s(request.getfixturevalue("cluster"), launchers, stack)
         else:
             request.getfixturevalue("slurm_cluster")
-            yield _slurm(launchers)
+            yield _slurm(launchers, stack)
     finally:
         for launcher in launchers:
             launcher.close()

@@ -86,10 +86,12 @@ def test_a_silent_site_misses_the_round_by_timeout_and_stays_active(tmp_path):
             return Model(metrics={"accuracy": 0.5}, num_examples=1)
         return Model(params={"w": np.full(2, 8.0)}, num_examples=1)
 
-    args = FedAvgArgs(num_rounds=2, min_clients=2, round_timeout=0.5, cross_site_eval="none")
+    # Long enough that the sites that do answer always make it, on a loaded machine too: the
+    # exact set of late sites is what the test checks.
+    args = FedAvgArgs(num_rounds=2, min_clients=2, round_timeout=5, cross_site_eval="none")
     federation = run_workflow(run_fedavg, args, _sites(**{"site-3": silent_once}), tmp_path)
     rounds = [e for e in federation.events if e["event"] == "round"]
-    assert rounds[0]["failed"] == {"site-3": "no reply within round_timeout=0.5s"}
+    assert rounds[0]["failed"] == {"site-3": "no reply within round_timeout=5.0s"}
     assert "site-3" in rounds[1]["sites"]  # back in round 2
     assert ("train", 2) in calls
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from atoll.fl.app_config import FedProxArgs
+from atoll.fl.fedprox import mu_of, proximal_term, snapshot  # noqa: E402
 from atoll.fl.model import Model
+from atoll.fl.torch_bridge import to_params  # noqa: E402
 from atoll.fl.workflows import run_fedprox
 
 from .helpers import run_workflow
-
-torch = pytest.importorskip("torch")
-from atoll.fl.fedprox import mu_of, proximal_term, snapshot  # noqa: E402
-from atoll.fl.torch_bridge import to_params  # noqa: E402
 
 
 def test_sites_receive_mu_with_the_model(tmp_path):

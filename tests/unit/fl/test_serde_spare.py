@@ -48,7 +48,7 @@ def test_an_array_still_held_is_left_alone(hold):
 
 
 def test_a_torch_tensor_made_from_an_array_keeps_it():
-    torch = pytest.importorskip("torch")
+    import torch
     first = _decode(1.0, {})
     tensor = torch.from_numpy(first.params["w"])
     spare = dict(first.params)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from atoll.fl.model import Model  # noqa: E402
 from atoll.fl.serde import decode, encode  # noqa: E402

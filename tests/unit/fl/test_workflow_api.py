@@ -211,12 +211,20 @@ def test_gather_takes_who_answers_in_time_and_names_the_rest(tmp_path):
 
     federation = Federation(["a", "b", "silent", "gone"], tmp_path)
     done = threading.Event()
+    answered = {"a": threading.Semaphore(0), "b": threading.Semaphore(0)}
 
     def answer(name: str) -> None:
         channel = federation.site_channel(name)
         while (task := channel.receive(timeout=30)) is not None and not done.is_set():
             decode(task.chunks)
             channel.reply(task.task_id, {}, encode(Model(metrics={"n": 1.0}, num_examples=2)))
+            answered[name].release()
+
+    def replies_in() -> None:
+        """Both answering sites have replied: how fast a loaded machine runs their threads must
+        not decide which sites the timeout names."""
+        for name, replied in answered.items():
+            assert replied.acquire(timeout=60), f"{name} never replied"
 
     threads = [threading.Thread(target=answer, args=(n,), daemon=True) for n in ("a", "b")]
     for thread in threads:
@@ -224,12 +232,14 @@ def test_gather_takes_who_answers_in_time_and_names_the_rest(tmp_path):
     federation.drop("gone", "gone dropped out: worker killed by signal 9")
     ctx = Context(federation.server_channel(), {})
     sent = ctx.send("count", targets=["a", "b", "silent", "gone"])
+    replies_in()
     got = ctx.gather(sent, timeout=1.0, min_replies=2)
     assert sorted(got.ok) == ["a", "b"] and got.mean_metrics() == {"n": 1.0}
     assert got.failed == {"silent": "no reply within round_timeout=1.0s",
                           "gone": "gone dropped out: worker killed by signal 9"}
     assert ctx.active == ["a", "b", "silent"] and list(ctx.dropped) == ["gone"]
     again = ctx.send("count", targets=["a", "b", "silent"])
+    replies_in()
     with pytest.raises(WorkflowError, match=r"count: 2 site\(s\).*min_clients is 3.*silent"):
         ctx.gather(again, timeout=1.0, min_replies=3)
     done.set()
