@@ -92,7 +92,8 @@ class FederatedStatistics(Workflow):
             edges = [(first + i) * width for i in range(len(part["histogram"]) + 1)]
             for index in part["suppressed_bins"]:
                 notes.append(f"{site}: {column} cell {edges[index]:.4g} to "
-                             f"{edges[index + 1]:.4g} suppressed: under its min_count")
+                             f"{edges[index + 1]:.4g} suppressed: under its min_count or hidden "
+                             "with such cells")
             parts[site] = part
             if site not in sites or "count" not in sites[site]:
                 continue

@@ -119,8 +119,8 @@ def test_a_site_suppresses_cells_and_columns_under_its_min_count(tmp_path):
     hidden = [k for k, c in own.items() if c is None]
     assert len(hidden) >= 2  # the small cells and one more
     for k in hidden:
-        assert f"hospital-2: age cell {k:.4g} to {k + 1:.4g} suppressed: under its min_count" \
-            in result["notes"]
+        assert (f"hospital-2: age cell {k:.4g} to {k + 1:.4g} suppressed: under its min_count "
+                "or hidden with such cells") in result["notes"]
     five = _reference_cells(_pooled({"hospital-1": folders["hospital-1"]}, "age"), 5.0, 10)
     assert age["sites"]["hospital-1"]["histogram"] == list(five.values())
     assert age["sites"]["hospital-1"]["min"] % 5 == 0
@@ -190,3 +190,25 @@ def test_noise_and_a_jobs_stricter_min_count_through_the_job(tmp_path):
     assert got["count"] != len(pooled)  # noisy
     assert abs(got["count"] - len(pooled)) <= 0.05 * len(pooled)
     assert abs(got["mean"] - pooled.mean()) <= 0.11 * pooled.mean()  # sum and count each +-5 %
+
+
+def test_a_dp_site_through_the_job(tmp_path):
+    """hospital-1 answers with dp: no min or max, noisy count and sum within what the Laplace
+    scale allows, a histogram over its bounds; the job's two answers spend 2 x epsilon."""
+    folders = _make_data().write_cohorts(tmp_path / "data")
+    sites = {site: {"cohort": str(folder)} for site, folder in folders.items()}
+    bounds = {c: {"bounds": [0.0, 300.0]} for c in COLUMNS}
+    dp = {"min_count": 5, "columns": bounds, "dp": {"epsilon": 2.0, "budget": 4.0}}
+    simulate(EXAMPLE, sites, results_dir=tmp_path / "results",
+             statistics_rules={"hospital-1": dp})
+    result = json.loads((tmp_path / "results" / "statistics.json").read_text())
+    mine = result["columns"]["age"]["sites"]["hospital-1"]
+    own = _pooled({"hospital-1": folders["hospital-1"]}, "age")
+    assert "min" not in mine and mine["bounds"] == [0.0, 300.0]
+    # each of 4 columns x 2 numbers gets epsilon 2 / 8: Laplace scale 4 on the count, 1200 on
+    # the sum; 10 scales is a 1 in 40,000 event
+    assert mine["count"] != len(own) and abs(mine["count"] - len(own)) < 40
+    assert abs(mine["sum"] - own.sum()) < 12_000
+    assert len(mine["histogram"]) == 300 and mine["edges"][0] == 0.0
+    assert result["rules"]["hospital-1"]["dp"] == {"epsilon": 2.0, "budget": 4.0}
+    assert "min" not in result["columns"]["age"]["global"]  # not every site released one
