@@ -111,7 +111,8 @@ def serve(table: Path, *, spend: Spend | None = None,
     session.initialized = True
     guard = session.statistics_guard
     if guard is None:
-        spend = spend or getattr(session, "spend_budget", None)
+        if spend is None and callable(getattr(session, "spend_budget", None)):
+            spend = session.spend_budget  # the site parent's per-study ledger
         owner = (f"site {session.site} (statistics.dp.budget of its study_runtime.yaml, kept "
                  "for this job only)")
         guard = session.statistics_guard = StatisticsGuard(
@@ -122,8 +123,8 @@ def serve(table: Path, *, spend: Spend | None = None,
             session.send(Model(meta={"error": f"not a statistics task: {task}"}))
             continue
         try:
-            answer = guard.answer(task, model.meta,
-                                  lambda asked: read_columns(table, asked))
+            answer = guard.answer(task, model.meta, lambda asked: read_columns(table, asked),
+                                  str(table))
         except StatisticsRefused as exc:
             session.send(Model(meta={"refused": str(exc), "rules": _public(guard)}))
             continue

@@ -98,8 +98,10 @@ class StatisticsGuard:
         return self.rules
 
     def answer(self, task: str, meta: dict[str, Any],
-               values: Callable[[list[str]], dict[str, np.ndarray]]) -> dict[str, Any]:
-        """The statistics of one task, column by column; ``values`` reads the site's table."""
+               values: Callable[[list[str]], dict[str, np.ndarray]],
+               source: str = "") -> dict[str, Any]:
+        """The statistics of one task, column by column; ``values`` reads the site's table
+        (``source`` names it: a script serving two tables gets each its own answers)."""
         rules = self.freeze(meta.get("min_count"))
         columns = _columns(meta.get("columns"))
         means, edges = meta.get("means") or {}, meta.get("edges") or {}
@@ -111,6 +113,8 @@ class StatisticsGuard:
         new: dict[str, tuple[Any, ...]] = {}
         for column in columns:
             key = _key(task, column, means.get(column), edges.get(column))
+            if not isinstance(key, str):
+                key = (source, *key)
             if isinstance(key, str):
                 out[column] = {"refused": key}
             elif key in self.answers:
@@ -152,17 +156,21 @@ class StatisticsGuard:
 
 
 def _dp_refusal(rules: StatisticsRules, column: str, key: tuple[Any, ...]) -> str | None:
-    """In dp mode, what ``spread``/``summarize`` would refuse, found without the data."""
+    """In dp mode, what ``spread``/``summarize`` would refuse, found without the data (``key``:
+    source, task, column, mean, edges)."""
     if rules.dp is None:
         return None
     bounds = rules.bounds_of(column)
     if bounds is None:
         return (f"this site answers {column!r} only with dp noise, which needs the column's "
                 f"bounds: the site sets statistics.columns.{column}.bounds")
-    if key[0] == SPREAD and key[3] is not None:
+    if key[1] == SPREAD:
         precision = rules.precision_of(column)
         first, cells = bounds_grid(bounds, precision)
-        if cells > MAX_CELLS or not same_edges(key[3], grid_edges(first, cells, precision)):
+        if cells > MAX_CELLS:
+            return (f"{cells} histogram cells of width {precision} for {column!r}: more than "
+                    f"{MAX_CELLS}; the site sets a coarser statistics.precision")
+        if key[4] is not None and not same_edges(key[4], grid_edges(first, cells, precision)):
             return (f"this site answers {column!r} on its own grid only (cells of width "
                     f"{precision} over its bounds {bounds[0]:g} to {bounds[1]:g}): ask "
                     f"without edges")

@@ -138,3 +138,18 @@ def test_without_a_site_ledger_the_budget_holds_for_the_job():
     refused = guard.answer(SPREAD, {"columns": ["x"], "means": {"x": 1.0}}, _table)["x"]
     assert refused == {"refused": "statistics budget of site-1 (job) exhausted: spent epsilon 1 "
                                   "of 1.5, one more answer needs 1"}
+
+
+def test_a_dp_grid_too_fine_is_refused_before_spending():
+    ledger = StudyLedger(4.0)
+    rules = {**DP, "columns": {"x": {"bounds": [0.0, 1e6], "precision": 1.0}}}
+    guard = StatisticsGuard(rules, ledger.spend)
+    answer = guard.answer(SPREAD, {"columns": ["x"], "means": {"x": 1.0}}, _table)
+    assert "coarser statistics.precision" in answer["x"]["refused"] and ledger.calls == []
+
+
+def test_two_tables_served_in_one_job_keep_their_own_answers():
+    guard = StatisticsGuard({"min_count": 5})
+    one = guard.answer(SUMMARY, {"columns": ["x"]}, _table, "a.csv")
+    other = guard.answer(SUMMARY, {"columns": ["x"]}, lambda asked: {"x": VALUES["y"]}, "b.csv")
+    assert one["x"]["count"] == other["x"]["count"] and one["x"]["sum"] != other["x"]["sum"]
