@@ -112,9 +112,7 @@ class StatisticsGuard:
         out: dict[str, dict[str, Any]] = {}
         new: dict[str, tuple[Any, ...]] = {}
         for column in columns:
-            key = _key(task, column, means.get(column), edges.get(column))
-            if not isinstance(key, str):
-                key = (source, *key)
+            key = _key(source, task, column, means.get(column), edges.get(column))
             if isinstance(key, str):
                 out[column] = {"refused": key}
             elif key in self.answers:
@@ -184,17 +182,18 @@ def _columns(asked: Any) -> list[str]:
     return list(dict.fromkeys(asked))  # a column asked twice in one task is one question
 
 
-def _key(task: str, column: str, mean: Any, edges: Any) -> tuple[Any, ...] | str:
+def _key(source: str, task: str, column: str, mean: Any,
+         edges: Any) -> tuple[Any, ...] | str:
     """What makes two questions the same, or why the question is malformed."""
     if task == SUMMARY:
-        return (task, column)
+        return (source, task, column, None, None)
     if isinstance(mean, bool) or not isinstance(mean, int | float) or not math.isfinite(mean):
         return f"the mean of {column!r} must be a finite number"
     if edges is None:
-        return (task, column, float(mean), None)
+        return (source, task, column, float(mean), None)
     if not isinstance(edges, Sequence) or isinstance(edges, str) or len(edges) > 100_001:
         return f"edges of {column!r} must be a list of numbers"
     try:
-        return (task, column, float(mean), tuple(float(e) for e in edges))
+        return (source, task, column, float(mean), tuple(float(e) for e in edges))
     except (TypeError, ValueError):
         return f"edges of {column!r} must be a list of numbers"

@@ -161,12 +161,13 @@ def spread(values: np.ndarray, mean: float, rules: StatisticsRules, rng: np.rand
                            f"{precision} from {first * precision:g} to "
                            f"{(first + cells) * precision:g}): ask without edges"}
     counts = cell_counts(values, first, cells, precision)
-    deviations = values - float(mean)
+    # dp: deviations from the mean clipped to the bounds, or the sensitivity below would not hold
+    centre = float(np.clip(mean, *bounds)) if rules.dp is not None else float(mean)
+    deviations = values - centre
     squared = float(deviations @ deviations)
     answer: dict[str, Any] = {"first": first, "width": precision}
     if rules.dp is not None:
         assert epsilon is not None, "dp answers are given an epsilon"
-        centre = float(np.clip(mean, *bounds))
         sensitivity = max((bounds[1] - centre) ** 2, (centre - bounds[0]) ** 2)
         answer.update(sum_squared_deviations=laplace(squared, sensitivity, epsilon, rng),
                       histogram=[laplace(c, 1.0, epsilon, rng) for c in counts.tolist()],

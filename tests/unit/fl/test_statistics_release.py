@@ -122,3 +122,6 @@ def test_dp_needs_bounds_and_clips_to_them():
     assert summarize(big, rules, rng, "x", 10.0)["sum"] == pytest.approx(1e5, abs=200)
     assert summarize(np.ones(2), rules, rng, "x", 100.0) == {
         "suppressed": "fewer records than this site's min_count (5)"}  # on the noisy count
+    # a mean outside the bounds is clipped to them: deviations from 100, sensitivity 100^2
+    far = spread(np.full(10, 100.0), 1e6, rules, rng, "x", 1e9)["sum_squared_deviations"]
+    assert far == pytest.approx(0.0, abs=1e-3)
