@@ -50,7 +50,7 @@ _SERVER_ARGS = {
     "custom": {"num_rounds": 5, "robust": False, "patience": 2},
     "scaffold": {"num_rounds": 5, "server_lr": 1.0},
     "cyclic": {"num_cycles": 3},
-    "stats": {"columns": ["age", "bmi"], "bins": 10, "quantiles": [0.25, 0.5, 0.75]},
+    "stats": {"columns": ["age", "bmi"], "quantiles": [0.25, 0.5, 0.75]},
 }
 
 

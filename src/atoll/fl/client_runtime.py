@@ -53,6 +53,7 @@ class ClientSession:
         # The site's rules for federated statistics (its local/study_runtime.yaml), or None:
         # atoll.fl.statistics applies them, with its defaults when the site set none.
         self.statistics_rules = dict(statistics_rules) if statistics_rules else None
+        self.statistics_guard: Any = None  # the job's StatisticsGuard, made by its first serve()
         self.ranks = ranks or Ranks()
         self.broadcast = TaskBroadcast(self.ranks) if self.ranks.distributed else None
         self.tracking = tracking  # the site's own tracker (its MLFLOW_TRACKING_URI), if any

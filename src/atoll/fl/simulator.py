@@ -236,7 +236,7 @@ def simulate(
     """Run the job in ``job_dir`` with ``sites`` (site -> {dataset name: path}) in this process.
 
     ``statistics_rules``: site -> the rules its study_runtime.yaml would set under
-    ``statistics`` (``min_count``, ``noise``) for ``atoll.fl.statistics``.
+    ``statistics`` (``atoll.spec.statistics_rules``) for ``atoll.fl.statistics``.
 
     Returns where the results are and every progress event. The server workflow's exception is
     re-raised (after the sites stopped) unless ``raise_on_error`` is False; a site script's

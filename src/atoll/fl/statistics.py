@@ -1,21 +1,25 @@
 """Federated statistics of numeric columns of a table each site holds (a CSV), in two round trips.
 
 1. ``statistics_summary`` (args ``columns``): each site answers, per column, ``count``, ``sum``,
-   ``min`` and ``max`` of its non-missing values.
-2. ``statistics_spread`` (args ``columns``, the global ``means`` and histogram ``edges``): each
-   site answers the sum of squared deviations from the global mean and its histogram counts.
+   ``min`` and ``max`` of its non-missing values (min and max rounded outward to the site's
+   precision; none in dp mode).
+2. ``statistics_spread`` (args ``columns`` and the global ``means``): each site answers the sum
+   of squared deviations from the global mean and its histogram on its own grid (``first``
+   cell, cell ``width``: the site's precision). A job may send ``edges``; only the site's own
+   grid is answered.
 
 From these the server has, per site and globally: count, sum, mean, variance and standard
 deviation (sample, ``n - 1``), min, max, histograms, and quantiles read from the histograms
-(linear within a bin: an approximation as fine as the bins). Squared deviations from the global
-mean, not sums of squares, keep the variance exact (equal to the pooled data's to ~1e-12).
+(linear within a cell). Squared deviations from the global mean, not sums of squares, keep the
+variance exact (equal to the pooled data's to ~1e-12 in exact mode).
 
 The site's rules (``statistics:`` of its study in ``local/study_runtime.yaml``, handed to its
 worker by its parent, ``atoll.spec.statistics_rules``) are applied here, on the site, by
-``serve``: a column with fewer than ``min_count`` values is answered ``{"suppressed": why}``;
-a histogram bin holding 1 to ``min_count - 1`` records is ``None`` and listed as suppressed;
-with ``noise``, every released number is multiplied by ``1 + u``, ``u`` uniform in
-``[-noise, noise]``. A job may ask for a larger ``min_count`` (task arg), never a smaller one.
+``serve``: what each answer releases is ``atoll.fl.statistics_release``'s (suppression of small
+columns and cells with a complementary cell, rounded extremes, dp's Laplace noise), how often
+and to what a job is answered is ``atoll.fl.statistics_guard``'s. A job may ask for a larger
+``min_count`` (task arg) at its first question, never a smaller one. docs/privacy.md states the
+guarantee.
 """
 
 from __future__ import annotations
@@ -30,10 +34,21 @@ import numpy as np
 
 from atoll.fl.client_runtime import current
 from atoll.fl.model import Model
+from atoll.fl.statistics_guard import (
+    SPREAD,
+    SUMMARY,
+    Spend,
+    StatisticsGuard,
+    StatisticsRefused,
+    effective_rules,
+)
+from atoll.fl.statistics_release import spread, summarize
 from atoll.spec.errors import AtollError
-from atoll.spec.statistics_rules import StatisticsRules
 
-SUMMARY, SPREAD = "statistics_summary", "statistics_spread"
+__all__ = ["SPREAD", "SUMMARY", "StatisticsError", "StatisticsRefused", "combine_histograms",
+           "combine_summaries", "effective_rules", "quantiles", "read_columns", "serve",
+           "site_spread_stats", "spread", "summarize"]
+
 MISSING = {"", "na", "nan", "null", "none"}
 
 
@@ -80,129 +95,103 @@ def read_columns(path: Path, columns: Sequence[str]) -> dict[str, np.ndarray]:
     return {c: np.asarray(v, dtype=np.float64) for c, v in values.items()}
 
 
-def effective_rules(site_rules: dict[str, Any] | None, requested_min_count: Any = None) -> StatisticsRules:
-    """The site's rules (defaults when it set none), made stricter by a job's ``min_count``."""
-    rules = StatisticsRules.model_validate(site_rules or {})
-    if isinstance(requested_min_count, int) and requested_min_count > rules.min_count:
-        rules = StatisticsRules(min_count=requested_min_count, noise=rules.noise)
-    return rules
-
-
-def _noisy(value: float, rules: StatisticsRules, rng: np.random.Generator) -> float:
-    if not rules.noise:
-        return float(value)
-    return float(value) * (1.0 + rng.uniform(-rules.noise, rules.noise))
-
-
-def _too_few(count: int, rules: StatisticsRules) -> dict[str, str] | None:
-    if count >= rules.min_count:
-        return None
-    return {"suppressed": f"fewer records than this site's min_count ({rules.min_count})"}
-
-
-def summarize(
-    values: np.ndarray, rules: StatisticsRules, rng: np.random.Generator
-) -> dict[str, Any]:
-    """Phase 1 for one column: count, sum, min, max, or why it is suppressed."""
-    if (suppressed := _too_few(len(values), rules)) is not None:
-        return suppressed
-    return {
-        "count": _noisy(len(values), rules, rng),
-        "sum": _noisy(values.sum(), rules, rng),
-        "min": _noisy(values.min(), rules, rng),
-        "max": _noisy(values.max(), rules, rng),
-    }
-
-
-def spread(
-    values: np.ndarray,
-    mean: float,
-    edges: Sequence[float],
-    rules: StatisticsRules,
-    rng: np.random.Generator,
-) -> dict[str, Any]:
-    """Phase 2 for one column: squared deviations from the global mean, and the histogram over
-    ``edges`` (values outside them count in the first or last bin)."""
-    if (suppressed := _too_few(len(values), rules)) is not None:
-        return suppressed
-    edges_array = np.asarray(edges, dtype=np.float64)
-    if edges_array.ndim != 1 or len(edges_array) < 2 or np.any(np.diff(edges_array) < 0):
-        raise StatisticsError("statistics_spread: edges must be an increasing list of 2+ numbers")
-    clipped = np.clip(values, edges_array[0], edges_array[-1])
-    counts, _ = np.histogram(clipped, bins=edges_array)
-    histogram: list[float | None] = []
-    hidden = []
-    for index, count in enumerate(counts.tolist()):
-        if 0 < count < rules.min_count:
-            histogram.append(None)
-            hidden.append(index)
-        else:
-            histogram.append(_noisy(count, rules, rng) if count else 0.0)
-    deviations = values - float(mean)
-    return {
-        "sum_squared_deviations": _noisy(float(deviations @ deviations), rules, rng),
-        "histogram": histogram,
-        "suppressed_bins": hidden,
-    }
-
-
-def serve(table: Path) -> None:
+def serve(table: Path, *, spend: Spend | None = None,
+          rng: np.random.Generator | None = None) -> None:
     """A site's whole part of a statistics job: answer its tasks from the CSV ``table`` with
-    this site's rules until the job ends. Other tasks are answered with an empty result."""
+    this site's rules until the job ends. Other tasks are answered with an error.
+
+    The job's questions go through one ``StatisticsGuard`` per worker (kept on the session, so
+    a script that calls ``serve`` again gets the same one): rules frozen at the first question,
+    repeats answered from the first answer, ``max_queries`` per column and question, and in dp
+    mode each new answer's epsilon spent by ``spend``: the site parent's ledger
+    (``session.spend_budget(kind, epsilon, delta)``) when the worker has it, else a ledger of
+    this job alone. ``rng``: for tests; fresh entropy otherwise.
+    """
     session = current()
     session.initialized = True
-    rng = np.random.default_rng()  # fresh entropy: noise nobody can replay
+    guard = session.statistics_guard
+    if guard is None:
+        if spend is None and callable(getattr(session, "spend_budget", None)):
+            spend = session.spend_budget  # the site parent's per-study ledger
+        owner = (f"site {session.site} (statistics.dp.budget of its study_runtime.yaml, kept "
+                 "for this job only)")
+        guard = session.statistics_guard = StatisticsGuard(
+            session.statistics_rules, spend, owner, rng or np.random.default_rng())
     while (model := session.receive()) is not None:
         task = model.meta.get("task")
-        rules = effective_rules(session.statistics_rules, model.meta.get("min_count"))
-        columns = model.meta.get("columns")
-        if task not in (SUMMARY, SPREAD) or not isinstance(columns, list):
+        if task not in (SUMMARY, SPREAD):
             session.send(Model(meta={"error": f"not a statistics task: {task}"}))
             continue
-        values = read_columns(table, [str(c) for c in columns])
-        if task == SUMMARY:
-            answer = {c: summarize(values[c], rules, rng) for c in values}
-        else:
-            means, edges = model.meta.get("means", {}), model.meta.get("edges", {})
-            answer = {
-                c: spread(values[c], means[c], edges[c], rules, rng)
-                for c in values
-                if c in means and c in edges
-            }
-        rules_out = {"min_count": rules.min_count, "noise": rules.noise}
-        session.send(Model(meta={"statistics": answer, "rules": rules_out}))
+        try:
+            answer = guard.answer(task, model.meta, lambda asked: read_columns(table, asked),
+                                  str(table))
+        except StatisticsRefused as exc:
+            session.send(Model(meta={"refused": str(exc), "rules": _public(guard)}))
+            continue
+        session.send(Model(meta={"statistics": answer, "rules": _public(guard)}))
+
+
+def _public(guard: StatisticsGuard) -> dict[str, Any]:
+    """The rules this site answers with, as the job sees them."""
+    rules = guard.rules or effective_rules(guard.site_rules)
+    return rules.model_dump(exclude_none=True, exclude={"columns"}) | {
+        "columns": {c: r.model_dump(exclude_none=True) for c, r in rules.columns.items()}}
 
 
 # --- the server -------------------------------------------------------------------------------
 
 
 def combine_summaries(per_site: dict[str, dict[str, Any]], column: str) -> dict[str, Any]:
-    """Global count, sum, mean, min, max of ``column`` over the sites that released it."""
+    """Global count, sum, mean (and min, max where every site released them: not in dp mode)
+    of ``column`` over the sites that released it."""
     usable = {s: r[column] for s, r in per_site.items() if "count" in r.get(column, {})}
     if not usable:
         return {"suppressed": "no site released this column"}
     count = sum(r["count"] for r in usable.values())
     total = sum(r["sum"] for r in usable.values())
-    return {
-        "count": count,
-        "sum": total,
-        "mean": total / count,
-        "min": min(r["min"] for r in usable.values()),
-        "max": max(r["max"] for r in usable.values()),
-        "sites": sorted(usable),
-    }
+    out = {"count": count, "sum": total, "mean": total / count if count > 0 else 0.0,
+           "sites": sorted(usable)}
+    if all("min" in r for r in usable.values()):
+        out["min"] = min(r["min"] for r in usable.values())
+        out["max"] = max(r["max"] for r in usable.values())
+    return out
 
 
-def histogram_edges(summary: dict[str, Any], bins: int) -> list[float]:
-    low, high = summary["min"], summary["max"]
-    if high <= low:
-        high = low + 1.0
-    return np.linspace(low, high, bins + 1).tolist()
+def combine_histograms(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The global histogram from the sites' answers on their own grids: on the coarsest width,
+    finer grids summed into it where it is a whole multiple of theirs. A hidden cell counts 0
+    and its global cell is listed in ``incomplete``; a site whose grid does not fit is listed
+    in ``left_out`` with why."""
+    usable = {s: a for s, a in parts.items() if "histogram" in a}
+    if not usable:
+        return {}
+    width = max(a["width"] for a in usable.values())
+    cells: dict[int, float] = {}
+    incomplete: set[int] = set()
+    left_out = {}
+    for site, answer in sorted(usable.items()):
+        ratio = width / answer["width"]
+        if abs(ratio - round(ratio)) > 1e-9:
+            left_out[site] = (f"its cells of {answer['width']:g} do not divide the others' "
+                              f"{width:g}")
+            continue
+        for offset, count in enumerate(answer["histogram"]):
+            index = (int(answer["first"]) + offset) // round(ratio)
+            cells[index] = cells.get(index, 0.0) + (count or 0.0)
+            if count is None:
+                incomplete.add(index)
+    if not cells:
+        return {"left_out": left_out}
+    first, last = min(cells), max(cells)
+    return {"first": first, "width": width,
+            "edges": [(first + i) * width for i in range(last - first + 2)],
+            "histogram": [cells.get(i, 0.0) for i in range(first, last + 1)],
+            "incomplete": sorted(i - first for i in incomplete), "left_out": left_out}
 
 
 def quantiles(edges: Sequence[float], counts: Sequence[float], qs: Sequence[float]) -> dict:
     """Quantiles read from a histogram, linear within the bin where each falls."""
-    counts_array = np.asarray(counts, dtype=np.float64)
+    counts_array = np.clip(np.asarray(counts, dtype=np.float64), 0, None)  # dp: noisy counts
     total = counts_array.sum()
     if total <= 0:
         return {}

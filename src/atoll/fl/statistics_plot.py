@@ -11,7 +11,8 @@ log = logging.getLogger(__name__)
 
 
 def plot_histograms(columns: dict[str, dict[str, Any]], path: Path) -> bool:
-    """``columns``: column -> {"edges", "global": {"histogram"}, "sites": {site: {"histogram"}}}.
+    """``columns``: column -> {"edges", "global": {"histogram"}, "sites": {site: {"histogram",
+    "edges"}}}.
     Suppressed bins (None) are drawn as 0. Returns False when no column has a histogram, or
     matplotlib is not installed (a warning says so; the statistics themselves are unaffected)."""
     drawable = {c: v for c, v in columns.items() if v.get("edges") and v.get("global", {}).get(
@@ -38,7 +39,8 @@ def plot_histograms(columns: dict[str, dict[str, Any]], path: Path) -> bool:
         for site, site_data in sorted(data.get("sites", {}).items()):
             histogram = site_data.get("histogram")
             if histogram:
-                ax.stairs([c or 0 for c in histogram], edges, label=site, linewidth=1.5)
+                ax.stairs([c or 0 for c in histogram], site_data.get("edges", edges), label=site,
+                          linewidth=1.5)  # a site's own grid
         ax.set_title(column)
         ax.set_ylabel("records")
         ax.grid(alpha=0.3)

@@ -51,8 +51,10 @@ _STUDY_EXAMPLE = """\
     # secret_env: {{DB_PASSWORD: {{source: env, key: {env}_DB_PASSWORD}}}}
     # The worker image (docker, k8s, slurm with a container sandbox):
     # container: {{image: registry.example.org/{study}-trainer:1.0}}
-    # What federated statistics may reveal here (default min_count 10, no noise):
-    # statistics: {{min_count: 10, noise: 0.0}}
+    # What federated statistics may reveal here (docs/privacy.md; the defaults: min_count 10,
+    # cells of 1.0, 2 answers per column and question per job, exact; dp: Laplace noise, epsilon
+    # per answer, budget for the study, each column's bounds):
+    # statistics: {{min_count: 10, columns: {{age: {{precision: 5, bounds: [0, 120]}}}}, dp: {{epsilon: 0.5, budget: 4.0}}}}
 """
 
 _NO_STUDY = """\

@@ -247,7 +247,8 @@ class StudyEntry(NoNullModel):
     )
     slurm: SlurmStudySettings | None = Field(None, description="Slurm overrides (slurm only)")
     statistics: StatisticsRules | None = Field(
-        None, description="Rules for federated statistics at this site (min_count, noise)"
+        None, description="Rules for federated statistics at this site (min_count, precision, "
+        "max_queries, columns, dp; docs/privacy.md)"
     )
 
     @field_validator(*_FIELD_LAUNCHERS, mode="before")

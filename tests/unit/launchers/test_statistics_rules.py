@@ -14,7 +14,7 @@ from atoll.launchers.request import build_request
 from atoll.spec.errors import SpecError
 from atoll.spec.meta import load_meta
 from atoll.spec.site_config import parse_site_config
-from atoll.spec.statistics_rules import RULES_ENV
+from atoll.spec.statistics_rules import RULES_ENV, StatisticsRules
 from atoll.spec.study_runtime import parse_study_runtime
 
 JOB_ID = "0123456789abcdef0123456789abcdef"
@@ -32,7 +32,9 @@ def _request(tmp_path: Path, study: dict, role: str = "site"):
 
 def test_the_rules_reach_the_site_worker(tmp_path):
     request = _request(tmp_path, {"statistics": {"min_count": 25, "noise": 0.05}})
-    assert json.loads(request.worker_env[RULES_ENV]) == {"min_count": 25, "noise": 0.05}
+    sent = json.loads(request.worker_env[RULES_ENV])
+    assert sent["min_count"] == 25 and sent["noise"] == 0.05
+    assert StatisticsRules.model_validate(sent) == StatisticsRules(min_count=25, noise=0.05)
     rendered = json.dumps(render_docker(request))  # what the container gets, on docker
     assert RULES_ENV in rendered
     assert RULES_ENV not in _request(tmp_path, {"statistics": {"min_count": 25}},

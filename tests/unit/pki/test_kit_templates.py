@@ -61,6 +61,9 @@ def test_every_study_runtime_example_is_valid() -> None:
     assert entry.datasets["slides"].mode == "ro"
     assert entry.env == {"LOG_LEVEL": "info"}
     assert entry.secret_env["DB_PASSWORD"].key == "PATHOLOGY_DB_PASSWORD"
+    with_rules = parse_study_runtime(yaml.safe_load(uncomment(text, "statistics")), "process")
+    rules = with_rules.studies["outcomes"].statistics
+    assert rules.bounds_of("age") == (0.0, 120.0) and rules.budget() == (4.0, 0.0)
     with_image = uncomment(text, "container")
     runtime = parse_study_runtime(yaml.safe_load(with_image), "docker")
     assert (
