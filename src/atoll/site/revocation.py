@@ -6,7 +6,9 @@ none of it: it verifies the list against the root CA of its own kit and keeps it
 not older than the one it holds (`<workspace>/crl.pem`, 0600, read again at start). A job
 whose signer's certificate is on it is refused before any of its code is put where it runs
 (`why`, asked by the signature check, site/job_check.py), whatever the job's state was when the
-list arrived: a job still waiting on the server is refused when it is dispatched.
+list arrived: a job still waiting on the server is refused when it is dispatched, one
+fetched but not started yet is refused just before its launch, and one running here is aborted
+(site/supervisor.py's `signers_revoked`).
 
 One site parent runs per process, and the list it enforces is the process's (`activate`).
 """
@@ -44,8 +46,9 @@ class SiteRevocations:
         global _active
         _active = self
 
-    def on_command(self, body: dict[str, Any]) -> None:
-        """A list the server sent: kept if the project's CA signed it and it is not older."""
+    def on_command(self, body: dict[str, Any]) -> bool:
+        """A list the server sent: kept if the project's CA signed it and it is not older;
+        whether it is a newer one (the caller then aborts the jobs it revokes)."""
         pem = body.get("crl")
         try:
             if not isinstance(pem, str):
@@ -53,7 +56,8 @@ class SiteRevocations:
             changed, held = self.store.install(pem)
         except CRLError as exc:
             log.warning("revocation list from the server refused: %s", exc)
-            return
+            return False
         if changed:
             log.info("revocation list %d in force: %d certificate(s) revoked", held.number,
                      len(held.entries))
+        return changed
