@@ -138,15 +138,17 @@ def cancelled(fed, tmp_path_factory):
     wait_for(lambda: "waiting for sites" in status(fed, job_id)["reason"], 60,
              what="the job to wait for site-2")
     pushed = revoke(fed, QUEUED)
-    wait_for(lambda: status(fed, job_id)["state"] in TERMINAL, 60, what="the queued job to end")
     fed.start_site("site-2")  # the queue frees
     fed.wait_online(ADMIN)
+    wait_for(lambda: status(fed, job_id)["state"] in TERMINAL, 60, what="the queued job to end")
     return job_id, mark, pushed
 
 
 def test_a_queued_job_of_a_revoked_user_is_cancelled_and_none_of_its_code_runs(
         fed, cancelled, tmp_path):
     job_id, mark, pushed = cancelled
+    assert ran(fed, mark) == [], "the revoked user's initial_model ran"
+    assert site_started(fed, job_id) == []
     assert job_id in pushed, pushed  # `atoll crl push` names the job it cancelled
     job = status(fed, job_id)
     assert job["state"] == "FINISHED:ABORTED", job
@@ -166,7 +168,6 @@ def test_a_queued_job_of_a_revoked_user_is_cancelled_and_none_of_its_code_runs(
     assert status(fed, job_id)["state"] == "FINISHED:ABORTED"
     assert ran(fed, mark) == [], "the revoked user's initial_model ran"
     assert not (fed.workspace("server") / "jobs" / job_id / "run").exists()
-    assert site_started(fed, job_id) == []
 
 
 def test_a_queued_job_put_back_by_editing_the_job_store_is_cancelled_again(fed, cancelled):
@@ -174,10 +175,11 @@ def test_a_queued_job_put_back_by_editing_the_job_store_is_cancelled_again(fed, 
     _requeue(fed, job_id)  # the real SQLite file, as whoever holds the server's disk edits it
     job = wait_for(lambda: (j := status(fed, job_id))["state"] in TERMINAL and j, 60,
                    what="the scheduler to take the job up again")
-    assert job["state"] == "FINISHED:ABORTED", job
-    assert job["reason"].startswith(f"cancelled: {REVOKED}"), job
     assert ran(fed, mark) == [], "the revoked user's initial_model ran"
     assert site_started(fed, job_id) == []
+    assert job["state"] == "FINISHED:ABORTED", job
+    assert job["reason"].startswith(f"cancelled: {REVOKED}"), job  # not dispatched at all
+    assert all(job["parts"][s]["reason"].startswith("cancelled") for s in SITES), job
 
 
 def test_a_server_whose_queue_says_run_gets_a_server_worker_and_sites_that_refuse(
@@ -193,6 +195,8 @@ def test_a_server_whose_queue_says_run_gets_a_server_worker_and_sites_that_refus
         fed.wait_online(ADMIN, timeout=60)
         job = wait_for(lambda: (j := status(fed, job_id))["state"] in TERMINAL and j, 120,
                        what="the dispatched job to end")
+        assert ran(fed, mark) == [], "the revoked user's initial_model ran"
+        assert site_started(fed, job_id) == []
         server = job["parts"]["server"]["reason"]
         assert job["parts"]["server"]["state"] == "FINISHED:FAILED", job
         assert "the server worker refused to run the job" in server, job
@@ -201,8 +205,6 @@ def test_a_server_whose_queue_says_run_gets_a_server_worker_and_sites_that_refus
         for site in SITES:
             reason = job["parts"][site]["reason"]
             assert f"{site} refused the job" in reason and "is revoked" in reason, job
-        assert ran(fed, mark) == [], "the revoked user's initial_model ran"
-        assert site_started(fed, job_id) == []
     finally:
         fed.kill("server")
         fed.start_server()
