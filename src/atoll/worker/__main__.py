@@ -201,10 +201,11 @@ def main() -> int:
         if role == "server":
             from atoll.worker import signed_job
 
-            signed_job.check(workdir, info.get("trust"))  # before any of the job's code
+            trusted = signed_job.check_meanwhile(workdir, info.get("trust"))
             from atoll.fl.runner import run_server_app
             from atoll.worker.grpc_channels import GrpcServerChannel
 
+            trusted()  # the job's signature and signer, checked before any of its code runs
             results = workdir / "results"
             results.mkdir(parents=True, exist_ok=True)
             channel = GrpcServerChannel(stub, session, job_id, info["sites"], results,

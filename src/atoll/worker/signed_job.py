@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,29 @@ def check(workdir: Path, trust: dict[str, Any] | None) -> None:
     except OSError as exc:
         raise NotTrusted(f"the server worker refused to run the job: its signed files cannot "
                          f"be read ({exc.strerror}); none of the job's code ran") from None
+
+
+def check_meanwhile(workdir: Path, trust: dict[str, Any] | None) -> Callable[[], None]:
+    """``check`` on a thread of its own, while the worker loads atoll's workflow modules (no
+    job code: loading cryptography costs about as much, and now overlaps it); the function
+    returned waits for it and raises its NotTrusted."""
+    refused: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            check(workdir, trust)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            refused.append(exc)
+
+    thread = threading.Thread(target=run, name="signed-job-check", daemon=True)
+    thread.start()
+
+    def verdict() -> None:
+        thread.join()
+        if refused:
+            raise refused[0]
+
+    return verdict
 
 
 def _revoked(ca_pem: bytes, crl_pem: str) -> dict[int, str]:

@@ -136,3 +136,13 @@ def test_an_entry_revoked_at_any_time_counts(tmp_path, project):
     with pytest.raises(NotTrusted, match=r"revoked by the project admin on 2020-01-01 "
                                          r"\(revocation list 7\)"):
         signed_job.check(workdir, {**trust(project), "crl": crl})
+
+
+def test_the_check_made_meanwhile_hands_its_refusal_to_the_worker(tmp_path, project):
+    workdir = signed_workdir(tmp_path, project)
+    assert signed_job.check_meanwhile(workdir, trust(project))() is None
+    revoke(project, LEAD)
+    verdict = signed_job.check_meanwhile(workdir, trust(project))
+    with pytest.raises(NotTrusted, match=f"the certificate of {LEAD} that signed the job is "
+                                         "revoked"):
+        verdict()
