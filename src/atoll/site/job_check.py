@@ -106,14 +106,15 @@ class _Serial:
 
 def revoked(signed: Signed) -> str | None:
     """Why the job's signer may not run code here by the newest revocation list this site
-    holds (asked again just before launch, and for running jobs when a newer list comes)."""
+    holds, or because that list is past its nextUpdate (asked again just before launch, and for
+    running jobs when a newer list comes)."""
     try:
         reason = revocation.why(_Serial(signed.cert_pem))
     except ValueError:
         reason = "its serial number cannot be read"
     if reason:
         return f"the certificate of {signed.signer.name} that signed the job is revoked: {reason}"
-    return None
+    return revocation.stale()
 
 
 def check_revoked(site: str, signed: Signed) -> None:

@@ -26,6 +26,25 @@ log = logging.getLogger("atoll.site.revocation")
 _active: SiteRevocations | None = None
 
 
+def stale(now: float | None = None) -> str | None:
+    """Why this site runs no job while its list is past its ``nextUpdate``, or None: the CA
+    meant to have replaced it by then, and a server that withholds the newer list must not
+    keep a revoked user's jobs running here. atoll's own lists carry the CA's end."""
+    active = _active
+    if active is None or not active.store.current.next_update:
+        return None
+    import datetime as dt
+    import time
+
+    held = active.store.current
+    due = dt.datetime.fromisoformat(held.next_update)
+    if due.timestamp() > (time.time() if now is None else now):
+        return None
+    return (f"the revocation list {held.number} this site holds was due to be replaced by "
+            f"{due:%Y-%m-%d %H:%M} UTC (its nextUpdate) and the server has sent no newer one; "
+            "the project admin should push the project's newest list (`atoll crl push`)")
+
+
 def why(cert: Any) -> str | None:
     """Why the certificate (cryptography's, verified by the caller) is revoked, or None."""
     active = _active
