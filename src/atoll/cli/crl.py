@@ -42,7 +42,8 @@ def push(crl: Path, kit: Path | None, fmt: str) -> None:
 
     The server checks that the project's CA signed it and that it is not older than the list
     it holds, then refuses every call made with a revoked certificate, closes the links of
-    revoked sites and hands the list to every site, which refuse the jobs of revoked users."""
+    revoked sites, cancels the waiting and aborts the running jobs of revoked users, and hands
+    the list to every site, which refuse the jobs of revoked users."""
     try:
         text = crl.read_text(encoding="ascii")
     except (OSError, UnicodeDecodeError) as exc:
@@ -54,6 +55,9 @@ def push(crl: Path, kit: Path | None, fmt: str) -> None:
              + ("." if answer.get("changed") else "; it already held this list.")]
     if answer.get("sites_dropped"):
         words.append(f"Closed the links of: {p(', '.join(answer['sites_dropped']))}.")
+    if ended := answer.get("jobs_ended"):
+        words.append(f"Cancelled or aborted {len(ended)} job{'s' if len(ended) != 1 else ''} "
+                     f"signed by revoked users: {p(', '.join(ended))}.")
     emit(answer, fmt, " ".join(words))
 
 

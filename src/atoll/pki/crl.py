@@ -8,7 +8,8 @@ says as JSON (``revocation.py`` reads it) or the reason it is refused on stderr,
 
 Each CRL carries a number that only grows: a receiver never replaces its list by an older one.
 Its ``nextUpdate`` is the CA's own end: atoll does not let a list go stale, a newer one
-replaces it.
+replaces it. A site refuses jobs while the list it holds is past its ``nextUpdate``
+(site/revocation.py), so a list given an earlier one must be replaced by then.
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ def build_crl(ca: CertificateAuthority, entries: list[Entry], number: int) -> by
     return crl.public_bytes(serialization.Encoding.PEM)
 
 
+def next_update(data: bytes) -> dt.datetime | None:
+    """The ``nextUpdate`` of a PEM CRL (read after ``read_crl`` checked it), or None."""
+    from cryptography import x509
+
+    return x509.load_pem_x509_crl(data).next_update_utc
+
+
 def read_crl(data: bytes, ca_cert: x509.Certificate) -> tuple[int, dt.datetime, list[Entry]]:
     """(number, when it was issued, entries) of a PEM CRL, after checking that ``ca_cert``
     signed it; CRLError says why it is refused."""
@@ -120,7 +128,9 @@ def main(argv: list[str]) -> int:
     try:
         with open(argv[0], "rb") as fh:
             ca_cert = x509.load_pem_x509_certificate(fh.read())
-        number, issued, entries = read_crl(sys.stdin.buffer.read(), ca_cert)
+        data = sys.stdin.buffer.read()
+        number, issued, entries = read_crl(data, ca_cert)
+        due = next_update(data)
     except CRLError as exc:
         print(str(exc), file=sys.stderr)
         return 2
@@ -128,6 +138,7 @@ def main(argv: list[str]) -> int:
         print(f"cannot read the root CA {argv[0]}: {exc}", file=sys.stderr)
         return 2
     json.dump({"number": number, "issued": issued.isoformat(),
+               "next_update": due.isoformat() if due is not None else "",
                "revoked": [{"serial": format(e.serial, "x"), "at": e.revoked_at.isoformat(),
                             "reason": e.reason} for e in entries]}, sys.stdout)
     return 0

@@ -49,6 +49,7 @@ class RevocationList:
     issued: str = ""
     entries: dict[int, Revoked] = field(default_factory=dict)
     pem: str = ""
+    next_update: str = ""  # ISO 8601, UTC: when the CA means to have replaced it ("": never)
 
     def of(self, cert_pem: bytes | str) -> Revoked | None:
         """The entry of this certificate, or None; ValueError if it cannot be read."""
@@ -72,7 +73,8 @@ def verify(pem: str, ca_file: Path) -> RevocationList:
     doc = json.loads(done.stdout)
     entries = {int(e["serial"], 16): Revoked(int(e["serial"], 16), e["at"], e["reason"])
                for e in doc["revoked"]}
-    return RevocationList(doc["number"], doc["issued"], entries, pem)
+    return RevocationList(doc["number"], doc["issued"], entries, pem,
+                          doc.get("next_update") or "")
 
 
 class RevocationStore:

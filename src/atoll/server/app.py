@@ -88,7 +88,9 @@ class ServerParent:
         self.jobs = JobManager(
             store=self.store, studies=self.studies, links=self.links, queue=self.queue,
             host=self, tokens=self.tokens, limits=self.limits, workspace=self.workspace,
-            check=SubmissionCheck(kit.ca, kit.project, self.studies))
+            check=SubmissionCheck(kit.ca, kit.project, self.studies),
+            revocations=self.revocations)
+        self.revocations.on_change = self.jobs.signers_revoked
         self.scheduler = Scheduler(self.queue, self.store, self.studies, self.links, self.jobs)
         self._grpc = None
         self._workers = None
@@ -143,8 +145,8 @@ class ServerParent:
         # which needs local/'s check (started before this process imported gRPC).
         endpoint = self.local.endpoint
         self._endpoint = start_worker_endpoint(
-            self.tokens, ServerWorkerBackend(self.jobs, self.store), endpoint.host, endpoint.port,
-            endpoint.dial_host, endpoint.uses_tls)
+            self.tokens, ServerWorkerBackend(self.jobs, self.store, self.kit.ca), endpoint.host,
+            endpoint.port, endpoint.dial_host, endpoint.uses_tls)
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         self.scheduler.start()
         threading.Thread(target=self._watch_links, name="liveness", daemon=True).start()

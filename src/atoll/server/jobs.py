@@ -5,6 +5,11 @@ every site) moves through DISPATCHED -> STARTING -> RUNNING -> FINISHED:<outcome
 The job ends when the server's part and every site's part have ended: COMPLETED when the
 workflow completed (sites it tolerated losing are named in the reason), otherwise FAILED or
 ABORTED with the reason that decided it.
+
+A job signed by a user whose certificate is revoked never starts, whatever its state says:
+the signer is checked (server/job_signer.py) when a newer revocation list arrives (waiting
+jobs are cancelled, running ones aborted: `signers_revoked`), at dispatch, and just before the
+server worker is launched.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import create_job_file
 from atoll.pki.files import PRIVATE, private_dir
 from atoll.pki.job_signature import SIGNATURE_FILE
+from atoll.server.job_signer import revoked_signer
 from atoll.server.relay import JobRelay
 from atoll.server.scheduler import never_fits, never_starts
 from atoll.server.site_links import ControlTooLarge
@@ -34,6 +40,7 @@ if TYPE_CHECKING:
     from atoll.launchers.base import Launcher, LaunchRequest
     from atoll.parent.worker_endpoint import WorkerTokens
     from atoll.pki.identity import Identity
+    from atoll.pki.revocation import RevocationList
     from atoll.server.job_signing import SubmissionCheck
     from atoll.server.site_links import SiteLink
     from atoll.server.store import JobStore
@@ -128,10 +135,18 @@ class WorkerHost(Protocol):
                        shared: tuple[Path, ...] = ()) -> LaunchRequest: ...
 
 
+class HeldRevocations(Protocol):
+    """The revocation list the server holds now (server/revocation.py)."""
+
+    @property
+    def current(self) -> RevocationList: ...
+
+
 class JobManager:
     def __init__(self, *, store: JobStore, studies: StudySites, links: SiteCommands,
                  queue: JobQueue, host: WorkerHost, tokens: WorkerTokens,
-                 check: SubmissionCheck, limits: IntakeLimits, workspace: Path):
+                 check: SubmissionCheck, limits: IntakeLimits, workspace: Path,
+                 revocations: HeldRevocations):
         self.store = store
         self.studies = studies
         self.links = links
@@ -141,6 +156,7 @@ class JobManager:
         self.check = check  # a submission's signature and signer
         self.limits = limits
         self.workspace = workspace
+        self.revocations = revocations
         self.jobs_dir: Path = workspace / "jobs"
         private_dir(self.jobs_dir)
         self.live: dict[str, LiveJob] = {}
@@ -234,10 +250,15 @@ class JobManager:
     def dispatch(self, record: JobRecord, meta: JobMeta, sites: list[str],
                  skipped: dict[str, str], resources: dict[str, Resources]) -> None:
         folder = self.jobs_dir / record.id
-        relay = JobRelay(record.id, folder / "relay", sites, self.relay_budget,
-                         handoff=self.host.launcher.shares_host)
-        live = LiveJob(record, meta, sites, relay, folder, resources=resources)
-        with self._lock:
+        with self._lock:  # checked and made live at once: `signers_revoked` sees one or other
+            why = revoked_signer(folder / "job", self.revocations.current)
+            if why is not None:
+                log.warning("job %s not dispatched: %s", record.id, why)
+                self._cancel(record.id, f"cancelled: {why}")
+                return
+            relay = JobRelay(record.id, folder / "relay", sites, self.relay_budget,
+                             handoff=self.host.launcher.shares_host)
+            live = LiveJob(record, meta, sites, relay, folder, resources=resources)
             self.live[record.id] = live
         record.state = "DISPATCHED"
         self.store.set_job_state(record.id, "DISPATCHED")
@@ -263,9 +284,23 @@ class JobManager:
             app = live.meta.app_for("server")
             shutil.copytree(live.folder / "job" / app, private_dir(run_dir) / "app",
                             dirs_exist_ok=True)
+            signed = private_dir(run_dir / "signed")  # the worker checks them again
+            for name in ("meta.json", SIGNATURE_FILE):
+                if (live.folder / "job" / name).is_file():
+                    shutil.copyfile(live.folder / "job" / name, signed / name)
             token = self.tokens.issue(live.id)
             shared = (live.relay.handoff.path,) if live.relay.handoff is not None else ()
             request = self.host.launch_request(live.record, live.meta, run_dir, token, shared)
+            # the list held now, not the one at intake or dispatch (server/job_signer.py)
+            why = revoked_signer(live.folder / "job", self.revocations.current)
+            if why is not None:
+                log.warning("job %s: its server worker is not started: %s", live.id, why)
+                self.abort(live.id, f"aborted before the server worker started: {why}")
+                self._server_ended(live, WorkerExit(Outcome.FAILED, why))
+                return
+            if live.aborting:  # aborted (a newer list, an admin) while it was being prepared
+                self._server_ended(live, WorkerExit(Outcome.FAILED, live.aborting))
+                return
             self.store.set_part_state(live.id, "server", "STARTING")
             live.handle = self.host.launcher.launch(request)
         except (LaunchError, SpecError, OSError) as exc:
@@ -373,15 +408,20 @@ class JobManager:
         log.info("job %s finished: %s %s", live.id, live.server_state, reason)
 
     # -- abort ----------------------------------------------------------------------------------
+    def _cancel(self, job_id: str, reason: str) -> None:
+        """A job that never left the queue ends ABORTED, each of its parts with the reason."""
+        record = self.store.get_job(job_id)
+        if record is not None and record.state == "SUBMITTED":
+            for part in record.parts:
+                self.store.set_part_state(job_id, part, "FINISHED:ABORTED", reason)
+            self.store.set_job_state(job_id, "FINISHED:ABORTED", reason)
+
     def abort(self, job_id: str, reason: str) -> None:
-        live = self.live.get(job_id)
-        if live is None:
-            record = self.store.get_job(job_id)
-            if record is not None and record.state == "SUBMITTED":
-                for part in record.parts:
-                    self.store.set_part_state(job_id, part, "FINISHED:ABORTED", reason)
-                self.store.set_job_state(job_id, "FINISHED:ABORTED", reason)
-            return
+        with self._lock:
+            live = self.live.get(job_id)
+            if live is None:
+                self._cancel(job_id, reason)
+                return
         if live.aborting:
             return
         live.aborting = reason
@@ -393,6 +433,26 @@ class JobManager:
         if live.handle is not None:  # in the background: the admin's call returns at once
             threading.Thread(target=self.host.launcher.cancel, args=(live.handle,),
                              name=f"cancel-{job_id[:8]}", daemon=True).start()
+
+    def signers_revoked(self, held: RevocationList) -> list[str]:
+        """A newer revocation list is in force: cancel every waiting job and abort every
+        running one whose signer it revokes, each with the reason; the ids of those jobs."""
+        ended = []
+        with self._lock:  # no dispatch between the two lists (see `dispatch`)
+            for record in self.store.list_jobs(states=["SUBMITTED"]):
+                why = revoked_signer(self.jobs_dir / record.id / "job", held)
+                if why is not None:
+                    self._cancel(record.id, f"cancelled: {why}")
+                    ended.append(record.id)
+            running = list(self.live.values())
+        for live in running:
+            why = revoked_signer(live.folder / "job", held)
+            if why is not None:
+                self.abort(live.id, f"aborted: {why}")
+                ended.append(live.id)
+        for job_id in ended:
+            log.warning("job %s ended: its submitter's certificate is revoked", job_id)
+        return ended
 
     def recover(self) -> None:
         """After a restart: jobs that were running lost their server worker with the parent."""

@@ -9,7 +9,10 @@ workspace (`crl.pem`, 0600) and applies it at once:
   connections and sessions opened before the push too, since each call is checked;
 - the control link of a revoked site is closed (its jobs then fail as for a site that left);
 - every connected site gets the list (a `revocations` control message), and each site that
-  connects later gets it after its welcome: sites refuse the jobs of revoked submitters.
+  connects later gets it after its welcome: sites refuse the jobs of revoked submitters;
+- every job a revoked user signed is cancelled while it waits and aborted while it runs
+  (`on_change`: server/jobs.py's `signers_revoked`, with the reason its status shows); the
+  scheduler and the server worker's launch ask again (server/job_signer.py).
 
 One server parent runs per process, and the list it enforces is the process's (`activate`).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,8 @@ class ServerRevocations:
         self.links, self.audit_store = links, store
         self._lock = threading.Lock()
         self._serials: dict[int, tuple[Any, int]] = {}  # id(link) -> (link, its serial)
+        # a newer list is in force: end the jobs it revokes; the ids of those ended
+        self.on_change: Callable[[RevocationList], list[str]] | None = None
 
     def activate(self) -> None:
         global _active
@@ -111,13 +117,15 @@ class ServerRevocations:
                              f"at most {MAX_CONTROL - 1024:,}")
         changed, held = self.store.install(pem)  # CRLError (a ValueError): refused, not audited
         dropped = self._apply(held) if changed else []
+        ended = self.on_change(held) if changed and self.on_change is not None else []
         if self.audit_store is not None:
             self.audit_store.audit(who.name, who.org, who.role or "", study, "crl_push",
                                    f"crl {held.number}", "ok" if changed else "unchanged",
                                    f"{len(held.entries)} revoked")
         log.info("revocation list %d in force: %d certificate(s) revoked", held.number,
                  len(held.entries))
-        return {**_summary(held), "changed": changed, "sites_dropped": dropped}
+        return {**_summary(held), "changed": changed, "sites_dropped": dropped,
+                "jobs_ended": ended}
 
     def show(self, who, study: str, body: dict[str, Any]) -> dict[str, Any]:
         return _summary(self.current)

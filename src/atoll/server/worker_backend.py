@@ -19,9 +19,10 @@ if TYPE_CHECKING:
 class ServerWorkerBackend:
     """What the server worker (the workflow) can do through the server parent's endpoint."""
 
-    def __init__(self, jobs: JobManager, store: JobStore):
+    def __init__(self, jobs: JobManager, store: JobStore, ca_file: Path):
         self.jobs = jobs
         self.store = store
+        self.ca_pem = ca_file.read_text(encoding="ascii")
 
     def _live(self, job_id: str) -> LiveJob:
         live = self.jobs.live.get(job_id)
@@ -39,6 +40,9 @@ class ServerWorkerBackend:
                 "job_args": {"min_clients": live.meta.min_clients, "name": live.meta.name}}
         if live.relay.handoff is not None:
             info["handoff"] = str(live.relay.handoff.path)
+        # what the worker checks the job's signature against before it runs any of its code
+        # (worker/signed_job.py): the project's root CA and the revocation list held now
+        info["trust"] = {"ca": self.ca_pem, "crl": self.jobs.revocations.current.pem}
         return info
 
     def app_zip(self, job_id: str) -> Path:

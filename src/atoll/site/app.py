@@ -123,7 +123,8 @@ class SiteParent:
         elif kind == "end":
             self.supervisor.end(job_id)
         elif kind == "revocations":  # handled before the commands after it: dispatches see it
-            self.revocations.on_command(body)
+            if self.revocations.on_command(body):  # a newer list: running jobs it revokes end
+                self.supervisor.signers_revoked()
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:

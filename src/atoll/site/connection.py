@@ -23,6 +23,7 @@ BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 HEARTBEAT_S = 5.0
 READY_WAIT_S = 10.0  # how often "waiting for the server" is logged while it is away
 KEEP_FINAL = 200  # final job states re-sent after a reconnect, in case one was lost
+_WAKE = object()  # wakes the events of a call that ended, so that they stop taking reports
 
 
 class ServerLink:
@@ -69,6 +70,8 @@ class ServerLink:
                 if not self._stop.is_set():
                     log.warning("server link broken: %s", _describe(exc))
             self.connected.clear()
+            self._generation += 1  # that call's events stop at once (see _events)
+            self._outbox.put(_WAKE)
             if self._stop.wait(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]):
                 break
             attempt += 1
@@ -101,6 +104,11 @@ class ServerLink:
                     {"running_jobs": self.hello().get("running_jobs", [])}))
                 continue
             if body is None:
+                return
+            if body is _WAKE:
+                continue
+            if generation != self._generation:  # taken for a call that ended: the next one's
+                self._outbox.put(body)
                 return
             yield msg.SiteEvent(job_state=json.dumps(body))
 

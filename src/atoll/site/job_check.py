@@ -74,7 +74,7 @@ def check_job(tree: Path, body: dict[str, Any], kit: Kit,
                          "signed (on the wire, in the server's store or by the server), or was "
                          "never signed by a user of this project; nothing of it ran here; "
                          "the submitter should submit the job folder again") from None
-    _check_revoked(site, signed)
+    check_revoked(site, signed)
     _check_policy(kit, study, signed)
     if app is not None:
         check_privacy(site, kit.local_dir, tree / app)
@@ -104,14 +104,22 @@ class _Serial:
         self.serial_number = cert_serial(cert_pem)
 
 
-def _check_revoked(site: str, signed: Signed) -> None:
+def revoked(signed: Signed) -> str | None:
+    """Why the job's signer may not run code here by the newest revocation list this site
+    holds, or because that list is past its nextUpdate (asked again just before launch, and for
+    running jobs when a newer list comes)."""
     try:
         reason = revocation.why(_Serial(signed.cert_pem))
     except ValueError:
         reason = "its serial number cannot be read"
     if reason:
-        raise JobRefused(f"{site} refused the job: the certificate of {signed.signer.name} that "
-                         f"signed the job is revoked: {reason}; nothing of it ran here")
+        return f"the certificate of {signed.signer.name} that signed the job is revoked: {reason}"
+    return revocation.stale()
+
+
+def check_revoked(site: str, signed: Signed) -> None:
+    if why := revoked(signed):
+        raise JobRefused(f"{site} refused the job: {why}; nothing of it ran here")
 
 
 def _check_dispatch(body: dict[str, Any], meta: JobMeta, signed: Signed,

@@ -3,7 +3,10 @@
 The site trusts nothing the server sends: it re-validates the job's meta, requires that its own
 study_runtime.yaml maps the job's study, and admits the job against its own capacity; then it
 verifies the submitter's signature of what it fetched and applies its own authorization policy
-(site/job_check.py) before a worker is created through the site's launcher.
+(site/job_check.py) before a worker is created through the site's launcher. Just before the
+launch it asks the revocation list again (the newest it holds: one may have come since the
+check) and whether the job was aborted meanwhile; a newer list aborts the running jobs it
+revokes here, whether or not the server says so (`signers_revoked`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from atoll.wire.reasons import public
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher, LaunchRequest
     from atoll.parent.worker_endpoint import WorkerTokens
+    from atoll.pki.job_signature import Signed
     from atoll.pki.kit import Kit
     from atoll.site.job_check import Accepted
     from atoll.spec.meta import JobMeta
@@ -59,6 +63,7 @@ class SiteJob:
     # The parent's own copy of the app, served to a worker that asks (FetchApp). Outside the run
     # folder: what the job can write there (a link in place of app.zip) is never served.
     app_zip: Path | None = None
+    signed: Signed | None = None  # who signed the job, once it passed the site's checks
 
 
 class NotAdmitted(AtollError):
@@ -151,7 +156,7 @@ class Supervisor:
         # lzma: all are loaded by the first job, not in a parent at rest.
         import zipfile
 
-        from atoll.site.job_check import JobRefused
+        from atoll.site.job_check import JobRefused, check_revoked
         from atoll.spec.meta import load_meta
         from atoll.wire.job_archive import IntakeError
 
@@ -163,7 +168,13 @@ class Supervisor:
                 raise NotAdmitted(f"{site} refused the job: the server sent no meta document")
             dispatched = load_meta(served)  # parsed once here; job_check compares it
             job = self._admit(job_id, study, dispatched)
-            meta = self._fetch(job, body, dispatched).meta  # what the submitter signed
+            accepted = self._fetch(job, body, dispatched)
+            meta, job.signed = accepted.meta, accepted.signed  # what the submitter signed
+            check_revoked(site, accepted.signed)  # with the newest list, just before launch
+            if job.aborting:  # aborted while it was fetched and checked: it never starts
+                self._report(job_id, "FINISHED:ABORTED", job.aborting)
+                self._forget(job_id, job)
+                return
             token = self.tokens.issue(job_id)
             request = self.host.launch_request(job, str(body.get("name", "")), meta, token)
             self._report(job_id, "STARTING", f"launching through {self.host.launcher.name}")
@@ -262,6 +273,21 @@ class Supervisor:
         if job.handle is not None:
             threading.Thread(target=self.host.launcher.cancel, args=(job.handle,),
                              daemon=True).start()
+
+    def signers_revoked(self) -> list[str]:
+        """A newer revocation list is in force: abort the jobs here that a revoked user
+        signed (site/revocation.py); the ids of those aborted."""
+        from atoll.site.job_check import revoked
+
+        aborted = []
+        for job in list(self.jobs.values()):
+            # one not checked yet: its check, or the one just before launch, asks the new list
+            why = revoked(job.signed) if job.signed is not None else None
+            if why:
+                log.warning("job %s: aborting: %s", job.job_id, why)
+                self.abort(job.job_id, f"aborted by {self.kit.name}: {why}")
+                aborted.append(job.job_id)
+        return aborted
 
     def end(self, job_id: str) -> None:
         job = self.jobs.get(job_id)

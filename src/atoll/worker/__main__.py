@@ -105,12 +105,14 @@ def _fetch_app(stub, metadata, workdir: Path, target: str) -> None:
     from atoll.wire import frames
     from atoll.wire import messages as msg
     from atoll.wire.job_archive import unpack_app
+    from atoll.worker.signed_job import keep_signed
 
     workdir.mkdir(parents=True, exist_ok=True)
     _, chunks = frames.split(iter(stub.FetchApp(msg.Json(body="{}"), metadata=metadata)))
     archive = workdir / "app.zip"
     frames.write_chunks(chunks, archive)
-    unpack_app(archive, target, workdir / "app", workdir / "tmp")
+    unpack_app(archive, target, workdir / "app", workdir / "tmp",
+               check=lambda tree: keep_signed(tree, workdir))  # for signed_job.check
 
 
 def _handoff(info: dict):
@@ -197,9 +199,13 @@ def main() -> int:
         if not (workdir / "app").is_dir():  # a container, pod or compute node: fetch the app
             _fetch_app(stub, meta, workdir, os.environ.get("ATOLL_SITE", role))
         if role == "server":
+            from atoll.worker import signed_job
+
+            trusted = signed_job.check_meanwhile(workdir, info.get("trust"))
             from atoll.fl.runner import run_server_app
             from atoll.worker.grpc_channels import GrpcServerChannel
 
+            trusted()  # the job's signature and signer, checked before any of its code runs
             results = workdir / "results"
             results.mkdir(parents=True, exist_ok=True)
             channel = GrpcServerChannel(stub, session, job_id, info["sites"], results,

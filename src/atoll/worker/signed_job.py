@@ -1,0 +1,136 @@
+"""The server worker's own check of its job, before any of the job's code runs.
+
+The server parent checks a job's signer against its revocation list at intake, at dispatch
+and just before it launches the server worker (server/job_signer.py). The worker checks once
+more, in the job layer, so that no slip of the parent's queue or state (a job store edited to
+put a revoked user's job back in the queue, a list that arrived while the worker was being
+started) lets a revoked user's ``initial_model`` or workflow class run: the job's signature
+(``signed/`` beside the app: its ``meta.json`` and signature file, kept by the parent or taken
+from the fetched zip) must be a user certificate the project's CA issued, valid now and not on
+the CA-signed list the parent holds at registration, whose key signed exactly the meta.json and
+the server's app files at hand.
+
+What it trusts is what its parent hands it at registration (the root CA and the list): it
+guards against the parent's bookkeeping, not against a parent whose code is hostile, which
+starts what it likes on its own host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from atoll.pki.job_signature import (
+    SIGNATURE_FILE,
+    SignatureError,
+    check_files,
+    manifest_of_tree,
+    read_bundle,
+    verify_bundle,
+)
+from atoll.pki.revocation import CRLError
+from atoll.spec.errors import EXIT_INVALID, AtollError
+from atoll.spec.meta import META_FILE
+
+SIGNED_DIR = "signed"  # beside the worker's app/: the job's meta.json and signature
+KEPT = (META_FILE, SIGNATURE_FILE)
+
+
+class NotTrusted(AtollError):
+    """The server worker will not run the job; the message is the reason its status shows."""
+
+    exit_code = EXIT_INVALID
+
+
+def keep_signed(tree: Path, workdir: Path) -> None:
+    """Keep the job's meta.json and signature from ``tree`` (an unpacked job) in the run
+    folder, for ``check``."""
+    folder = workdir / SIGNED_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in KEPT:
+        if (tree / name).is_file():
+            shutil.copyfile(tree / name, folder / name)
+
+
+def check(workdir: Path, trust: dict[str, Any] | None) -> None:
+    """NotTrusted unless the job in ``workdir`` (``signed/`` and ``app/``) is signed by a user
+    of the CA in ``trust["ca"]`` who is not on the list ``trust["crl"]`` (PEM texts)."""
+    if not isinstance(trust, dict) or not isinstance(trust.get("ca"), str):
+        raise NotTrusted("the server worker refused to run the job: its parent sent no root "
+                         "CA to check the job's signature against")
+    ca_pem = trust["ca"].encode("ascii", "replace")
+    try:
+        revoked = _revoked(ca_pem, trust.get("crl") or "")
+        signed = verify_bundle(read_bundle(workdir / SIGNED_DIR), ca_pem,
+                               revoked=lambda cert: revoked.get(cert.serial_number))
+        meta_bytes = (workdir / SIGNED_DIR / META_FILE).read_bytes()
+        app = _server_app(meta_bytes)
+        files = {f"{app}/{path}": digest
+                 for path, digest in manifest_of_tree(workdir / "app").items()}
+        files[META_FILE] = hashlib.sha256(meta_bytes).hexdigest()
+        check_files(signed.statement, files,
+                    scope=lambda path: path.split("/", 1)[0] in (app, META_FILE))
+    except (SignatureError, CRLError) as exc:
+        raise NotTrusted(f"the server worker refused to run the job: {exc}; none of the "
+                         "job's code ran") from None
+    except OSError as exc:
+        raise NotTrusted(f"the server worker refused to run the job: its signed files cannot "
+                         f"be read ({exc.strerror}); none of the job's code ran") from None
+
+
+def check_meanwhile(workdir: Path, trust: dict[str, Any] | None) -> Callable[[], None]:
+    """``check`` on a thread of its own, while the worker loads atoll's workflow modules (no
+    job code: loading cryptography costs about as much, and now overlaps it); the function
+    returned waits for it and raises its NotTrusted."""
+    refused: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            check(workdir, trust)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            refused.append(exc)
+
+    thread = threading.Thread(target=run, name="signed-job-check", daemon=True)
+    thread.start()
+
+    def verdict() -> None:
+        thread.join()
+        if refused:
+            raise refused[0]
+
+    return verdict
+
+
+def _revoked(ca_pem: bytes, crl_pem: str) -> dict[int, str]:
+    """serial -> why, from the list ``crl_pem`` once the CA has been checked to sign it."""
+    if not crl_pem:
+        return {}
+    from cryptography import x509
+
+    from atoll.pki.crl import read_crl
+    from atoll.pki.revocation import Revoked
+
+    try:
+        ca = x509.load_pem_x509_certificate(ca_pem)
+    except ValueError as exc:
+        raise CRLError(f"the root CA its parent sent cannot be read: {exc}") from None
+    number, _, entries = read_crl(crl_pem.encode("ascii", "replace"), ca)
+    return {e.serial: f"{Revoked(e.serial, e.revoked_at.isoformat(), e.reason).describe()} "
+                      f"(revocation list {number})" for e in entries}
+
+
+def _server_app(meta_bytes: bytes) -> str:
+    from atoll.spec.errors import SpecError
+    from atoll.spec.meta import parse_meta
+
+    try:
+        app = parse_meta(meta_bytes).app_for("server")
+    except SpecError as exc:
+        raise SignatureError(f"the job's meta.json cannot be read: {exc}") from None
+    if app is None:
+        raise SignatureError("the job's signed meta.json deploys no app to the server")
+    return app
