@@ -103,6 +103,39 @@ class Hostile(Workflow):
                 ask(name, 1)
         elif plan == "describe":
             ask("describe", 1, args={"blob": {"a": [1, 2]}})
+        elif plan == "remask":
+            # the secure round's own train task, shares and all, sent a second time under
+            # another name: two updates masked alike would give away their difference
+            inner, copies = ctx._channel, []
+
+            class Twice:
+                def __getattr__(self, name):
+                    return getattr(inner, name)
+
+                def send(self, targets, topic, headers, payload):
+                    chunks = [bytes(c) for c in payload]
+                    task_id = inner.send(targets, topic, headers, chunks)
+                    if topic == "train":
+                        copies.append(inner.send(targets, "train2", headers, chunks))
+                    return task_id
+
+            ctx._channel = Twice()
+            try:
+                ctx.secure_round(model, round=1, timeout=60)
+            except Exception as exc:  # the round may fail: the sites refused the copy
+                seen.append({"secure_round_error": str(exc)[:500]})
+            ctx._channel = inner
+            for task_id in copies:
+                for reply in inner.replies(task_id, timeout=60):
+                    entry = {"task": "train2", "round": 1, "site": reply.site}
+                    if reply.error:
+                        entry["error"] = reply.error
+                    else:
+                        from atoll.fl.serde import ModelStream
+
+                        got = ModelStream(reply.chunks).read()
+                        entry.update(params=bool(got.params), num_examples=got.num_examples)
+                    seen.append(entry)
         ctx.save_json("egress", {"seen": seen})
 '''
 HOSTILE_APP = """server:
@@ -248,3 +281,18 @@ def test_a_reply_the_policy_cannot_classify_is_refused(fed, tmp_path):
     # site-2 has no privacy.yaml: it sends what its script sends (the check can see it)
     [site2] = [e for e in seen if e.get("site") == "site-2"]
     assert site2["meta"]["cohort"]["ages"] == COHORT
+
+
+def test_one_rounds_shares_never_mask_a_second_update(fed, tmp_path):
+    policy = fed.kit("site-1") / "local" / "privacy.yaml"
+    policy.write_text(SECURE_POLICY)
+    try:
+        _, logs, seen = _hostile(fed, tmp_path, "remask", "secure", "remask",
+                                 extra="  secure_aggregation: {threshold: 2}\n")
+    finally:
+        policy.write_text(POLICY)
+    copies = [e for e in seen if e.get("task") == "train2" and e.get("site") == "site-1"]
+    assert copies, seen  # the copy reached site-1 and was answered, one way or the other
+    assert [e for e in copies if e.get("params")] == [], \
+        f"site-1 masked a second update with round 1's shares: {copies}"
+    assert "reveal the difference" in _site_log(logs, "site-1")
