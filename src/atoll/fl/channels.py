@@ -73,3 +73,9 @@ class SiteChannel(Protocol):
 
     def report(self, event: dict[str, Any]) -> None:
         ...
+
+    def spend_budget(self, kind: str, epsilon: float, delta: float) -> float:
+        """Ask the site's privacy ledger (in the site parent) before a release: the job's
+        cumulative ``epsilon`` for ``kind`` at ``delta``; the study's total epsilon, or
+        BudgetExhausted (atoll.fl.privacy.accounting) naming the ledger."""
+        ...

@@ -62,6 +62,8 @@ class ClientSession:
         self.logged: list[dict[str, Any]] = []
         # app.yaml's privacy section with the site's policy: filters, DP, secure aggregation
         self.privacy = privacy if privacy is not None and privacy.active else None
+        if self.privacy is not None:  # its releases are accounted in the study's ledger
+            self.privacy.spend = self.spend_budget
         self.site = site
         self.datasets = dict(datasets or {})
         self.config = dict(config or {})
@@ -162,6 +164,20 @@ class ClientSession:
         if self._task is None and not self.finished:
             self._fetch(timeout=None)
         return self._task.topic if self._task is not None else None
+
+    def spend_budget(self, kind: str, epsilon: float, delta: float) -> float:
+        """Before releasing something a privacy budget covers: ask the study's ledger at the
+        site parent to record the job's cumulative ``epsilon`` for ``kind`` (e.g. "dp") at
+        ``delta``. Returns the study's total epsilon for ``kind`` at this site; raises
+        ``atoll.fl.privacy.accounting.BudgetExhausted`` naming the ledger (site, study, kind,
+        spent, budget) when the site's budget would be passed: then send nothing."""
+        spend = getattr(self.channel, "spend_budget", None)
+        if spend is None:
+            from atoll.fl.privacy.accounting import BudgetExhausted
+
+            raise BudgetExhausted(f"site {self.site}: this worker's channel keeps no privacy "
+                                  "ledger; nothing a budget covers is released")
+        return float(spend(kind, float(epsilon), float(delta)))
 
     # --- the site's resources -------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.fl.channels import Chunk, Reply, Task
+from atoll.spec.budget_ledger import LedgerRefused, StudyBudget, StudyLedger
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
 EventSink = Callable[[dict[str, Any]], None]
@@ -52,6 +53,31 @@ class _TaskState:
     replies: queue.Queue = field(default_factory=queue.Queue)
 
 
+class MemoryLedger:
+    """The simulator's stand-in for the site parents' privacy ledgers (site/privacy_ledger.py):
+    one study, in memory, the same arithmetic. Give one to several Federations to simulate a
+    study's jobs one after the other; ``budgets`` is site -> kind -> budget (none: no limit)."""
+
+    def __init__(self, study: str = "simulated",
+                 budgets: dict[str, dict[str, StudyBudget]] | None = None):
+        self.study = study
+        self.budgets = budgets or {}
+        self.ledgers: dict[str, StudyLedger] = {}
+        self._lock = threading.Lock()
+
+    def spend(self, site: str, job_id: str, kind: str, epsilon: float, delta: float) -> float:
+        from atoll.fl.privacy.accounting import BudgetExhausted
+
+        with self._lock:
+            ledger = self.ledgers.setdefault(
+                site, StudyLedger(site, self.study, "in memory, the simulator's"))
+            try:
+                return ledger.spend(kind, job_id, epsilon, delta,
+                                    self.budgets.get(site, {}).get(kind))
+            except LedgerRefused as exc:
+                raise BudgetExhausted(str(exc)) from None
+
+
 class Federation:
     """The in-memory hub between one server channel and one channel per site."""
 
@@ -61,8 +87,10 @@ class Federation:
         results_dir: Path,
         job_id: str = "simulated",
         on_event: EventSink | None = None,
+        ledger: MemoryLedger | None = None,
     ):
         self.job_id = job_id
+        self.ledger = ledger or MemoryLedger()
         self.sites = list(sites)
         self.results_dir = Path(results_dir)
         self.events: list[dict[str, Any]] = []
@@ -183,6 +211,9 @@ class InMemorySiteChannel:
 
     def report(self, event: dict[str, Any]) -> None:
         self._federation.report(event)
+
+    def spend_budget(self, kind: str, epsilon: float, delta: float) -> float:
+        return self._federation.ledger.spend(self.site, self.job_id, kind, epsilon, delta)
 
 
 # --- simulate a job folder ----------------------------------------------------------------------

@@ -37,6 +37,7 @@ class WorkerBackend(Protocol):
     def send_reply(self, job_id: str, head: dict[str, Any], chunks: Iterator[bytes]) -> dict: ...
     def report(self, job_id: str, body: dict[str, Any]) -> None: ...
     def finish(self, job_id: str, ok: bool, error: str) -> None: ...
+    def spend_budget(self, job_id: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class BackendError(AtollError):
@@ -173,6 +174,11 @@ class WorkerLinkServicer:
         self._call(context, self.backend.finish, job_id, bool(body.get("ok")),
                    str(body.get("error", "")))
         return msg.Json(body="{}")
+
+    def SpendBudget(self, request, context):
+        job_id = self._job(context)
+        return msg.Json(body=json.dumps(self._call(context, self.backend.spend_budget, job_id,
+                                                  _body(request, context))))
 
     @staticmethod
     def _call(context, fn, *args):

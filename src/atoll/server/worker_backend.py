@@ -87,6 +87,9 @@ class ServerWorkerBackend:
     def send_reply(self, job_id, head, chunks):
         raise BackendError("the server worker runs the workflow; it sends no replies")
 
+    def spend_budget(self, job_id, body):
+        raise BackendError("the server worker releases nothing a site's privacy ledger counts")
+
     def report(self, job_id, body):
         self._live(job_id)
         self.store.add_event(job_id, "server", body)

@@ -26,6 +26,7 @@ from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
 from atoll.pki.tls import channel_credentials
 from atoll.site.connection import ServerLink
+from atoll.site.privacy_ledger import SitePrivacyLedger
 from atoll.site.revocation import SiteRevocations
 from atoll.site.supervisor import SiteJob, Supervisor
 from atoll.site.worker_backend import SiteWorkerBackend
@@ -134,7 +135,9 @@ class SiteParent:
         endpoint = self.local.endpoint
         self._endpoint = start_worker_endpoint(
             self.tokens, SiteWorkerBackend(self.name, jobs=self.supervisor, link=self.link,
-                                           server=self.stub, host=self),
+                                           server=self.stub, host=self,
+                                           ledger=SitePrivacyLedger(self.name, self.workspace,
+                                                                    self.kit.local_dir)),
             endpoint.host, endpoint.port,
             endpoint.dial_host, endpoint.uses_tls)
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 
 from atoll.parent.worker_endpoint import BackendError
+from atoll.spec.errors import AtollError
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.handoff import KEY, HandoffDir, payload_of
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
+    from atoll.site.privacy_ledger import SitePrivacyLedger
     from atoll.site.supervisor import SiteJob, StateReports
 
 
@@ -50,8 +52,9 @@ class LauncherHost(Protocol):
 
 class SiteWorkerBackend:
     def __init__(self, site: str, jobs: SiteJobs, link: StateReports, server: ServerCalls,
-                 host: LauncherHost):
+                 host: LauncherHost, ledger: SitePrivacyLedger | None = None):
         self.site = site
+        self.ledger = ledger  # the site's privacy spend per study (site/privacy_ledger.py)
         self.jobs = jobs
         self.link = link  # a worker's registration is its job's RUNNING
         self.server = server
@@ -128,6 +131,23 @@ class SiteWorkerBackend:
 
     def finish(self, job_id: str, ok: bool, error: str) -> None:
         self._job(job_id).report = (ok, error)
+
+    def spend_budget(self, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Before a release: record the job's cumulative epsilon in its study's ledger, or
+        refuse past the site's budget (the worker then sends nothing). The study is this
+        parent's record of the job; the budget, the site's own files."""
+        job = self._job(job_id)
+        if self.ledger is None:
+            raise BackendError(f"site {self.site} keeps no privacy ledger; nothing is released")
+        kind, epsilon, delta = body.get("kind"), body.get("epsilon"), body.get("delta")
+        if not isinstance(kind, str) or isinstance(epsilon, bool) or isinstance(delta, bool) \
+                or not isinstance(epsilon, int | float) or not isinstance(delta, int | float):
+            raise BackendError("a budget request needs kind (text), epsilon and delta (numbers)")
+        try:
+            total = self.ledger.spend(job.study, job_id, kind, float(epsilon), float(delta))
+        except AtollError as exc:  # LedgerRefused, or the site's privacy.yaml unreadable
+            raise BackendError(str(exc)) from None
+        return {"total_epsilon": total}
 
 
 def _as_file(stream: Iterator[bytes], folder: HandoffDir) -> Iterator[bytes]:

@@ -12,7 +12,7 @@ A job's section (every key optional):
 privacy:
   filters:
     task: [{type: exclude, patterns: ["head.*"]}]        # each site, on every task it receives
-    reply:                                               # each site, on every train reply
+    reply:                                               # each site, on every reply with params
       - {type: exclude, patterns: ["*.num_batches_tracked"]}
       - {type: percentile, fraction: 0.1}                # share the largest 10 % of the update
       - {type: clip, max_norm: 1.0}                      # L2 norm of the whole update
@@ -31,7 +31,7 @@ require:
   max_clip_norm: 1.0             # every reply is clipped to at most this L2 norm
   min_noise_multiplier: 1.0      # and noised, after the clip, with std >= this * the clip norm
   secure_aggregation: true       # the server may only learn the sum of the sites' updates
-budget: {epsilon: 10.0, delta: 1.0e-5}   # this site stops sending once its epsilon would pass
+budget: {epsilon: 10.0, delta: 1.0e-5}   # per study across jobs (the parent's ledger)
 ```
 """
 
@@ -192,7 +192,7 @@ class Requirements(_Strict):
 
 
 class Budget(_Strict):
-    epsilon: float = Field(..., gt=0, description="This site's epsilon for one job.")
+    epsilon: float = Field(..., gt=0, description="This site's epsilon per study, across jobs.")
     delta: float = Field(1e-5, gt=0, lt=1, description="The delta it is measured at.")
 
 
@@ -259,7 +259,7 @@ def policy_violations(job: PrivacySettings, policy: SitePrivacyPolicy | None) ->
                                "of the sites' updates; set privacy.secure_aggregation: {}"))
     if policy.budget is not None and noise is None and job.dp_sgd is None:
         found.append(Violation("budget.epsilon", f"this site allows epsilon "
-                               f"{policy.budget.epsilon} per job, and the job adds no noise at the "
+                               f"{policy.budget.epsilon} per study, and the job adds no noise at the "
                                "site, so its epsilon is unbounded; set privacy.dp (mode: client) "
                                "or privacy.dp_sgd"))
     return found

@@ -41,6 +41,7 @@ SERVICES: dict[str, dict[str, tuple[str, str, bool, bool]]] = {
         "SendReply": (RAW, "Json", True, False),
         "Report": ("Json", "Json", False, False),
         "Finish": ("Json", "Json", False, False),
+        "SpendBudget": ("Json", "Json", False, False),  # a site worker, before each DP release
     },
 }
 

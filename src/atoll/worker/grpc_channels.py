@@ -8,6 +8,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from atoll.fl.channels import Chunk, Reply, Task
 from atoll.wire import frames
 from atoll.wire import messages as msg
@@ -108,6 +110,18 @@ class GrpcSiteChannel(_Link):
     def reply(self, task_id: str, headers: dict[str, Any], payload: Iterable[Chunk]) -> None:
         head = {"task_id": task_id, "headers": headers}
         _send(self.stub.SendReply, head, payload, self.handoff, self.metadata)
+
+    def spend_budget(self, kind: str, epsilon: float, delta: float) -> float:
+        from atoll.fl.privacy.accounting import BudgetExhausted
+
+        body = json.dumps({"kind": kind, "epsilon": epsilon, "delta": delta})
+        try:
+            answer = self.stub.SpendBudget(msg.Json(body=body), metadata=self.metadata)
+        except grpc.RpcError as exc:
+            # refused (the ledger's reason) or unanswered: either way nothing is released
+            raise BudgetExhausted(exc.details() or f"the site's privacy ledger did not answer: "
+                                  f"{exc.code()}") from None
+        return float(json.loads(answer.body)["total_epsilon"])
 
 
 def _send(call, head: dict[str, Any], payload: Iterable[Chunk], handoff: HandoffDir | None,

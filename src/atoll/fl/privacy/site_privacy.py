@@ -4,10 +4,13 @@
 
 - a task: its ``filters.task`` run on the model before the script sees it (an excluded variable
   is removed, so the script keeps its own value, and is never sent back either);
-- a train reply: the update (the script's weights minus the global model received, or its diff)
-  goes through ``filters.reply`` and client-mode DP's clip and noise, the site's accountant
-  records the release (refusing it once the site's budget would be passed), and with secure
-  aggregation it leaves encoded and masked;
+- a reply, whatever the task was called: sorted by what it carries (fl/privacy/egress.py). An
+  update (any params) goes through ``filters.reply`` and client-mode DP's clip and noise; each
+  release is accounted first by the job's accountant and then in the study's ledger at the site
+  parent (``spend``, which refuses once the study's budget would be passed; nothing is sent
+  then); with secure aggregation it leaves encoded and masked, once per round's shares. Metrics
+  and statistics answers leave without the example count when secure aggregation is on; what
+  cannot be classified is refused where the site's policy requires privacy;
 - the secure aggregation steps (``secagg.*`` tasks) are answered here; the script never sees
   them.
 
@@ -20,12 +23,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from atoll.fl.model import Model
-from atoll.fl.privacy import filters
+from atoll.fl.privacy import egress, filters
 from atoll.fl.privacy.accounting import BudgetExhausted, Ledger
 from atoll.fl.privacy.secagg import masking
 from atoll.fl.privacy.secagg.client import TOPICS, SecAggClient
@@ -41,6 +45,8 @@ from atoll.spec.privacy import (
 )
 
 SECAGG_META = "secagg"  # the key of a train task's model.meta that carries the shares
+DP_KIND = "dp"  # the ledger's kind for client-level DP and DP-SGD (site/privacy_ledger.py)
+Spend = Callable[[str, float, float], float]  # (kind, job epsilon, delta) -> study's total
 
 
 class PrivacyRefused(AtollError, RuntimeError):
@@ -81,6 +87,15 @@ class SitePrivacy:
         self._site_count = 0
         self._budget = policy.budget if policy is not None else None
         self._dp_sgd_engine: Any = None  # Opacus's PrivacyEngine, made by dp_sgd.make_private
+        # Whether the site requires privacy: then what cannot be classified is not sent.
+        self.required = policy is not None and (
+            bool(policy.require.exclude) or policy.require.max_clip_norm is not None
+            or policy.require.min_noise_multiplier is not None
+            or policy.require.secure_aggregation or policy.budget is not None)
+        # The study's ledger at the site parent (ClientSession.spend_budget); None: none kept
+        self.spend: Spend | None = None
+        self._mask_round: int | None = None  # the round whose shares the current task carried
+        self._masked: set[int] = set()  # rounds this site has sent a masked update for
 
     def _ledger(self, policy: SitePrivacyPolicy | None) -> Ledger | None:
         _, noise = reply_noise(self.reply_filters)
@@ -90,6 +105,15 @@ class SitePrivacy:
         delta = budget.delta if budget else (self.settings.dp.delta if self.settings.dp else 1e-5)
         return Ledger(noise, delta, budget.epsilon if budget else None,
                       owner=f"site {self.site} (local/privacy.yaml budget.epsilon)")
+
+    @property
+    def delta(self) -> float:
+        """The delta every release is measured at: the site's own when it set a budget."""
+        if self._budget is not None:
+            return self._budget.delta
+        if self.settings.dp is not None:
+            return self.settings.dp.delta
+        return self.settings.dp_sgd.delta if self.settings.dp_sgd is not None else 1e-5
 
     @property
     def active(self) -> bool:
@@ -109,7 +133,7 @@ class SitePrivacy:
         dp_sgd = self.settings.dp_sgd
         if dp_sgd is None or self._dp_sgd_engine is None:
             return {}
-        delta = self._budget.delta if self._budget else dp_sgd.delta
+        delta = self.delta
         spent = float(self._dp_sgd_engine.accountant.get_epsilon(delta=delta))
         if self._budget is not None and spent > self._budget.epsilon:
             raise BudgetExhausted(
@@ -131,46 +155,98 @@ class SitePrivacy:
 
     def on_task(self, topic: str, round_: int | None, model: Model) -> Model:
         routed = model.meta.pop(SECAGG_META, None)
-        if topic == "train" and self.secagg is not None:
-            if round_ is None or not isinstance(routed, dict):
-                raise PrivacyRefused("a train task without secure aggregation data, while this "
-                                     "site's app.yaml turns secure aggregation on")
+        self._mask_round = None
+        if self.secagg is not None and isinstance(routed, dict):  # shares, whatever the name
+            if round_ is None:
+                raise PrivacyRefused(f"a {topic!r} task carries secure aggregation data without "
+                                     "a round")
             self.secagg.take_shares(round_, routed)
             self._site_count = len(routed.get("sites", []))
-        if topic == "train" and (self.reply_filters or self.secagg is not None):
+            self._mask_round = round_
+        elif topic == "train" and self.secagg is not None:
+            raise PrivacyRefused("a train task without secure aggregation data, while this "
+                                 "site's app.yaml turns secure aggregation on")
+        # The model an update is measured from: whatever the task is called (a validate reply
+        # never carries params: ClientSession.send drops them, so no copy is kept for one).
+        if topic != "validate" and (self.reply_filters or self.secagg is not None):
             # kept aside: the script may train in the received arrays themselves
             self._received = _copy_into(self._spare_received, model.params)
             self._spare_received = {}
+        else:
+            self._received = {}
         if self.task_filters:
             model.params = filters.apply(self.task_filters, model.params, self.rng,
                                          drop_excluded=True)
         return model
 
     def on_reply(self, topic: str, model: Model) -> Model:
-        """What leaves the site for ``model``, the script's answer to a ``topic`` task."""
-        if topic != "train":
-            return model
-        metrics = {**model.metrics, **self._dp_sgd_spent()}
+        """What leaves the site for ``model``, the script's answer to a ``topic`` task: decided
+        by what it carries (fl/privacy/egress.py), never by the task's name."""
+        kind, why = egress.classify(model)
+        if kind == egress.UNKNOWN:
+            if self.required:
+                raise PrivacyRefused(
+                    f"{self.site} does not send its reply to task {topic!r}: its privacy policy "
+                    f"(local/privacy.yaml) cannot classify it ({why}); a reply is an update "
+                    "(params), metrics (named numbers) or a statistics answer")
+            kind = egress.UPDATE if model.params else egress.METRICS
+        if kind != egress.UPDATE:
+            # the example count is a site's private number under secure aggregation
+            return Model(metrics=model.metrics, round=model.round, meta=model.meta,
+                         num_examples=0 if self.secagg is not None else model.num_examples)
+        return self._release_update(model)
+
+    def _release_update(self, model: Model) -> Model:
+        metrics = dict(model.metrics)
+        dp_sgd = self._dp_sgd_spent()  # BudgetExhausted past the job's own view of the budget
+        metrics.update(dp_sgd)
         if not (self.reply_filters or self.secagg):
+            if dp_sgd:
+                self._spend(dp_sgd["dp_sgd_epsilon"])
             return Model(params=model.params, params_type=model.params_type,
                          num_examples=model.num_examples, metrics=metrics, round=model.round,
                          meta=model.meta)
+        mask_round = self._mask_round
+        if self.secagg is not None:
+            if mask_round is None:
+                raise PrivacyRefused("this reply carries params, and its task carried no secure "
+                                     "aggregation shares: with secure aggregation on, an update "
+                                     "leaves this site only masked")
+            if mask_round in self._masked:
+                raise PrivacyRefused(f"round {mask_round} has been masked and sent already: a "
+                                     "second update masked with the same shares would reveal "
+                                     "the difference of the two")
         update = self._update(model)
         update = filters.apply(self.reply_filters, update, self.rng)
         if self.ledger is not None:
-            metrics["privacy_epsilon"] = self.ledger.record()  # BudgetExhausted: nothing sent
+            value = self.ledger.check_next()  # BudgetExhausted: the job's own accountant
+            self._spend(value + dp_sgd.get("dp_sgd_epsilon", 0.0))  # the study's, at the parent
+            self.ledger.steps += 1
+            self.ledger.spent.append(value)
+            metrics["privacy_epsilon"] = value
+        elif dp_sgd:
+            self._spend(dp_sgd["dp_sgd_epsilon"])
         if self.secagg is None:
             return Model(params=update, params_type="diff", num_examples=model.num_examples,
                          metrics=metrics, round=model.round, meta=model.meta)
-        if model.round is None:
-            raise PrivacyRefused("a train reply without a round cannot be masked")
+        assert mask_round is not None
         encoded = masking.encode(update, model.num_examples, max(self._site_count, 1),
                                  reuse=self._spare_words)
-        masked = self.secagg.mask(model.round, encoded)
+        masked = self.secagg.mask(mask_round, encoded)
+        self._masked.add(mask_round)
+        self._mask_round = None
         self._spare_words = masked  # sent before the next round: free again then
         # the example count travels masked (inside the sum), not in the clear
         return Model(params=masked, params_type="diff", num_examples=0, metrics=metrics,
-                     round=model.round, meta=model.meta)
+                     round=mask_round, meta=model.meta)
+
+    def _spend(self, job_epsilon: float) -> None:
+        """The study's ledger at the site parent records this release, or refuses it
+        (BudgetExhausted, naming the ledger): then nothing is sent."""
+        if self.spend is None:
+            raise BudgetExhausted(f"site {self.site}: no privacy ledger to account this release "
+                                  "in (the worker's channel keeps none); nothing is sent")
+        self.spend(DP_KIND, job_epsilon, self.delta)
 
     def _update(self, model: Model) -> dict[str, np.ndarray]:
         received, self._received = self._received, {}
