@@ -255,6 +255,20 @@ def _apps(job_dir: Path, sites: Sequence[str]) -> tuple[Path, dict[str, Path], d
     return server_app, site_apps, meta
 
 
+def _statistics_budgets(rules: dict[str, dict[str, Any]]) -> dict[str, dict[str, StudyBudget]]:
+    """Each simulated site's statistics budget (its rules' ``dp.budget``), as its parent's
+    ledger would hold it."""
+    from atoll.spec.statistics_rules import StatisticsRules
+
+    budgets = {}
+    for site, site_rules in rules.items():
+        found = StatisticsRules.model_validate(site_rules or {}).budget()
+        if found is not None:
+            budgets[site] = {"statistics": StudyBudget(found[0], found[1],
+                                                       "the simulated site's statistics.dp")}
+    return budgets
+
+
 def simulate(
     job_dir: str | os.PathLike[str],
     sites: dict[str, dict[str, str]],
@@ -294,7 +308,8 @@ def simulate(
     results = (Path(results_dir).resolve() if results_dir
                else Path(tempfile.mkdtemp(prefix="atoll-sim-")))
     federation = Federation(
-        list(sites), results, job_id=f"sim-{uuid.uuid4().hex[:8]}", on_event=on_event
+        list(sites), results, job_id=f"sim-{uuid.uuid4().hex[:8]}", on_event=on_event,
+        ledger=MemoryLedger(budgets=_statistics_budgets(statistics_rules or {})),
     )
     if job_args is None:
         job_args = {k: meta[k] for k in ("min_clients", "mandatory_clients", "name") if k in meta}

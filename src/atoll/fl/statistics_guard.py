@@ -59,19 +59,19 @@ def effective_rules(site_rules: dict[str, Any] | None,
 
 @dataclass
 class JobLedger:
-    """The budget when no site-parent ledger is wired (the simulator; a worker without
-    ``spend_budget``): it holds for this job only."""
+    """The budget when no site-parent ledger is wired (a worker without ``spend_budget``): it
+    holds for this job only. Like the parent's ledger it takes the job's cumulative epsilon."""
 
     budget: float
     owner: str
     spent: float = 0.0
 
     def spend(self, kind: str, epsilon: float, delta: float) -> float:
-        if self.spent + epsilon > self.budget + 1e-12:
+        if epsilon > self.budget + 1e-12:
             raise BudgetExhausted(
                 f"{kind} budget of {self.owner} exhausted: spent epsilon {self.spent:g} of "
-                f"{self.budget:g}, one more answer needs {epsilon:g}")
-        self.spent += epsilon
+                f"{self.budget:g}, one more answer needs {epsilon - self.spent:g}")
+        self.spent = max(self.spent, epsilon)
         return self.spent
 
 
@@ -84,6 +84,7 @@ class StatisticsGuard:
     rules: StatisticsRules | None = None  # frozen at the first question
     answers: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
     asked: Counter[tuple[str, str]] = field(default_factory=Counter)
+    spent: float = 0.0  # this job's statistics epsilon so far: what a ledger is told
 
     def freeze(self, requested_min_count: Any) -> StatisticsRules:
         rules = effective_rules(self.site_rules, requested_min_count)
@@ -133,10 +134,11 @@ class StatisticsGuard:
         epsilon = None
         if rules.dp is not None:
             assert self.spend is not None
-            try:
-                self.spend(KIND, rules.dp.epsilon, 0.0)
+            try:  # the ledger takes the job's cumulative epsilon (site/privacy_ledger.py)
+                self.spend(KIND, self.spent + rules.dp.epsilon, 0.0)
             except BudgetExhausted as exc:
                 return {c: {"refused": str(exc)} for c in new}
+            self.spent += rules.dp.epsilon
             epsilon = rules.dp.epsilon / (2 * len(new))  # two noisy quantities per column
         table = values(list(new))
         out = {}

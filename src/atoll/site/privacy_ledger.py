@@ -19,6 +19,7 @@ from pathlib import Path
 
 from atoll.pki.files import PRIVATE, private_dir, write_atomic
 from atoll.spec.budget_ledger import LedgerRefused, StudyBudget, StudyLedger
+from atoll.spec.errors import SpecError
 from atoll.spec.names import is_site_name
 from atoll.spec.privacy import load_site_policy
 
@@ -35,10 +36,23 @@ def _dp_budget(local_dir: Path, study: str) -> StudyBudget | None:
                        "local/privacy.yaml budget, per study")
 
 
+def _statistics_budget(local_dir: Path, study: str) -> StudyBudget | None:
+    from atoll.spec.statistics_rules import statistics_budget
+    from atoll.spec.study_runtime import load_study_runtime
+
+    # read now, like privacy.yaml; the launcher's own fields do not matter to the budget
+    found = statistics_budget(load_study_runtime(local_dir, None), study)
+    if found is None:
+        return None
+    return StudyBudget(found[0], found[1],
+                       "local/study_runtime.yaml statistics.dp.budget, per study")
+
+
 # The kinds of release the ledger accounts, each with where the site sets its budget. A kind
 # without a budget is recorded and never refused. Another kind is one entry here.
 KINDS: dict[str, BudgetOf] = {
     "dp": _dp_budget,  # client-level DP updates and DP-SGD training (fl/privacy/site_privacy.py)
+    "statistics": _statistics_budget,  # statistics in dp mode (fl/statistics_guard.py)
 }
 
 
@@ -82,7 +96,12 @@ class SitePrivacyLedger:
                                 f"it accounts {', '.join(sorted(self.kinds))}")
         with self._lock:
             ledger = self.read(study)
-            total = ledger.spend(kind, job_id, epsilon, delta, budget_of(self.local_dir, study))
+            try:
+                budget = budget_of(self.local_dir, study)
+            except SpecError as exc:  # a broken file of the site's: refuse, never assume none
+                raise LedgerRefused(f"privacy ledger of site {self.site}, study {study}: the "
+                                    f"site's budget for {kind} cannot be read: {exc}") from None
+            total = ledger.spend(kind, job_id, epsilon, delta, budget)
             private_dir(self.folder)
             write_atomic(self.path(study), json.dumps(ledger.to_json(), indent=1), PRIVATE)
         return total

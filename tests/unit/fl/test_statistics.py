@@ -212,3 +212,20 @@ def test_a_dp_site_through_the_job(tmp_path):
     assert len(mine["histogram"]) == 300 and mine["edges"][0] == 0.0
     assert result["rules"]["hospital-1"]["dp"] == {"epsilon": 2.0, "budget": 4.0}
     assert "min" not in result["columns"]["age"]["global"]  # not every site released one
+
+
+def test_a_dp_sites_budget_holds_in_the_simulator_too(tmp_path):
+    """With a budget of one answer, the job's second question (the spread) is refused by the
+    simulated site's ledger, naming it, and nothing of it is released."""
+    folders = _make_data().write_cohorts(tmp_path / "data")
+    sites = {site: {"cohort": str(folder)} for site, folder in folders.items()}
+    bounds = {c: {"bounds": [0.0, 300.0]} for c in COLUMNS}
+    dp = {"min_count": 5, "columns": bounds, "dp": {"epsilon": 2.0, "budget": 2.0}}
+    simulate(EXAMPLE, sites, results_dir=tmp_path / "results",
+             statistics_rules={"hospital-1": dp}, raise_on_error=False)
+    result = json.loads((tmp_path / "results" / "statistics.json").read_text())
+    mine = result["columns"]["age"]["sites"]["hospital-1"]
+    assert "count" in mine  # the summary was answered
+    assert "histogram" not in mine, mine  # the spread was refused
+    text = json.dumps(result)
+    assert "the simulated site's statistics.dp" in text, text[:2000]

@@ -27,19 +27,22 @@ def _table(asked):
 
 
 class StudyLedger:
-    """The site parent's per-study ledger as ClientSession.spend_budget will offer it: what it
-    was asked to spend, and a refusal naming it past its budget."""
+    """The site parent's per-study ledger as ClientSession.spend_budget offers it to one job:
+    told the job's cumulative epsilon, it adds the other jobs' and refuses past its budget."""
 
     def __init__(self, budget):
-        self.budget, self.calls = budget, []
+        self.budget, self.calls, self.jobs = budget, [], {}
 
-    def spend(self, kind, epsilon, delta):
-        total = sum(e for _, e, _ in self.calls) + epsilon
-        if total > self.budget + 1e-12:
-            raise BudgetExhausted(f"{kind} budget of study alpha at site-1 (site ledger) "
-                                  f"exhausted")
-        self.calls.append((kind, epsilon, delta))
-        return total
+    def for_job(self, job):
+        def spend(kind, epsilon, delta):
+            others = sum(e for j, e in self.jobs.items() if j != job)
+            if others + epsilon > self.budget + 1e-12:
+                raise BudgetExhausted(f"{kind} budget of study alpha at site-1 (site ledger) "
+                                      f"exhausted")
+            self.jobs[job] = max(self.jobs.get(job, 0.0), epsilon)
+            self.calls.append((kind, epsilon, delta))
+            return others + self.jobs[job]
+        return spend
 
 
 def test_a_repeated_question_gets_its_first_answer_and_does_not_count():
@@ -98,7 +101,7 @@ def test_dp_answers_spend_the_studys_budget_across_jobs():
     ledger = StudyLedger(budget=4.0)
     answered = 0
     for job in range(5):  # each job: a summary, a spread, then both again (cached: free)
-        guard = StatisticsGuard(DP, ledger.spend, rng=np.random.default_rng(job))
+        guard = StatisticsGuard(DP, ledger.for_job(job), rng=np.random.default_rng(job))
         asked = [(SUMMARY, {"columns": ["x", "y"]}),
                  (SPREAD, {"columns": ["x", "y"], "means": {"x": 50.0, "y": 10.0}})]
         for task, meta in asked * 2:
@@ -108,22 +111,24 @@ def test_dp_answers_spend_the_studys_budget_across_jobs():
             else:
                 assert all("budget of study alpha at site-1 (site ledger) exhausted"
                            in a["refused"] for a in answer.values())
-    # independently: 0.5 per new answer, 4.0 in all -> 8 new answers, 4 jobs; repeats free
-    assert ledger.calls == [(KIND, 0.5, 0.0)] * 8
+    # independently: 0.5 per new answer, 4.0 in all -> 8 new answers, 4 jobs; repeats free;
+    # each job tells the ledger its running total
+    assert ledger.calls == [(KIND, 0.5, 0.0), (KIND, 1.0, 0.0)] * 4
+    assert sum(ledger.jobs.values()) == pytest.approx(4.0)
     assert answered == 8 * 2  # each job's two repeats were answered from its first answers
 
 
 def test_dp_epsilon_is_split_among_the_new_answers_numbers():
-    guard = StatisticsGuard(DP, StudyLedger(4.0).spend, rng=np.random.default_rng(0))
+    guard = StatisticsGuard(DP, StudyLedger(4.0).for_job(0), rng=np.random.default_rng(0))
     answer = guard.answer(SUMMARY, {"columns": ["x", "y"]}, _table)
     assert answer["x"]["epsilon"] + answer["y"]["epsilon"] == pytest.approx(0.5)
-    lone = StatisticsGuard(DP, StudyLedger(4.0).spend, rng=np.random.default_rng(0))
+    lone = StatisticsGuard(DP, StudyLedger(4.0).for_job(0), rng=np.random.default_rng(0))
     assert lone.answer(SUMMARY, {"columns": ["x"]}, _table)["x"]["epsilon"] == 0.5
 
 
 def test_dp_refusals_known_without_the_data_spend_nothing():
     ledger = StudyLedger(4.0)
-    guard = StatisticsGuard({**DP, "columns": {"x": {"bounds": [0.0, 100.0]}}}, ledger.spend)
+    guard = StatisticsGuard({**DP, "columns": {"x": {"bounds": [0.0, 100.0]}}}, ledger.for_job(0))
     answer = guard.answer(SUMMARY, {"columns": ["y"]}, _table)
     assert "statistics.columns.y.bounds" in answer["y"]["refused"]
     edges = guard.answer(SPREAD, {"columns": ["x"], "means": {"x": 1.0},
@@ -143,7 +148,7 @@ def test_without_a_site_ledger_the_budget_holds_for_the_job():
 def test_a_dp_grid_too_fine_is_refused_before_spending():
     ledger = StudyLedger(4.0)
     rules = {**DP, "columns": {"x": {"bounds": [0.0, 1e6], "precision": 1.0}}}
-    guard = StatisticsGuard(rules, ledger.spend)
+    guard = StatisticsGuard(rules, ledger.for_job(0))
     answer = guard.answer(SPREAD, {"columns": ["x"], "means": {"x": 1.0}}, _table)
     assert "coarser statistics.precision" in answer["x"]["refused"] and ledger.calls == []
 

@@ -97,3 +97,31 @@ def test_basic_composition_adds_epsilons_and_deltas():
     ledger.spend("dp", "b", 3.0, 5e-6, budget)
     assert ledger.total("dp") == (5.0, pytest.approx(1.5e-5), 2)
     assert StudyLedger.from_json(ledger.to_json(), "s", "alpha", "x").spent == ledger.spent
+
+
+RUNTIME = """format_version: 2
+studies:
+  alpha:
+    statistics: {dp: {epsilon: 0.5, budget: 1.0}}
+  beta: {}
+"""
+
+
+def test_statistics_releases_spend_the_studys_budget_from_study_runtime(site):
+    (site / "local" / "study_runtime.yaml").write_text(RUNTIME)
+    ledger = SitePrivacyLedger("site-1", site / "workspace", site / "local")
+    assert ledger.spend("alpha", "job-1", "statistics", 0.5, 0.0) == 0.5
+    assert ledger.spend("alpha", "job-2", "statistics", 0.5, 0.0) == 1.0
+    with pytest.raises(LedgerRefused, match=r"kind statistics .*local/study_runtime.yaml "
+                                            r"statistics.dp.budget"):
+        ledger.spend("alpha", "job-3", "statistics", 0.5, 0.0)
+    # its dp updates keep their own account; a study without statistics.dp is not limited
+    assert ledger.spend("alpha", "job-3", "dp", 2.0, 1e-5) == 2.0
+    assert ledger.spend("beta", "job-4", "statistics", 9.0, 0.0) == 9.0
+
+
+def test_a_broken_study_runtime_refuses_statistics_releases(site):
+    (site / "local" / "study_runtime.yaml").write_text("format_version: 2\nstudies: [nope]\n")
+    ledger = SitePrivacyLedger("site-1", site / "workspace", site / "local")
+    with pytest.raises(LedgerRefused, match="budget for statistics cannot be read"):
+        ledger.spend("alpha", "job-1", "statistics", 0.5, 0.0)
