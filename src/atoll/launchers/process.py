@@ -258,11 +258,11 @@ class ProcessLauncher(Launcher):
         cpus = self._cpus.allocate(key, res.cpus_counted) if self._cpus.cpus else []
         cgroup = None
         try:
+            if self.sandboxed:
+                self._check_mounts(request)
             if self.isolated:
                 self._start_relays(request)
             spec = self.render(request, gpu_ids=gpus, cpus=cpus)
-            if self.sandboxed:
-                self._check_mounts(request)
             cgroup, rlimit = self._memory_limit(request, spec["memory_limit_bytes"])
             popen = self._spawn(spec, request.credentials, cpus, cgroup, rlimit)
         except BaseException:
