@@ -146,9 +146,26 @@ def _credentials() -> dict[str, str]:
     return {str(k): str(v) for k, v in json.loads(b"".join(chunks) or b"{}").items()}
 
 
+def _forward_allowed_destinations() -> None:
+    """In a network namespace of its own (process launcher): the site's allowed destinations, on
+    their addresses in the namespace, relayed to the parent's sockets for them, before any job
+    code runs; the other ranks share the namespace, so rank 0 alone serves them."""
+    from atoll.launchers.process_network import FORWARD_ENV, forward_inside
+
+    spec = os.environ.pop(FORWARD_ENV, "")
+    if spec:
+        try:
+            forward_inside(spec)
+        except (OSError, ValueError) as exc:  # the job may not need them: it runs, and says so
+            print(f"atoll worker: the site's allowed destinations are not reachable from this "
+                  f"job: {exc}", file=sys.stderr, flush=True)
+
+
 def main() -> int:
     job_id, role, parent = _env("ATOLL_JOB_ID"), _env("ATOLL_ROLE"), _env("ATOLL_PARENT")
     starts_peers = role == "site" and starts_local_ranks(os.environ)
+    if os.environ.get("RANK", "0") == "0":  # before the rendezvous port is chosen
+        _forward_allowed_destinations()
     node_gpus: list[str | None] = []
     if starts_peers:
         node_gpus = become_rank_zero(os.environ)
