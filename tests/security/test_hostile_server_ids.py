@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 from atoll.fl.model import Model
@@ -118,7 +119,8 @@ class HostileServer:
             yield frames.header({"end": True})
             return
         head = pending.pop(0)
-        yield from frames.payload_frames(head, encode(Model(num_examples=1)))
+        model = Model(params={"w": np.zeros(4, dtype=np.float32)}, num_examples=1)
+        yield from frames.payload_frames(head, encode(model))
 
     def PushReply(self, request_iterator, context):
         head, chunks = frames.split(iter(request_iterator))

@@ -48,11 +48,11 @@ class SignedJobs:
             raise Replayed(f"the site's record of the jobs it ran ({RECORD_FILE} in its "
                            f"workspace) cannot be read ({exc}); the site operator must repair "
                            "or remove it") from None
-        jobs = doc.get("jobs") if isinstance(doc, dict) else None
-        if doc.get("format") != FORMAT or not isinstance(jobs, dict):
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(
+                doc.get("jobs"), dict):
             raise Replayed(f"the site's record of the jobs it ran ({RECORD_FILE}) is not in the "
                            f"format {FORMAT}; the site operator must repair or remove it")
-        return jobs
+        return doc["jobs"]
 
     def _write(self, jobs: dict[str, dict[str, object]]) -> None:
         tmp = self.path.with_name(f".{RECORD_FILE}.{os.getpid()}.tmp")
