@@ -32,7 +32,7 @@ def test_crafted_ids_names_and_rounds_are_refused(head):
 
 
 @pytest.mark.parametrize("head", [{"end": "yes"}, {}, {"task_id": "t1", "topic": "train",
-                                                        "headers": []}])
+                                                        "headers": ["x"]}])
 def test_a_header_of_no_known_shape_is_refused(head):
     with pytest.raises(FrameError):
         check_task_head(head)
