@@ -58,3 +58,18 @@ def test_a_bad_body_is_invalid_argument_not_a_traceback(body):
     finally:
         channel.close()
         endpoint.server.stop(0)
+
+
+@pytest.mark.parametrize("job_id", ["../x", "a/b", "x\n", "", None, 7])
+def test_a_crafted_job_id_is_invalid_argument_naming_it(job_id):
+    tokens = WorkerTokens()
+    endpoint = start_worker_endpoint(tokens, _NoBackend(), "127.0.0.1", 0)
+    channel = grpc.insecure_channel(endpoint.address)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            _register(rpc.stub(channel, "WorkerLink"), job_id, "t")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is not a valid job id" in err.value.details()
+    finally:
+        channel.close()
+        endpoint.server.stop(0)
