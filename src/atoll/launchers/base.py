@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from atoll.spec.errors import EXIT_INVALID, AtollError
+from atoll.spec.names import IdentifierError, check_job_id, check_site_name, check_study_name
 
 if TYPE_CHECKING:  # the spec models import pydantic, which parents load only for a job
     from atoll.spec.resources import Resources
@@ -39,6 +40,27 @@ class JobIdentity:
     study: str
     site: str  # the participant this worker runs for: a site name, or "server"
     role: Literal["server", "site"]
+
+
+def check_identity(identity: JobIdentity) -> JobIdentity:
+    """The ids a render puts into names, paths and scripts are of their grammars
+    (spec/names.py): a job id, site and study from a peer never become a second path component
+    or a shell word. LaunchError names the one that is not."""
+    check_ids(identity.job_id, identity.site)
+    try:
+        check_study_name(identity.study, "the study")
+    except IdentifierError as exc:
+        raise LaunchError(f"the worker is not launched: {exc}") from None
+    return identity
+
+
+def check_ids(job_id: str, site: str) -> None:
+    """The job id and participant that name a worker's container, pod, cgroup or Slurm job."""
+    try:
+        check_job_id(job_id, "the job id")
+        check_site_name(site, "the participant")
+    except IdentifierError as exc:
+        raise LaunchError(f"the worker is not launched: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import json
 from pathlib import PurePosixPath
 from typing import Any
 
-from atoll.launchers.base import LaunchError, LaunchRequest
+from atoll.launchers.base import LaunchError, LaunchRequest, check_ids
 from atoll.launchers.images import choose_image
 from atoll.launchers.ranks import container_rank_env
 from atoll.spec.docker_kwargs import docker_kwargs_issues
@@ -114,7 +114,8 @@ def render_docker(
 
 
 def container_name(site: str, job_id: str) -> str:
-    """Unique per job and participant; site names are already [A-Za-z0-9._-]."""
+    """Unique per job and participant, of checked ids only (spec/names.py: [A-Za-z0-9._-])."""
+    check_ids(job_id, site)
     return f"atoll-{site}-{job_id}"
 
 

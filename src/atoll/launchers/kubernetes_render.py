@@ -21,7 +21,7 @@ import hashlib
 import re
 from typing import Any
 
-from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest
+from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest, check_ids
 from atoll.launchers.images import choose_image
 from atoll.launchers.ranks import container_rank_env
 from atoll.spec.errors import Issue
@@ -59,6 +59,7 @@ def pod_name(site: str, job_id: str) -> str:
     'atoll-hospital-a-east-0123456789ab'
     """
     # 63 - "atoll-" - "-" - 12 hex - "-creds" (so the Secret's name is a label too) = 38
+    check_ids(job_id, site)  # checked ids only
     return f"atoll-{_name_part(site, 38)}-{_name_part(job_id, 12)}"
 
 

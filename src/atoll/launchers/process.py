@@ -49,6 +49,7 @@ from atoll.launchers.base import (
     Outcome,
     ProgressCallback,
     WorkerExit,
+    check_identity,
 )
 from atoll.launchers.job_files import JobFileError, create_job_file
 from atoll.launchers.process_allocation import CpuAllocator, GpuAllocator, HostCpuLeases
@@ -165,6 +166,7 @@ class ProcessLauncher(Launcher):
 
         Without ``gpu_ids``/``cpus`` it shows what a launch would pick now (nothing is taken).
         """
+        check_identity(request.identity)  # its ids name the worker's cgroup and allocations
         res = request.resources
         gpus = gpu_ids if gpu_ids is not None else self._gpus.preview(res.num_of_gpus)
         if cpus is None and self._cpus.cpus:
@@ -248,7 +250,7 @@ class ProcessLauncher(Launcher):
     # ----- I/O ------------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest, on_progress: ProgressCallback | None = None) -> Handle:
-        ident = request.identity
+        ident = check_identity(request.identity)
         key = f"{ident.job_id}/{ident.site}"
         with self._lock:
             if key in self._jobs and not self._jobs[key].finished:

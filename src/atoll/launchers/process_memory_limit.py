@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from atoll.launchers.base import LaunchError
 
 PROC_CGROUP = Path("/proc/self/cgroup")
 PROC_MOUNTINFO = Path("/proc/self/mountinfo")
@@ -102,8 +105,14 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
 
+_CGROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
 def create_memory_cgroup(name: str, limit_bytes: int) -> MemoryCgroup | None:
-    """A new cgroup limited to ``limit_bytes``, or None when this host does not allow one."""
+    """A new cgroup limited to ``limit_bytes``, or None when this host does not allow one.
+    ``name`` is one plain folder name (atoll-<site>-<job id>, of checked ids)."""
+    if not _CGROUP_NAME.fullmatch(name):
+        raise LaunchError(f"{name[:80]!r} is not a cgroup name: use 1-128 letters, digits, '.', "
+                          "'_' and '-', starting with a letter or digit")
     try:
         own = _own_cgroups()
     except OSError:

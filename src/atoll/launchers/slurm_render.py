@@ -48,7 +48,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from atoll.launchers.base import LaunchError, LaunchRequest
+from atoll.launchers.base import LaunchError, LaunchRequest, check_identity
 from atoll.launchers.ranks import processes_per_node
 from atoll.launchers.request import TOKEN_VAR
 from atoll.spec.names import is_env_name
@@ -79,6 +79,7 @@ RENDEZVOUS = [
 
 def render_slurm(request: LaunchRequest) -> dict[str, Any]:
     """The worker's sbatch argv and batch script; LaunchError names what to fix."""
+    check_identity(request.identity)  # its ids go into the script: never a second line
     settings = _slurm_settings(request)
     study_slurm = _study_slurm(request)
     sandbox = study_slurm.get("sandbox") or settings.sandbox
@@ -309,7 +310,8 @@ def _script(
     q = shlex.quote
     lines = [
         "#!/bin/bash",
-        f"# atoll worker of job {ident.job_id} for {ident.site} (study {ident.study}).",
+        f"# atoll worker of job {_word(ident.job_id)} for {_word(ident.site)} "
+        f"(study {_word(ident.study)}).",
         "# Rendered by atoll's slurm launcher; it holds no secret value.",
         "set -euo pipefail",
         "",
@@ -324,6 +326,7 @@ def _script(
         lines += [f'export {prefix}{name}="${{{name}}}"' for name in secrets]
     lines += ["", "# The worker's environment."]
     env = _worker_env(request, contained)
+    _check_env_names([*secrets, *env])  # names go unquoted before '=': each a POSIX name
     lines += [f"export {prefix}{key}={q(value)}" for key, value in env.items()]
     ranks = topo["nodes"] * topo["tasks_per_node"]
     multi = ranks > 1 or sandbox == "pyxis"
@@ -341,8 +344,8 @@ def _script(
                 )
     setup = (_study_slurm(request).get("setup") or "").strip("\n")
     if setup:
-        lines += ["", f"# The study's setup (local/study_runtime.yaml studies.{ident.study}."
-                  "slurm.setup).", setup]
+        lines += ["", f"# The study's setup (local/study_runtime.yaml studies."
+                  f"{_word(ident.study)}.slurm.setup).", setup]
     lines += ["", "# Start the worker."]
     segments = _launch_segments(request, sandbox, python, topo, multi, prefix, secrets)
     lines.append("exec " + " \\\n    ".join(" ".join(map(q, seg)) for seg in segments))
@@ -405,6 +408,19 @@ def rank_wrapper(prefix: str, ranks: int, tasks_per_node: int, secrets: list[str
         f'{p}ATOLL_RANK="$SLURM_PROCID" {p}ATOLL_WORLD_SIZE="$SLURM_NTASKS"; '
         f'[ "$SLURM_PROCID" = 0 ] || unset {withheld}; exec "$@"'
     )
+
+
+def _word(text: str) -> str:
+    """A value as it may appear in a comment line of the script: one word of safe characters
+    (a newline in a comment would start a command)."""
+    return _UNSAFE_COMMENT.sub("_", text) or "-"
+
+
+def _check_env_names(names: list[str]) -> None:
+    bad = sorted(repr(name)[:80] for name in names if not is_env_name(name))
+    if bad:
+        raise LaunchError(f"not environment variable names: {', '.join(bad)}; use letters, "
+                          "digits and '_', not starting with a digit")
 
 
 def secrets_file_text(values: dict[str, str]) -> str:

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import grpc
 
 from atoll.spec.errors import EXIT_INVALID, AtollError
+from atoll.spec.names import IdentifierError, check_job_id, check_task_id
 from atoll.wire import frames, rpc
 from atoll.wire import messages as msg
 from atoll.wire.grpc_setup import new_server
@@ -116,6 +117,14 @@ def _body(request, context) -> dict[str, Any]:
     return body
 
 
+def _checked(context, check, value: Any, field: str) -> None:
+    """An id a worker sent, of its grammar (spec/names.py), else INVALID_ARGUMENT naming it."""
+    try:
+        check(value, field)
+    except IdentifierError as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
 class WorkerLinkServicer:
     def __init__(self, tokens: WorkerTokens, backend: WorkerBackend):
         self.tokens = tokens
@@ -130,7 +139,8 @@ class WorkerLinkServicer:
 
     def Register(self, request, context):
         body = _body(request, context)
-        job_id, token = str(body.get("job_id", "")), str(body.get("token", ""))
+        job_id, token = body.get("job_id"), str(body.get("token", ""))
+        _checked(context, check_job_id, job_id, "the registration's job_id")
         session = self.tokens.exchange(job_id, token)
         if session is None:
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
@@ -154,6 +164,7 @@ class WorkerLinkServicer:
         job_id = self._job(context)
         metadata = dict(context.invocation_metadata())
         task_id = metadata.get("x-atoll-task", "")
+        _checked(context, check_task_id, task_id, "the x-atoll-task header")
         many = metadata.get(MANY_REPLIES_KEY) == "1"
         as_files = metadata.get(HANDOFF_KEY) == "1"
         yield from self._stream(context, self.backend.next_reply, job_id, task_id, request.wait_s,

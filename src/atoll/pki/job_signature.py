@@ -4,12 +4,16 @@ every site verify it against the project's root CA before they take or run the j
 What is signed (the *statement*, canonical JSON: sorted keys, no spaces, ASCII)::
 
     {"format": "atoll-job-signature/1", "project": P, "study": S, "submitter": NAME,
-     "signed_at": UNIX_SECONDS, "files": {"meta.json": SHA256_HEX, "app/train.py": ..., ...}}
+     "signed_at": UNIX_SECONDS, "nonce": HEX, "files": {"meta.json": SHA256_HEX, ...}}
 
 ``files`` lists every file of the job folder (meta.json with its resource and launcher specs
 included) by its path and SHA-256: nothing can be changed, added or removed without breaking
 the signature. ``study`` binds the job to the study it was submitted in (it cannot be replayed
-into another one) and ``submitter`` to the certificate that signed it.
+into another one) and ``submitter`` to the certificate that signed it. ``nonce`` (128 random bits, new at every
+signing) makes each submission a statement of its own, even of the same folder in the same
+second: a site records the *statement digest* (``sha256:<hex>`` of the statement text) of each
+job it runs with the job's id and refuses the same statement under another id (a replay,
+site/signed_jobs.py). Signatures made before the nonce existed verify as before (nonce "").
 
 The signature travels inside the job, as the top-level file ``.atoll-signature.json``
 (SIGNATURE_FILE, not part of ``files``)::
@@ -69,6 +73,7 @@ class Statement:
     submitter: str
     signed_at: int
     files: dict[str, str]  # relative POSIX path -> SHA-256 hex
+    nonce: str = ""  # new at every signing; "" in signatures made before it existed
 
     @property
     def digest(self) -> str:
@@ -82,6 +87,8 @@ class Signed:
     signer: Identity
     statement: Statement
     cert_pem: bytes = b""  # the signer's certificate: its serial is checked for revocation
+    # sha256:<hex> of the signed statement's text: one submission (its nonce), not its content
+    statement_digest: str = ""
 
     @property
     def digest(self) -> str:
@@ -159,10 +166,13 @@ def sign_archive(archive: Path, kit: Kit, study: str, now: float | None = None) 
 
     with zipfile.ZipFile(archive) as zf:
         files = manifest_of_zip(zf)
-    statement = Statement(kit.project, study, kit.name, int(now or time.time()), files)
+    import secrets
+
+    statement = Statement(kit.project, study, kit.name, int(now or time.time()), files,
+                          secrets.token_hex(16))
     text = canonical({"format": FORMAT, "project": statement.project, "study": study,
                       "submitter": statement.submitter, "signed_at": statement.signed_at,
-                      "files": files})
+                      "nonce": statement.nonce, "files": files})
     key = serialization.load_pem_private_key(kit.key.read_bytes(), password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise SignatureError(f"{kit.key} is not an EC key; re-provision this user")
@@ -210,7 +220,13 @@ def verify_bundle(data: bytes, ca_pem: bytes, now: float | None = None,
         raise SignatureError(f"the job's signature is malformed ({exc}); {_RESUBMIT}") from None
     signer = _check_certificate(pem, ca_pem, now, revoked)
     _check_signature(pem, signature, text, signer)
-    return Signed(signer, _statement(text, signer), pem)
+    return Signed(signer, _statement(text, signer), pem, statement_digest(text))
+
+
+def statement_digest(text: bytes) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(text).hexdigest()
 
 
 def _check_certificate(pem: bytes, ca_pem: bytes, now: float | None,
@@ -276,8 +292,11 @@ def _statement(text: bytes, signer: Identity) -> Statement:
     try:
         doc = json.loads(text)
         files = doc["files"]
+        nonce = doc.get("nonce", "")
         statement = Statement(str(doc["project"]), str(doc["study"]), str(doc["submitter"]),
-                              int(doc["signed_at"]), dict(files))
+                              int(doc["signed_at"]), dict(files), str(nonce))
+        if not isinstance(nonce, str) or len(nonce) > 128:
+            raise ValueError("its nonce is not a short text")
         if doc.get("format") != FORMAT or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             raise ValueError("unknown format or a file without its digest")
@@ -341,7 +360,8 @@ def verify_apart(tree: Path, ca_file: Path) -> tuple[Signed, dict[str, str]]:
                              f"with {done.returncode}; the parent's log has its error)")
     doc = json.loads(done.stdout)
     statement = Statement(**doc["statement"])
-    return Signed(Identity(**doc["signer"]), statement, doc["cert"].encode()), doc["files"]
+    return (Signed(Identity(**doc["signer"]), statement, doc["cert"].encode(),
+                   doc["statement_digest"]), doc["files"])
 
 
 def _main(argv: list[str]) -> int:
@@ -364,8 +384,8 @@ def _main(argv: list[str]) -> int:
     print(json.dumps({"signer": vars(signed.signer), "cert": signed.cert_pem.decode("ascii"),
                       "statement": {"project": s.project, "study": s.study,
                                     "submitter": s.submitter, "signed_at": s.signed_at,
-                                    "files": s.files},
-                      "files": files}))
+                                    "nonce": s.nonce, "files": s.files},
+                      "statement_digest": signed.statement_digest, "files": files}))
     return 0
 
 

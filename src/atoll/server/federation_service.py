@@ -8,7 +8,8 @@ loop's executor.
 Every call is admitted before its request is read (`admit`: a site certificate within its
 limits, server/auth.py), and every read of a site's stream has a deadline (wire/guard.py). What
 a site sends is checked as it is used: a malformed message is answered INVALID_ARGUMENT, never
-with a traceback.
+with a traceback. Every job and task id a site names is of its grammar (spec/names.py) before
+it is looked up, stored or logged.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from atoll.server.auth import Gate, peer_identity_async
 from atoll.server.relay import END, RelayError
 from atoll.server.site_links import HEARTBEAT_S, SiteLink, SiteLinks
 from atoll.server.spool import SpoolError
+from atoll.spec.names import IdentifierError, check_job_id, check_task_id
 from atoll.spec.quantity import is_memory
 from atoll.wire import frames
 from atoll.wire import messages as msg
@@ -75,10 +77,24 @@ def _object(text: str, what: str) -> dict[str, Any]:
     return value
 
 
+MAX_RUNNING = 10_000  # job ids one hello or heartbeat may list
+
+
 def _job_ids(value: Any, what: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(j, str) for j in value):
-        raise ValueError(f"{what}'s running_jobs must be a list of job ids")
-    return value
+    if not isinstance(value, list) or len(value) > MAX_RUNNING:
+        raise ValueError(f"{what}'s running_jobs must be a list of at most {MAX_RUNNING:,} "
+                         "job ids")
+    return [check_job_id(j, f"{what}'s running_jobs entry") for j in value]
+
+
+def _job_state(text: str) -> dict[str, Any]:
+    """A site's job state: its job id of the grammar, its state a short text."""
+    body = _object(text, "job_state")
+    check_job_id(body.get("job_id"), "job_state's job_id")
+    state = body.get("state")
+    if not isinstance(state, str) or not 0 < len(state) <= 64:
+        raise ValueError("job_state's state must be a state name")
+    return body
 
 
 def _hello(text: str) -> dict[str, Any]:
@@ -173,7 +189,7 @@ class FederationService:
                 elif kind == "job_state":
                     # one site's states stay in order: the next waits for this one
                     await loop.run_in_executor(None, self.jobs.site_state, link.name,
-                                               _object(event.job_state, "job_state"))
+                                               _job_state(event.job_state))
         except (grpc.RpcError, asyncio.CancelledError):
             pass
         except (Stalled, ValueError) as exc:  # the site reconnects; say why it was dropped
@@ -185,6 +201,7 @@ class FederationService:
 
     async def FetchJob(self, request, context):
         site = (await peer_identity_async(context, "site")).name
+        await _checked_id(context, request.job_id)
         if self._running(request.job_id, site) is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"job {request.job_id} is not running at {site}")
@@ -197,6 +214,7 @@ class FederationService:
 
     async def PullTask(self, request, context):
         site = (await peer_identity_async(context, "site")).name
+        await _checked_id(context, request.job_id)
         live = self._running(request.job_id, site)
         if live is None:
             yield frames.header({"end": True})
@@ -230,7 +248,9 @@ class FederationService:
                                 "empty stream: expected a header frame")
         except frames.FrameError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        job_id, headers = str(head.get("job_id")), head.get("headers") or {}
+        job_id, headers = head.get("job_id"), head.get("headers") or {}
+        await _checked_id(context, job_id)
+        await _checked_id(context, head.get("task_id"), check_task_id, "task_id")
         if not isinstance(headers, dict):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "the reply's headers must be a JSON object")
@@ -238,7 +258,7 @@ class FederationService:
         if live is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} is not running at {site}")
         try:
-            reply = live.relay.open_reply(site, str(head.get("task_id")), headers)
+            reply = live.relay.open_reply(site, head["task_id"], headers)
         except RelayError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         try:
@@ -262,9 +282,19 @@ class FederationService:
                 raise ValueError("the report's event must be a JSON object")
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        job_id = str(body.get("job_id"))
+        job_id = body.get("job_id")
+        await _checked_id(context, job_id)
         if self._running(job_id, site) is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} is not running at {site}")
         await asyncio.get_running_loop().run_in_executor(
             None, self.store.add_event, job_id, site, event)
         return msg.Json(body="{}")
+
+
+async def _checked_id(context, value: Any, check: Callable[..., str] = check_job_id,
+                      field: str = "job_id") -> None:
+    """A site's id of its grammar, else INVALID_ARGUMENT naming it (spec/names.py)."""
+    try:
+        check(value, field)
+    except IdentifierError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

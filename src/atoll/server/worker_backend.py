@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from atoll.parent.worker_endpoint import BackendError
 from atoll.server.jobs import JobManager, LiveJob
 from atoll.server.relay import RelayError
+from atoll.spec.names import IdentifierError, check_task_name
 from atoll.wire import frames, handoff
 from atoll.wire.reasons import clip
 
@@ -51,9 +52,13 @@ class ServerWorkerBackend:
 
     def send_task(self, job_id, head, chunks):
         relay = self._live(job_id).relay
+        try:  # the job's workflow names the task: its name goes to every site's worker
+            topic = check_task_name(head.get("topic"), "the task's topic")
+        except IdentifierError as exc:
+            raise BackendError(str(exc)) from None
         try:
             task_id = relay.add_task(
-                list(head.get("targets") or []), str(head.get("topic", "")),
+                list(head.get("targets") or []), topic,
                 dict(head.get("headers") or {}), handoff.payload_of(head, chunks, relay.handoff))
         except RelayError as exc:
             raise BackendError(str(exc)) from None

@@ -64,8 +64,8 @@ class ServerLink:
                         attempt = 0
                         log.info("connected to the server")
                     kind = command.WhichOneof("kind")
-                    if kind != "welcome":
-                        self.on_command(kind, json.loads(getattr(command, kind)))
+                    if kind != "welcome" and (body := _command_body(kind, command)) is not None:
+                        self.on_command(kind, body)
             except grpc.RpcError as exc:
                 if not self._stop.is_set():
                     log.warning("server link broken: %s", _describe(exc))
@@ -111,6 +111,26 @@ class ServerLink:
                 self._outbox.put(body)
                 return
             yield msg.SiteEvent(job_state=json.dumps(body))
+
+
+MAX_COMMAND_BYTES = 16 * 1024 * 1024  # a dispatch carries the job's meta.json (bounded too)
+
+
+def _command_body(kind: str | None, command: Any) -> dict[str, Any] | None:
+    """A command's JSON object, or None (logged) for one that is not: the server's word never
+    stops the link, and the supervisor checks each field of it (spec/names.py)."""
+    text = getattr(command, kind, "") if kind else ""
+    if len(text) > MAX_COMMAND_BYTES:
+        log.warning("ignored a %s command of %d bytes from the server", kind, len(text))
+        return None
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        body = None
+    if not isinstance(body, dict):
+        log.warning("ignored a %s command from the server: not a JSON object", kind)
+        return None
+    return body
 
 
 def _describe(exc: grpc.RpcError) -> str:

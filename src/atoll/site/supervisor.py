@@ -7,6 +7,12 @@ verifies the submitter's signature of what it fetched and applies its own author
 launch it asks the revocation list again (the newest it holds: one may have come since the
 check) and whether the job was aborted meanwhile; a newer list aborts the running jobs it
 revokes here, whether or not the server says so (`signers_revoked`).
+
+Every identifier in a command is checked against its grammar (spec/names.py) before any use,
+and nothing touches the filesystem until the job passed every check: the job is fetched and
+verified in a scratch folder of the site's tmp/, and only an accepted job becomes a run folder
+(jobs/<job id>) and a kept app (apps/<job id>.zip). A refused job leaves nothing and removes
+nothing. The signed statement is bound to the job id it first ran under (site/signed_jobs.py).
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.pki.files import PRIVATE, private_dir
+from atoll.site.signed_jobs import Replayed, SignedJobs
 from atoll.spec.capacity import fits
 from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError
+from atoll.spec.names import IdentifierError, check_job_id, check_study_name
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.reasons import public
@@ -109,6 +117,7 @@ class Supervisor:
         self.server = server
         self.tokens = tokens
         self.jobs: dict[str, SiteJob] = {}
+        self.signed_jobs = SignedJobs(kit.workspace)  # each signed statement under one job id
         self._lock = threading.Lock()
 
     def running_jobs(self) -> list[str]:
@@ -119,8 +128,16 @@ class Supervisor:
         return self.jobs.get(job_id)
 
     def dispatch(self, body: dict[str, Any]) -> None:
+        try:  # the id names the job's thread, folder and state: checked before anything
+            job_id = check_job_id(body.get("job_id"))
+        except IdentifierError as exc:
+            log.warning("refused a dispatch from the server: %s", exc)
+            if isinstance(body.get("job_id"), str):  # the server hears why, if it can match it
+                self.link.send_state(body["job_id"], "FINISHED:FAILED",
+                                     f"{self.kit.name} refused the job: {exc}")
+            return
         threading.Thread(target=self._run, args=(body,), daemon=True,
-                         name=f"job-{str(body.get('job_id'))[:8]}").start()
+                         name=f"job-{job_id[:8]}").start()
 
     def _report(self, job_id: str, state: str, reason: str = "", **extra: Any) -> None:
         workdir = self.kit.workspace / "jobs" / job_id  # paths relative to the job's folder
@@ -160,9 +177,10 @@ class Supervisor:
         from atoll.spec.meta import load_meta
         from atoll.wire.job_archive import IntakeError
 
-        job_id, study, site = str(body["job_id"]), str(body["study"]), self.kit.name
+        job_id, site = check_job_id(body.get("job_id")), self.kit.name
         job = None
         try:
+            study = check_study_name(body.get("study"))
             served = body.get("meta")
             if not isinstance(served, dict):  # never a path: load_meta would read this disk
                 raise NotAdmitted(f"{site} refused the job: the server sent no meta document")
@@ -176,13 +194,14 @@ class Supervisor:
                 self._forget(job_id, job)
                 return
             token = self.tokens.issue(job_id)
-            request = self.host.launch_request(job, str(body.get("name", "")), meta, token)
+            # the signed meta's name, not the server's word for it
+            request = self.host.launch_request(job, meta.name, meta, token)
             self._report(job_id, "STARTING", f"launching through {self.host.launcher.name}")
             job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
-        except (NotAdmitted, JobRefused, SpecError, LaunchError, IntakeError, OSError,
-                zipfile.BadZipFile) as exc:
-            reason = (str(exc) if isinstance(exc, NotAdmitted | JobRefused)
+        except (NotAdmitted, JobRefused, Replayed, SpecError, LaunchError, IntakeError, OSError,
+                IdentifierError, zipfile.BadZipFile) as exc:
+            reason = (str(exc) if isinstance(exc, NotAdmitted | JobRefused | Replayed)
                       else f"{site} refused the job: {exc}")
             self._report(job_id, "FINISHED:FAILED", reason)
             self._forget(job_id, job)
@@ -197,29 +216,44 @@ class Supervisor:
         self._finish(job, self.host.launcher.wait(job.handle))
 
     def _fetch(self, job: SiteJob, body: dict[str, Any], dispatched: JobMeta) -> Accepted:
-        """Fetch this site's app into a new private run folder once the job passed the site's
-        checks (its signature, content and policy); keep the zip (outside the folder) for
-        workers that cannot see this folder."""
+        """Fetch this site's app and check it (its signature, content and policy, and that its
+        signed statement is not replayed under a new id) in a scratch folder of the site's
+        tmp/; only then make it the job's private run folder, and keep the zip (outside the
+        folder) for workers that cannot see this folder."""
         import shutil
+        import tempfile
 
         from atoll.site.job_check import check_job
         from atoll.wire.job_archive import unpack_app
 
-        shutil.rmtree(job.workdir, ignore_errors=True)
-        private_dir(job.workdir)
-        job.app_zip = private_dir(self.kit.workspace / "apps") / f"{job.job_id}.zip"
-        stream = self.server.FetchJob(msg.JobRef(job_id=job.job_id))
-        _, chunks = frames.split(iter(stream))
-        frames.write_chunks(chunks, job.app_zip, limit=1 << 31)
-        job.app_zip.chmod(PRIVATE)
-        accepted = []
-        unpack_app(job.app_zip, self.kit.name, job.workdir / "app", self.kit.workspace / "tmp",
-                   check=lambda tree: accepted.append(
-                       check_job(tree, body, self.kit, dispatched=dispatched)))
-        private_dir(job.workdir / "logs")
-        log.info("job %s: signed by %s (%s), content %s", job.job_id,
-                 accepted[0].signed.signer.name, accepted[0].signed.signer.role,
-                 accepted[0].signed.digest)
+        workspace = self.kit.workspace
+        scratch = Path(tempfile.mkdtemp(prefix=f"fetch-{job.job_id}-",
+                                        dir=private_dir(workspace / "tmp")))
+        try:
+            fetched = scratch / "app.zip"
+            stream = self.server.FetchJob(msg.JobRef(job_id=job.job_id))
+            _, chunks = frames.split(iter(stream))
+            frames.write_chunks(chunks, fetched, limit=1 << 31)
+            fetched.chmod(PRIVATE)
+            accepted = []
+            run = private_dir(scratch / "run")
+            unpack_app(fetched, self.kit.name, run / "app", scratch,
+                       check=lambda tree: accepted.append(
+                           check_job(tree, body, self.kit, dispatched=dispatched)))
+            signed = accepted[0].signed
+            self.signed_jobs.claim(signed.statement_digest, job.job_id, self.kit.name,
+                                   signed.signer.name)
+            private_dir(run / "logs")
+            # Accepted: the job's own earlier run folder (a resume under its id) gives way.
+            shutil.rmtree(job.workdir, ignore_errors=True)
+            private_dir(job.workdir.parent)
+            run.rename(job.workdir)
+            job.app_zip = private_dir(workspace / "apps") / f"{job.job_id}.zip"
+            fetched.replace(job.app_zip)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        log.info("job %s: signed by %s (%s), content %s, statement %s", job.job_id,
+                 signed.signer.name, signed.signer.role, signed.digest, signed.statement_digest)
         return accepted[0]
 
     def _finish(self, job: SiteJob, exit: WorkerExit) -> None:
@@ -265,6 +299,8 @@ class Supervisor:
 
     # -- commands from the server ---------------------------------------------------------------
     def abort(self, job_id: str, reason: str) -> None:
+        if not _known_id(job_id, "abort"):
+            return
         job = self.jobs.get(job_id)
         if job is None:
             return
@@ -290,6 +326,8 @@ class Supervisor:
         return aborted
 
     def end(self, job_id: str) -> None:
+        if not _known_id(job_id, "end"):
+            return
         job = self.jobs.get(job_id)
         if job is None:
             return
@@ -310,3 +348,13 @@ class Supervisor:
             job.aborting = job.aborting or "the site parent stopped"
             if job.handle is not None:
                 self.host.launcher.cancel(job.handle)
+
+
+def _known_id(job_id: object, command: str) -> bool:
+    """A command's job id is of the grammar (a bad one names no job here: it is logged)."""
+    try:
+        check_job_id(job_id)
+    except IdentifierError as exc:
+        log.warning("ignored an %s command from the server: %s", command, exc)
+        return False
+    return True

@@ -17,6 +17,7 @@ import grpc
 
 from atoll.parent.worker_endpoint import BackendError
 from atoll.spec.errors import AtollError
+from atoll.spec.names import IdentifierError, check_round, check_task_id, check_task_name
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.handoff import KEY, HandoffDir, payload_of
@@ -94,16 +95,24 @@ class SiteWorkerBackend:
             if as_files and job.handoff is not None:
                 yield from _as_file(iter(stream), job.handoff)
             else:
-                yield from stream
+                yield from _checked_stream(iter(stream))
         except grpc.RpcError as exc:
             raise BackendError(f"the server did not deliver the task: {exc.details()}") from None
+        except IdentifierError as exc:  # the server's header, refused before the worker sees it
+            raise BackendError(f"the server sent a task this site refuses: {exc}") from None
         except (frames.FrameError, OSError) as exc:  # a bad stream, or no room for its file
             raise BackendError(f"the task could not be handed over as a file: {exc}") from None
 
     def send_reply(self, job_id: str, head: dict[str, Any], chunks: frames.Payload) -> dict:
         job = self._job(job_id)
-        upstream = {"job_id": job_id, "task_id": head.get("task_id"),
-                    "headers": head.get("headers") or {}}
+        try:  # the worker runs the job's code: its ids are checked like the server's
+            task_id = check_task_id(head.get("task_id"))
+        except IdentifierError as exc:
+            raise BackendError(f"the worker's reply is refused: {exc}") from None
+        headers = head.get("headers") or {}
+        if not isinstance(headers, dict):
+            raise BackendError("the worker's reply headers must be a JSON object")
+        upstream = {"job_id": job_id, "task_id": task_id, "headers": headers}
         data = payload_of(head, chunks, job.handoff)
 
         def relay() -> Iterator[bytes]:
@@ -150,15 +159,43 @@ class SiteWorkerBackend:
         return {"total_epsilon": total}
 
 
+def check_task_head(head: dict[str, Any]) -> dict[str, Any]:
+    """The header of a task from the server, rebuilt from its checked fields: a task id and a
+    task name of their grammars, headers a JSON object whose ``round`` is a round number; or
+    exactly ``{"end": true}`` / ``{"none": true}``. IdentifierError (or FrameError) otherwise."""
+    if "task_id" not in head:
+        if head.get("end") is True:
+            return {"end": True}
+        if head.get("none") is True:
+            return {"none": True}
+        raise frames.FrameError("the server's task header names no task, end or none")
+    headers = head.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise frames.FrameError("the server's task headers are not a JSON object")
+    check_round(headers.get("round"), "the task's round", optional=True)
+    return {"task_id": check_task_id(head["task_id"], "the task's task_id"),
+            "topic": check_task_name(head.get("topic"), "the task's topic"),
+            "headers": headers}
+
+
+def _checked_stream(stream: Iterator[bytes]) -> Iterator[bytes]:
+    """A task from the server as it goes to its worker over the link: its header checked."""
+    first = next(stream, None)
+    if first is None:
+        raise frames.FrameError("the server sent an empty task stream")
+    yield frames.header(check_task_head(frames.read_header(first)))
+    yield from stream
+
+
 def _as_file(stream: Iterator[bytes], folder: HandoffDir) -> Iterator[bytes]:
     """A task from the server as its worker takes it from the handoff folder: the data frames
     written to a new file as they arrive, then the header alone, naming the file."""
     first = next(stream, None)
     if first is None:
         raise frames.FrameError("the server sent an empty task stream")
-    head = frames.read_header(first)
+    head = check_task_head(frames.read_header(first))
     if "task_id" not in head:  # nothing to carry: "none" (no task yet) or "end"
-        yield first
+        yield frames.header(head)
         return
     file = folder.create()
     try:

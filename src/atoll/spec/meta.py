@@ -21,7 +21,7 @@ from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
 from atoll.spec.flare_meta import normalize_flare_meta, point_back
 from atoll.spec.launcher_spec import launcher_spec_issues, validate_launcher_spec
 from atoll.spec.model import SpecModel, validate_into
-from atoll.spec.names import ALL_SITES, SERVER, is_site_name
+from atoll.spec.names import ALL_SITES, SERVER, is_app_name, is_site_name
 from atoll.spec.resources import validate_resource_spec
 
 META_FILE = "meta.json"
@@ -152,8 +152,8 @@ class JobMeta(SpecModel):
         return self.model_copy(update={"study": study, "submitter": submitter})
 
 
-_BAD_APP = ("app name must be a folder name in the job: no '/', '\\', '..', absolute path or "
-            "control character; at most 255 bytes")
+_BAD_APP = ("app name must be a folder name in the job: no '/', '\\', '..', absolute path, "
+            "control character or leading '~' or '-'; at most 255 bytes")
 _BAD_TARGET = (
     "is not a target; use 'server', '@ALL' or a site name "
     "(letters, digits, '.', '_', '-'; at most 63 characters)"
@@ -235,18 +235,7 @@ def deploy_map_issues(deploy_map: dict[str, list[str]]) -> list[Issue]:
 
 
 def _is_safe_app_name(app: str) -> bool:
-    return (
-        bool(app)
-        and "/" not in app
-        and "\\" not in app
-        and ".." not in app
-        and "\0" not in app
-        and app != "."
-        and not app.startswith("~")
-        and ":" not in app[:2]
-        and app.isprintable()  # no control characters, no lone surrogates
-        and len(app.encode()) <= 255  # a folder name's limit on Linux
-    )
+    return is_app_name(app)  # the one grammar of app names (spec/names.py)
 
 
 def load_meta(source: str | Path | Any) -> JobMeta:

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from atoll.fl.channels import Chunk, Reply, Task
+from atoll.spec.names import check_round, check_task_id, check_task_name
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.handoff import KEY, HandoffDir
@@ -104,8 +105,14 @@ class GrpcSiteChannel(_Link):
                 continue
             if KEY in head and self.handoff is not None:
                 chunks = frames.Payload(self.handoff.read(head[KEY]))
-            return Task(task_id=head["task_id"], topic=head["topic"],
-                        headers=head.get("headers", {}), chunks=chunks)
+            headers = head.get("headers") or {}
+            if not isinstance(headers, dict):
+                raise frames.FrameError("the task's headers are not a JSON object")
+            # The server's word, checked again where the job's code receives it.
+            check_round(headers.get("round"), "the task's round", optional=True)
+            return Task(task_id=check_task_id(head.get("task_id"), "the task's task_id"),
+                        topic=check_task_name(head.get("topic"), "the task's topic"),
+                        headers=headers, chunks=chunks)
 
     def reply(self, task_id: str, headers: dict[str, Any], payload: Iterable[Chunk]) -> None:
         head = {"task_id": task_id, "headers": headers}

@@ -192,7 +192,7 @@ def test_worker_environment() -> None:
     [
         ("hospital-a", "atoll-hospital-a-0123456789ab"),
         ("Hospital_A.East", "atoll-hospital-a-east-0123456789ab"),
-        ("-x-", "atoll-x-0123456789ab"),
+        ("x-_", "atoll-x-0123456789ab"),
         ("s" * 63, "atoll-" + "s" * 38 + "-0123456789ab"),
     ],
 )

@@ -85,3 +85,18 @@ def test_the_unix_socket_checks_the_same_token_and_its_folder_is_the_parents_alo
         channel.close()
         endpoint.stop(0)
     assert not os.path.exists(folder)
+
+
+@pytest.mark.parametrize("job_id", ["../x", "a/b", "x\n", "", None, 7])
+def test_a_crafted_job_id_is_invalid_argument_naming_it(job_id):
+    tokens = WorkerTokens()
+    endpoint = start_worker_endpoint(tokens, _NoBackend(), "127.0.0.1", 0)
+    channel = grpc.insecure_channel(endpoint.address)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            _register(rpc.stub(channel, "WorkerLink"), job_id, "t")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is not a valid job id" in err.value.details()
+    finally:
+        channel.close()
+        endpoint.stop(0)

@@ -165,3 +165,43 @@ def test_a_link_in_a_job_folder_is_refused_when_listing_it(job, tmp_path):
     (job / "app" / "data").symlink_to("/etc")
     with pytest.raises(SignatureError, match="app/data is not a regular file"):
         manifest_of_tree(job)
+
+
+def test_each_signing_is_a_statement_of_its_own(job, lead, ca_pem, tmp_path):
+    """The same folder signed twice in the same second: one content, two statements (a site
+    refuses a statement under a second job id: site/signed_jobs.py)."""
+    first, second = tmp_path / "a.zip", tmp_path / "b.zip"
+    for archive in (first, second):
+        zip_folder(job, archive)
+        sign_archive(archive, lead, "pathology", now=1_800_000_000)
+    signed = []
+    for archive in (first, second):
+        tree = tmp_path / archive.stem
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(tree)
+        signed.append(verify(tree, ca_pem))
+    assert signed[0].digest == signed[1].digest  # what a code approval names
+    assert signed[0].statement.nonce != signed[1].statement.nonce
+    assert len(signed[0].statement.nonce) == 32
+    assert signed[0].statement_digest != signed[1].statement_digest
+    assert signed[0].statement_digest.startswith("sha256:")
+
+
+def test_a_signature_from_before_the_nonce_still_verifies(job, lead, ca_pem, tmp_path):
+    import base64
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from atoll.pki.job_signature import FORMAT, canonical
+
+    text = canonical({"format": FORMAT, "project": PROJECT, "study": "pathology",
+                      "submitter": LEAD, "signed_at": 1_800_000_000,
+                      "files": manifest_of_tree(job)})
+    key = serialization.load_pem_private_key(lead.key.read_bytes(), password=None)
+    (job / SIGNATURE_FILE).write_text(json.dumps({
+        "format": FORMAT, "statement": text.decode(), "certificate": lead.cert.read_text(),
+        "signature": base64.b64encode(key.sign(text, ec.ECDSA(hashes.SHA256()))).decode()}))
+    signed = verify(job, ca_pem)
+    assert signed.statement.nonce == ""
+    assert signed.statement_digest.startswith("sha256:")
