@@ -104,7 +104,6 @@ class _Round:
     held: dict[str, str] = field(default_factory=dict)  # sender -> its encrypted share for us
     masked_with: list[str] | None = None  # U2: the sites whose pairwise masks we added
     signed: tuple[list[str], list[str]] | None = None  # (U3, dropped) as this site signed them
-    unmasked: bool = False
 
 
 def keys_text(job_id: str, round_: int, site: str, c: bytes, s: bytes) -> bytes:
@@ -131,9 +130,13 @@ class SecAggClient:
         self.identity = identity
         self.min_participants = min_participants  # local/privacy.yaml, None: no minimum
         self.rounds: dict[int, _Round] = {}
+        self.unmasked: set[int] = set()  # rounds answered: never a second set of shares
 
     def answer(self, topic: str, round_: int, meta: dict[str, Any]) -> dict[str, Any]:
         """The reply's meta for one protocol step of ``round_``."""
+        if round_ in self.unmasked:  # one set of shares per round, for one masked update
+            raise refused("one-share-per-peer", f"round {round_} was unmasked already: this "
+                          "site answers once")
         if topic == ADVERTISE:
             state = _Round(crypto.KeyPair.generate(), crypto.KeyPair.generate(), crypto.new_seed())
             self.rounds = {round_: state}  # earlier rounds are over: forget their secrets
@@ -259,17 +262,16 @@ class SecAggClient:
         return {"sig": self.identity.sign(check_text(self.job_id, round_, survivors, dropped))}
 
     def _unmask(self, round_: int, state: _Round, meta: dict[str, Any]) -> dict[str, Any]:
-        if state.unmasked:
-            raise refused("one-share-per-peer", f"round {round_} was unmasked already: this "
-                          "site answers once")
-        survivors, dropped = self._lists(state, meta)
         if state.signed is None:
             raise refused("consistent-lists", "no consistency check came before the unmask "
                           "request")
+        survivors = _names(meta.get("survivors"), "survivors")
+        dropped = _names(meta.get("dropped"), "dropped")
         if (survivors, dropped) != state.signed:
             moved = sorted(set(state.signed[0]) ^ set(survivors))
             raise refused("consistent-lists", f"the unmask request moves {moved} between "
                           "survived and dropped from what this site signed")
+        survivors, dropped = self._lists(state, meta)  # checked when signed; cheap again
         signatures = meta.get("signatures")
         if not isinstance(signatures, dict):
             raise refused("consistent-lists", "the unmask request carries no signatures")
@@ -287,7 +289,7 @@ class SecAggClient:
         if len(valid) < state.threshold:
             raise refused("consistent-lists", f"{len(valid)} survivor(s) signed the lists, the "
                           f"threshold is {state.threshold}")
-        state.unmasked = True
+        self.unmasked.add(round_)
         reveal: dict[str, dict[str, str]] = {"b": {}, "s": {}}
         for sender in state.masked_with:
             key = crypto.agree(state.cipher_keys.private, state.peers[sender]["c"],
