@@ -159,13 +159,14 @@ class Hostile(Workflow):
         self.unmask(lists, {})
 
     def moved_peer(self) -> None:
-        """Everyone signs the honest lists; then the victim is moved to dropped for the others'
-        unmask request, so they would reveal its mask-key shares."""
+        """Everyone signs the honest lists; three sites reveal the victim's self-mask shares
+        for them; then the victim is moved to dropped for the others, so that they would
+        reveal its mask-key shares too."""
         self.advertise()
         self.share(3)
         self.train()
         sigs = self.check(self.honest_lists())
-        self.unmask({self.victim: (list(self.sites), [])}, sigs)
+        self.unmask({s: (list(self.sites), []) for s in self.sites[:3]}, sigs)
         others = [s for s in self.sites if s != self.victim]
         self.unmask({s: (others, [self.victim]) for s in others}, sigs)
 
@@ -179,7 +180,10 @@ class Hostile(Workflow):
         half = self.sites[:2]
         rest = self.sites[2:]
         lists = {s: (half, rest) if s in half else (rest, half) for s in self.sites}
-        self.unmask(lists, self.check(lists))
+        sigs = self.check(lists)
+        for group in (half, rest):  # each half sees its own half's signatures only
+            self.unmask({s: lists[s] for s in group},
+                        {s: sig for s, sig in sigs.items() if s in group})
 
     def impersonate(self) -> None:
         """The server plays every other site with keys of its own (Sybil peers), signed by a

@@ -148,11 +148,14 @@ def test_a_second_request_for_the_other_share_of_a_peer_is_refused(fed, tmp_path
 def test_a_peer_moved_from_survived_to_dropped_is_refused(fed, tmp_path):
     job, outcome = _attack(fed, tmp_path, "moved_peer")
     _not_learned(outcome)
-    for site in SITES[1:]:
-        reason = _reason(job, site)
-        assert "secure aggregation rule consistent-lists" in reason, site
-        assert f"moves ['{VICTIM}'] between survived and dropped" in reason
-    assert set(outcome["revealed"]) == {VICTIM}
+    # site-4 is first asked with the victim moved: it refuses, its lists were signed otherwise
+    reason = _reason(job, "site-4")
+    assert "secure aggregation rule consistent-lists" in reason
+    assert f"moves ['{VICTIM}'] between survived and dropped" in reason
+    for site in ("site-2", "site-3"):  # asked again: they answer once
+        assert "secure aggregation rule one-share-per-peer" in _reason(job, site), site
+    assert set(outcome["revealed"]) == set(SITES[:3])
+    assert all(r["s"] == [] for r in outcome["revealed"].values())
 
 
 def test_a_threshold_below_the_safe_bound_is_refused(fed, tmp_path):
