@@ -53,6 +53,9 @@ def privacy_line(policy: Any) -> str:
     rules = [f"{k} {v}" for k, v in need.model_dump().items() if v not in (None, [], False)]
     if policy.budget is not None:
         rules.append(f"budget epsilon {policy.budget.epsilon} at delta {policy.budget.delta}")
+    if policy.secure_aggregation is not None:
+        rules.append("secure aggregation with at least "
+                     f"{policy.secure_aggregation.min_participants} sites")
     return f"local/privacy.yaml: ok; requires {', '.join(rules) or 'nothing'}"
 
 

@@ -17,6 +17,7 @@ workflow's ``MetricsLog``); unknown keys are ignored.
 from __future__ import annotations
 
 import builtins
+import functools
 import os
 import runpy
 import sys
@@ -43,6 +44,7 @@ from atoll.spec.errors import AtollError
 from atoll.spec.privacy import PrivacySettings
 
 if TYPE_CHECKING:
+    from atoll.fl.privacy.secagg.identity import LocalAuthority
     from atoll.fl.privacy.site_privacy import SitePrivacy
 
 
@@ -221,15 +223,33 @@ def _site_section(app_dir: Path) -> SiteSection:
     return section
 
 
-def _site_privacy(config: AppConfig, site: str, job_id: str) -> SitePrivacy | None:
+def _site_privacy(config: AppConfig, site: str, job_id: str,
+                  secagg_credential: str | None) -> SitePrivacy | None:
     """The site's side of app.yaml's privacy section, checked against the site's own policy
-    (handed over by its parent); None when neither asks for anything."""
+    (handed over by its parent); None when neither asks for anything. ``secagg_credential``:
+    the site-certified key its parent made for this worker (atoll.pki.worker_credential);
+    "simulated" in the simulator, whose sites share one throwaway CA."""
+    from atoll.fl.privacy.secagg.identity import SiteIdentity
     from atoll.fl.privacy.site_privacy import SitePrivacy, policy_from_env
 
     policy = policy_from_env()
     if config.privacy is None and policy is None:
         return None
-    return SitePrivacy(config.privacy or PrivacySettings(), policy, site, job_id)
+    identity = None
+    if config.privacy is not None and config.privacy.secure_aggregation is not None:
+        if secagg_credential == "simulated":
+            identity = _simulated_authority().identity(site, job_id)
+        elif secagg_credential:
+            identity = SiteIdentity.from_secret(site, job_id, secagg_credential)
+    return SitePrivacy(config.privacy or PrivacySettings(), policy, site, job_id,
+                       identity=identity)
+
+
+@functools.cache
+def _simulated_authority() -> LocalAuthority:
+    from atoll.fl.privacy.secagg.identity import LocalAuthority
+
+    return LocalAuthority()
 
 
 def run_site_app(
@@ -239,6 +259,7 @@ def run_site_app(
     datasets: dict[str, str],
     statistics_rules: dict[str, Any] | None = None,
     ranks: Ranks | None = None,
+    secagg_credential: str | None = None,
 ) -> None:
     app_dir = Path(app_dir)
     config = _site_config(app_dir)
@@ -247,7 +268,7 @@ def run_site_app(
     script = _inside(app_dir, section.script, "site.script")
     from atoll.fl.tracking import site_streamer
 
-    privacy = _site_privacy(config, site, channel.job_id)
+    privacy = _site_privacy(config, site, channel.job_id, secagg_credential)
 
     # Rank 0 alone streams: the other ranks of a distributed site train the same model.
     tracking = site_streamer(site, channel.job_id) if ranks is None or ranks.leader else None
@@ -288,7 +309,7 @@ def run_site_app_in_thread(
     section = config.site
     assert section is not None
     script = _inside(app_dir, section.script, "site.script")
-    privacy = _site_privacy(config, site, channel.job_id)
+    privacy = _site_privacy(config, site, channel.job_id, "simulated")
     bind(ClientSession(channel, site, datasets, section.config, statistics_rules,
                        privacy=privacy), thread_only=True)
     try:

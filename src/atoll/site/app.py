@@ -107,7 +107,8 @@ class SiteParent:
             resources=job.resources, workdir=job.workdir, parent_address=self.worker_address,
             credentials=credentials, parent_cert=self._endpoint.cert_pem,
             parent_socket=self._endpoint.socket_path)
-        return _with_privacy_policy(request, self.kit.local_dir)
+        request = _with_privacy_policy(request, self.kit.local_dir)
+        return _with_secagg_credential(request, self.kit, job.job_id, job.workdir / "app")
 
     def _hello(self) -> dict[str, Any]:
         self._serving.wait()  # no job may arrive before its workers have an endpoint to dial
@@ -181,6 +182,23 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
         pass
     site.stop()
     return 0
+
+
+def _with_secagg_credential(request: LaunchRequest, kit: Kit, job_id: str,
+                            app_dir: Path) -> LaunchRequest:
+    """A job with secure aggregation: a fresh key for its worker, certified with this site's
+    key in a process of its own (pki/worker_credential.py), so that the other sites can tell
+    this site's messages from the server's; a secret, through the launcher's secret channel."""
+    import dataclasses
+
+    from atoll.pki.worker_credential import CREDENTIAL_VAR, issue_apart
+    from atoll.spec.privacy import read_app_privacy
+
+    if read_app_privacy(app_dir).secure_aggregation is None:
+        return request
+    secret = issue_apart(kit.key, kit.cert, kit.ca, job_id)
+    return dataclasses.replace(request, credentials={**request.credentials,
+                                                     CREDENTIAL_VAR: secret})
 
 
 def _with_privacy_policy(request: LaunchRequest, local_dir: Path) -> LaunchRequest:

@@ -19,7 +19,7 @@ privacy:
       - {type: gaussian, noise_multiplier: 1.0}          # std = 1.0 * the clip before it
   dp: {mode: client, clip_norm: 1.0, noise_multiplier: 1.0, delta: 1.0e-5, max_epsilon: 8}
   dp_sgd: {noise_multiplier: 1.0, max_grad_norm: 1.0, delta: 1.0e-5}   # Opacus, in the script
-  secure_aggregation: {threshold: 2}                     # or {} for a majority of the sites
+  secure_aggregation: {threshold: 3}       # or {} for the least safe one: more than 2/3 of the sites
 ```
 
 A site's file:
@@ -32,6 +32,7 @@ require:
   min_noise_multiplier: 1.0      # and noised, after the clip, with std >= this * the clip norm
   secure_aggregation: true       # the server may only learn the sum of the sites' updates
 budget: {epsilon: 10.0, delta: 1.0e-5}   # per study across jobs (the parent's ledger)
+secure_aggregation: {min_participants: 3} # never in a secure sum of fewer sites (itself included)
 ```
 """
 
@@ -120,7 +121,8 @@ class DPSGDSettings(_Strict):
 
 class SecureAggregation(_Strict):
     threshold: int | None = Field(
-        None, ge=2, description="Sites needed to unmask; default: a majority of the sites.")
+        None, ge=2, description="Sites needed to unmask; at least (and by default) the least "
+        "number above two thirds of the sites, which every site checks.")
 
 
 class PrivacySettings(_Strict):
@@ -196,10 +198,17 @@ class Budget(_Strict):
     delta: float = Field(1e-5, gt=0, lt=1, description="The delta it is measured at.")
 
 
+class SiteSecureAggregation(_Strict):
+    min_participants: int = Field(
+        ..., ge=2, description="Fewest sites, this one included, this site masks with and is "
+        "summed with; it refuses a secure round of fewer.")
+
+
 class SitePrivacyPolicy(_Strict):
     format_version: Literal[1]
     require: Requirements = Field(default_factory=Requirements)
     budget: Budget | None = None
+    secure_aggregation: SiteSecureAggregation | None = None
 
 
 def parse_site_policy(data: Any, source: str = f"local/{POLICY_FILE}") -> SitePrivacyPolicy:

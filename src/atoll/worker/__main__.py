@@ -26,6 +26,7 @@ from atoll.worker.local_ranks import (
 
 EXIT_CONFIG, EXIT_REFUSED = EXIT_INVALID, EXIT_CONNECTION  # what those rows mean for a worker
 TOKEN_VAR = "ATOLL_JOB_TOKEN"
+SECAGG_VAR = "ATOLL_SECAGG_CREDENTIAL"  # atoll.pki.worker_credential.CREDENTIAL_VAR
 
 
 class RankFailed(Exception):
@@ -176,6 +177,11 @@ def main() -> int:
     secret_values = _credentials()
     token = secret_values.pop(TOKEN_VAR, "") or os.environ.get(TOKEN_VAR, "")
     os.environ.pop(TOKEN_VAR, None)  # gone from the environment scripts inherit
+    # The site-certified secure aggregation key (pki/worker_credential.py): atoll's, not the
+    # job's: kept out of the environment the job's code sees.
+    secagg_credential = (secret_values.pop(SECAGG_VAR, "")
+                         or os.environ.pop(SECAGG_VAR, "") or None)
+    os.environ.pop(SECAGG_VAR, None)
     os.environ.update(secret_values)  # the study's secret_env, for the job's own code
     parent_pid = os.environ.get("ATOLL_PARENT_PID")
     workdir = Path(os.environ.get("ATOLL_WORKDIR", os.getcwd()))
@@ -246,7 +252,8 @@ def main() -> int:
                 peers.watch(lambda reason: _peer_failed(stub, meta, peers, reason))
             gc.freeze()  # see _exit_now
             run_site_app(channel, workdir / "app", site, datasets,
-                         statistics_rules=json.loads(rules) if rules else None, ranks=ranks)
+                         statistics_rules=json.loads(rules) if rules else None, ranks=ranks,
+                         secagg_credential=secagg_credential)
             if peers is not None and (failure := peers.finish()):
                 raise RankFailed(failure)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the job's status

@@ -48,7 +48,7 @@ site:
 {privacy}"""
 COMPLIANT = """privacy:
   dp: {clip_norm: 1.0, noise_multiplier: 0.5, delta: 1.0e-5}
-  secure_aggregation: {threshold: 2}
+  secure_aggregation: {threshold: 3}
 """
 
 

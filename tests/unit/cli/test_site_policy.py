@@ -115,3 +115,14 @@ def test_validate_checks_and_summarizes_the_privacy_policy(kit):
     result = run(validate_command, site_dir)
     assert "local/privacy.yaml: ok; requires max_clip_norm 1.0, secure_aggregation True, budget " \
            "epsilon 8.0 at delta 1e-05" in result.output
+    privacy.write_text("format_version: 1\nrequire: {secure_aggregation: true}\n"
+                       "secure_aggregation: {min_participants: 1}\n")
+    result = run(validate_command, site_dir, "--format", "json")
+    assert result.exit_code == 2  # a secure sum of one site is no secure sum
+    assert [e["path"] for e in json.loads(result.stdout)["error"]["problems"]] == [
+        "secure_aggregation.min_participants"]
+    privacy.write_text("format_version: 1\nrequire: {secure_aggregation: true}\n"
+                       "secure_aggregation: {min_participants: 3}\n")
+    result = run(validate_command, site_dir)
+    assert "requires secure_aggregation True, secure aggregation with at least 3 sites" in \
+        result.output

@@ -33,6 +33,7 @@ from atoll.fl.privacy import egress, filters
 from atoll.fl.privacy.accounting import BudgetExhausted, Ledger
 from atoll.fl.privacy.secagg import masking
 from atoll.fl.privacy.secagg.client import TOPICS, SecAggClient
+from atoll.fl.privacy.secagg.identity import SiteIdentity
 from atoll.spec.errors import AtollError
 from atoll.spec.privacy import (
     POLICY_ENV,
@@ -62,7 +63,8 @@ def policy_from_env() -> SitePrivacyPolicy | None:
 
 class SitePrivacy:
     def __init__(self, settings: PrivacySettings, policy: SitePrivacyPolicy | None, site: str,
-                 job_id: str, rng: np.random.Generator | None = None):
+                 job_id: str, rng: np.random.Generator | None = None,
+                 identity: SiteIdentity | None = None):
         violations = policy_violations(settings, policy)
         if violations:
             raise PrivacyRefused(f"{site} refuses the job's privacy settings (local/privacy.yaml): "
@@ -78,7 +80,7 @@ class SitePrivacy:
             self.reply_filters.insert(0, ExcludeFilter(type="exclude",
                                                        patterns=self.task_excluded))
         self.ledger = self._ledger(policy)
-        self.secagg = SecAggClient(site, job_id) if settings.secure_aggregation else None
+        self.secagg = _secagg_client(settings, policy, site, job_id, identity)
         self._received: dict[str, np.ndarray] = {}  # the global model this round's update is from
         # Buffers kept from round to round: fresh memory costs more than the work done in it
         # (1.7 s per GiB on the machines measured, docs/federated-learning.md).
@@ -267,6 +269,17 @@ class SitePrivacy:
         if extra:
             raise PrivacyRefused(f"the reply has variables the global model has not: {extra[:5]}")
         return update
+
+
+def _secagg_client(settings: PrivacySettings, policy: SitePrivacyPolicy | None, site: str,
+                   job_id: str, identity: SiteIdentity | None) -> SecAggClient | None:
+    if settings.secure_aggregation is None:
+        return None
+    if identity is None:
+        raise PrivacyRefused("secure aggregation needs this worker's site-certified key, which "
+                             "its site parent hands over at launch; none came")
+    wanted = policy.secure_aggregation if policy is not None else None
+    return SecAggClient(site, job_id, identity, wanted.min_participants if wanted else None)
 
 
 def _copy_into(spare: dict[str, np.ndarray], params: dict[str, np.ndarray]

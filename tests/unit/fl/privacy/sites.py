@@ -13,12 +13,14 @@ import numpy as np
 from atoll.fl.app_config import FedAvgArgs
 from atoll.fl.client_runtime import ClientSession, bind, unbind
 from atoll.fl.model import Model
+from atoll.fl.privacy.secagg.identity import LocalAuthority
 from atoll.fl.privacy.site_privacy import SitePrivacy
 from atoll.fl.simulator import Federation
 from atoll.fl.workflows import run_fedavg
 from atoll.spec.privacy import PrivacySettings, SitePrivacyPolicy
 
 Train = Callable[[Model], Model]  # received global model -> the site's result
+AUTHORITY = LocalAuthority("tests")  # the sites' certificates (a site parent's, in production)
 
 
 class Leave(Exception):
@@ -42,7 +44,8 @@ def run_private(
 
     def loop(site: str, train: Train) -> None:
         privacy = SitePrivacy(settings or PrivacySettings(), (policies or {}).get(site), site,
-                              federation.job_id)
+                              federation.job_id,
+                              identity=AUTHORITY.identity(site, federation.job_id))
         session = ClientSession(federation.site_channel(site), site, privacy=privacy)
         bind(session, thread_only=True)
         try:

@@ -22,7 +22,6 @@ import pytest
 from atoll.fl.aggregation import WeightedMean
 from atoll.fl.model import Model
 from atoll.fl.privacy.secagg import masking
-from atoll.fl.privacy.secagg.client import UNMASK, SecAggClient, SecAggRefused
 from atoll.fl.privacy.secagg.server import SecureRound
 from atoll.fl.serde import decode, encode, load_file
 from atoll.fl.simulator import Federation, InMemoryServerChannel
@@ -34,8 +33,8 @@ from .sites import adds, run_private
 
 INITIAL = {"layer.weight": np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6),
            "layer.bias": np.zeros(6, np.float32)}
-EXAMPLES = {"a": 10, "b": 25, "c": 40}
-SECURE = PrivacySettings.model_validate({"secure_aggregation": {"threshold": 2}})
+EXAMPLES = {"a": 10, "b": 25, "c": 40, "d": 5}
+SECURE = PrivacySettings.model_validate({"secure_aggregation": {}})  # t = 3 of 4: one may leave
 
 
 def _deltas() -> dict[str, dict[str, np.ndarray]]:
@@ -198,17 +197,19 @@ def test_a_site_leaving_after_sending_its_masked_update_is_recovered(tmp_path, p
     deltas = _deltas()
     trainers = {s: adds(deltas[s], EXAMPLES[s]) for s in EXAMPLES}
     federation, errors = run_private(SECURE, trainers, tmp_path, INITIAL, rounds=2,
-                                     min_clients=2, leave_after_send={"c": 1})
+                                     min_clients=3, leave_after_send={"c": 1})
     assert errors == {"c": "Leave: left after sending round 1"}
-    # round 1: all three in the sum (c's self-mask rebuilt from a's and b's shares); round 2: a, b
+    # round 1: all four in the sum (c's self-mask rebuilt from the others' shares); round 2:
+    # a, b, d (3 sites: the safe threshold is 3 again, all of them)
     after_0 = _fedavg(EXAMPLES, deltas)
-    weights = EXAMPLES["a"] + EXAMPLES["b"]
-    expected = {k: v + (EXAMPLES["a"] * deltas["a"][k] + EXAMPLES["b"] * deltas["b"][k]) / weights
+    rest = ("a", "b", "d")
+    weights = sum(EXAMPLES[s] for s in rest)
+    expected = {k: v + sum(EXAMPLES[s] * deltas[s][k] for s in rest) / weights
                 for k, v in after_0.items()}
     for name, value in _final(tmp_path).items():
         np.testing.assert_allclose(value, expected[name], atol=1e-6)
     rounds = [e for e in federation.events if e["event"] == "round"]
-    assert "c" in rounds[0]["failed"] and rounds[1]["active"] == ["a", "b"]
+    assert "c" in rounds[0]["failed"] and rounds[1]["active"] == ["a", "b", "d"]
     for site in EXAMPLES:
         assert probe.holds(deltas[site], INITIAL, EXAMPLES[site]) == [], site
 
@@ -221,36 +222,13 @@ def test_a_site_leaving_after_sharing_but_before_masking_is_recovered(tmp_path, 
         raise RuntimeError("worker killed before it trained")
 
     trainers["c"] = leaves
-    run_private(SECURE, trainers, tmp_path, INITIAL, rounds=1, min_clients=2)
-    # c's pairwise masks sit in a's and b's updates: rebuilt from the shares of its mask key
-    expected = _fedavg(["a", "b"], deltas)
+    run_private(SECURE, trainers, tmp_path, INITIAL, rounds=1, min_clients=3)
+    # c's pairwise masks sit in the others' updates: rebuilt from the shares of its mask key
+    expected = _fedavg(["a", "b", "d"], deltas)
     for name, value in _final(tmp_path).items():
         np.testing.assert_allclose(value, expected[name], atol=1e-6)
-    for site in ("a", "b"):
+    for site in ("a", "b", "d"):
         assert probe.holds(deltas[site], INITIAL, EXAMPLES[site]) == [], site
-
-
-def test_a_site_answers_the_unmask_step_once_and_never_for_both_secrets():
-    clients = {s: SecAggClient(s, "job") for s in ("a", "b", "c")}
-    keys = {s: c.answer("secagg.advertise", 0, {}) for s, c in clients.items()}
-    shares = {s: c.answer("secagg.share", 0, {"keys": keys, "threshold": 2})["shares"]
-              for s, c in clients.items()}
-    for site, client in clients.items():
-        client.take_shares(0, {"sites": ["a", "b", "c"],
-                               "shares": {site: {u: shares[u][site] for u in shares}}})
-    with pytest.raises(SecAggRefused, match="survivors and dropped"):
-        clients["a"].answer(UNMASK, 0, {"survivors": ["a", "b", "c"], "dropped": ["c"]})
-    clients["a"].answer(UNMASK, 0, {"survivors": ["a", "b"], "dropped": ["c"]})
-    with pytest.raises(SecAggRefused, match="no keys"):  # the round's secrets are gone
-        clients["a"].answer(UNMASK, 0, {"survivors": ["a", "b", "c"], "dropped": []})
-
-
-def test_a_site_refuses_a_key_list_without_its_own_keys():
-    client = SecAggClient("a", "job")
-    client.answer("secagg.advertise", 3, {})
-    other = SecAggClient("b", "job").answer("secagg.advertise", 3, {})
-    with pytest.raises(SecAggRefused, match="own keys"):
-        client.answer("secagg.share", 3, {"keys": {"a": other, "b": other}, "threshold": 2})
 
 
 def test_a_site_without_secure_aggregation_in_its_app_is_rejected_naming_why(tmp_path):
@@ -271,6 +249,6 @@ def test_a_site_without_secure_aggregation_in_its_app_is_rejected_naming_why(tmp
     thread.start()
     with pytest.raises(WorkflowError) as failed:
         run_private(SECURE, {s: t for s, t in trainers.items() if s not in plain}, tmp_path,
-                    INITIAL, rounds=1, min_clients=3, federation=federation)
-    assert "c: answered secagg.advertise without ['c', 's']: the site's app.yaml must turn on " \
+                    INITIAL, rounds=1, min_clients=4, federation=federation)
+    assert "c: answered secagg.advertise without ['c', 'cred', 's', 'sig']: the site's app.yaml must turn on " \
            "privacy.secure_aggregation too" in str(failed.value)

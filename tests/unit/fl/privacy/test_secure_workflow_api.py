@@ -69,7 +69,7 @@ class MyWorkflow(Workflow):
                                   "active": sorted(ctx.active)})
 """
 
-SECURE = "privacy: {secure_aggregation: {threshold: 2}}\n"
+SECURE = "privacy: {secure_aggregation: {threshold: 3}}\n"
 
 
 def _job(tmp_path: Path, deltas, *, workflow: str = "my_workflow.py:MyWorkflow",
@@ -153,22 +153,25 @@ def test_secure_round_without_secure_aggregation_in_app_yaml_names_the_field(tmp
 
 def test_a_site_leaving_after_masking_is_recovered_through_the_public_call(tmp_path, scanned):
     deltas = _deltas()
-    result = simulate(_job(tmp_path, deltas, args="{num_rounds: 2, min_clients: 2}",
+    result = simulate(_job(tmp_path, deltas, args="{num_rounds: 2, min_clients: 3}",
                            leave={"c": 1}),
                       SITES, results_dir=tmp_path / "out")
     assert set(result.site_errors) == {"c"}
-    # round 1: all three in the sum (c's self mask rebuilt from a's and b's shares); round 2: a, b
+    # round 1: all four in the sum (c's self mask rebuilt from the others' shares); round 2:
+    # a, b, d
     after_1 = _fedavg(EXAMPLES, deltas)
-    weights = EXAMPLES["a"] + EXAMPLES["b"]
-    expected = {k: v + (EXAMPLES["a"] * deltas["a"][k] + EXAMPLES["b"] * deltas["b"][k]) / weights
+    rest = ("a", "b", "d")
+    weights = sum(EXAMPLES[s] for s in rest)
+    expected = {k: v + sum(EXAMPLES[s] * deltas[s][k] for s in rest) / weights
                 for k, v in after_1.items()}
     final = load_file(tmp_path / "out" / "global_model_final.safetensors").params
     for name, value in final.items():
         np.testing.assert_allclose(value, expected[name], atol=1e-6)
     summary = _summary(tmp_path / "out")
     first, second = summary["rounds"]
-    assert first["ok"] == ["a", "b", "c"] and first["total_weight"] == sum(EXAMPLES.values())
-    assert second["ok"] == ["a", "b"] and second["total_weight"] == weights
-    assert summary["dropped"] == ["c"] and summary["active"] == ["a", "b"]
+    assert first["ok"] == ["a", "b", "c", "d"]
+    assert first["total_weight"] == sum(EXAMPLES.values())
+    assert second["ok"] == ["a", "b", "d"] and second["total_weight"] == weights
+    assert summary["dropped"] == ["c"] and summary["active"] == ["a", "b", "d"]
     for site in EXAMPLES:
         assert scanned.holds(deltas[site], INITIAL, EXAMPLES[site]) == [], site

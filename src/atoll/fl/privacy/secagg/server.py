@@ -9,7 +9,11 @@ Drop-outs (Bonawitz et al. 2017): a site that shared its keys but sent no masked
 its pairwise masks in the others' updates; the server rebuilds its mask key from t shares and
 removes them. A site that sent its masked update and then left is still in the sum; its
 self-mask seed is rebuilt from the other sites' shares. Either way at least ``threshold`` sites
-must answer the unmask step.
+must answer the consistency check and the unmask step.
+
+The sites trust nothing said here (client.py checks each step): the keys are forwarded with
+their sites' signatures, and before unmasking every survivor signs the survivors and dropped
+lists (``secagg.check``); the unmask request carries those signatures.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from atoll.fl.model import Model
 from atoll.fl.privacy.secagg import crypto, masking, shamir
 from atoll.fl.privacy.secagg.client import (
     ADVERTISE,
+    CHECK,
+    RULES,
     SHARE,
     UNMASK,
     SecAggRefused,
     add_masks,
-    b64,
     mask_info,
+    safe_threshold,
     unb64,
 )
 from atoll.fl.serde import ModelStream, SerdeError, encode
@@ -40,12 +46,14 @@ from atoll.fl.workflows.rounds import WorkflowError, describe, gather
 log = logging.getLogger(__name__)
 
 
-_ANSWER_KEYS = {ADVERTISE: {"c", "s"}, SHARE: {"shares"}, UNMASK: {"b", "s"}}
+_ANSWER_KEYS = {ADVERTISE: {"c", "s", "cred", "sig"}, SHARE: {"shares"}, CHECK: {"sig"},
+                UNMASK: {"b", "s"}}
 
 
 def default_threshold(sites: int) -> int:
-    """A majority of the sites, at least 2."""
-    return max(2, sites // 2 + 1)
+    """The least threshold every site accepts for ``sites`` keyed sites (client.safe_threshold:
+    more than two thirds, at least 2)."""
+    return safe_threshold(sites)
 
 
 @dataclass
@@ -57,6 +65,7 @@ class SecureRound:
     min_clients: int
     threshold: int | None = None  # app.yaml privacy.secure_aggregation.threshold
     keys: dict[str, dict[str, bytes]] = field(default_factory=dict)  # U1: site -> {"c", "s"}
+    adverts: dict[str, dict[str, Any]] = field(default_factory=dict)  # U1, signed, as sent
     sites: list[str] = field(default_factory=list)  # U2: shared their secrets
     routed: dict[str, dict[str, str]] = field(default_factory=dict)  # recipient -> sender -> share
     failed: dict[str, str] = field(default_factory=dict)
@@ -105,11 +114,18 @@ class SecureRound:
             raise WorkflowError(
                 f"round {self.round_}: privacy.secure_aggregation.threshold is {self.threshold} "
                 f"but only {len(self.keys)} site(s) took part; lower it or add sites")
+        if self.threshold < safe_threshold(len(self.keys)):
+            raise WorkflowError(
+                f"round {self.round_}: privacy.secure_aggregation.threshold is {self.threshold} "
+                f"for {len(self.keys)} sites, below the safe bound "
+                f"{safe_threshold(len(self.keys))} (rule safe-threshold: "
+                f"{RULES['safe-threshold']}); every site would refuse it: raise it or leave it "
+                "out")
         need = max(need, self.threshold)
-        public = {site: {"c": b64(k["c"]), "s": b64(k["s"])}
-                  for site, k in self.keys.items()}
+        self.adverts = {site: {k: advertised[site][k] for k in ("c", "s", "cred", "sig")}
+                        for site in self.keys}
         shared = self._step(sorted(self.keys), SHARE,
-                            {"keys": public, "threshold": self.threshold}, need)
+                            {"keys": self.adverts, "threshold": self.threshold}, need)
         self.sites = sorted(shared)
         self.routed = {v: {u: str(shared[u]["shares"][v]) for u in self.sites} for v in self.sites}
         return self.sites
@@ -151,7 +167,10 @@ class SecureRound:
         dropped = sorted(set(self.sites) - set(survivors))
         assert self.threshold is not None
         need = self.threshold
-        answers = self._step(survivors, UNMASK, {"survivors": survivors, "dropped": dropped}, need)
+        lists = {"survivors": survivors, "dropped": dropped}
+        checked = self._step(survivors, CHECK, lists, need)  # each survivor signs the lists
+        signatures = {site: a["sig"] for site, a in sorted(checked.items())}
+        answers = self._step(sorted(checked), UNMASK, {**lists, "signatures": signatures}, need)
         order = sorted(self.keys)  # share points: position in the key list, from 1
         point = {site: order.index(site) + 1 for site in order}
 
