@@ -1,0 +1,113 @@
+"""A per-job unix socket that relays to the parent's worker endpoint (the Docker launcher's).
+
+A job container has no network (``network_mode: none``): no route to other jobs, to the host's
+listeners or to the engine's abstract sockets. Its one way out is this socket, bind-mounted into
+the container: every connection to it is relayed, byte for byte, to the parent's own endpoint
+(TCP, usually 127.0.0.1). The relay understands nothing of what passes: the worker still proves
+itself to the parent with its one-time job token, and TLS, where the endpoint speaks it, runs end
+to end through it.
+
+The socket lives in a fresh folder of the parent's (mode 0700, so no other user of the host can
+reach it); the socket itself is open to every uid, because the container's user may be another
+one than the parent's. ``close`` stops accepting, cuts the open connections and removes both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from pathlib import Path
+
+from atoll.launchers.base import LaunchError
+from atoll.spec.names import address_host
+
+SOCKET_NAME = "parent.sock"
+CHUNK = 1 << 18
+
+
+def _tcp_target(address: str) -> tuple[str, int]:
+    host = address_host(address)
+    port = address.rsplit(":", 1)[-1]
+    if not port.isdigit():
+        raise LaunchError(f"the parent's worker address {address!r} has no port to relay to")
+    return host, int(port)
+
+
+class UnixRelay:
+    """Listen on a new unix socket; relay each connection to ``target`` (host:port)."""
+
+    def __init__(self, target: str, prefix: str = "atoll-relay-") -> None:
+        self._target = _tcp_target(target)
+        self._folder = Path(tempfile.mkdtemp(prefix=prefix))  # 0700: this user's alone
+        self.path = self._folder / SOCKET_NAME
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._listener.bind(str(self.path))
+            os.chmod(self.path, 0o666)  # the container's uid may not be the parent's
+            self._listener.listen(16)
+        except OSError:
+            self._listener.close()
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, name="atoll-relay", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                inside, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                outside = socket.create_connection(self._target, timeout=10)
+                outside.settimeout(None)
+            except OSError:
+                inside.close()  # the worker sees its connection refused, as with TCP
+                continue
+            pair = (inside, outside)
+            with self._lock:
+                if self._closed:
+                    inside.close()
+                    outside.close()
+                    return
+                self._open.update(pair)
+            done = threading.Barrier(2, action=lambda pair=pair: self._forget(pair))
+            for src, dst in (pair, pair[::-1]):
+                threading.Thread(target=self._pump, args=(src, dst, done), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, done: threading.Barrier) -> None:
+        try:
+            while data := src.recv(CHUNK):
+                dst.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)  # the other direction may still be talking
+        with contextlib.suppress(threading.BrokenBarrierError):
+            done.wait()  # the last of the two directions closes the pair
+
+    def _forget(self, pair: tuple[socket.socket, socket.socket]) -> None:
+        with self._lock:
+            self._open.difference_update(pair)
+        for sock in pair:
+            sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sockets, self._open = self._open, set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
