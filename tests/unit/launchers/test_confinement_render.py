@@ -67,6 +67,7 @@ def test_docker_worker_binds_only_its_run_folder_and_datasets() -> None:
     assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in mounts] == [
         (str(request.workdir), "/atoll/job", False),
         (DOCKER_PATHOLOGY["datasets"]["slides"]["source"], "/data/pathology/slides", True),
+        ("<the job's relay socket, made at launch>", "/atoll/parent.sock", True),  # its parent
     ]
 
 
@@ -85,7 +86,7 @@ def test_docker_gpus_only_as_asked() -> None:
     assert kwargs["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
     two = {"@default": {"num_of_gpus": 2, "num_of_cpus": 1}}
     kwargs = render_docker(docker_request(resource_spec=two))["containers.run"]
-    assert kwargs["device_requests"][0]["count"] == 2
+    assert kwargs["device_requests"][0]["device_ids"] == ["0", "1"]
     assert "NVIDIA_VISIBLE_DEVICES" not in kwargs["environment"]
 
 
