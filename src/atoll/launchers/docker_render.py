@@ -46,6 +46,7 @@ from typing import Any
 
 from atoll.launchers.base import LaunchError, LaunchRequest
 from atoll.launchers.images import choose_image
+from atoll.launchers.lent_folders import refuse_parent_folders
 from atoll.launchers.ranks import container_rank_env
 from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.names import address_host, is_loopback
@@ -223,26 +224,8 @@ def _mounts(request: LaunchRequest, engine_socket: str | None) -> list[dict[str,
                     f"the Docker engine's socket {sock} inside a job container, which would let "
                     "the job control this host; point it at the data folder itself"
                 )
-        _refuse_parent_folders(source, request, where[bind["Source"]])
+        refuse_parent_folders(source, request, where[bind["Source"]])
     return binds
-
-
-def _refuse_parent_folders(source: PurePosixPath, request: LaunchRequest, where: str) -> None:
-    """The site kit (keys, local/, every run folder) and the folder of all run folders stay
-    the parent's: a bind may not be, hold or (the kit) lie inside them."""
-    kit = request.site_config.kit_dir
-    jobs = PurePosixPath(request.workdir).parent
-    problem = None
-    if kit and (source == PurePosixPath(kit) or PurePosixPath(kit) in source.parents
-                or source in PurePosixPath(kit).parents):
-        problem = f"the site kit {kit} (its startup/ has the private key)"
-    elif source == jobs or source in jobs.parents:
-        problem = f"{jobs}, the folder of every job's run folder"
-    if problem:
-        raise LaunchError(
-            f"local/study_runtime.yaml: {where} ({source}) would show the job {problem}; keep "
-            "job data and secrets outside it"
-        )
 
 
 def site_gpu_ids(site_config: Any) -> list[str]:

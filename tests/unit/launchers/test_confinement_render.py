@@ -120,7 +120,7 @@ def test_docker_render_refuses_binds_of_the_kit(tmp_path: Path, where: str, sour
 def test_docker_render_refuses_binds_of_other_jobs_run_folders() -> None:
     request = docker_request()
     request.study_runtime.datasets["slides"].source = str(request.workdir.parent)
-    with pytest.raises(LaunchError, match=r"datasets\.slides\.source .*every job's run folder"):
+    with pytest.raises(LaunchError, match=r"datasets\.slides\.source: .*every job's run folder"):
         render_docker(request)
 
 
