@@ -181,8 +181,16 @@ class K8sSettings(NoNullModel):
         "clusters without a pod network, where the parent listens on 127.0.0.1",
     )
     python: str = Field("python3", min_length=1, description="The Python inside the worker image")
+    parent_pod_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Labels of the parent's Pod: the job's NetworkPolicy lets workers reach it "
+        "(default: the IP address in worker_endpoint, required then)",
+    )
+    parent_namespace: str | None = Field(
+        None, description="Namespace of the parent's Pod when not the jobs' namespace"
+    )
 
-    @field_validator("namespace", "service_account")
+    @field_validator("namespace", "service_account", "parent_namespace")
     @classmethod
     def _dns_name(cls, value: str) -> str:
         if not is_subdomain(value):
