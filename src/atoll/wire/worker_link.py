@@ -16,18 +16,11 @@ MANY_REPLIES_KEY = "x-atoll-replies"
 HANDOFF_KEY = "x-atoll-handoff"
 
 
-def worker_channel(address: str, cert_pem: str | None,
-                   tls_name: str | None = None) -> grpc.Channel:
-    """The worker's channel to its parent: TLS pinned to the parent's certificate if it has one.
-
-    ``tls_name``: the name that certificate was made for, when the address is not it (a unix
-    socket relayed to the parent's endpoint)."""
+def worker_channel(address: str, cert_pem: str | None) -> grpc.Channel:
+    """The worker's channel to its parent: TLS pinned to the parent's certificate if it has one."""
     from atoll.wire.grpc_setup import OPTIONS
 
     if cert_pem:
         creds = grpc.ssl_channel_credentials(root_certificates=cert_pem.encode())
-        options = list(OPTIONS)
-        if tls_name:
-            options.append(("grpc.ssl_target_name_override", tls_name))
-        return grpc.secure_channel(address, creds, options=options)
+        return grpc.secure_channel(address, creds, options=OPTIONS)
     return grpc.insecure_channel(address, options=OPTIONS)

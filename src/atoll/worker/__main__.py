@@ -180,8 +180,7 @@ def main() -> int:
     from atoll.wire import rpc
     from atoll.wire.worker_link import worker_channel
 
-    stub = rpc.stub(worker_channel(parent, os.environ.get("ATOLL_PARENT_CERT"),
-                                   os.environ.get("ATOLL_PARENT_TLS_NAME")), "WorkerLink")
+    stub = rpc.stub(worker_channel(parent, os.environ.get("ATOLL_PARENT_CERT")), "WorkerLink")
     try:
         answer = stub.Register(msg.Json(body=json.dumps({"job_id": job_id, "token": token})),
                                timeout=30)
