@@ -25,6 +25,10 @@ SANDBOX_BEGIN, SANDBOX_END = "<!-- sandbox-cost:begin -->", "<!-- sandbox-cost:e
 SANDBOX_HEADING = "The process launcher's sandbox: its cost per job"
 # issue 19: with the sandbox, these may be at most this much slower than without it
 SANDBOX_LIMITS = {"a_wall_s": 0.05, "b1000_round_s": 0.05}
+NETWORK_BEGIN, NETWORK_END = "<!-- network-cost:begin -->", "<!-- network-cost:end -->"
+NETWORK_HEADING = "The process launcher's network sandbox: its cost per job"
+# issue 32: with the workers' own network namespaces, at most this much slower than without
+NETWORK_LIMITS = {"a_wall_s": 0.05, "b100_round_s": 0.05}
 SANDBOX_ROWS = [  # (metric, label, unit)
     ("a_wall_s", "(a) 2 clients, 3 rounds, 4 KiB model: submit → finished", "s"),
     ("a_round_s", "(a) time per round, 4 KiB model", "s"),
@@ -138,10 +142,44 @@ def render_sandbox(
     results: dict, titles: dict[str, str], rows_wanted: set[str], meta: dict
 ) -> str:
     """atoll (workers under bwrap) against atoll-unconfined (`sandbox: none`), one run."""
+    return _render_cost(results, titles, rows_wanted, meta, off="atoll-unconfined",
+                        marks=(SANDBOX_BEGIN, SANDBOX_END), limits=SANDBOX_LIMITS,
+                        on_label="sandbox: bwrap", cost_label="sandbox's cost")
+
+
+def render_network(
+    results: dict, titles: dict[str, str], rows_wanted: set[str], meta: dict
+) -> str:
+    """atoll (workers in their own network namespaces) against atoll-hostnet (`network: host`,
+    still under bwrap), one run."""
+    intro = (
+        f"Median of {meta['repeats']} repeats per cell (the repeats in brackets, in the order "
+        "run); lower is better. Each repeat provisions and starts a fresh deployment (server and "
+        "two sites as separate processes on 127.0.0.1, mutual TLS, the process launcher), the "
+        "two variants alternating A B, B A, A B, … Both run every job worker under bubblewrap. "
+        "With the network sandbox: the kits as `atoll provision` makes them (`process.network` "
+        "isolated, the default): each worker in a network namespace of its own, dialling its "
+        "parent's unix socket. Without: `process: {network: host}` set in the server's and each "
+        "site's local/site.yaml after provisioning: workers on the host's network, dialling "
+        "their parent on TCP loopback. CPU time and other load as in the sandbox table. The "
+        "cost is the difference of the medians, in per cent of the time without; issue 32 "
+        "allows at most +5 % for the tiny job and for the 100 MiB round.")
+    return _render_cost(results, titles, rows_wanted, meta, off="atoll-hostnet",
+                        marks=(NETWORK_BEGIN, NETWORK_END), limits=NETWORK_LIMITS,
+                        on_label="network: isolated", cost_label="network sandbox's cost",
+                        intro=intro)
+
+
+def _render_cost(
+    results: dict, titles: dict[str, str], rows_wanted: set[str], meta: dict, *, off: str,
+    marks: tuple[str, str], limits: dict[str, float], on_label: str, cost_label: str,
+    intro: str | None = None,
+) -> str:
+    """atoll against one variant of it (``off``), one run: medians, repeats, the cost."""
     repeats = meta["repeats"]
-    on, off = "atoll", "atoll-unconfined"
+    on = "atoll"
     lines = [
-        SANDBOX_BEGIN,
+        marks[0],
         f"Measured {meta['date']} on this machine ({meta['machine']}), one run of:",
         "",
         f"    {meta['command']}",
@@ -164,10 +202,10 @@ def render_sandbox(
         "this harness) used during the job, in cores of the machine's "
         f"{os.cpu_count()}, from /proc/stat. The cost is the "
         "difference of the medians, in per cent of the time without the sandbox; issue 19 "
-        "allows at most +5 % for the tiny job and for the 1 GiB round.",
+        "allows at most +5 % for the tiny job and for the 1 GiB round." if intro is None
+        else intro,
         "",
-        f"| workload | {titles[on]} (sandbox: bwrap) | {titles[off]} | sandbox's cost | "
-        "limit |",
+        f"| workload | {titles[on]} ({on_label}) | {titles[off]} | {cost_label} | limit |",
         "| --- | --- | --- | --- | --- |",
     ]
     measured = {key.split("_")[0] for key in rows_wanted}
@@ -182,7 +220,7 @@ def render_sandbox(
             numbers = [_short_value(v, unit) for v in values]
             if len(numbers) > 1:
                 cells[system] += f" ({' / '.join(numbers)})"
-        limit = SANDBOX_LIMITS.get(key)
+        limit = limits.get(key)
         cost, verdict = "—", "—"
         if unit == "cores":  # not a cost: what else ran, for reading the rows above
             pass
@@ -201,7 +239,7 @@ def render_sandbox(
         elif limit is not None:
             verdict = f"≤ +{limit * 100:.0f} %"
         lines.append(f"| {label} | {cells[on]} | {cells[off]} | {cost} | {verdict} |")
-    lines += ["", SANDBOX_END]
+    lines += ["", marks[1]]
     return "\n".join(lines)
 
 

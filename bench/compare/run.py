@@ -13,6 +13,9 @@ environments (bench/compare/setup_peers.sh makes them); nothing is installed int
       # the sandbox's cost (issue 19): atoll with its workers under bwrap and with
       # `process: {sandbox: none}`, side by side; writes the sandbox-cost table of BENCHMARKS.md
       # and bench/compare/sandbox_run.json (the peer table only when a peer ran too)
+  python3 bench/compare/run.py --systems atoll,atoll-hostnet --workloads a,b100 --repeats 3
+      # the network sandbox's cost (issue 32): workers in their own network namespaces and
+      # with `process: {network: host}`; its own table and bench/compare/network_run.json
 
 Workloads (issue 9): a = 2 clients x 3 rounds of FedAvg on a 4 KiB model, submit -> finished
 and per-round time; b100 / b1000 (or b for both) = the same with a 100 MiB / 1 GiB model,
@@ -38,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import report  # noqa: E402
 import workloads  # noqa: E402
-from drivers.atoll import AtollDriver, AtollUnconfinedDriver  # noqa: E402
+from drivers.atoll import AtollDriver, AtollHostNetDriver, AtollUnconfinedDriver  # noqa: E402
 from drivers.base import REPO  # noqa: E402
 from drivers.flare import FlareDriver  # noqa: E402
 from drivers.flower import FlowerDriver  # noqa: E402
@@ -48,6 +51,7 @@ DRIVERS = {
     "flower": FlowerDriver,
     "atoll": AtollDriver,
     "atoll-unconfined": AtollUnconfinedDriver,  # atoll, workers without the sandbox (issue 19)
+    "atoll-hostnet": AtollHostNetDriver,  # atoll, workers on the host's network (issue 32)
 }
 
 NOTES = [
@@ -77,8 +81,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--systems",
         default="flare,flower,atoll",
-        help="comma-separated: flare, flower, atoll, atoll-unconfined (default: flare, "
-        "flower, atoll); atoll-unconfined = atoll with `process: {sandbox: none}`, whose "
+        help="comma-separated: flare, flower, atoll, atoll-unconfined, atoll-hostnet (default: "
+        "flare, flower, atoll); atoll-hostnet = atoll with `process: {network: host}`, whose "
+        "comparison with atoll goes to a table of its own (the network sandbox's cost); "
+        "atoll-unconfined = atoll with `process: {sandbox: none}`, whose "
         "comparison with atoll goes to its own table",
     )
     p.add_argument(
@@ -128,14 +134,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     merging = args.merge_from is not None
     args.systems = _split(args.systems, list(DRIVERS), "--systems")
     args.sandbox_cost = "atoll-unconfined" in args.systems
+    args.network_cost = "atoll-hostnet" in args.systems
+    variant = args.sandbox_cost or args.network_cost
     # the peer table (and last_run.json, which --merge-from reads) only from a run with a peer
-    args.peer_table = not args.sandbox_cost or any(s in report.PEERS for s in args.systems)
-    if args.sandbox_cost and merging:
-        p.error("--merge-from is for the peer table; it does not go with atoll-unconfined")
+    args.peer_table = not variant or any(s in report.PEERS for s in args.systems)
+    if variant and merging:
+        p.error("--merge-from is for the peer table; it does not go with atoll-unconfined "
+                "or atoll-hostnet")
     if args.json is None:
         name = "merged_run.json" if merging else "last_run.json"
         if not args.peer_table:
-            name = "sandbox_run.json"
+            name = "sandbox_run.json" if args.sandbox_cost else "network_run.json"
         args.json = str(REPO / "bench" / "compare" / name)
     if args.output is None and not merging:
         args.output = str(REPO / "BENCHMARKS.md")
@@ -191,12 +200,12 @@ def main(argv: list[str]) -> int:
             skipped[system] = reason
             log(f"{system}: skipped: {reason}")
     active = [s for s in args.systems if s not in skipped]
-    if args.sandbox_cost:  # each atoll job's CPU time too: steadier than wall time here
+    if args.sandbox_cost or args.network_cost:  # each atoll job's CPU time too: steadier
         AtollDriver.measure_cpu = True
     log(f"systems {active}, workloads {args.workloads}, {args.repeats} repeats, work in {root}")
     try:
         for r in range(1, args.repeats + 1):
-            for system in _order(active, r, args.sandbox_cost):
+            for system in _order(active, r, args.sandbox_cost or args.network_cost):
                 driver = DRIVERS[system](root / f"{system}-r{r}", f"{token}-{system}-{r}", log)
                 driver.workdir.mkdir(parents=True, exist_ok=True)
                 log(f"{system} repeat {r}/{args.repeats}")
@@ -232,6 +241,9 @@ def main(argv: list[str]) -> int:
     if args.sandbox_cost:
         blocks.append((report.render_sandbox(results, titles, rows, meta),
                        report.SANDBOX_BEGIN, report.SANDBOX_END, report.SANDBOX_HEADING))
+    if args.network_cost:
+        blocks.append((report.render_network(results, titles, rows, meta),
+                       report.NETWORK_BEGIN, report.NETWORK_END, report.NETWORK_HEADING))
     for block, *_ in blocks:
         print(block)
     if not args.no_write:

@@ -105,6 +105,16 @@ def _map_sites(project: Path, folders: dict[str, Path], uri: str, tensorboard: P
         (project / site / "local" / "study_runtime.yaml").write_text(yaml.safe_dump(runtime))
 
 
+def _allow_mlflow(project: Path, uri: str, parents: list[str]) -> None:
+    """Workers have a network of their own: the operators of these parents allow their MLflow
+    server (local/site.yaml's process.network.allow), which the worker reaches relayed."""
+    destination = uri.removeprefix("http://")
+    for name in parents:
+        site_yaml = project / name / "local" / "site.yaml"
+        site_yaml.write_text(site_yaml.read_text()
+                             + f'\nprocess: {{network: {{allow: ["{destination}"]}}}}\n')
+
+
 def _runs(client, experiment: str) -> dict[str, object]:
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -120,6 +130,7 @@ def test_the_demo_jobs_metrics_stream_to_a_real_mlflow_server_while_it_runs(tmp_
     tensorboard = tmp_path / "hospital-2-tensorboard"
     tensorboard.mkdir()
     _map_sites(project, folders, mlflow_server, tensorboard)
+    _allow_mlflow(project, mlflow_server, ["server", "hospital-1"])
     parents = [("server", project / "server")] + [("site", project / s) for s in demo_data.SITES]
     detach.start_many([(role, kit, kit / "workspace") for role, kit in parents])
     try:

@@ -83,7 +83,23 @@ def runtime_for(tmp_path: Path):
     return parse_study_runtime(yaml.safe_load(text), "process")
 
 
-def run_probe(tmp_path: Path, sandbox: str, targets: dict[str, tuple[str, bool]]) -> dict:
+@pytest.fixture(scope="module")
+def parent_socket():
+    """A unix socket standing in for the parent's worker endpoint (the probes never dial it),
+    in a short folder: a socket's path has at most 107 bytes."""
+    import socket
+
+    folder = tempfile.mkdtemp(prefix="atoll-w-")
+    path = os.path.join(folder, "worker.sock")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen()
+        yield path
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_probe(tmp_path: Path, sandbox: str, targets: dict[str, tuple[str, bool]],
+              parent_socket: str) -> dict:
     config = parse_site_config({"launcher": "process", "process": {"sandbox": sandbox}})
     launcher = ProcessLauncher(config, share_cpus=False)
     meta = load_meta({"name": "t", "deploy_map": {"app": ["@ALL"]}})
@@ -94,7 +110,7 @@ def run_probe(tmp_path: Path, sandbox: str, targets: dict[str, tuple[str, bool]]
         meta=meta, identity=JobIdentity("a" * 32, "t", "alpha", "site-a", "site"),
         site_config=config, study_runtime=runtime_for(tmp_path), workdir=workdir,
         parent_address="127.0.0.1:1", credentials={"ATOLL_JOB_TOKEN": "tok"},
-        worker_args=("-c", PROBE))
+        worker_args=("-c", PROBE), parent_socket=parent_socket)
     request.worker_env["PROBE_TARGETS"] = json.dumps(targets)  # type: ignore[index]
     result = launcher.wait(launcher.launch(request))
     log = (workdir / "logs" / "worker.log").read_text()
@@ -132,8 +148,8 @@ def secret_holder():
     holder.wait()
 
 
-def test_a_sandboxed_worker_sees_its_job_and_nothing_else(host):
-    seen = run_probe(host, "bwrap", targets_of(host, "bwrap"))
+def test_a_sandboxed_worker_sees_its_job_and_nothing_else(host, parent_socket):
+    seen = run_probe(host, "bwrap", targets_of(host, "bwrap"), parent_socket)
     for name in ("parent_key", "other_job", "beta_data"):
         assert seen[name] == "FileNotFoundError", (name, seen[name])
     assert seen["host_shadow"] == "FileNotFoundError"
@@ -149,9 +165,10 @@ def test_a_sandboxed_worker_sees_its_job_and_nothing_else(host):
     assert seen["home"] == "/tmp"
 
 
-def test_without_the_sandbox_the_same_worker_reaches_the_parent(host, secret_holder):
+def test_without_the_sandbox_the_same_worker_reaches_the_parent(host, secret_holder,
+                                                               parent_socket):
     """The check above is not vacuous: unconfined, each of those reads succeeds."""
-    seen = run_probe(host, "none", targets_of(host, "none"))
+    seen = run_probe(host, "none", targets_of(host, "none"), parent_socket)
     assert seen["parent_key"] == "read:PARENT-KEY"
     assert seen["other_job"] == "read:OTHER-JOB"
     assert seen["beta_data"] == "read:BETA-DATA"

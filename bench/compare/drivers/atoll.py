@@ -367,16 +367,16 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-# Run by the atoll venv's Python (PyYAML): sets process.sandbox to none in one kit's
+# Run by the atoll venv's Python (PyYAML): sets process.<key> to <value> (argv) in one kit's
 # local/site.yaml and keeps every other key. Without a process block the line is appended, so
 # the file's comments stay; with one, the file is rewritten from its parsed document. Then the
 # kit's local/ is checked and recorded as `atoll provision` does for the files it writes, so
 # that this parent, like the sandboxed one, starts without checking local/ again.
-_UNCONFINE = """\
+_UNCONFINE = """\\
 import sys, yaml
 from pathlib import Path
 from atoll.parent.local_config import record_local_config
-kit, is_site = Path(sys.argv[1]), sys.argv[2] == "site"
+kit, is_site, key, value = Path(sys.argv[1]), sys.argv[2] == "site", sys.argv[3], sys.argv[4]
 path = kit / "local" / "site.yaml"
 text = open(path).read()
 doc = yaml.safe_load(text) or {}
@@ -384,16 +384,16 @@ if doc.get("launcher", "process") != "process":
     sys.exit(f"{path}: launcher is {doc['launcher']!r}, not process")
 block = doc.get("process")
 if block is None and "process" not in doc:
-    text = text.rstrip("\\n") + "\\n\\n# bench/compare atoll-unconfined: workers without bwrap\\n"
-    text += "process: {sandbox: none}\\n"
+    text = text.rstrip("\\n") + f"\\n\\n# bench/compare: process.{key}: {value}\\n"
+    text += f"process: {{{key}: {value}}}\\n"
 else:
     if not isinstance(block, dict):
         sys.exit(f"{path}: process is {block!r}, not a mapping")
-    doc["process"] = {**block, "sandbox": "none"}
+    doc["process"] = {**block, key: value}
     text = yaml.safe_dump(doc, sort_keys=False)
 open(path, "w").write(text)
 check = yaml.safe_load(open(path).read())
-assert check["process"]["sandbox"] == "none", check
+assert check["process"][key] == value, check
 assert {k: v for k, v in check.items() if k != "process"} == \\
     {k: v for k, v in doc.items() if k != "process"}, check
 record_local_config(kit / "local", is_site, kit / "workspace")
@@ -411,12 +411,24 @@ class AtollUnconfinedDriver(AtollDriver):
 
     name = "atoll-unconfined"
     title = "atoll, sandbox: none"
+    setting = ("sandbox", "none")  # process.<key>: <value> in every kit's local/site.yaml
 
     def prepare(self) -> None:
         super().prepare()
         for kit in ("server", *SITES):
             site_yaml = self.kits / kit / "local" / "site.yaml"
             if not site_yaml.is_file():
-                raise DriverError(f"atoll-unconfined: provision made no {site_yaml}")
+                raise DriverError(f"{self.name}: provision made no {site_yaml}")
             role = "server" if kit == "server" else "site"
-            self.run_cmd([self.python, "-c", _UNCONFINE, str(self.kits / kit), role], timeout=60)
+            self.run_cmd([self.python, "-c", _UNCONFINE, str(self.kits / kit), role,
+                          *self.setting], timeout=60)
+
+
+class AtollHostNetDriver(AtollUnconfinedDriver):
+    """atoll with its workers under bwrap, but on the host's network (issue 32): the server's and
+    each site's local/site.yaml get `process: {network: host}`, the opt-out of the workers' own
+    network namespaces; compared with atoll, it is the network sandbox's cost."""
+
+    name = "atoll-hostnet"
+    title = "atoll, network: host"
+    setting = ("network", "host")

@@ -79,6 +79,19 @@ def _sandbox_problems(config: Any) -> tuple[str | None, list[Problem]]:
     return f"bwrap ({host.bwrap}): a test sandbox started", []
 
 
+def _network_line(config: Any) -> str | None:
+    """What the process launcher's workers reach (process.network)."""
+    if config.launcher != "process":
+        return None
+    settings = config.settings
+    if not settings.isolated_network:
+        why = "sandbox: none" if settings.sandbox == "none" else "network: host"
+        return (f"host ({why}): workers reach every port of this host and of other jobs "
+                "(docs/security.md)")
+    allowed = ", ".join(settings.network.allow) or "nothing else"
+    return f"isolated: each worker reaches its parent, its job's own ranks and {allowed}"
+
+
 def _quiet(fn: Any) -> Any:
     try:
         return fn()
@@ -112,15 +125,19 @@ def validate_command(site_dir: Path, fmt: str) -> None:
         render_error(problems, fmt)
     studies = sorted(runtime.studies)
     report = policy_report(site_dir, policy)
+    network = _network_line(config)
     if fmt == "json":
         click.echo(json.dumps({"ok": True, "launcher": config.launcher, "studies": studies,
                                **({"sandbox": sandbox} if sandbox else {}),
+                               **({"network": network} if network else {}),
                                "authorization": report,
                                "privacy": privacy.model_dump() if privacy else None}))
         return
     click.echo(f"local/site.yaml: ok (launcher {config.launcher})")
     if sandbox:
         click.echo(f"process sandbox: {sandbox}")
+    if network:
+        click.echo(f"process network: {network}")
     mapped = ", ".join(studies) if studies else "none (no study gets datasets or secrets here)"
     click.echo(f"local/study_runtime.yaml: ok; studies: {mapped}")
     click.echo("\n".join(policy_lines(report)))

@@ -62,6 +62,9 @@ class LaunchRequest:
     # Folders outside workdir the parent shares with the worker by path (the server's handoff
     # folder): a sandboxed worker sees them read-write at the same path, and nothing else.
     shared_folders: tuple[Path, ...] = ()
+    # The parent's unix socket for its workers (a path on the parent's host, None: it has none):
+    # a worker in a network namespace of its own dials ``unix:<this>``, bound into its sandbox.
+    parent_socket: str | None = None
     # What the worker's Python runs: `-m atoll.worker` in production. Tests of a launcher alone
     # may pass e.g. ("-c", "...") to run a tiny program under the same rendering rules.
     worker_args: tuple[str, ...] = ("-m", "atoll.worker")

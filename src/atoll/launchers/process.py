@@ -10,6 +10,10 @@
   sees only its run folder, its study's datasets at ``/data/<study>/<dataset>``, its Python
   runtime and its own processes (process_sandbox.py). ``sandbox: none`` is the site's explicit
   opt-out: the worker then runs with the parent's privileges.
+- Network (``process.network``, isolated by default): the sandbox has a network namespace of
+  its own; the worker dials its parent's unix socket, bound in, and the destinations the site
+  allows through relays (process_network.py). ``network: host`` (and ``sandbox: none``) is the
+  opt-out: the worker dials its parent on TCP and reaches what the host reaches.
 - Several processes (N > 1 GPUs, or ``processes_per_node``): the worker starts the other
   ranks in its sandbox, one GPU each (launchers/ranks.py, worker/local_ranks.py).
 - Environment: atoll's variables, the study's ``env``, ``ATOLL_DATASETS`` (JSON name -> path),
@@ -59,10 +63,12 @@ from atoll.launchers.process_group import (
     wait_group_gone,
 )
 from atoll.launchers.process_memory_limit import MemoryCgroup, create_memory_cgroup
+from atoll.launchers.process_network import FORWARD_ENV, Relays, forward_spec, relay_socket
 from atoll.launchers.process_sandbox import (
     SANDBOX_TMP,
     Mount,
     SandboxHost,
+    SandboxNetwork,
     SandboxUnavailable,
     bwrap_binary,
     probe_host,
@@ -75,6 +81,9 @@ from atoll.spec.site_config import ProcessSettings
 LOG_FILE = Path("logs") / "worker.log"
 MemoryMode = Literal["auto", "cgroup", "rlimit"]
 CREDENTIALS_FD_ENV = "ATOLL_CREDENTIALS_FD"
+# What a render shows before the parent has its socket and relays (atoll site render).
+PARENT_SOCKET_PREVIEW = "<the parent's worker socket>"
+RELAY_FOLDER_PREVIEW = "<the parent's relay folder>"
 
 
 @dataclass
@@ -127,6 +136,10 @@ class ProcessLauncher(Launcher):
         self._memory_mode = memory_mode
         self._grace_s = grace_s
         self.sandboxed = settings.sandbox == "bwrap"
+        self.isolated = settings.isolated_network
+        self._allow = list(settings.network.allow) if self.isolated else []
+        self._destinations = settings.network.destinations() if self.isolated else []
+        self._relays: Relays | None = None  # started at the first launch that needs them
         self._bwrap = settings.bwrap
         self._sandbox_host = sandbox_host
         self._jobs: dict[str, _Running] = {}
@@ -180,16 +193,19 @@ class ProcessLauncher(Launcher):
                 datasets = {name: m.target for name, m in zip(sorted(entry.datasets), mounts,
                                                                strict=True)}
             env["ATOLL_DATASETS"] = json.dumps(datasets, sort_keys=True)
+        network = self._network(request, env)
         argv = [self._python, *request.worker_args]
         if self.sandboxed:
             app = request.workdir / "app"
             argv = [*sandbox_argv(self.sandbox_host(), run_folder=str(request.workdir),
                                   app_folder=str(app), shared=tuple(map(str,
                                                                         request.shared_folders)),
-                                  datasets=mounts, gpu_ids=gpus), *argv]
+                                  datasets=mounts, gpu_ids=gpus, network=network), *argv]
         return {
             "argv": argv,
             "sandbox": "bwrap" if self.sandboxed else "none",
+            "network": "isolated" if self.isolated else "host",
+            "network_allow": list(self._allow),
             "env": dict(sorted(env.items())),
             "inherited_env": list(INHERITED_ENV),
             "credential_env": credential_names(request),
@@ -200,6 +216,36 @@ class ProcessLauncher(Launcher):
             "gpu_ids": gpus,
             "log_file": str(request.workdir / LOG_FILE),
         }
+
+    def _network(self, request: LaunchRequest, env: dict[str, str]) -> SandboxNetwork | None:
+        """The worker's own network namespace (None: the host's); sets how it dials its parent
+        (the bound unix socket, no TLS) and what its forwarder relays."""
+        if not self.isolated:
+            return None
+        parent = request.parent_socket or PARENT_SOCKET_PREVIEW
+        env["ATOLL_PARENT"] = f"unix:{parent}"
+        env.pop("ATOLL_PARENT_CERT", None)
+        sockets = [parent]
+        hosts = None
+        if self._destinations:
+            folder = self._relays.folder if self._relays is not None else RELAY_FOLDER_PREVIEW
+            env[FORWARD_ENV] = forward_spec(self._destinations, folder)
+            sockets += [relay_socket(folder, i) for i in range(len(self._destinations))]
+            hosts = self._relays.hosts_file if self._relays is not None else None
+        return SandboxNetwork(tuple(sockets), hosts)
+
+    def _start_relays(self, request: LaunchRequest) -> None:
+        if request.parent_socket is None:
+            raise LaunchError("this parent has no unix socket for its workers, which a worker "
+                              "with a network of its own needs; set process.network: host in "
+                              "local/site.yaml to let workers dial it on TCP")
+        with self._lock:
+            if self._destinations and self._relays is None:
+                try:
+                    self._relays = Relays(self._destinations)
+                except OSError as exc:
+                    raise LaunchError(f"cannot open the relays of process.network.allow: "
+                                      f"{exc}") from None
 
     # ----- I/O ------------------------------------------------------------------------------
 
@@ -214,9 +260,11 @@ class ProcessLauncher(Launcher):
         cpus = self._cpus.allocate(key, res.cpus_counted) if self._cpus.cpus else []
         cgroup = None
         try:
-            spec = self.render(request, gpu_ids=gpus, cpus=cpus)
             if self.sandboxed:
                 self._check_mounts(request)
+            if self.isolated:
+                self._start_relays(request)
+            spec = self.render(request, gpu_ids=gpus, cpus=cpus)
             cgroup, rlimit = self._memory_limit(request, spec["memory_limit_bytes"])
             popen = self._spawn(spec, request.credentials, cpus, cgroup, rlimit)
         except BaseException:
@@ -365,6 +413,9 @@ class ProcessLauncher(Launcher):
             running = [r for r in self._jobs.values() if not r.finished]
         for run in running:
             self.cancel(Handle(self.name, str(run.popen.pid), "", extra={"key": run.key}))
+        if self._relays is not None:
+            self._relays.close()
+            self._relays = None
 
     def _run_of(self, handle: Handle) -> _Running | None:
         with self._lock:

@@ -12,7 +12,9 @@ the file system, not a convention, so the worker runs under bubblewrap with:
   basic devices (plus the GPUs it was given), and a ``/proc`` of its own;
 - a PID namespace (no other process's ``/proc``: not the parent's environment, not another
   job's worker), a user namespace with every capability dropped, and its own IPC and UTS;
-- the host's network, since the worker dials its parent on the parent's address.
+- with ``process.network`` isolated (the default), a network namespace of its own with only
+  its loopback, its parent's unix socket and the relays of the destinations the site allows
+  bound in (process_network.py); with ``network: host``, the host's network.
 
 The render is pure: ``SandboxHost`` (the bwrap binary, how this host lays out ``/``, where the
 worker's Python lives) is probed once per launcher by ``probe_host``.
@@ -59,6 +61,15 @@ class SandboxHost:
     system: tuple[tuple[str, str], ...]
     # The worker Python's own folders outside SYSTEM_DIRS: its prefix, venv, site-packages.
     runtime: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SandboxNetwork:
+    """A network namespace of the worker's own: the unix sockets bound into it (each at its own
+    path: the parent's, one per allowed destination) and the /etc/hosts that names those."""
+
+    sockets: tuple[str, ...] = ()
+    hosts_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,16 +164,22 @@ def _opt_out(why: str) -> str:
 
 def sandbox_argv(host: SandboxHost, *, run_folder: str, app_folder: str | None,
                  shared: tuple[str, ...], datasets: tuple[Mount, ...],
-                 gpu_ids: tuple[str, ...] | list[str]) -> list[str]:
-    """Pure: the bwrap command line that goes before the worker's own argv."""
+                 gpu_ids: tuple[str, ...] | list[str],
+                 network: SandboxNetwork | None = None) -> list[str]:
+    """Pure: the bwrap command line that goes before the worker's own argv (``network`` None:
+    the host's network)."""
     argv = [host.bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--cap-drop", "ALL"]
+    if network is not None:
+        argv.append("--unshare-net")
     # No --new-session: the launcher already gives the sandbox a session of its own without a
     # terminal, and keeping its process group lets a cancel signal the whole sandbox at once.
     for path, link in host.system:
         argv += ["--symlink", link, path] if link else ["--ro-bind", path, path]
     for name in ETC_FILES:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    if network is not None and network.hosts_file is not None:
+        argv += ["--ro-bind", network.hosts_file, "/etc/hosts"]  # over the host's
     # The private /tmp first: a later mount shows through it, an earlier one under /tmp (a
     # Python or a run folder in a temporary folder) would be hidden by it.
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", SANDBOX_TMP]
@@ -183,6 +200,8 @@ def sandbox_argv(host: SandboxHost, *, run_folder: str, app_folder: str | None,
         argv += ["--bind", folder, folder]
     for mount in datasets:
         argv += ["--bind" if mount.writable else "--ro-bind", mount.source, mount.target]
+    for path in (network.sockets if network is not None else ()):
+        argv += ["--bind", path, path]  # after /tmp's tmpfs: a socket under /tmp shows
     argv += ["--chdir", run_folder if run_folder != "/" else SANDBOX_TMP, "--"]
     return argv
 

@@ -143,6 +143,7 @@ def build_request(
     parent_cert: str | None = None,
     shared_folders: tuple[Path, ...] = (),
     resources: Resources | None = None,
+    parent_socket: str | None = None,
 ) -> LaunchRequest:
     """Resolve everything for ``identity.site`` on this site's launcher; SpecError lists all.
 
@@ -188,4 +189,5 @@ def build_request(
         credentials=dict(credentials or {}),
         worker_args=tuple(worker_args),
         shared_folders=tuple(Path(f) for f in shared_folders),
+        parent_socket=parent_socket,
     )

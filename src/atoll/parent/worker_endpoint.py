@@ -2,7 +2,12 @@
 
 A worker proves itself once with the one-time job token its launcher gave it (environment only,
 never argv); the token is then spent, and the worker uses the session id it got back. A bad,
-reused or other-job token is refused. What each call does depends on the parent: the server
+reused or other-job token is refused.
+
+The endpoint listens on TCP (``worker_endpoint`` in site.yaml) and on a unix socket in a private
+folder of its own (mode 0700): a worker with a network namespace of its own (the process
+launcher's default, a container on network "none") reaches its parent through that socket,
+bound into its sandbox, and through nothing else. The token check is the same on both. What each call does depends on the parent: the server
 parent serves the workflow's tasks and replies, a site parent relays them to the server.
 """
 
@@ -10,7 +15,10 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import secrets
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -191,18 +199,46 @@ class WorkerLinkServicer:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
 
+SOCKET_NAME = "worker.sock"
+# A unix socket's path is at most 107 bytes: the private folder goes where paths are short.
+SOCKET_PARENT = "/tmp"
+
+
 @dataclass(frozen=True)
 class Endpoint:
     server: grpc.Server
     address: str  # host:port workers dial
     cert_pem: str | None  # the endpoint's certificate when it speaks TLS; workers trust it
+    # The unix socket workers in a network namespace of their own dial (``unix:`` + this path);
+    # its folder is the parent's alone (0700): only a sandbox it is bound into reaches it.
+    socket_path: str | None = None
+
+    def stop(self, grace: float) -> None:
+        """Stop serving and remove the socket's private folder."""
+        self.server.stop(grace).wait(grace + 1)
+        if self.socket_path is not None:
+            shutil.rmtree(os.path.dirname(self.socket_path), ignore_errors=True)
+
+
+def private_socket_folder(prefix: str = "atoll-") -> str:
+    """A new folder only this user may enter, for sockets bound into sandboxes one by one."""
+    base = SOCKET_PARENT if os.path.isdir(SOCKET_PARENT) else None
+    return tempfile.mkdtemp(prefix=prefix, dir=base)  # mkdtemp makes it 0700
 
 
 def start_worker_endpoint(tokens: WorkerTokens, backend: WorkerBackend, host: str, port: int,
-                          dial_host: str | None = None, tls: bool = False) -> Endpoint:
-    """Start the WorkerLink server. With tls, it serves a certificate made now for dial_host."""
+                          dial_host: str | None = None, tls: bool = False,
+                          unix_socket: bool = True) -> Endpoint:
+    """Start the WorkerLink server. With tls, it serves a certificate made now for dial_host.
+    With unix_socket, it listens on ``<private folder>/worker.sock`` too (no TLS there: only
+    the parent's own user, and the sandboxes it binds the socket into, can reach it)."""
     server = new_server()
     rpc.add_servicer(server, "WorkerLink", WorkerLinkServicer(tokens, backend))
+    socket_path = None
+    if unix_socket:
+        socket_path = os.path.join(private_socket_folder("atoll-w-"), SOCKET_NAME)
+        if server.add_insecure_port(f"unix:{socket_path}") == 0:
+            raise OSError(f"cannot listen for workers on the unix socket {socket_path}")
     dial_host = dial_host or host
     cert_pem = None
     if tls:
@@ -215,7 +251,9 @@ def start_worker_endpoint(tokens: WorkerTokens, backend: WorkerBackend, host: st
     else:
         bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
+        if socket_path is not None:
+            shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
         raise OSError(f"cannot listen for workers on {host}:{port}")
     server.start()
     address = f"[{dial_host}]:{bound}" if ":" in dial_host else f"{dial_host}:{bound}"
-    return Endpoint(server, address, cert_pem)
+    return Endpoint(server, address, cert_pem, socket_path)

@@ -21,7 +21,9 @@ launcher: process
 # process: {{gpu_ids: [0, 1], cpu_ids: [0, 1, 2, 3]}}
 #   Process workers run in a sandbox (bubblewrap) that shows them their own job and nothing
 #   else; `process: {{sandbox: none}}` opts out, for hosts without user namespaces only
-#   (docs/security.md).
+#   (docs/security.md). Each worker has a network of its own: it reaches its parent, its
+#   job's other ranks and what you allow, e.g. your MLflow server:
+#   `process: {{network: {{allow: [mlflow.example.org:5000]}}}}`; `network: host` opts out.
 # docker: {{network: atoll, default_image: registry.example.org/atoll-worker:1.0}}
 # k8s: {{namespace: atoll-jobs, default_image: registry.example.org/atoll-worker:1.0}}
 # slurm: {{partition: gpu, account: fl, qos: normal, sandbox: none, pending_timeout: 600}}

@@ -116,7 +116,8 @@ class ServerParent:
             identity=JobIdentity(record.id, record.name, record.study, "server", "server"),
             site_config=self.local.site_config, study_runtime=None, workdir=run_dir,
             parent_address=self.worker_address, credentials={"ATOLL_JOB_TOKEN": token},
-            parent_cert=self._endpoint.cert_pem, check_capacity=False, shared_folders=shared)
+            parent_cert=self._endpoint.cert_pem, check_capacity=False, shared_folders=shared,
+            parent_socket=self._endpoint.socket_path)
 
     def start(self) -> None:
         self.jobs.recover()
@@ -167,7 +168,7 @@ class ServerParent:
         if self._grpc is not None:
             self._grpc.stop(grace)
         if self._workers is not None:
-            self._workers.stop(grace).wait(grace + 1)
+            self._endpoint.stop(grace)
         self.local.close()
         self.store.close()
 

@@ -104,7 +104,8 @@ class SiteParent:
             meta=meta, identity=JobIdentity(job.job_id, name, job.study, self.name, "site"),
             site_config=self.local.site_config, study_runtime=job.runtime,
             resources=job.resources, workdir=job.workdir, parent_address=self.worker_address,
-            credentials=credentials, parent_cert=self._endpoint.cert_pem)
+            credentials=credentials, parent_cert=self._endpoint.cert_pem,
+            parent_socket=self._endpoint.socket_path)
         return _with_privacy_policy(request, self.kit.local_dir)
 
     def _hello(self) -> dict[str, Any]:
@@ -149,7 +150,7 @@ class SiteParent:
         self.supervisor.stop_all()
         self.link.stop()
         if self._workers is not None:
-            self._workers.stop(0.2).wait(1)
+            self._endpoint.stop(0.2)
         self.local.close()
         self.channel.close()
 

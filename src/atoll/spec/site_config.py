@@ -7,6 +7,7 @@ that. A block for a launcher other than the chosen one is an error: it would be 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,93 @@ from atoll.spec.quantity import check_memory
 SITE_FILE = "site.yaml"
 LauncherName = Literal["process", "docker", "k8s", "slurm"]
 DEFAULT_PENDING_TIMEOUT = 600
+
+
+# Loopback addresses inside a worker's sandbox for the destinations site.yaml names by host name
+# (its /etc/hosts maps each name to one); a loopback address is dialled as it is.
+NAMED_DESTINATIONS_NET = "127.0.100."
+MAX_ALLOWED_DESTINATIONS = 200
+_HOST_NAME_RE = re.compile(r"(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
+
+
+class ProcessNetwork(NoNullModel):
+    """``process.network``: what a sandboxed worker's network namespace reaches."""
+
+    mode: Literal["isolated", "host"] = Field(
+        "isolated",
+        description="isolated: each worker in a network namespace of its own, its parent through "
+                    "a unix socket, plus the allowed destinations; host: the host's network "
+                    "(every worker reaches every port of the host and of other jobs)")
+    allow: list[str] = Field(
+        default_factory=list,
+        description="Destinations an isolated worker reaches, as host:port (a host name, or a "
+                    "loopback address such as 127.0.0.1:5000), relayed by its parent")
+
+    @field_validator("allow")
+    @classmethod
+    def _destinations(cls, value: list[str]) -> list[str]:
+        issues = [Issue(f"[{i}]", why) for i, entry in enumerate(value)
+                  if (why := destination_problem(entry))]
+        seen: set[str] = set()
+        for i, entry in enumerate(value):
+            host, _, port = entry.lower().rpartition(":")
+            key = f"{'127.0.0.1' if host == 'localhost' else host}:{port}"
+            if key in seen:  # the worker would dial both at one address
+                issues.append(Issue(f"[{i}]", f"{entry!r} is listed twice"))
+            seen.add(key)
+        if len(value) > MAX_ALLOWED_DESTINATIONS:
+            issues.append(Issue("", f"at most {MAX_ALLOWED_DESTINATIONS} destinations"))
+        if issues:
+            raise IssuesError(issues)
+        return value
+
+    @model_validator(mode="after")
+    def _allow_needs_isolation(self) -> ProcessNetwork:
+        if self.mode == "host" and self.allow:
+            raise IssuesError([Issue("allow", "network mode host reaches every destination "
+                                              "already; remove allow, or the mode")])
+        return self
+
+    def destinations(self) -> list[tuple[str, int, str]]:
+        """(host, port, the address the worker dials it at in its sandbox), in file order."""
+        found, named = [], 0
+        for entry in self.allow:
+            host, _, port = entry.rpartition(":")
+            if is_loopback(host):
+                listen = "127.0.0.1" if host.lower() == "localhost" else host
+            else:
+                named += 1
+                listen = f"{NAMED_DESTINATIONS_NET}{named}"
+            found.append((host, int(port), listen))
+        return found
+
+
+def destination_problem(entry: object) -> str | None:
+    """Why ``entry`` is no allowed destination (``host:port``), or None."""
+    import ipaddress
+
+    if not isinstance(entry, str):
+        return f"must be host:port, not {describe(entry)}"
+    host, colon, port = entry.rpartition(":")
+    if not colon or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"{entry!r} must be host:port with a port from 1 to 65535 (e.g. mlflow.local:5000)"
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        address = None
+    if address is not None:
+        if address.version == 4 and address.is_loopback:
+            return None
+        return (f"{entry!r}: name the destination by its host name (the sandbox maps the name to "
+                "a loopback address of its own); of addresses only IPv4 loopback (127.x) is taken")
+    if not _HOST_NAME_RE.fullmatch(host) or host.replace(".", "").isdigit():
+        return f"{entry!r}: {host!r} is not a host name (letters, digits, '-' and '.')"
+    return None
+
+
+def _network_mode(value: Any) -> Any:
+    """``network: host`` and ``network: isolated`` are short for ``{mode: ...}``."""
+    return {"mode": value} if isinstance(value, str) else value
 
 
 class ProcessSettings(NoNullModel):
@@ -49,6 +137,27 @@ class ProcessSettings(NoNullModel):
     bwrap: str | None = Field(
         None, min_length=1, description="bwrap binary; default: the bundled one, else PATH's"
     )
+    network: ProcessNetwork = Field(
+        default_factory=ProcessNetwork,
+        description="isolated (default; with allow: [host:port, ...]) or host; sandbox: none "
+                    "means host")
+
+    _network_short = field_validator("network", mode="before")(
+        lambda cls, value: _network_mode(value))
+
+    @model_validator(mode="after")
+    def _network_needs_sandbox(self) -> ProcessSettings:
+        if self.sandbox == "none" and "network" in self.model_fields_set and (
+                self.network.mode == "isolated"):
+            raise IssuesError([Issue("network", (
+                "sandbox: none shares the host's network (no namespace to isolate); remove "
+                "network, set it to host, or set sandbox: bwrap"))])
+        return self
+
+    @property
+    def isolated_network(self) -> bool:
+        """Whether each worker gets a network namespace of its own."""
+        return self.sandbox == "bwrap" and self.network.mode == "isolated"
 
     @field_validator("gpu_ids", mode="before")
     @classmethod

@@ -16,11 +16,16 @@ MANY_REPLIES_KEY = "x-atoll-replies"
 HANDOFF_KEY = "x-atoll-handoff"
 
 
+UNIX_PREFIX = "unix:"
+
+
 def worker_channel(address: str, cert_pem: str | None) -> grpc.Channel:
-    """The worker's channel to its parent: TLS pinned to the parent's certificate if it has one."""
+    """The worker's channel to its parent: TLS pinned to the parent's certificate if it has one;
+    a ``unix:`` address is the parent's socket bound into the worker's sandbox (no TLS: nothing
+    but the worker and its parent can reach it)."""
     from atoll.wire.grpc_setup import OPTIONS
 
-    if cert_pem:
+    if cert_pem and not address.startswith(UNIX_PREFIX):
         creds = grpc.ssl_channel_credentials(root_certificates=cert_pem.encode())
         return grpc.secure_channel(address, creds, options=OPTIONS)
     return grpc.insecure_channel(address, options=OPTIONS)

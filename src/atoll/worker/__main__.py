@@ -144,6 +144,17 @@ def _credentials() -> dict[str, str]:
     return {str(k): str(v) for k, v in json.loads(b"".join(chunks) or b"{}").items()}
 
 
+def _forward_allowed_destinations() -> None:
+    """In a network namespace of its own (process launcher): the site's allowed destinations, on
+    their addresses in the namespace, relayed to the parent's sockets for them, before any job
+    code runs; the other ranks share the namespace, so rank 0 alone serves them."""
+    from atoll.launchers.process_network import FORWARD_ENV, forward_inside
+
+    spec = os.environ.pop(FORWARD_ENV, "")
+    if spec:
+        forward_inside(spec)
+
+
 def main() -> int:
     job_id, role, parent = _env("ATOLL_JOB_ID"), _env("ATOLL_ROLE"), _env("ATOLL_PARENT")
     starts_peers = role == "site" and starts_local_ranks(os.environ)
@@ -169,6 +180,7 @@ def main() -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     tie_to_parent(int(parent_pid) if parent_pid else None)
+    _forward_allowed_destinations()
 
     from atoll.parent.malloc_tuning import tune_for_streaming
 

@@ -40,8 +40,8 @@ def test_tls_endpoint_refuses_plaintext_and_other_certificates():
         assert json.loads(answer.body)["session"]
         channel.close()
     finally:
-        endpoint.server.stop(0)
-        other.server.stop(0)
+        endpoint.stop(0)
+        other.stop(0)
 
 
 def test_a_job_completes_through_tls_worker_endpoints(tmp_path):

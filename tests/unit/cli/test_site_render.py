@@ -74,7 +74,9 @@ def test_validate_ok_and_errors(kit):
     lines = ok.output.splitlines()
     assert lines[0] == "local/site.yaml: ok (launcher process)"
     assert lines[1].startswith("process sandbox: bwrap (") and "a test sandbox started" in lines[1]
-    assert lines[2] == "local/study_runtime.yaml: ok; studies: pathology"
+    assert lines[2] == ("process network: isolated: each worker reaches its parent, its job's "
+                        "own ranks and nothing else")
+    assert lines[3] == "local/study_runtime.yaml: ok; studies: pathology"
     (site_dir / "local" / "site.yaml").write_text("launcher: docker\nprocess: {}\n")
     with open(site_dir / "local" / "study_runtime.yaml", "a") as f:
         f.write("    pod_template: {kind: Pod}\n")
@@ -97,6 +99,26 @@ def test_validate_tries_the_sandbox_and_names_the_opt_out(kit):
     assert "`process: {sandbox: none}`" in bad.output
 
 
+def test_validate_shows_the_allowed_destinations_and_the_opt_out(kit):
+    site_dir, _ = kit
+    site_yaml = site_dir / "local" / "site.yaml"
+    original = site_yaml.read_text()
+    site_yaml.write_text(original.replace(
+        "{python:", '{network: {allow: ["mlflow.example.org:5000"]}, python:'))
+    ok = run(validate_command, site_dir)
+    assert ok.exit_code == 0, ok.output
+    assert ("process network: isolated: each worker reaches its parent, its job's own ranks "
+            "and mlflow.example.org:5000") in ok.output
+    site_yaml.write_text(original.replace("{python:", "{network: host, python:"))
+    ok = run(validate_command, site_dir)
+    assert "process network: host (network: host): workers reach every port" in ok.output
+    site_yaml.write_text(original.replace("{python:", '{network: {allow: ["10.1.2.3:80"]}, python:'))
+    bad = run(validate_command, site_dir)
+    assert bad.exit_code == 2
+    assert "process.network.allow[0]: '10.1.2.3:80': name the destination by its host name" \
+        in bad.output
+
+
 def test_an_unconfined_site_maps_one_study_at_most(kit):
     site_dir, _ = kit
     site_yaml = site_dir / "local" / "site.yaml"
@@ -104,6 +126,7 @@ def test_an_unconfined_site_maps_one_study_at_most(kit):
     ok = run(validate_command, site_dir)
     assert ok.exit_code == 0, ok.output
     assert "process sandbox: none: workers run with the parent's privileges" in ok.output
+    assert "process network: host (sandbox: none)" in ok.output
     with open(site_dir / "local" / "study_runtime.yaml", "a") as f:
         f.write("  outcomes: {}\n")
     bad = run(validate_command, site_dir)

@@ -42,7 +42,7 @@ def test_a_token_is_spent_once_and_only_for_its_job():
             assert "job token refused" in err.value.details()
     finally:
         channel.close()
-        endpoint.server.stop(0)
+        endpoint.stop(0)
 
 
 @pytest.mark.parametrize("body", ["not json", "[1, 2]", "[" * 100000, "{\"x\": \"" + "a" * 70000 + "\"}"])
@@ -57,4 +57,31 @@ def test_a_bad_body_is_invalid_argument_not_a_traceback(body):
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         channel.close()
-        endpoint.server.stop(0)
+        endpoint.stop(0)
+
+
+def test_the_unix_socket_checks_the_same_token_and_its_folder_is_the_parents_alone():
+    """Workers with a network namespace of their own dial the socket bound into their sandbox;
+    a TLS endpoint's socket needs no certificate (worker_channel) and still spends the token."""
+    import os
+    import stat
+
+    from atoll.wire.worker_link import worker_channel
+
+    tokens = WorkerTokens()
+    endpoint = start_worker_endpoint(tokens, _NoBackend(), "127.0.0.1", 0, tls=True)
+    folder = os.path.dirname(endpoint.socket_path)
+    channel = worker_channel(f"unix:{endpoint.socket_path}", endpoint.cert_pem)
+    try:
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        assert stat.S_ISSOCK(os.stat(endpoint.socket_path).st_mode)
+        stub = rpc.stub(channel, "WorkerLink")
+        token = tokens.issue("job-1")
+        with pytest.raises(grpc.RpcError) as wrong:
+            _register(stub, "job-1", "not-the-token")
+        assert wrong.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert json.loads(_register(stub, "job-1", token).body)["session"]
+    finally:
+        channel.close()
+        endpoint.stop(0)
+    assert not os.path.exists(folder)

@@ -168,3 +168,62 @@ def test_worker_endpoint_listening_everywhere_needs_an_advertised_address():
     assert (endpoint.dial_host, endpoint.uses_tls) == ("node-7.cluster", True)
     loopback = parse_site_config({"launcher": "process"}).worker_endpoint
     assert not loopback.uses_tls
+
+
+def _process(block):
+    return parse_site_config({"launcher": "process", "process": block}).settings
+
+
+def test_process_network_is_isolated_by_default_and_host_is_an_explicit_opt_out():
+    assert _process({}).network.mode == "isolated" and _process({}).isolated_network
+    assert not _process({"network": "host"}).isolated_network
+    assert _process({"network": "isolated"}).network.mode == "isolated"
+    # sandbox: none has no namespace to give: it shares the host's network
+    assert not _process({"sandbox": "none"}).isolated_network
+    assert not _process({"sandbox": "none", "network": "host"}).isolated_network
+
+
+def test_allowed_destinations_get_an_address_in_the_sandbox():
+    settings = _process({"network": {"allow": ["127.0.0.1:5000", "mlflow.example.org:443",
+                                               "localhost:80", "Tracking-2.local:5000"]}})
+    assert settings.network.destinations() == [
+        ("127.0.0.1", 5000, "127.0.0.1"), ("mlflow.example.org", 443, "127.0.100.1"),
+        ("localhost", 80, "127.0.0.1"), ("Tracking-2.local", 5000, "127.0.100.2")]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("10.0.0.5:5000", "name the destination by its host name"),
+        ("[::1]:5000", "name the destination by its host name"),
+        ("mlflow", "must be host:port"),
+        ("mlflow:0", "port from 1 to 65535"),
+        ("mlflow:99999", "port from 1 to 65535"),
+        ("ml flow:80", "is not a host name"),
+        ("-bad.example:80", "is not a host name"),
+        ("1.2.3:80", "is not a host name"),
+        ("a/b:80", "is not a host name"),
+    ],
+)
+def test_an_allowed_destination_must_be_a_host_name_or_loopback_and_a_port(entry, message):
+    issues = by_path(issues_of(parse_site_config, {
+        "launcher": "process", "process": {"network": {"allow": [entry]}}}))
+    assert message in issues["process.network.allow[0]"], issues
+
+
+@pytest.mark.parametrize(
+    ("block", "path", "message"),
+    [
+        ({"network": "open"}, "process.network.mode", "must be one of 'isolated' or 'host'"),
+        ({"network": {"mode": "host", "allow": ["a.b:1"]}}, "process.network.allow",
+         "reaches every destination already"),
+        ({"network": {"allow": ["127.0.0.1:80", "localhost:80"]}}, "process.network.allow[1]",
+         "listed twice"),
+        ({"network": {"allow": ["a.b:1"], "open": True}}, "process.network.open", "unknown key"),
+        ({"sandbox": "none", "network": {"allow": ["a.b:1"]}}, "process.network",
+         "sandbox: none shares the host's network"),
+    ],
+)
+def test_process_network_rules(block, path, message):
+    issues = by_path(issues_of(parse_site_config, {"launcher": "process", "process": block}))
+    assert message in issues[path], issues

@@ -92,7 +92,7 @@ def link(request, tmp_path: Path) -> Iterator[tuple[_Parent, Any, str, HandoffDi
         yield parent, stub, json.loads(answer.body)["session"], worker_side
     finally:
         channel.close()
-        endpoint.server.stop(0)
+        endpoint.stop(0)
         for handoff in (parent.handoff, worker_side):
             if handoff is not None:
                 handoff.close()

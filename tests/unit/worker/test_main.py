@@ -85,7 +85,7 @@ def parent() -> Iterator[tuple[_Parent, WorkerTokens, str]]:
     backend, tokens = _Parent(), WorkerTokens()
     endpoint = start_worker_endpoint(tokens, backend, "127.0.0.1", 0)
     yield backend, tokens, endpoint.address
-    endpoint.server.stop(0)
+    endpoint.stop(0)
 
 
 def _worker(env: dict[str, str], cwd: Path, pass_fds: tuple[int, ...] = ()):
