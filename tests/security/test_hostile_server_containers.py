@@ -24,6 +24,7 @@ import textwrap
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -268,15 +269,20 @@ REGISTER = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("through", ["parent-unix-socket", "parent-tcp"])
 def test_a_job_container_registers_with_its_parent_through_its_socket(
-    docker_engine: Engine, tmp_path: Path
+    docker_engine: Engine, tmp_path: Path, through: str
 ) -> None:
+    """The job's relay socket leads to the parent's own unix socket (a site parent's), or to
+    its loopback TCP endpoint where it has none."""
     tokens, backend = WorkerTokens(), _Backend()
     endpoint = start_worker_endpoint(tokens, backend, "127.0.0.1", 0)  # the default endpoint
     launcher = DockerLauncher(site_config(docker_engine))
     try:
         request = make_request(tmp_path, REGISTER, site_config=launcher.site_config,
                                parent_address=endpoint.address)
+        if through == "parent-unix-socket":
+            request = replace(request, parent_socket=endpoint.socket_path)
         token = tokens.issue(request.identity.job_id)
         request.credentials["ATOLL_JOB_TOKEN"] = token
         rendered = launcher.render(request)["containers.run"]
@@ -284,7 +290,7 @@ def test_a_job_container_registers_with_its_parent_through_its_socket(
         result = launcher.wait(launcher.launch(request))
     finally:
         launcher.close()
-        endpoint.server.stop(None)
+        endpoint.stop(0)
     log = (tmp_path / "logs" / "worker.log").read_text()
     assert result.outcome is Outcome.COMPLETED, f"{result.reason}; log:\n{log}"
     assert backend.registered == [request.identity.job_id]

@@ -117,7 +117,7 @@ class DockerLauncher(Launcher):
         relay = None
         try:
             if network_plan(self.site_config.settings.network, request.parent_address).relay:
-                relay = self._open_relay(request.parent_address)
+                relay = self._open_relay(request)
             handle = self._launch(request, on_progress, key, gpus, relay)
         except BaseException:
             self._gpus.release(key)
@@ -129,7 +129,9 @@ class DockerLauncher(Launcher):
                 self._relays[handle.native_id] = relay
         return handle
 
-    def _open_relay(self, parent_address: str) -> UnixRelay:
+    def _open_relay(self, request: LaunchRequest) -> UnixRelay:
+        """The job's socket to its parent: to the parent's own unix socket where it has one,
+        else to its TCP endpoint, which must then be plain (TLS does not pass a unix socket)."""
         url = self._engine_url()
         if url and not url.startswith("unix://"):
             raise LaunchError(
@@ -138,8 +140,18 @@ class DockerLauncher(Launcher):
                 "docker.network in local/site.yaml to a network whose containers reach the "
                 "parent's worker_endpoint"
             )
+        if request.parent_socket:
+            target = f"unix:{request.parent_socket}"
+        elif "ATOLL_PARENT_CERT" in request.worker_env:
+            raise LaunchError(
+                f"the parent's worker endpoint {request.parent_address} speaks TLS and has no "
+                "unix socket, so a worker without a network cannot reach it: set docker.network "
+                "in local/site.yaml to a network whose containers reach that address"
+            )
+        else:
+            target = request.parent_address
         try:
-            return UnixRelay(parent_address)
+            return UnixRelay(target)
         except OSError as err:
             raise LaunchError(f"cannot open the job's socket to its parent: {err}") from None
 

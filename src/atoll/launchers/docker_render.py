@@ -22,8 +22,8 @@ Rules worth knowing:
 - Network (``network_plan``): by default (``docker.network`` unset or ``none``) the container has
   no network at all (``network_mode: none``: its own loopback only, no route to other jobs, the
   host's listeners or the engine's abstract sockets) and reaches its parent through a per-job
-  unix socket the launcher relays to the parent's endpoint (launchers/socket_relay.py), bound at
-  ``/atoll/parent.sock``. A named network: the container joins it (the site's choice: every job
+  unix socket the launcher relays to the parent's own unix socket (or, where it has none, its
+  plain TCP endpoint; launchers/socket_relay.py), bound at ``/atoll/parent.sock``. A named network: the container joins it (the site's choice: every job
   on it can reach the others), dialling a routable parent directly and a loopback parent through
   the socket. ``host``: the host's network, the site's explicit opt-out.
 - User: ``user`` from run_kwargs/docker_kwargs if set; otherwise the parent's own uid:gid (the
@@ -109,8 +109,7 @@ def render_docker(
     if plan.relay:
         mounts.append(_bind(relay_socket, PARENT_SOCKET, True))
         environment["ATOLL_PARENT"] = f"unix:{PARENT_SOCKET}"
-        if "ATOLL_PARENT_CERT" in environment:  # TLS through the relay: the name it was made for
-            environment["ATOLL_PARENT_TLS_NAME"] = address_host(request.parent_address)
+        environment.pop("ATOLL_PARENT_CERT", None)  # no TLS on a unix socket
     if gpu_ids is None:
         gpu_ids = site_gpu_ids(request.site_config)[: resources.num_of_gpus]
     if len(gpu_ids) != resources.num_of_gpus:

@@ -2,10 +2,14 @@
 
 A job container has no network (``network_mode: none``): no route to other jobs, to the host's
 listeners or to the engine's abstract sockets. Its one way out is this socket, bind-mounted into
-the container: every connection to it is relayed, byte for byte, to the parent's own endpoint
-(TCP, usually 127.0.0.1). The relay understands nothing of what passes: the worker still proves
-itself to the parent with its one-time job token, and TLS, where the endpoint speaks it, runs end
-to end through it.
+the container: every connection to it is relayed, byte for byte, to the parent's own endpoint:
+its unix socket (``unix:<path>``, in the parent's private folder) where it has one, else its TCP
+address. The relay understands nothing of what passes: the worker still proves itself to the
+parent with its one-time job token.
+
+A socket per job rather than the parent's own: it can be opened to the container's user (which
+may not be the parent's) without opening the parent's, and it is gone when the job ends, with
+every connection through it.
 
 The socket lives in a fresh folder of the parent's (mode 0700, so no other user of the host can
 reach it); the socket itself is open to every uid, because the container's user may be another
@@ -29,19 +33,33 @@ SOCKET_NAME = "parent.sock"
 CHUNK = 1 << 18
 
 
-def _tcp_target(address: str) -> tuple[str, int]:
-    host = address_host(address)
-    port = address.rsplit(":", 1)[-1]
-    if not port.isdigit():
-        raise LaunchError(f"the parent's worker address {address!r} has no port to relay to")
-    return host, int(port)
+UNIX_PREFIX = "unix:"
+
+
+def _connect(target: str) -> socket.socket:
+    """A connection to ``unix:<path>`` or ``host:port``."""
+    if target.startswith(UNIX_PREFIX):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(target.removeprefix(UNIX_PREFIX))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    port = target.rsplit(":", 1)[-1]
+    sock = socket.create_connection((address_host(target), int(port)), timeout=10)
+    sock.settimeout(None)
+    return sock
 
 
 class UnixRelay:
-    """Listen on a new unix socket; relay each connection to ``target`` (host:port)."""
+    """Listen on a new unix socket; relay each connection to ``target`` (``unix:<path>`` or
+    ``host:port``)."""
 
     def __init__(self, target: str, prefix: str = "atoll-relay-") -> None:
-        self._target = _tcp_target(target)
+        if not target.startswith(UNIX_PREFIX) and not target.rsplit(":", 1)[-1].isdigit():
+            raise LaunchError(f"the parent's worker address {target!r} has no port to relay to")
+        self._target = target
         self._folder = Path(tempfile.mkdtemp(prefix=prefix))  # 0700: this user's alone
         self.path = self._folder / SOCKET_NAME
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -65,8 +83,7 @@ class UnixRelay:
             except OSError:
                 return  # closed
             try:
-                outside = socket.create_connection(self._target, timeout=10)
-                outside.settimeout(None)
+                outside = _connect(self._target)
             except OSError:
                 inside.close()  # the worker sees its connection refused, as with TCP
                 continue

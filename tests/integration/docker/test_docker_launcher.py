@@ -116,8 +116,10 @@ def test_inspect_shows_the_rendered_cpu_memory_and_mounts(
         assert host["NanoCpus"] == rendered["nano_cpus"] == 2_000_000_000
         assert host["Memory"] == rendered["mem_limit"] == 300 * 1024 * 1024
         assert host["ShmSize"] == 128 * 1024 * 1024
-        assert host["NetworkMode"] == "host"
+        assert host["NetworkMode"] == "none"  # its parent through the job's relay socket
         mounts = {m["Destination"]: (m["Source"], m["RW"]) for m in attrs["Mounts"]}
+        relay = mounts.pop("/atoll/parent.sock")
+        assert relay[0].endswith("/parent.sock") and relay[1] is False
         assert mounts == {
             "/atoll/job": (str(tmp_path / "run"), True),
             f"/data/{STUDY}/slides": (str(data), False),

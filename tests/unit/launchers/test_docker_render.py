@@ -279,11 +279,12 @@ def test_host_network_only_when_the_site_opts_out() -> None:
     assert kwargs["environment"]["ATOLL_PARENT"] == "127.0.0.1:7001"
 
 
-def test_tls_parent_through_the_relay_keeps_its_certificate_name() -> None:
+def test_a_relayed_worker_gets_no_parent_certificate() -> None:
+    # The relay reaches the parent's unix socket: no TLS there, so no certificate to pin.
     request = request_for(parent="10.0.0.5:7001")
     request.worker_env["ATOLL_PARENT_CERT"] = "-----BEGIN CERTIFICATE-----"
     env = run_kwargs(request)["environment"]
-    assert env["ATOLL_PARENT_TLS_NAME"] == "10.0.0.5"
+    assert "ATOLL_PARENT_CERT" not in env and env["ATOLL_PARENT"] == "unix:/atoll/parent.sock"
 
 
 @pytest.mark.parametrize("docker, endpoint, where", [
