@@ -184,8 +184,7 @@ def test_hostile_docker_worker_reaches_nothing_of_the_parent(
     workdir.mkdir(parents=True)
     request = replace(request, workdir=workdir)
     rendered = launcher.render(request)["containers.run"]
-    assert [m["Source"] for m in rendered["mounts"]][:2] == [str(workdir), str(own)]
-    assert [m["Target"] for m in rendered["mounts"]][2:] == ["/atoll/parent.sock"]  # the relay
+    assert [m["Source"] for m in rendered["mounts"]] == [str(workdir), str(own)]
     try:
         result = launcher.wait(launcher.launch(request))
     finally:

@@ -294,7 +294,7 @@ def test_a_job_container_registers_with_its_parent_through_its_socket(
     log = (tmp_path / "logs" / "worker.log").read_text()
     assert result.outcome is Outcome.COMPLETED, f"{result.reason}; log:\n{log}"
     assert backend.registered == [request.identity.job_id]
-    assert "PARENT unix:/atoll/parent.sock" in log and "welcome" in log, log
+    assert "PARENT unix:/atoll/job/.atoll-parent.sock" in log and "welcome" in log, log
 
 
 # --- a real federation: another study's job on a Docker site ------------------------------------

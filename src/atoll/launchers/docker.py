@@ -100,15 +100,16 @@ class DockerLauncher(Launcher):
         url = self._engine_url()
         return url.removeprefix("unix://") if url.startswith("unix://") else None
 
-    def render(self, request: LaunchRequest, **reserved: Any) -> dict[str, Any]:
-        """The container of ``request``; without ``gpu_ids``/``relay_socket`` (the launch's
-        own), what a launch would pick now (nothing is taken)."""
-        reserved.setdefault("gpu_ids", self._gpus.preview(request.resources.num_of_gpus))
+    def render(self, request: LaunchRequest, gpu_ids: list[str] | None = None) -> dict[str, Any]:
+        """The container of ``request``; without ``gpu_ids`` (the launch's own), what a launch
+        would pick now (nothing is taken)."""
+        if gpu_ids is None:
+            gpu_ids = self._gpus.preview(request.resources.num_of_gpus)
         return render_docker(
             request,
             parent_ids=(os.getuid(), os.getgid()),
             engine_socket=self._engine_socket(),
-            **reserved,
+            gpu_ids=gpu_ids,
         )
 
     def launch(self, request: LaunchRequest, on_progress: ProgressCallback | None = None) -> Handle:
@@ -151,7 +152,8 @@ class DockerLauncher(Launcher):
         else:
             target = request.parent_address
         try:
-            return UnixRelay(target)
+            request.workdir.mkdir(parents=True, exist_ok=True)
+            return UnixRelay(target, request.workdir)
         except OSError as err:
             raise LaunchError(f"cannot open the job's socket to its parent: {err}") from None
 
@@ -159,10 +161,7 @@ class DockerLauncher(Launcher):
                 gpus: list[str], relay: UnixRelay | None) -> Handle:
         import docker.errors as errors
 
-        reserved: dict[str, Any] = {"gpu_ids": gpus}
-        if relay is not None:
-            reserved["relay_socket"] = str(relay.path)
-        rendered = self.render(request, **reserved)
+        rendered = self.render(request, gpu_ids=gpus)
         kwargs = dict(rendered["containers.run"])
         kwargs["environment"] = {**kwargs["environment"], **launch_credentials(request)}
         image, source = kwargs["image"], rendered["image_source"]

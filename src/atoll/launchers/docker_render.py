@@ -23,7 +23,8 @@ Rules worth knowing:
   no network at all (``network_mode: none``: its own loopback only, no route to other jobs, the
   host's listeners or the engine's abstract sockets) and reaches its parent through a per-job
   unix socket the launcher relays to the parent's own unix socket (or, where it has none, its
-  plain TCP endpoint; launchers/socket_relay.py), bound at ``/atoll/parent.sock``. A named network: the container joins it (the site's choice: every job
+  plain TCP endpoint; launchers/socket_relay.py), in the run folder: ``/atoll/job/
+  .atoll-parent.sock``. A named network: the container joins it (the site's choice: every job
   on it can reach the others), dialling a routable parent directly and a loopback parent through
   the socket. ``host``: the host's network, the site's explicit opt-out.
 - User: ``user`` from run_kwargs/docker_kwargs if set; otherwise the parent's own uid:gid (the
@@ -48,6 +49,7 @@ from atoll.launchers.base import LaunchError, LaunchRequest
 from atoll.launchers.images import choose_image
 from atoll.launchers.lent_folders import refuse_parent_folders
 from atoll.launchers.ranks import container_rank_env
+from atoll.launchers.socket_relay import SOCKET_NAME as RELAY_SOCKET_NAME
 from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.names import address_host, is_loopback
 from atoll.spec.quantity import docker_size_to_bytes, memory_to_bytes
@@ -61,8 +63,8 @@ NANO = 1_000_000_000
 ENGINE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock")
 CREDENTIAL_NOTE = "credential of this job, set at launch"
 NO_GPU = "void"  # NVIDIA_VISIBLE_DEVICES: no GPU, whatever the image's own environment says
-PARENT_SOCKET = "/atoll/parent.sock"  # in the container: the relay to the parent's endpoint
-RELAY_AT_LAUNCH = "<the job's relay socket, made at launch>"
+# In the container: the job's relay socket to its parent, in the run folder.
+PARENT_SOCKET = f"{CONTAINER_WORKDIR}/{RELAY_SOCKET_NAME}"
 
 
 def render_docker(
@@ -71,13 +73,11 @@ def render_docker(
     parent_ids: tuple[int, int] = (0, 0),
     engine_socket: str | None = None,
     gpu_ids: list[str] | None = None,
-    relay_socket: str = RELAY_AT_LAUNCH,
 ) -> dict[str, Any]:
     """The worker container of ``request``; ``parent_ids`` is the parent's (uid, gid).
 
     ``gpu_ids``: the GPUs reserved for this job (the launcher's); None: the first ids of the
-    site's list, as a preview. ``relay_socket``: the host path of the job's relay socket, where
-    ``network_plan`` says the worker dials its parent through one.
+    site's list, as a preview.
     """
     settings = request.site_config.settings
     identity, entry = request.identity, request.study_runtime
@@ -106,8 +106,7 @@ def render_docker(
     plan = network_plan(settings.network, request.parent_address)
     mounts = _mounts(request, engine_socket)
     environment = _environment(request)
-    if plan.relay:
-        mounts.append(_bind(relay_socket, PARENT_SOCKET, True))
+    if plan.relay:  # the job's relay socket, in its run folder (launchers/socket_relay.py)
         environment["ATOLL_PARENT"] = f"unix:{PARENT_SOCKET}"
         environment.pop("ATOLL_PARENT_CERT", None)  # no TLS on a unix socket
     if gpu_ids is None:

@@ -11,25 +11,27 @@ A socket per job rather than the parent's own: it can be opened to the container
 may not be the parent's) without opening the parent's, and it is gone when the job ends, with
 every connection through it.
 
-The socket lives in a fresh folder of the parent's (mode 0700, so no other user of the host can
-reach it); the socket itself is open to every uid, because the container's user may be another
-one than the parent's. ``close`` stops accepting, cuts the open connections and removes both.
+The socket lives in the job's run folder, which the engine already binds into the container (at
+the same path inside a parent container as on the host, so it needs no mount of its own); it is
+open to every uid, because the container's user may be another one than the parent's, and the
+run folder's own permissions keep the host's other users out. ``close`` stops accepting, cuts
+the open connections and removes the socket. The job may delete or replace the socket's file:
+that only cuts its own link, since the relay holds its listening socket, not the path.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
-import tempfile
+import stat
 import threading
 from pathlib import Path
 
 from atoll.launchers.base import LaunchError
 from atoll.spec.names import address_host
 
-SOCKET_NAME = "parent.sock"
+SOCKET_NAME = ".atoll-parent.sock"  # in the job's run folder
 CHUNK = 1 << 18
 
 
@@ -56,21 +58,27 @@ class UnixRelay:
     """Listen on a new unix socket; relay each connection to ``target`` (``unix:<path>`` or
     ``host:port``)."""
 
-    def __init__(self, target: str, prefix: str = "atoll-relay-") -> None:
+    def __init__(self, target: str, folder: Path, name: str = SOCKET_NAME) -> None:
         if not target.startswith(UNIX_PREFIX) and not target.rsplit(":", 1)[-1].isdigit():
             raise LaunchError(f"the parent's worker address {target!r} has no port to relay to")
         self._target = target
-        self._folder = Path(tempfile.mkdtemp(prefix=prefix))  # 0700: this user's alone
-        self.path = self._folder / SOCKET_NAME
+        self.path = Path(folder) / name
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Through the folder's descriptor: a socket's path is at most 107 bytes, a run folder's
+        # may be longer (and a link planted in its place is not followed).
+        dir_fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            self._listener.bind(str(self.path))
-            os.chmod(self.path, 0o666)  # the container's uid may not be the parent's
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(name, dir_fd=dir_fd)  # a previous run's (a resumed job's)
+            short = f"/proc/self/fd/{dir_fd}/{name}"
+            self._listener.bind(short)
+            os.chmod(short, 0o666)  # the container's uid may not be the parent's
             self._listener.listen(16)
         except OSError:
             self._listener.close()
-            shutil.rmtree(self._folder, ignore_errors=True)
             raise
+        finally:
+            os.close(dir_fd)
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -127,4 +135,6 @@ class UnixRelay:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        shutil.rmtree(self._folder, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the job may have removed or replaced it
+            if stat.S_ISSOCK(self.path.lstat().st_mode):
+                self.path.unlink()

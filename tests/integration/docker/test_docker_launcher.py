@@ -118,8 +118,6 @@ def test_inspect_shows_the_rendered_cpu_memory_and_mounts(
         assert host["ShmSize"] == 128 * 1024 * 1024
         assert host["NetworkMode"] == "none"  # its parent through the job's relay socket
         mounts = {m["Destination"]: (m["Source"], m["RW"]) for m in attrs["Mounts"]}
-        relay = mounts.pop("/atoll/parent.sock")
-        assert relay[0].endswith("/parent.sock") and relay[1] is False
         assert mounts == {
             "/atoll/job": (str(tmp_path / "run"), True),
             f"/data/{STUDY}/slides": (str(data), False),
@@ -210,11 +208,12 @@ def test_worker_reaches_a_loopback_parent_with_its_token(
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(60)
     port = listener.getsockname()[1]
-    # No network in the container: its parent is the job's relay socket (launchers/socket_relay).
+    # No network in the container: its parent is the job's relay socket (launchers/socket_relay),
+    # in the run folder.
     program = textwrap.dedent("""
         import os, socket
         parent = os.environ["ATOLL_PARENT"]
-        assert parent == "unix:/atoll/parent.sock", parent
+        assert parent == "unix:/atoll/job/.atoll-parent.sock", parent
         with socket.socket(socket.AF_UNIX) as conn:
             conn.settimeout(30)
             conn.connect(parent.removeprefix("unix:"))

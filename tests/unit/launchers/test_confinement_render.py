@@ -67,7 +67,6 @@ def test_docker_worker_binds_only_its_run_folder_and_datasets() -> None:
     assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in mounts] == [
         (str(request.workdir), "/atoll/job", False),
         (DOCKER_PATHOLOGY["datasets"]["slides"]["source"], "/data/pathology/slides", True),
-        ("<the job's relay socket, made at launch>", "/atoll/parent.sock", True),  # its parent
     ]
 
 

@@ -140,7 +140,7 @@ def test_worker_environment() -> None:
         "ATOLL_DATA_ROOT": "/data/pathology",
         "ATOLL_DATASETS": '{"slides": "/data/pathology/slides"}',
         "ATOLL_JOB_ID": JOB_ID,
-        "ATOLL_PARENT": "unix:/atoll/parent.sock",  # the relay to 127.0.0.1:7001
+        "ATOLL_PARENT": "unix:/atoll/job/.atoll-parent.sock",  # the relay to 127.0.0.1:7001
         "ATOLL_ROLE": "site",
         "ATOLL_SITE": "hospital-a",
         "ATOLL_STUDY": "pathology",
@@ -252,25 +252,26 @@ def test_default_is_no_network_and_the_parent_through_the_relay_socket() -> None
     for parent in ("127.0.0.1:7001", "localhost:7001", "[::1]:7001", "10.0.0.5:7001"):
         for network in (None, "none"):
             kwargs = run_kwargs(request_for(parent=parent, docker={"network": network}
-                                            if network else {}), relay_socket="/tmp/r/p.sock")
+                                            if network else {}))
             assert kwargs["network_mode"] == "none" and "network" not in kwargs
-            assert kwargs["environment"]["ATOLL_PARENT"] == "unix:/atoll/parent.sock"
-            assert {"Type": "bind", "Source": "/tmp/r/p.sock", "Target": "/atoll/parent.sock",
-                    "ReadOnly": True} in kwargs["mounts"]
+            assert kwargs["environment"]["ATOLL_PARENT"] == "unix:/atoll/job/.atoll-parent.sock"
+            # The socket is in the run folder: no mount of its own.
+            assert [m["Target"] for m in kwargs["mounts"]] == ["/atoll/job",
+                                                               "/data/pathology/slides"]
 
 
 def test_site_network_with_a_routable_parent_dials_it_directly() -> None:
     kwargs = run_kwargs(request_for(docker={"network": "atoll-net"}, parent="site-a-parent:7001"))
     assert kwargs["network"] == "atoll-net" and "network_mode" not in kwargs
     assert kwargs["environment"]["ATOLL_PARENT"] == "site-a-parent:7001"
-    assert not [m for m in kwargs["mounts"] if m["Target"] == "/atoll/parent.sock"]
+    assert kwargs["environment"]["ATOLL_PARENT"] == "site-a-parent:7001"
 
 
 def test_site_network_with_a_loopback_parent_goes_through_the_relay() -> None:
     # Once a refusal at every launch; a loopback parent is reachable through the socket.
-    kwargs = run_kwargs(request_for(docker={"network": "atoll-net"}), relay_socket="/tmp/p.sock")
+    kwargs = run_kwargs(request_for(docker={"network": "atoll-net"}))
     assert kwargs["network"] == "atoll-net" and "network_mode" not in kwargs
-    assert kwargs["environment"]["ATOLL_PARENT"] == "unix:/atoll/parent.sock"
+    assert kwargs["environment"]["ATOLL_PARENT"] == "unix:/atoll/job/.atoll-parent.sock"
 
 
 def test_host_network_only_when_the_site_opts_out() -> None:
@@ -284,7 +285,7 @@ def test_a_relayed_worker_gets_no_parent_certificate() -> None:
     request = request_for(parent="10.0.0.5:7001")
     request.worker_env["ATOLL_PARENT_CERT"] = "-----BEGIN CERTIFICATE-----"
     env = run_kwargs(request)["environment"]
-    assert "ATOLL_PARENT_CERT" not in env and env["ATOLL_PARENT"] == "unix:/atoll/parent.sock"
+    assert "ATOLL_PARENT_CERT" not in env and env["ATOLL_PARENT"] == "unix:/atoll/job/.atoll-parent.sock"
 
 
 @pytest.mark.parametrize("docker, endpoint, where", [

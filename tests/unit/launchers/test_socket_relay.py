@@ -46,14 +46,20 @@ def parent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 def _dial(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX)
     sock.settimeout(30)
-    sock.connect(str(path))
+    fd = os.open(path.parent, os.O_PATH)  # the path may be longer than a socket address
+    try:
+        sock.connect(f"/proc/self/fd/{fd}/{path.name}")
+    finally:
+        os.close(fd)
     return sock
 
 
-def test_bytes_pass_both_ways_and_close_cuts_everything(parent: str) -> None:
-    relay = UnixRelay(parent)
-    folder = relay.path.parent
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # no other host user reaches it
+def test_bytes_pass_both_ways_and_close_cuts_everything(parent: str, tmp_path: Path) -> None:
+    # A run folder deeper than a socket's path may be (107 bytes).
+    folder = tmp_path / ("run-folder-" * 12)
+    folder.mkdir()
+    relay = UnixRelay(parent, folder)
+    assert len(str(relay.path)) > 108
     assert stat.S_IMODE(relay.path.stat().st_mode) == 0o666  # the container's uid may differ
     big = os.urandom(3 << 20)
     with _dial(relay.path) as conn:
@@ -74,13 +80,11 @@ def test_bytes_pass_both_ways_and_close_cuts_everything(parent: str) -> None:
     relay.close()
     assert live.recv(4) == b""  # cut: the job's link ends with the job
     live.close()
-    assert not folder.exists()
-    with pytest.raises(OSError):
-        _dial(relay.path)
+    assert not relay.path.exists() and folder.exists()  # the socket goes, the run folder stays
 
 
 def test_an_unreachable_parent_refuses_the_worker(tmp_path: Path) -> None:
-    relay = UnixRelay(f"unix:{tmp_path / 'nobody.sock'}")
+    relay = UnixRelay(f"unix:{tmp_path / 'nobody.sock'}", tmp_path)
     try:
         with _dial(relay.path) as conn:
             assert conn.recv(1) == b""  # closed at once, as a refused TCP connection
@@ -88,6 +92,16 @@ def test_an_unreachable_parent_refuses_the_worker(tmp_path: Path) -> None:
         relay.close()
 
 
-def test_a_target_without_a_port_is_refused() -> None:
+def test_a_target_without_a_port_is_refused(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match="no port"):
-        UnixRelay("parent-host")
+        UnixRelay("parent-host", tmp_path)
+
+
+def test_a_resumed_job_gets_a_fresh_socket_and_a_replaced_one_is_left(tmp_path: Path,
+                                                                      parent: str) -> None:
+    UnixRelay(parent, tmp_path)  # a previous run's, never closed (the parent died)
+    relay = UnixRelay(parent, tmp_path)
+    relay.path.unlink()
+    relay.path.write_text("the job's own file")  # the job replaced the socket
+    relay.close()
+    assert relay.path.read_text() == "the job's own file"  # close removes only a socket
