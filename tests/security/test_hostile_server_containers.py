@@ -10,8 +10,11 @@ socket and the abstract ones its daemons hold). Every attempt must fail and none
 listed, while the same container still reaches its parent: a real WorkerLink endpoint accepts its
 one-time token through the job's relay socket, and a federated job on a Docker site completes.
 
-Docker: scripts/backends/docker.sh up. Without it the tests skip, or fail under CI=true
-(tests/integration/docker/conftest.py).
+Kubernetes: each job's own NetworkPolicy lives exactly as long as its Pod (the test cluster has
+no CNI to enforce it; the rules are tested in tests/unit/launchers/test_k8s_network_policy.py).
+
+Docker: scripts/backends/docker.sh up; Kubernetes: scripts/backends/k8s.sh up. Without them the
+tests skip, or fail under CI=true (tests/integration/{docker,k8s}/conftest.py).
 """
 
 from __future__ import annotations
@@ -43,8 +46,6 @@ from tests.integration.docker.conftest import (
 )
 from tests.integration.federation.harness import Federation
 from tests.integration.federation.jobs import ECHO, make_job
-
-pytestmark = pytest.mark.docker
 
 # --- the attacker, in Python (stdlib only: it runs in the test job image) -----------------------
 PROBE = textwrap.dedent(
@@ -210,6 +211,7 @@ def wait_started(engine: Engine, container_id: str) -> None:
 
 
 # --- two jobs' containers, side by side ---------------------------------------------------------
+@pytest.mark.docker
 def test_a_job_container_reaches_no_other_job_nor_the_host_nor_the_engine(
     docker_engine: Engine, tmp_path: Path
 ) -> None:
@@ -269,6 +271,7 @@ REGISTER = textwrap.dedent(
 )
 
 
+@pytest.mark.docker
 @pytest.mark.parametrize("through", ["parent-unix-socket", "parent-tcp"])
 def test_a_job_container_registers_with_its_parent_through_its_socket(
     docker_engine: Engine, tmp_path: Path, through: str
@@ -327,6 +330,7 @@ def docker_site(docker_engine: Engine, tmp_path_factory: pytest.TempPathFactory)
     fed.stop_all()
 
 
+@pytest.mark.docker
 def test_another_studys_job_reaches_only_its_parent(docker_site: Federation,
                                                     tmp_path: Path) -> None:
     with host_listeners() as host:  # the victim study's rendezvous, on the site's host
@@ -345,3 +349,44 @@ def test_another_studys_job_reaches_only_its_parent(docker_site: Federation,
         folder = docker_site.workspace("site-d") / "jobs" / job["job_id"]
         report = json.loads((folder / "network-probe.json").read_text())
         assert_reached_nothing(report, targets, host)
+
+
+# --- Kubernetes: the job's own NetworkPolicy on the real API server ----------------------------
+@pytest.mark.k8s
+def test_a_kubernetes_job_is_under_its_own_network_policy_while_its_pod_lives(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """The test cluster has no CNI (its pods use the host network), so nothing enforces the
+    policy here: what is checked is that the API server holds the job's policy, as rendered,
+    for as long as the job's Pod exists (created first, removed with it)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from tests.integration.k8s.conftest import make_launcher
+    from tests.integration.k8s.conftest import make_request as make_pod_request
+
+    launcher = make_launcher(cluster)
+    networking = client.NetworkingV1Api(cluster.api.api_client)
+    script = "sleep 1; echo done"
+    request = make_pod_request(launcher, script, tmp_path)
+    rendered = launcher.render(request)["network_policy"]
+    ns, name = cluster.namespace, rendered["metadata"]["name"]
+    handle = launcher.launch(request)
+    try:
+        live = networking.read_namespaced_network_policy(name, ns).to_dict()
+        pod = cluster.api.read_namespaced_pod(handle.native_id, ns)
+        selector = live["spec"]["pod_selector"]["match_labels"]
+        assert selector == rendered["spec"]["podSelector"]["matchLabels"]
+        assert selector.items() <= pod.metadata.labels.items()  # it selects the job's Pod
+        assert live["spec"]["policy_types"] == ["Ingress", "Egress"]
+        assert [p["port"] for p in live["spec"]["egress"][1]["ports"]] == [7001]  # the parent
+        assert live["spec"]["egress"][1]["to"][0]["ip_block"]["cidr"] == "127.0.0.1/32"
+        owners = live["metadata"]["owner_references"]
+        assert [(o["kind"], o["name"]) for o in owners] == [("Pod", handle.native_id)]
+        assert launcher.wait(handle).outcome is Outcome.COMPLETED
+    finally:
+        launcher.cancel(handle)
+        launcher.close()
+    with pytest.raises(ApiException) as err:
+        networking.read_namespaced_network_policy(name, ns)
+    assert err.value.status == 404  # gone with the job
