@@ -225,3 +225,87 @@ def test_a_python_under_tmp_is_seen_through_the_private_tmp(tmp_path):
         assert str(venv) in host.runtime
     finally:
         shutil.rmtree(venv, ignore_errors=True)
+
+
+NETWORK_PROBE = """
+import json, os, socket
+from atoll.launchers.process_network import FORWARD_ENV, forward_inside
+if os.environ.get(FORWARD_ENV):  # what atoll's worker does before the job's code runs
+    forward_inside(os.environ[FORWARD_ENV])
+targets = json.loads(os.environ["PROBE_TARGETS"])
+def talk(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(b"hello")
+            return s.recv(100).decode()
+    except OSError as exc:
+        return type(exc).__name__
+seen = {name: talk(host, port) for name, (host, port) in targets.items()}
+seen["resolved"] = socket.gethostbyname(targets["by_name"][0])
+print(json.dumps(seen))
+"""
+
+
+@pytest.fixture
+def echo_servers():
+    """Three host services that answer 'echo: <what they got>' on 127.0.0.1."""
+    import socket
+    import threading
+
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]
+
+    def serve(server):
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"echo: " + conn.recv(100))
+
+    for server in servers:
+        threading.Thread(target=serve, args=(server,), daemon=True).start()
+    yield [s.getsockname()[1] for s in servers]
+    for server in servers:
+        server.close()
+
+
+@pytest.mark.parametrize("network", ["isolated", "host"])
+def test_a_worker_reaches_the_allowed_destinations_and_nothing_else(tmp_path, parent_socket,
+                                                                    echo_servers, network):
+    """Allowed: a loopback address and this host's own name (relayed; the name resolves to a
+    loopback address of the sandbox's own). Not allowed: the third service. On the host's
+    network (the opt-out) the third one answers too: the check is not vacuous."""
+    import socket
+
+    name = socket.gethostname()
+    if not name or "_" in name or socket.gethostbyname(name) != "127.0.0.1":
+        pytest.skip(f"this host's name {name!r} does not resolve to 127.0.0.1")
+    by_ip, by_name, other = echo_servers
+    block = {"network": "host"} if network == "host" else {
+        "network": {"allow": [f"127.0.0.1:{by_ip}", f"{name}:{by_name}"]}}
+    config = parse_site_config({"launcher": "process", "process": block})
+    launcher = ProcessLauncher(config, share_cpus=False)
+    workdir = tmp_path / "job"
+    (workdir / "app").mkdir(parents=True)
+    request = build_request(
+        meta=load_meta({"name": "t", "deploy_map": {"app": ["@ALL"]}}),
+        identity=JobIdentity("c" * 32, "t", "alpha", "site-a", "site"), site_config=config,
+        study_runtime=None, workdir=workdir, parent_address="127.0.0.1:1",
+        credentials={"ATOLL_JOB_TOKEN": "tok"}, worker_args=("-c", NETWORK_PROBE),
+        parent_socket=parent_socket)
+    request.worker_env["PROBE_TARGETS"] = json.dumps(  # type: ignore[index]
+        {"by_ip": ["127.0.0.1", by_ip], "by_name": [name, by_name], "other": ["127.0.0.1", other]})
+    try:
+        result = launcher.wait(launcher.launch(request))
+    finally:
+        launcher.close()
+    log = (workdir / "logs" / "worker.log").read_text()
+    assert result.outcome is Outcome.COMPLETED, log
+    seen = json.loads(log.splitlines()[-1])
+    assert seen["by_ip"] == seen["by_name"] == "echo: hello"
+    if network == "isolated":
+        assert seen["resolved"] == "127.0.100.1"
+        assert seen["other"] == "ConnectionRefusedError"
+    else:
+        assert seen["other"] == "echo: hello"

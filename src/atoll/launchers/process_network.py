@@ -75,16 +75,25 @@ class Relays:
         return forward_spec(self.destinations, self.folder)
 
     def _write_hosts(self) -> None:
-        named = [(host, listen) for host, _, listen in self.destinations if host != listen]
+        """The host's /etc/hosts less the destinations' names, which come first, each on its
+        loopback address (the first match wins a lookup)."""
+        named = {host.lower(): listen for host, _, listen in self.destinations if host != listen}
         if not named:
             return
         try:
             base = Path("/etc/hosts").read_text(encoding="utf-8", errors="replace")
         except OSError:
             base = "127.0.0.1 localhost\n"
-        lines = [f"{listen} {host}" for host, listen in dict(named).items()]
-        text = base.rstrip("\n") + "\n# atoll: the site's allowed destinations, relayed\n"
-        Path(self.folder, HOSTS_FILE).write_text(text + "\n".join(lines) + "\n")
+        lines = ["# atoll: the site's allowed destinations (process.network.allow), relayed",
+                 *(f"{listen} {host}" for host, listen in named.items())]
+        for line in base.splitlines():
+            fields = line.split("#", 1)[0].split()
+            kept = [name for name in fields[1:] if name.lower() not in named]
+            if len(fields) < 2 or len(kept) == len(fields) - 1:
+                lines.append(line)
+            elif kept:
+                lines.append(" ".join([fields[0], *kept]))
+        Path(self.folder, HOSTS_FILE).write_text("\n".join(lines) + "\n")
 
     def close(self) -> None:
         for listener in self._listeners:

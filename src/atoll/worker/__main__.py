@@ -152,12 +152,18 @@ def _forward_allowed_destinations() -> None:
 
     spec = os.environ.pop(FORWARD_ENV, "")
     if spec:
-        forward_inside(spec)
+        try:
+            forward_inside(spec)
+        except (OSError, ValueError) as exc:  # the job may not need them: it runs, and says so
+            print(f"atoll worker: the site's allowed destinations are not reachable from this "
+                  f"job: {exc}", file=sys.stderr, flush=True)
 
 
 def main() -> int:
     job_id, role, parent = _env("ATOLL_JOB_ID"), _env("ATOLL_ROLE"), _env("ATOLL_PARENT")
     starts_peers = role == "site" and starts_local_ranks(os.environ)
+    if os.environ.get("RANK", "0") == "0":  # before the rendezvous port is chosen
+        _forward_allowed_destinations()
     node_gpus: list[str | None] = []
     if starts_peers:
         node_gpus = become_rank_zero(os.environ)
@@ -180,7 +186,6 @@ def main() -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     tie_to_parent(int(parent_pid) if parent_pid else None)
-    _forward_allowed_destinations()
 
     from atoll.parent.malloc_tuning import tune_for_streaming
 

@@ -50,6 +50,9 @@ def test_a_job_completes_through_tls_worker_endpoints(tmp_path):
         path = fed.kit(name) / "local" / "site.yaml"
         config = yaml.safe_load(path.read_text()) or {}
         config["worker_endpoint"] = {"host": "127.0.0.1", "tls": "always"}
+        # workers on the host's network dial the endpoint on TCP (with their own network they
+        # would take the parent's unix socket, which speaks no TLS)
+        config["process"] = {"network": "host"}
         path.write_text(yaml.safe_dump(config))
     fed.start_all()
     try:

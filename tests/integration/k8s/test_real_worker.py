@@ -48,7 +48,7 @@ class RecordingBackend:
 def test_worker_in_a_pod_registers_with_its_token(cluster: Cluster, tmp_path: Path) -> None:
     tokens, backend = WorkerTokens(), RecordingBackend()
     endpoint = start_worker_endpoint(tokens, backend, "127.0.0.1", 0)
-    server, address = endpoint.server, endpoint.address
+    address = endpoint.address
     try:
         launcher = make_launcher(cluster, python="python3", default_image=cluster.job_image)
         request = make_request(launcher, "", tmp_path)
@@ -63,7 +63,7 @@ def test_worker_in_a_pod_registers_with_its_token(cluster: Cluster, tmp_path: Pa
         )
         result = launcher.wait(launcher.launch(request))
     finally:
-        server.stop(1)
+        endpoint.stop(1)
     job_id = request.identity.job_id
     assert backend.registered == [job_id]
     assert [(j, ok) for j, ok, _ in backend.finished] == [(job_id, False)]
