@@ -20,7 +20,8 @@ JOB_ID = "0123456789abcdef0123456789abcdef"
 SITE = "site-1"
 STUDY = "lung"
 SITE_SETTINGS: dict[str, dict[str, Any]] = {
-    "docker": {"default_image": "registry.example.com/nvflare-job:2.9"},
+    "docker": {"default_image": "registry.example.com/nvflare-job:2.9",
+               "gpu_ids": [0, 1, 2, 3]},  # the host's GPUs: each job gets its own ids
     "k8s": {"namespace": "fl-jobs", "host_network": True,
             "default_image": "registry.example.com/nvflare-job:2.9"},
     "slurm": {"partition": "gpu"},

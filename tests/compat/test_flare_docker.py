@@ -58,8 +58,9 @@ def test_docker_launcher_portable_cpus_and_memory():
 
 
 def test_docker_launcher_native_num_of_gpus_becomes_a_device_request():
+    # FLARE asks the engine for a count (always its first N GPUs); atoll for the reserved ids.
     kwargs = run_kwargs(launcher_spec=site_block("docker", num_of_gpus=2))
-    assert [r["count"] for r in kwargs["device_requests"]] == [2]
+    assert [r["device_ids"] for r in kwargs["device_requests"]] == [["0", "1"]]
     assert "NVIDIA_VISIBLE_DEVICES" not in kwargs["environment"]
 
 
@@ -74,7 +75,7 @@ def test_docker_launcher_default_block_merges_under_the_site_block():
             "site-1": {"docker": {"shm_size": "2g"}}}
     kwargs = run_kwargs(launcher_spec=spec)
     assert kwargs["shm_size"] == 2 * GIB
-    assert [r["count"] for r in kwargs["device_requests"]] == [1]
+    assert [r["device_ids"] for r in kwargs["device_requests"]] == [["0"]]
 
 
 def test_design_doc_nested_resource_spec_docker_block_is_used():

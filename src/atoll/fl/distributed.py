@@ -14,7 +14,8 @@ The broadcast goes over a gloo group of atoll's own (CPU, whatever backend train
 a long timeout: between rounds the other ranks wait while rank 0 waits for the federation.
 ``fl.init()`` creates the default process group from the launcher's rendezvous variables
 (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``; backend nccl where CUDA is
-available, else gloo) unless the script created it first.
+available, else gloo) unless the script created it first; its store listens on ``MASTER_ADDR``
+alone, never on every interface where that can be avoided (fl/rendezvous.py).
 
 This module imports torch only for a site with several ranks.
 """
@@ -123,7 +124,14 @@ class TaskBroadcast:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             if backend == "nccl":
                 torch.cuda.set_device(0 if _one_visible_gpu() else self.ranks.local_rank)
-            dist.init_process_group(backend=backend)
+            from atoll.fl.rendezvous import job_store
+
+            store = job_store(self.ranks.rank, self.ranks.world_size)  # on MASTER_ADDR only
+            if store is None:
+                dist.init_process_group(backend=backend)
+            else:
+                dist.init_process_group(backend=backend, store=store, rank=self.ranks.rank,
+                                        world_size=self.ranks.world_size)
         if dist.get_world_size() != self.ranks.world_size or dist.get_rank() != self.ranks.rank:
             raise RankError(f"torch.distributed has rank {dist.get_rank()} of "
                             f"{dist.get_world_size()}; the launcher set RANK={self.ranks.rank} "

@@ -4,14 +4,17 @@
 ``docker.DockerClient`` (default: site.yaml ``docker.base_url``, else what the Docker SDK reads
 from its own ``DOCKER_HOST``; this launcher reads no environment itself):
 
-- launch: create the container (pulling a missing image only when ``docker.pull_policy`` is
+- launch: reserve the job's GPU ids (exclusive, ``docker.gpu_ids``; the container gets exactly
+  those), open the job's relay socket to the parent where the worker has no network of its own
+  (launchers/socket_relay.py), create the container (pulling a missing image only when ``docker.pull_policy`` is
   ``missing``), add the job token and the study's secret variables to its environment (their
   values come only from the request's credentials, where the site parent put them), start it.
   Engine refusals become LaunchError naming what to change: the image and where it was
   configured, GPUs on an engine without the NVIDIA runtime, a bind source that does not exist.
 - wait: ``container.wait()``; the exit code and ``State.OOMKilled`` become an Outcome; the
-  container's logs are saved to ``<workdir>/logs/worker.log``; the container is removed.
-- cancel: stop (1 s of SIGTERM grace), save the logs, remove. Idempotent.
+  container's logs are saved to ``<workdir>/logs/worker.log``; the container is removed, its
+  relay closed and its GPUs released.
+- cancel: stop (1 s of SIGTERM grace), save the logs, remove, release. Idempotent.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from atoll.launchers.base import (
     ProgressCallback,
     WorkerExit,
 )
-from atoll.launchers.docker_render import render_docker
+from atoll.launchers.docker_render import network_plan, render_docker, site_gpu_ids
 from atoll.launchers.job_files import create_job_file
+from atoll.launchers.process_allocation import GpuAllocator
 from atoll.launchers.request import launch_credentials
+from atoll.launchers.socket_relay import UnixRelay
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,12 @@ class DockerLauncher(Launcher):
         self._client = client
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
+        self._gpus = GpuAllocator(site_gpu_ids(site_config), where="docker.gpu_ids")
+        self._relays: dict[str, UnixRelay] = {}  # per container id
+        if site_config.settings.network == "host":
+            log.warning("local/site.yaml sets docker.network: host: job containers share this "
+                        "host's network (its loopback listeners, the engine's abstract sockets, "
+                        "every other job's listeners); see docs/security.md")
 
     @property
     def client(self) -> Any:
@@ -89,15 +100,68 @@ class DockerLauncher(Launcher):
         url = self._engine_url()
         return url.removeprefix("unix://") if url.startswith("unix://") else None
 
-    def render(self, request: LaunchRequest) -> dict[str, Any]:
+    def render(self, request: LaunchRequest, gpu_ids: list[str] | None = None) -> dict[str, Any]:
+        """The container of ``request``; without ``gpu_ids`` (the launch's own), what a launch
+        would pick now (nothing is taken)."""
+        if gpu_ids is None:
+            gpu_ids = self._gpus.preview(request.resources.num_of_gpus)
         return render_docker(
-            request, parent_ids=(os.getuid(), os.getgid()), engine_socket=self._engine_socket()
+            request,
+            parent_ids=(os.getuid(), os.getgid()),
+            engine_socket=self._engine_socket(),
+            gpu_ids=gpu_ids,
         )
 
     def launch(self, request: LaunchRequest, on_progress: ProgressCallback | None = None) -> Handle:
+        key = f"{request.identity.site}/{request.identity.job_id}"
+        gpus = self._gpus.allocate(key, request.resources.num_of_gpus)
+        relay = None
+        try:
+            if network_plan(self.site_config.settings.network, request.parent_address).relay:
+                relay = self._open_relay(request)
+            handle = self._launch(request, on_progress, key, gpus, relay)
+        except BaseException:
+            self._gpus.release(key)
+            if relay is not None:
+                relay.close()
+            raise
+        if relay is not None:
+            with self._lock:
+                self._relays[handle.native_id] = relay
+        return handle
+
+    def _open_relay(self, request: LaunchRequest) -> UnixRelay:
+        """The job's socket to its parent: to the parent's own unix socket where it has one,
+        else to its TCP endpoint, which must then be plain (TLS does not pass a unix socket)."""
+        url = self._engine_url()
+        if url and not url.startswith("unix://"):
+            raise LaunchError(
+                f"the Docker engine at {url} is on another host: it cannot mount this host's "
+                "socket to the parent, so a worker without a network could not reach it; set "
+                "docker.network in local/site.yaml to a network whose containers reach the "
+                "parent's worker_endpoint"
+            )
+        if request.parent_socket:
+            target = f"unix:{request.parent_socket}"
+        elif "ATOLL_PARENT_CERT" in request.worker_env:
+            raise LaunchError(
+                f"the parent's worker endpoint {request.parent_address} speaks TLS and has no "
+                "unix socket, so a worker without a network cannot reach it: set docker.network "
+                "in local/site.yaml to a network whose containers reach that address"
+            )
+        else:
+            target = request.parent_address
+        try:
+            request.workdir.mkdir(parents=True, exist_ok=True)
+            return UnixRelay(target, request.workdir)
+        except OSError as err:
+            raise LaunchError(f"cannot open the job's socket to its parent: {err}") from None
+
+    def _launch(self, request: LaunchRequest, on_progress: ProgressCallback | None, key: str,
+                gpus: list[str], relay: UnixRelay | None) -> Handle:
         import docker.errors as errors
 
-        rendered = self.render(request)
+        rendered = self.render(request, gpu_ids=gpus)
         kwargs = dict(rendered["containers.run"])
         kwargs["environment"] = {**kwargs["environment"], **launch_credentials(request)}
         image, source = kwargs["image"], rendered["image_source"]
@@ -122,8 +186,18 @@ class DockerLauncher(Launcher):
                 "image": image,
                 "memory": request.resources.memory,
                 "workdir": str(request.workdir),
+                "gpu_key": key,
+                "gpu_ids": gpus,
             },
         )
+
+    def _release(self, handle: Handle) -> None:
+        """The job's GPUs and relay, once its container is gone (or never came)."""
+        self._gpus.release(handle.extra.get("gpu_key", ""))
+        with self._lock:
+            relay = self._relays.pop(handle.native_id, None)
+        if relay is not None:
+            relay.close()
 
     def _create(self, kwargs: dict[str, Any], image: str, source: str) -> Any:
         import docker.errors as errors
@@ -158,6 +232,12 @@ class DockerLauncher(Launcher):
                 os.chown(name, uid, gid, follow_symlinks=False)
 
     def wait(self, handle: Handle) -> WorkerExit:
+        try:
+            return self._wait(handle)
+        finally:
+            self._release(handle)
+
+    def _wait(self, handle: Handle) -> WorkerExit:
         import docker.errors as errors
 
         try:
@@ -196,6 +276,7 @@ class DockerLauncher(Launcher):
         try:
             container = self.client.containers.get(handle.native_id)
         except errors.NotFound:
+            self._release(handle)
             return
         try:
             container.stop(timeout=STOP_GRACE_S)
@@ -204,6 +285,7 @@ class DockerLauncher(Launcher):
             pass  # already stopping or gone: removal below settles it
         _remove_quietly(container)
         self._await_gone(handle.native_id)
+        self._release(handle)
 
     def _await_gone(self, container_id: str, timeout: float = 5.0) -> None:
         """Return once the container no longer exists: `wait` may be removing it right now,
@@ -244,6 +326,10 @@ class DockerLauncher(Launcher):
             log.warning("the log of container %s was not saved: %s", handle.native_id, err)
 
     def close(self) -> None:
+        with self._lock:
+            relays, self._relays = list(self._relays.values()), {}
+        for relay in relays:
+            relay.close()
         if self._client is not None:
             self._client.close()
 

@@ -19,12 +19,20 @@ Rules worth knowing:
 - Confinement: ``privileged: false``, ``cap_drop: [ALL]`` and ``no-new-privileges`` always (the
   spec layer refuses what would loosen them); the engine's default seccomp and AppArmor profiles
   stay; ``NVIDIA_VISIBLE_DEVICES=void`` when the job asks no GPU (images often say ``all``).
-- Network: site ``docker.network``; with none, a parent listening on loopback (127.0.0.1) is only
-  reachable from the host's network namespace, so the worker gets ``network_mode: host``.
+- Network (``network_plan``): by default (``docker.network`` unset or ``none``) the container has
+  no network at all (``network_mode: none``: its own loopback only, no route to other jobs, the
+  host's listeners or the engine's abstract sockets) and reaches its parent through a per-job
+  unix socket the launcher relays to the parent's own unix socket (or, where it has none, its
+  plain TCP endpoint; launchers/socket_relay.py), in the run folder: ``/atoll/job/
+  .atoll-parent.sock``. A named network: the container joins it (the site's choice: every job
+  on it can reach the others), dialling a routable parent directly and a loopback parent through
+  the socket. ``host``: the host's network, the site's explicit opt-out.
 - User: ``user`` from run_kwargs/docker_kwargs if set; otherwise the parent's own uid:gid (the
   run folder is the parent's), or ``1000:1000`` when the parent is root (the launcher then hands
   the run folder to that user). Datasets mounted rw must be writable by that user.
-- GPUs: one ``device_requests`` entry with ``count`` = num_of_gpus; 0 renders an empty list.
+- GPUs: one ``device_requests`` entry with the ``device_ids`` the launcher reserved for this job
+  (``docker.gpu_ids``, default 0..capacity.gpus-1; never a ``count``, which always means the
+  engine's first N GPUs); 0 renders an empty list.
 - Several processes (N > 1 GPUs, or ``processes_per_node``): all in this one container, started
   by the worker as rank 0 (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``; launchers/
   ranks.py). One job never spans several containers.
@@ -33,12 +41,15 @@ Rules worth knowing:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
 from atoll.launchers.base import LaunchError, LaunchRequest, check_ids
 from atoll.launchers.images import choose_image
+from atoll.launchers.lent_folders import refuse_parent_folders
 from atoll.launchers.ranks import container_rank_env
+from atoll.launchers.socket_relay import SOCKET_NAME as RELAY_SOCKET_NAME
 from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.names import address_host, is_loopback
 from atoll.spec.quantity import docker_size_to_bytes, memory_to_bytes
@@ -52,6 +63,8 @@ NANO = 1_000_000_000
 ENGINE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock")
 CREDENTIAL_NOTE = "credential of this job, set at launch"
 NO_GPU = "void"  # NVIDIA_VISIBLE_DEVICES: no GPU, whatever the image's own environment says
+# In the container: the job's relay socket to its parent, in the run folder.
+PARENT_SOCKET = f"{CONTAINER_WORKDIR}/{RELAY_SOCKET_NAME}"
 
 
 def render_docker(
@@ -59,8 +72,13 @@ def render_docker(
     *,
     parent_ids: tuple[int, int] = (0, 0),
     engine_socket: str | None = None,
+    gpu_ids: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The worker container of ``request``; ``parent_ids`` is the parent's (uid, gid)."""
+    """The worker container of ``request``; ``parent_ids`` is the parent's (uid, gid).
+
+    ``gpu_ids``: the GPUs reserved for this job (the launcher's); None: the first ids of the
+    site's list, as a preview.
+    """
     settings = request.site_config.settings
     identity, entry = request.identity, request.study_runtime
     choice = choose_image(
@@ -85,15 +103,25 @@ def render_docker(
     kwargs.setdefault("user", _default_user(parent_ids))
 
     resources = request.resources
+    plan = network_plan(settings.network, request.parent_address)
+    mounts = _mounts(request, engine_socket)
+    environment = _environment(request)
+    if plan.relay:  # the job's relay socket, in its run folder (launchers/socket_relay.py)
+        environment["ATOLL_PARENT"] = f"unix:{PARENT_SOCKET}"
+        environment.pop("ATOLL_PARENT_CERT", None)  # no TLS on a unix socket
+    if gpu_ids is None:
+        gpu_ids = site_gpu_ids(request.site_config)[: resources.num_of_gpus]
+    if len(gpu_ids) != resources.num_of_gpus:
+        raise LaunchError(gpu_shortage(request.site_config, resources.num_of_gpus))
     kwargs.update(
         image=choice.image,
         command=[WORKER_PYTHON, *request.worker_args],
         name=container_name(identity.site, identity.job_id),
         labels={**settings.labels, **worker_labels(request)},
-        environment=_environment(request),
+        environment=dict(sorted(environment.items())),
         working_dir=CONTAINER_WORKDIR,
-        mounts=_mounts(request, engine_socket),
-        device_requests=_gpu_requests(resources.num_of_gpus),
+        mounts=mounts,
+        device_requests=_gpu_requests(list(gpu_ids)),
         detach=True,
         # Over anything run_kwargs/docker_kwargs say (the spec layer refuses what would loosen).
         privileged=False,
@@ -105,7 +133,7 @@ def render_docker(
     if resources.memory is not None:
         kwargs["mem_limit"] = memory_to_bytes(resources.memory)
         kwargs["memswap_limit"] = kwargs["mem_limit"]  # no swap beyond the job's memory
-    kwargs.update(_network(settings.network, request.parent_address))
+    kwargs.update(plan.kwargs)
     return {
         "containers.run": dict(sorted(kwargs.items())),
         "secret_env": _secret_references(request),
@@ -195,46 +223,45 @@ def _mounts(request: LaunchRequest, engine_socket: str | None) -> list[dict[str,
                     f"the Docker engine's socket {sock} inside a job container, which would let "
                     "the job control this host; point it at the data folder itself"
                 )
-        _refuse_parent_folders(source, request, where[bind["Source"]])
+        refuse_parent_folders(source, request, where[bind["Source"]])
     return binds
 
 
-def _refuse_parent_folders(source: PurePosixPath, request: LaunchRequest, where: str) -> None:
-    """The site kit (keys, local/, every run folder) and the folder of all run folders stay
-    the parent's: a bind may not be, hold or (the kit) lie inside them."""
-    kit = request.site_config.kit_dir
-    jobs = PurePosixPath(request.workdir).parent
-    problem = None
-    if kit and (source == PurePosixPath(kit) or PurePosixPath(kit) in source.parents
-                or source in PurePosixPath(kit).parents):
-        problem = f"the site kit {kit} (its startup/ has the private key)"
-    elif source == jobs or source in jobs.parents:
-        problem = f"{jobs}, the folder of every job's run folder"
-    if problem:
-        raise LaunchError(
-            f"local/study_runtime.yaml: {where} ({source}) would show the job {problem}; keep "
-            "job data and secrets outside it"
-        )
+def site_gpu_ids(site_config: Any) -> list[str]:
+    """The GPU ids this site hands out: docker.gpu_ids, else 0..capacity.gpus-1."""
+    listed = site_config.settings.gpu_ids
+    if listed:
+        return list(listed)
+    return [str(i) for i in range(site_config.capacity.gpus or 0)]
 
 
-def _gpu_requests(count: int) -> list[dict[str, Any]]:
-    if count == 0:
+def gpu_shortage(site_config: Any, asked: int) -> str:
+    ids = site_gpu_ids(site_config)
+    if not ids:
+        return (f"the job asks for {asked} GPU(s); this site lists none: name the host's GPU ids "
+                "in docker.gpu_ids (or set capacity.gpus) in local/site.yaml")
+    return (f"the job asks for {asked} GPU(s); this site lists {len(ids)} (docker.gpu_ids, else "
+            f"capacity.gpus, in local/site.yaml: {', '.join(ids)})")
+
+
+def _gpu_requests(ids: list[str]) -> list[dict[str, Any]]:
+    if not ids:
         return []  # explicit: no GPU, whatever a default asked for
-    # The SDK's docker.types.DeviceRequest fields (what `docker run --gpus N` sends).
-    return [{"driver": "", "count": count, "capabilities": [["gpu"]]}]
+    # The SDK's docker.types.DeviceRequest fields (`docker run --gpus '"device=1,3"'`): these
+    # GPUs exactly; a count would always mean the engine's first N, whatever others hold.
+    return [{"driver": "", "count": 0, "device_ids": ids, "capabilities": [["gpu"]]}]
 
 
-def _network(network: str | None, parent_address: str) -> dict[str, str]:
-    loopback = is_loopback(address_host(parent_address))
-    if network == "host" or (network is None and loopback):
-        return {"network_mode": "host"}
-    if network is None:
-        return {}  # the engine's default network; the parent's address must be routable
-    if loopback:
-        raise LaunchError(
-            f"site.yaml docker.network is {network}, but the parent listens for its workers on "
-            f"{parent_address}, a loopback address no container on that network can reach: set "
-            "worker_endpoint.host to an address reachable from that network, or remove "
-            "docker.network to run workers on the host's network"
-        )
-    return {"network": network}
+@dataclass(frozen=True)
+class NetworkPlan:
+    kwargs: dict[str, str]  # network_mode or network for containers.run
+    relay: bool  # the worker dials its parent through the job's relay socket
+
+
+def network_plan(network: str | None, parent_address: str) -> NetworkPlan:
+    """How a worker container is networked and reaches its parent (see the module notes)."""
+    if network == "host":
+        return NetworkPlan({"network_mode": "host"}, relay=False)
+    if network in (None, "none"):
+        return NetworkPlan({"network_mode": "none"}, relay=True)
+    return NetworkPlan({"network": network}, relay=is_loopback(address_host(parent_address)))

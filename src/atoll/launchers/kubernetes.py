@@ -108,10 +108,11 @@ def make_core_api(site_config: Any) -> Any:
 class KubernetesLauncher(Launcher):
     name = "k8s"
 
-    def __init__(self, site_config: Any, api: Any = None) -> None:
+    def __init__(self, site_config: Any, api: Any = None, networking: Any = None) -> None:
         self.site_config = site_config
         self.settings = site_config.settings
         self._api = api
+        self._networking = networking
         self._lock = threading.Lock()
         self._cancelled: set[str] = set()
         self._progress: dict[str, ProgressCallback] = {}
@@ -122,6 +123,15 @@ class KubernetesLauncher(Launcher):
             self._api = make_core_api(self.site_config)
         return self._api
 
+    @property
+    def networking(self) -> Any:
+        """The NetworkingV1Api of the same API client (the jobs' NetworkPolicies)."""
+        if self._networking is None:
+            from kubernetes import client
+
+            self._networking = client.NetworkingV1Api(self.api.api_client)
+        return self._networking
+
     def render(self, request: LaunchRequest) -> dict[str, Any]:
         return render(request)
 
@@ -131,22 +141,24 @@ class KubernetesLauncher(Launcher):
         from urllib3.exceptions import HTTPError
 
         objects = self.render(request)
-        pod, secret = objects["pod"], objects["secret"]
+        pod, secret, policy = objects["pod"], objects["secret"], objects["network_policy"]
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        secret_name = secret["metadata"]["name"]
+        secret_name, policy_name = secret["metadata"]["name"], policy["metadata"]["name"]
         secret["stringData"] = dict(request.credentials)  # the values exist only in this request
-        step = "create the job's Secret"
+        first = step = "create the job's NetworkPolicy"  # before the Pod: never unconfined
         try:
+            self.networking.create_namespaced_network_policy(ns, policy)
+            step = "create the job's Secret"
             self.api.create_namespaced_secret(ns, secret)
             step = "create the worker Pod"
             created = self.api.create_namespaced_pod(ns, pod)
-            step = "make the Pod own its Secret"
+            step = "make the Pod own its Secret and NetworkPolicy"
             owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": created.metadata.uid}
-            self.api.patch_namespaced_secret(
-                secret_name, ns, {"metadata": {"ownerReferences": [owner]}}
-            )
+            owned = {"metadata": {"ownerReferences": [owner]}}
+            self.api.patch_namespaced_secret(secret_name, ns, owned)
+            self.networking.patch_namespaced_network_policy(policy_name, ns, owned)
         except (ApiException, HTTPError) as err:
-            if step != "create the job's Secret":
+            if step != first:
                 self._delete(ns, name, secret_name)
             raise LaunchError(explain_api_error(err, step, ns)) from None
         limit = self.settings.pending_timeout
@@ -282,13 +294,17 @@ class KubernetesLauncher(Launcher):
             return handle.job_id in self._cancelled
 
     def _delete(self, ns: str, pod: str, secret: str, strict: bool = False) -> None:
-        """Delete the Pod (at once: no grace period) and its Secret; 404 means already gone."""
+        """Delete the Pod (at once: no grace period), its Secret and its NetworkPolicy; 404
+        means already gone."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         calls = (
             ("delete the worker Pod", self.api.delete_namespaced_pod, pod),
             ("delete the job's Secret", self.api.delete_namespaced_secret, secret),
+            # after the Pod: the policy confines it until it is gone
+            ("delete the job's NetworkPolicy", self.networking.delete_namespaced_network_policy,
+             f"{pod}-net"),
         )
         for action, call, name in calls:
             try:

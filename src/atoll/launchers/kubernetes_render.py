@@ -12,6 +12,12 @@ of several processes runs them all in this one pod (launchers/ranks.py); never s
 
 The Secret carries the credential *names* only: values are ``<set at launch>`` placeholders here,
 filled by ``KubernetesLauncher.launch``. The worker reads them through ``secretKeyRef``.
+
+Every job has its own NetworkPolicy (``render_network_policy``), created before its Pod: the
+job's Pods take connections only from the job's own Pods, and open them only to those and to
+their parent's worker port (the parent's Pod by ``k8s.parent_pod_labels``, else the IP address
+in worker_endpoint; DNS too when the parent is dialled by name). Enforced by a CNI that
+implements NetworkPolicy; Pods on the host network (``k8s.host_network``) are never subject to it.
 """
 
 from __future__ import annotations
@@ -65,6 +71,10 @@ def pod_name(site: str, job_id: str) -> str:
 
 def secret_name(site: str, job_id: str) -> str:
     return f"{pod_name(site, job_id)}-creds"
+
+
+def network_policy_name(site: str, job_id: str) -> str:
+    return f"{pod_name(site, job_id)}-net"
 
 
 def label_value(text: str) -> str:
@@ -308,11 +318,77 @@ def render_pod(request: LaunchRequest) -> dict[str, Any]:
     return pod
 
 
-def render(request: LaunchRequest) -> dict[str, Any]:
-    """``{"pod": <Pod manifest>, "secret": <Secret manifest, placeholder values>}``.
+def _job_selector(identity: JobIdentity) -> dict[str, Any]:
+    """This job's Pods, and only them (the labels atoll sets; a template cannot change them)."""
+    labels = job_labels(identity)
+    keys = (f"{LABEL_PREFIX}job-id", f"{LABEL_PREFIX}site", f"{LABEL_PREFIX}role")
+    return {"matchLabels": {k: labels[k] for k in keys}}
 
-    The Secret carries the Pod's labels (the template's included), so both select together.
+
+def _parent_peer(request: LaunchRequest) -> tuple[dict[str, Any], bool]:
+    """The NetworkPolicy peer of the parent, and whether workers must resolve its name."""
+    import ipaddress
+
+    settings, host = request.site_config.settings, address_host(request.parent_address)
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if settings.parent_pod_labels:
+        peer: dict[str, Any] = {"podSelector": {"matchLabels": dict(settings.parent_pod_labels)}}
+        if settings.parent_namespace and settings.parent_namespace != settings.namespace:
+            peer["namespaceSelector"] = {
+                "matchLabels": {"kubernetes.io/metadata.name": settings.parent_namespace}}
+        return peer, address is None
+    if address is None:
+        raise LaunchError(
+            f"the job's NetworkPolicy cannot name the parent {request.parent_address} (a host "
+            "name): set k8s.parent_pod_labels in site.yaml to the labels of the parent's Pod, "
+            "or worker_endpoint.advertise to its IP address"
+        )
+    return {"ipBlock": {"cidr": f"{address}/{address.max_prefixlen}"}}, False
+
+
+def render_network_policy(request: LaunchRequest) -> dict[str, Any]:
+    """The job's NetworkPolicy: its Pods reach each other and their parent's port, nothing else;
+    only its own Pods reach them."""
+    ident, settings = request.identity, request.site_config.settings
+    own = {"podSelector": _job_selector(ident)}
+    parent, by_name = _parent_peer(request)
+    port = int(request.parent_address.rsplit(":", 1)[1])
+    egress: list[dict[str, Any]] = [
+        {"to": [own]},
+        {"to": [parent], "ports": [{"protocol": "TCP", "port": port}]},
+    ]
+    if by_name:  # the cluster's DNS, to resolve the parent's name (port 53 only)
+        dns = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+        egress.append({"to": [dns], "ports": [{"protocol": "UDP", "port": 53},
+                                              {"protocol": "TCP", "port": 53}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(ident.site, ident.job_id),
+            "namespace": settings.namespace,
+            "labels": job_labels(ident),
+        },
+        "spec": {
+            "podSelector": _job_selector(ident),
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [own]}],
+            "egress": egress,
+        },
+    }
+
+
+def render(request: LaunchRequest) -> dict[str, Any]:
+    """``{"pod": <Pod>, "secret": <Secret, placeholder values>, "network_policy": <its policy>}``.
+
+    The Secret and the policy carry the Pod's labels (the template's included), so all select
+    together.
     """
     pod, secret = render_pod(request), render_secret(request)
+    policy = render_network_policy(request)
     secret["metadata"]["labels"] = dict(pod["metadata"]["labels"])
-    return {"pod": pod, "secret": secret}
+    policy["metadata"]["labels"] = dict(pod["metadata"]["labels"])
+    return {"pod": pod, "secret": secret, "network_policy": policy}

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal
 
 from atoll.launchers.base import (
@@ -52,6 +52,7 @@ from atoll.launchers.base import (
     check_identity,
 )
 from atoll.launchers.job_files import JobFileError, create_job_file
+from atoll.launchers.lent_folders import refuse_parent_folders
 from atoll.launchers.process_allocation import CpuAllocator, GpuAllocator, HostCpuLeases
 from atoll.launchers.process_group import (
     INHERITED_ENV,
@@ -186,6 +187,7 @@ class ProcessLauncher(Launcher):
         # not from the CPUs the worker is pinned to; oversubscribed, a small model runs 10x
         # slower. The study's env may still choose otherwise.
         env.setdefault("OMP_NUM_THREADS", str(max(1, res.cpus_counted // processes)))
+        _refuse_parent_datasets(request)
         mounts = dataset_mounts(request) if self.sandboxed else ()
         if entry is not None and entry.datasets:
             datasets = {name: d.source for name, d in sorted(entry.datasets.items())}
@@ -437,6 +439,15 @@ class ProcessLauncher(Launcher):
     def _release(self, key: str) -> None:
         self._gpus.release(key)
         self._cpus.release(key)
+
+
+def _refuse_parent_datasets(request: LaunchRequest) -> None:
+    """No dataset is, holds or lies inside the kit (nor holds every run folder): the Docker
+    launcher's rule, shared (launchers/lent_folders.py), sandboxed or not."""
+    entry, study = request.study_runtime, request.identity.study
+    for name, dataset in sorted((entry.datasets if entry else {}).items()):
+        refuse_parent_folders(PurePosixPath(dataset.source), request,
+                              f"studies.{study}.datasets.{name}.source")
 
 
 def dataset_mounts(request: LaunchRequest) -> tuple[Mount, ...]:

@@ -1,4 +1,5 @@
-"""Which GPUs and CPUs of this host a process-launched worker gets.
+"""Which GPUs and CPUs of this host a process-launched worker gets (the Docker launcher reserves
+its containers' GPU ids with the same GpuAllocator).
 
 GPUs are exclusive: never two jobs on one GPU; a job that finds too few free GPUs is refused
 with the ids in use (the site's admission should not let that happen, this is the last guard).
@@ -32,8 +33,9 @@ from atoll.launchers.base import LaunchError
 class GpuAllocator:
     """Exclusive GPU ids, handed out in the order the site listed them."""
 
-    def __init__(self, ids: Iterable[str]) -> None:
+    def __init__(self, ids: Iterable[str], where: str = "process.gpu_ids") -> None:
         self._ids = [str(i) for i in ids]
+        self._where = where
         self._owner: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -42,7 +44,7 @@ class GpuAllocator:
             listed = ", ".join(self._ids) or "none"
             raise LaunchError(
                 f"the job asks for {count} GPU(s); this site lists {len(self._ids)} "
-                f"(process.gpu_ids in local/site.yaml: {listed})"
+                f"({self._where} in local/site.yaml: {listed})"
             )
 
     def preview(self, count: int) -> list[str]:

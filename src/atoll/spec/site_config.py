@@ -193,7 +193,18 @@ class DockerSettings(NoNullModel):
     base_url: str | None = Field(
         None, description="Engine URL, e.g. unix:///var/run/docker.sock; default: DOCKER_HOST"
     )
-    network: str | None = Field(None, min_length=1, description="Network for worker containers")
+    network: str | None = Field(
+        None,
+        min_length=1,
+        description="none (the default): no network, the parent through a per-job socket; a "
+        "network name: join it (every job on it can reach the others); host: the host's network "
+        "(an opt-out of the job's network isolation, docs/security.md)",
+    )
+    gpu_ids: list[str] = Field(
+        default_factory=list,
+        description="GPU ids of this host, each given to one container at a time "
+        "(device_ids); default: 0..capacity.gpus-1",
+    )
     default_image: str | None = Field(
         None, min_length=1, description="Image when the study runtime names none"
     )
@@ -211,6 +222,21 @@ class DockerSettings(NoNullModel):
     pull_policy: Literal["missing", "never"] = Field(
         "missing", description="missing: pull an image the engine lacks; never: local images only"
     )
+
+    @field_validator("gpu_ids", mode="before")
+    @classmethod
+    def _ids_as_text(cls, value: Any) -> Any:
+        return ProcessSettings._ids_as_text(value)
+
+    @field_validator("gpu_ids")
+    @classmethod
+    def _unique_ids(cls, value: list[Any]) -> list[Any]:
+        return ProcessSettings._unique_ids(value)
+
+    @property
+    def local_engine(self) -> bool:
+        """Whether base_url names an engine on this host (a unix socket, or the default)."""
+        return self.base_url is None or self.base_url.startswith("unix://")
 
     @field_validator("labels")
     @classmethod
@@ -264,8 +290,16 @@ class K8sSettings(NoNullModel):
         "clusters without a pod network, where the parent listens on 127.0.0.1",
     )
     python: str = Field("python3", min_length=1, description="The Python inside the worker image")
+    parent_pod_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Labels of the parent's Pod: the job's NetworkPolicy lets workers reach it "
+        "(default: the IP address in worker_endpoint, required then)",
+    )
+    parent_namespace: str | None = Field(
+        None, description="Namespace of the parent's Pod when not the jobs' namespace"
+    )
 
-    @field_validator("namespace", "service_account")
+    @field_validator("namespace", "service_account", "parent_namespace")
     @classmethod
     def _dns_name(cls, value: str) -> str:
         if not is_subdomain(value):
@@ -416,6 +450,26 @@ class SiteConfig(NoNullModel):
         ]
         if issues:
             raise IssuesError(issues)
+        return self
+
+    @model_validator(mode="after")
+    def _docker_network_reaches_parent(self) -> SiteConfig:
+        """The docker.network and worker_endpoint combinations whose workers could never
+        reach their parent are refused here (``atoll site validate``), not at every launch."""
+        docker = self.docker
+        if self.launcher != "docker" or docker is None or docker.local_engine:
+            return self
+        if docker.network in (None, "none"):
+            raise IssuesError([Issue("docker.network", (
+                f"workers without a network reach their parent through a socket on this host, "
+                f"which the engine at {docker.base_url} (another host) cannot mount: set "
+                "docker.network to a network whose containers reach worker_endpoint"))])
+        if docker.network != "host" and is_loopback(self.worker_endpoint.dial_host):
+            raise IssuesError([Issue("worker_endpoint.host", (
+                f"the engine at {docker.base_url} runs containers on another host, which cannot "
+                f"reach this parent on loopback ({self.worker_endpoint.dial_host}): set "
+                f"worker_endpoint.host (or advertise) to an address reachable from the docker "
+                f"network {docker.network}"))])
         return self
 
     @property

@@ -13,7 +13,8 @@ passes host paths instead).
 
 Confinement is checked here, at load, so ``atoll site validate`` reports it: ``docker_kwargs``
 (spec/docker_kwargs.py) and ``pod_template`` (spec/pod_template.py) may not hand the host to the
-job, and on docker a dataset or secret mount may not be, hold or lie inside the site kit.
+job, and on docker and process sites a dataset or secret mount may not be, hold or lie inside the
+site kit (spec/kit_paths.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.errors import Issue, IssuesError, SpecError, describe
 from atoll.spec.flare_study_runtime import normalize_flare_study_runtime, slurm_issues
+from atoll.spec.kit_paths import kit_bind_problem
 from atoll.spec.model import NoNullModel, validate_into
 from atoll.spec.names import check_label, is_env_name, is_label, is_subdomain
 from atoll.spec.pod_template import dataset_claims, load_pod_template, pod_template_issues
@@ -74,19 +76,17 @@ def _host_path_problem(value: str) -> str | None:
     return None
 
 
+# The launchers that lend host folders to jobs (k8s mounts PVCs; bare Slurm jobs are not confined).
+KIT_CHECKED_LAUNCHERS = ("docker", "process")
+
+
 def _kit_problem(value: str, info: ValidationInfo) -> str | None:
-    """A docker bind of the site kit would hand the job its key, settings and other jobs' runs."""
+    """A bind of the site kit would hand the job its key, settings and other jobs' runs."""
     local_dir = (info.context or {}).get("local_dir")
-    if _launcher(info) != "docker" or local_dir is None:
+    if _launcher(info) not in KIT_CHECKED_LAUNCHERS or local_dir is None:
         return None
     kit, source = Path(local_dir).resolve().parent, Path(value).resolve()  # links followed
-    if source == kit or kit.is_relative_to(source):
-        return (f"{value} holds the site kit {kit} (its startup/ has the site's private key): "
-                "name the data folder itself")
-    if source.is_relative_to(kit):
-        return (f"{value} is inside the site kit {kit} (keys, local/ settings, other jobs' run "
-                "folders): keep job data outside the kit")
-    return None
+    return kit_bind_problem(source, kit)
 
 
 class ContainerSpec(NoNullModel):

@@ -4,9 +4,10 @@ Start it once with ``scripts/backends/docker.sh up`` (about 2 minutes on a fresh
 seconds after). Without it these tests skip, or fail when ``CI=true``. Every container the tests
 create carries ``atoll.test.session=<id>`` and is removed by that label at the end of the session.
 
-Note for the federation: a worker container reaches a site parent listening on 127.0.0.1 through
-the host network (``network_mode: host``, rendered automatically for a loopback parent);
-``test_worker_reaches_a_loopback_parent_with_its_token`` proves it with a real TCP listener.
+Note for the federation: a worker container has no network (``network_mode: none``) and reaches
+a site parent listening on 127.0.0.1 through the relay socket in its run folder
+(launchers/socket_relay.py); ``test_worker_reaches_a_loopback_parent_with_its_token`` proves it
+with a real TCP listener.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ lines do it, on the real engine of scripts/backends/docker.sh; a federated job c
 The server and the site parent each run in a container of docker/parent.Dockerfile's image (uid
 1000), with their kit bound at the same path as on the host and the engine's socket, so that
 their launcher (docker) starts the job containers on the host's engine. The job containers get
-neither the socket nor the engine's address. The test engine has no bridge network: every
-container uses the host's network (the guide's `--network host` variant).
+neither the socket nor the engine's address. The test engine has no bridge network: the parents
+use the host's network (the guide's `--network host` variant); the job containers have none and
+reach their parent through the relay socket in their run folder.
 """
 
 from __future__ import annotations

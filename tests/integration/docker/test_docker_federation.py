@@ -3,7 +3,8 @@
 The server and the site parent are real processes with mutual TLS (the federation harness); the
 site's launcher is docker, so its worker is a container of the test job image (built from
 docker/job.Dockerfile with this working tree's atoll by ``scripts/backends/docker.sh up``). The
-parent listens for its worker on 127.0.0.1: the container reaches it through the host network.
+parent listens for its worker on 127.0.0.1: the container, without a network, reaches it through
+the relay socket in its run folder.
 """
 
 from __future__ import annotations

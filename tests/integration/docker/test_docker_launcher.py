@@ -116,7 +116,7 @@ def test_inspect_shows_the_rendered_cpu_memory_and_mounts(
         assert host["NanoCpus"] == rendered["nano_cpus"] == 2_000_000_000
         assert host["Memory"] == rendered["mem_limit"] == 300 * 1024 * 1024
         assert host["ShmSize"] == 128 * 1024 * 1024
-        assert host["NetworkMode"] == "host"
+        assert host["NetworkMode"] == "none"  # its parent through the job's relay socket
         mounts = {m["Destination"]: (m["Source"], m["RW"]) for m in attrs["Mounts"]}
         assert mounts == {
             "/atoll/job": (str(tmp_path / "run"), True),
@@ -181,17 +181,24 @@ def test_missing_image_names_the_image_and_where_it_was_configured(
 
 
 def test_gpu_request_refused_by_the_engine_is_a_clear_launch_error(
-    launcher: DockerLauncher, docker_engine: Engine, tmp_path: Path
+    docker_engine: Engine, tmp_path: Path
 ) -> None:
+    launcher = DockerLauncher(site_config(docker_engine, gpu_ids=[0, 1]))
     request = make_request(
         tmp_path,
         "pass",
         site_config=launcher.site_config,
         resources=Resources(num_of_gpus=1, num_of_cpus=1, memory="256Mi"),
     )
-    assert launcher.render(request)["containers.run"]["device_requests"][0]["count"] == 1
-    with pytest.raises(LaunchError, match=r"cannot give GPUs .*NVIDIA Container Toolkit"):
-        launcher.launch(request)
+    assert launcher.render(request)["containers.run"]["device_requests"][0]["device_ids"] == ["0"]
+    try:
+        for _ in range(3):  # a refused launch gives its GPU back: GPU 0 is offered each time
+            with pytest.raises(LaunchError, match=r"cannot give GPUs .*NVIDIA Container Toolkit"):
+                launcher.launch(request)
+            assert launcher.render(request)["containers.run"]["device_requests"][0][
+                "device_ids"] == ["0"]
+    finally:
+        launcher.close()
     assert not docker_engine.session_containers()  # the created container was removed
 
 
@@ -201,10 +208,15 @@ def test_worker_reaches_a_loopback_parent_with_its_token(
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(60)
     port = listener.getsockname()[1]
+    # No network in the container: its parent is the job's relay socket (launchers/socket_relay),
+    # in the run folder.
     program = textwrap.dedent("""
         import os, socket
-        host, port = os.environ["ATOLL_PARENT"].rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=30) as conn:
+        parent = os.environ["ATOLL_PARENT"]
+        assert parent == "unix:/atoll/job/.atoll-parent.sock", parent
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(30)
+            conn.connect(parent.removeprefix("unix:"))
             conn.sendall(os.environ["ATOLL_JOB_TOKEN"].encode())
     """)
     request = make_request(

@@ -85,7 +85,7 @@ def test_docker_gpus_only_as_asked() -> None:
     assert kwargs["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
     two = {"@default": {"num_of_gpus": 2, "num_of_cpus": 1}}
     kwargs = render_docker(docker_request(resource_spec=two))["containers.run"]
-    assert kwargs["device_requests"][0]["count"] == 2
+    assert kwargs["device_requests"][0]["device_ids"] == ["0", "1"]
     assert "NVIDIA_VISIBLE_DEVICES" not in kwargs["environment"]
 
 
@@ -119,7 +119,7 @@ def test_docker_render_refuses_binds_of_the_kit(tmp_path: Path, where: str, sour
 def test_docker_render_refuses_binds_of_other_jobs_run_folders() -> None:
     request = docker_request()
     request.study_runtime.datasets["slides"].source = str(request.workdir.parent)
-    with pytest.raises(LaunchError, match=r"datasets\.slides\.source .*every job's run folder"):
+    with pytest.raises(LaunchError, match=r"datasets\.slides\.source: .*every job's run folder"):
         render_docker(request)
 
 

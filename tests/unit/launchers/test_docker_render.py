@@ -37,7 +37,9 @@ def request_for(
     parent: str = "127.0.0.1:7001",
 ) -> Any:
     """A LaunchRequest built the way the site parent builds it, from parsed documents."""
-    site_config = parse_site_config({"launcher": "docker", "docker": docker or {}})
+    # The host's eight GPUs, listed as a site lists them (each container gets its own ids).
+    docker = {"gpu_ids": list(range(8)), **(docker or {})}
+    site_config = parse_site_config({"launcher": "docker", "docker": docker})
     runtime = parse_study_runtime(
         {"format_version": 2, "studies": {"pathology": PATHOLOGY if study is None else study}},
         "docker",
@@ -77,7 +79,9 @@ def test_seed_hospital_golden() -> None:
     kwargs = rendered["containers.run"]
     assert kwargs["nano_cpus"] == 4_000_000_000
     assert kwargs["mem_limit"] == 68_719_476_736
-    assert kwargs["device_requests"] == [{"driver": "", "count": 1, "capabilities": [["gpu"]]}]
+    assert kwargs["device_requests"] == [
+        {"driver": "", "count": 0, "device_ids": ["0"], "capabilities": [["gpu"]]}
+    ]
     assert kwargs["image"] == "registry.example.com/pathology-trainer:1.0"
     assert rendered["image_source"] == "local/study_runtime.yaml studies.pathology.container.image"
 
@@ -103,7 +107,9 @@ def test_seed_server_and_university_golden() -> None:
     # An explicit 0 drops the GPU @default asked for: no device request at all.
     assert server["containers.run"]["device_requests"] == []
     assert server["containers.run"]["labels"]["atoll.role"] == "server"
-    assert university["containers.run"]["device_requests"][0]["count"] == 8
+    university_gpus = university["containers.run"]["device_requests"][0]
+    assert university_gpus["device_ids"] == [str(i) for i in range(8)]
+    assert university_gpus["count"] == 0
 
 
 def test_no_memory_asked_means_no_limit() -> None:
@@ -134,7 +140,7 @@ def test_worker_environment() -> None:
         "ATOLL_DATA_ROOT": "/data/pathology",
         "ATOLL_DATASETS": '{"slides": "/data/pathology/slides"}',
         "ATOLL_JOB_ID": JOB_ID,
-        "ATOLL_PARENT": "127.0.0.1:7001",
+        "ATOLL_PARENT": "unix:/atoll/job/.atoll-parent.sock",  # the relay to 127.0.0.1:7001
         "ATOLL_ROLE": "site",
         "ATOLL_SITE": "hospital-a",
         "ATOLL_STUDY": "pathology",
@@ -242,22 +248,85 @@ def test_the_sites_own_engine_socket_is_never_mounted() -> None:
 # --- network and user ----------------------------------------------------------------------------
 
 
-def test_loopback_parent_means_host_network() -> None:
-    for parent in ("127.0.0.1:7001", "localhost:7001", "[::1]:7001"):
-        kwargs = run_kwargs(request_for(parent=parent))
-        assert kwargs["network_mode"] == "host" and "network" not in kwargs
+def test_default_is_no_network_and_the_parent_through_the_relay_socket() -> None:
+    for parent in ("127.0.0.1:7001", "localhost:7001", "[::1]:7001", "10.0.0.5:7001"):
+        for network in (None, "none"):
+            kwargs = run_kwargs(request_for(parent=parent, docker={"network": network}
+                                            if network else {}))
+            assert kwargs["network_mode"] == "none" and "network" not in kwargs
+            assert kwargs["environment"]["ATOLL_PARENT"] == "unix:/atoll/job/.atoll-parent.sock"
+            # The socket is in the run folder: no mount of its own.
+            assert [m["Target"] for m in kwargs["mounts"]] == ["/atoll/job",
+                                                               "/data/pathology/slides"]
 
 
-def test_site_network_with_a_routable_parent() -> None:
+def test_site_network_with_a_routable_parent_dials_it_directly() -> None:
     kwargs = run_kwargs(request_for(docker={"network": "atoll-net"}, parent="site-a-parent:7001"))
     assert kwargs["network"] == "atoll-net" and "network_mode" not in kwargs
-    kwargs = run_kwargs(request_for(parent="10.0.0.5:7001"))
-    assert "network" not in kwargs and "network_mode" not in kwargs
+    assert kwargs["environment"]["ATOLL_PARENT"] == "site-a-parent:7001"
+    assert kwargs["environment"]["ATOLL_PARENT"] == "site-a-parent:7001"
 
 
-def test_site_network_with_a_loopback_parent_is_refused() -> None:
-    with pytest.raises(LaunchError, match="worker_endpoint.host"):
-        render_docker(request_for(docker={"network": "atoll-net"}))
+def test_site_network_with_a_loopback_parent_goes_through_the_relay() -> None:
+    # Once a refusal at every launch; a loopback parent is reachable through the socket.
+    kwargs = run_kwargs(request_for(docker={"network": "atoll-net"}))
+    assert kwargs["network"] == "atoll-net" and "network_mode" not in kwargs
+    assert kwargs["environment"]["ATOLL_PARENT"] == "unix:/atoll/job/.atoll-parent.sock"
+
+
+def test_host_network_only_when_the_site_opts_out() -> None:
+    kwargs = run_kwargs(request_for(docker={"network": "host"}))
+    assert kwargs["network_mode"] == "host"
+    assert kwargs["environment"]["ATOLL_PARENT"] == "127.0.0.1:7001"
+
+
+def test_a_relayed_worker_gets_no_parent_certificate() -> None:
+    # The relay reaches the parent's unix socket: no TLS there, so no certificate to pin.
+    request = request_for(parent="10.0.0.5:7001")
+    request.worker_env["ATOLL_PARENT_CERT"] = "-----BEGIN CERTIFICATE-----"
+    env = run_kwargs(request)["environment"]
+    assert "ATOLL_PARENT_CERT" not in env and env["ATOLL_PARENT"] == "unix:/atoll/job/.atoll-parent.sock"
+
+
+@pytest.mark.parametrize("docker, endpoint, where", [
+    ({"base_url": "tcp://gpu-host:2376"}, {}, "docker.network"),
+    ({"base_url": "tcp://gpu-host:2376", "network": "none"}, {}, "docker.network"),
+    ({"base_url": "ssh://gpu-host", "network": "fl"}, {}, "worker_endpoint.host"),
+])
+def test_network_combinations_that_cannot_reach_the_parent_fail_validation(
+    docker: dict[str, Any], endpoint: dict[str, Any], where: str
+) -> None:
+    with pytest.raises(SpecError, match=where):
+        parse_site_config({"launcher": "docker", "docker": docker, "worker_endpoint": endpoint})
+
+
+def test_network_combinations_with_a_remote_engine_that_work_pass_validation() -> None:
+    for docker, endpoint in (
+        ({"base_url": "tcp://gpu-host:2376", "network": "fl"},
+         {"host": "0.0.0.0", "advertise": "site-a"}),
+        ({"base_url": "tcp://gpu-host:2376", "network": "host"}, {}),
+        ({"base_url": "unix:///run/docker.sock", "network": "fl"}, {}),
+    ):
+        parse_site_config({"launcher": "docker", "docker": docker, "worker_endpoint": endpoint})
+
+
+# --- GPUs ----------------------------------------------------------------------------------------
+
+
+def test_gpus_are_the_reserved_device_ids_never_a_count() -> None:
+    request = request_for(resource_spec={"@default": {"num_of_gpus": 2}})
+    gpus = run_kwargs(request, gpu_ids=["3", "5"])["device_requests"]
+    assert gpus == [{"driver": "", "count": 0, "device_ids": ["3", "5"],
+                     "capabilities": [["gpu"]]}]
+
+
+def test_gpu_ids_default_to_the_site_capacity_and_a_site_without_gpus_refuses() -> None:
+    site = parse_site_config({"launcher": "docker", "capacity": {"gpus": 2}})
+    from atoll.launchers.docker_render import site_gpu_ids
+
+    assert site_gpu_ids(site) == ["0", "1"]
+    with pytest.raises(LaunchError, match="docker.gpu_ids"):
+        render_docker(request_for(docker={"gpu_ids": []}))  # the seed asks one GPU
 
 
 def test_job_user_follows_the_parent() -> None:
