@@ -244,8 +244,8 @@ def report_table(outcomes: list[Outcome]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="", help="only the mutations whose defence or file "
-                        "contains this text")
+    parser.add_argument("--only", action="append", default=[], help="only the mutations whose "
+                        "defence or file contains this text (case-insensitive; repeatable)")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--defences", type=Path, default=None, help=argparse.SUPPRESS)
@@ -260,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.root.resolve()
     mutations = load_mutations(args.defences or root / "tests/mutation/defences.py")
-    only = args.only.lower()
-    chosen = [m for m in mutations if only in m.defence.lower() or only in m.path.lower()]
+    only = [text.lower() for text in args.only]
+    chosen = [m for m in mutations if not only or any(
+        text in m.defence.lower() or text in m.path.lower() for text in only)]
     if not chosen:
         print(f"error: no mutation matches {args.only!r}", file=sys.stderr)
         return 2

@@ -59,6 +59,7 @@ GUARD_TESTS = ["tests/unit/wire/test_guard.py"]
 SERVER_INTAKE = "src/atoll/server/jobs.py"
 JOB_SIGNING = "src/atoll/server/job_signing.py"
 FL_CHECK = "src/atoll/fl/job_check.py"
+FL_CHECK_TESTS = ["tests/unit/fl/test_job_check.py::test_min_clients_and_sites_against_the_study"]
 
 
 def _sandbox(defence: str, flag: str) -> Mutation:
@@ -174,7 +175,7 @@ MUTATIONS: list[Mutation] = [
              "    if count > MAX_ENTRIES:", "    if False:", ARCHIVE_TESTS),
     Mutation("intake: at most MAX_ENTRIES entries (zipfile's list)", ARCHIVE,
              "            if len(infos) > MAX_ENTRIES:", "            if False:",
-             ["tests/unit/wire/test_job_archive.py::test_more_entries_than_the_limit_are_refused"]),
+             ["tests/unit/wire/test_job_archive.py::test_the_entry_list_is_counted_again_as_zipfile_reads_it"]),
     Mutation("intake: the uncompressed size limit (zip bombs)", ARCHIVE,
              "        if total > max_bytes:", "        if False:", ARCHIVE_TESTS),
     Mutation("intake: an entry never yields more than it declares", ARCHIVE,
@@ -197,6 +198,16 @@ MUTATIONS: list[Mutation] = [
              ["tests/integration/federation/test_signed_jobs.py::"
               "test_the_server_takes_only_jobs_signed_by_their_submitter_for_their_study"],
              timeout=240),
+    Mutation("job check: deploy_map names only the study's sites", FL_CHECK,
+             "if target not in (SERVER, ALL_SITES) and target not in study_sites:", "if False:",
+             FL_CHECK_TESTS),
+    Mutation("job check: mandatory sites in the study", FL_CHECK,
+             "    for i, site in enumerate(meta.mandatory_clients):\n        if site not in "
+             "study_sites:", "    for i, site in enumerate(meta.mandatory_clients):\n        if "
+             "False:", FL_CHECK_TESTS),
+    Mutation("job check: min_clients reachable in the study", FL_CHECK,
+             "if meta.min_clients is not None and meta.min_clients > len(reachable):",
+             "if False:", FL_CHECK_TESTS),
     # -- job signatures (pki/job_signature.py) -------------------------------------------------
     Mutation("signature: issued by the project's CA", SIGNATURE,
              "        cert.verify_directly_issued_by(ca)\n", "        pass\n", ["tests/unit/pki/test_job_signature.py::test_a_certificate_of_another_ca_is_refused"]),
@@ -278,6 +289,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("server revocation: a site revoked before it connects is closed", SERVER_REVOCATION,
              "        if serial in held.entries:  # revoked between",
              "        if False:  # revoked between", SERVER_REVOCATION_TESTS),
+    Mutation("auth: a revoked certificate refused on every call", AUTH,
+             "if (revoked := revocation.refusal(pems[0])) is not None:", "if False:",
+             SERVER_REVOCATION_TESTS),
     Mutation("site check: a revoked signer refused", SITE_CHECK, "    if reason:\n",
              "    if False:\n", ["tests/unit/site/test_job_check.py::test_a_signer_on_the_sites_revocation_list_is_refused"]),
     # -- secure aggregation's server side (fl/privacy/secagg/server.py) ------------------------
@@ -350,10 +364,10 @@ MUTATIONS: list[Mutation] = [
              "for site in meta.mandatory_clients if False]", STUDY_TESTS),
     # -- hostile peers (wire/guard.py) ---------------------------------------------------------
     Mutation("guard: a deadline on every read", GUARD, "async with asyncio.timeout(timeout):",
-             "async with asyncio.timeout(None):", GUARD_TESTS, timeout=20),
+             "async with asyncio.timeout(None):", GUARD_TESTS, timeout=10),
     Mutation("guard: the next messages' own deadline", GUARD,
              "timeout = self.deadlines.first_s if first else self.deadlines.next_s",
-             "timeout = self.deadlines.first_s", GUARD_TESTS, timeout=20),
+             "timeout = self.deadlines.first_s", GUARD_TESTS, timeout=10),
     Mutation("guard: a message decoded as its type", GUARD, "return cls.FromString(raw)",
              "return raw", GUARD_TESTS),
 ]

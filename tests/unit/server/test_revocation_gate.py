@@ -93,3 +93,34 @@ def test_a_site_revoked_before_it_connects_is_closed_at_once(gate):
     gate.on_connect(b, Context(SITE_B))
     assert a.closed.is_set() and a.sent == []
     assert not b.closed.is_set() and b.sent == [("revocations", 1)]
+
+
+def test_the_auth_gate_refuses_a_revoked_caller_on_every_call(gate, tmp_path, monkeypatch):
+    import grpc
+
+    from atoll.server import revocation
+    from atoll.server.auth import Gate, PeerRefused, check_peer
+    from atoll.server.store import JobStore
+
+    class Caller:
+        def __init__(self, pem: bytes, name: str):
+            self._auth = {"x509_pem_cert": [pem],
+                          "x509_subject": [f"OU=admin,O=org-a,CN={name},title=lead".encode()]}
+
+        def auth_context(self):
+            return self._auth
+
+    monkeypatch.setattr(revocation, "_active", None)
+    gate.activate()
+    gate.push(ADMIN, "default", {"crl": _crl(LEAD_PEM)})
+    store = JobStore(tmp_path / "atoll.db")
+    try:
+        with pytest.raises(PeerRefused) as refused:
+            Gate("Admin", "admin", store).enter(Caller(LEAD_PEM, LEAD.name), "Call")
+        assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+        assert "this certificate is revoked" in refused.value.details
+        with pytest.raises(PeerRefused, match="this certificate is revoked"):
+            check_peer(Caller(LEAD_PEM, LEAD.name), "admin")
+        assert check_peer(Caller(OTHER_PEM, "other@a.org"), "admin").name == "other@a.org"
+    finally:
+        store.close()
