@@ -238,7 +238,8 @@ def report_table(outcomes: list[Outcome]) -> str:
     lines = ["| defence | file | caught by | s |", "| --- | --- | --- | --- |"]
     for o in outcomes:
         by = ", ".join(f"`{t}`" for t in o.caught_by) if o.caught else f"**SURVIVED** {o.note}"
-        lines.append(f"| {o.defence} | `{o.path}` | {by} | {o.seconds:.0f} |")
+        defence = o.defence.replace("|", "\\|")  # a table cell: O_NOFOLLOW|O_EXCL
+        lines.append(f"| {defence} | `{o.path}` | {by} | {o.seconds:.0f} |")
     return "\n".join(lines) + "\n"
 
 
