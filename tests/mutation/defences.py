@@ -301,6 +301,22 @@ MUTATIONS: list[Mutation] = [
     Mutation("secagg: a result of other names or shapes refused", SECAGG,
              "elif {n: s for n, (_, s) in entries.items()} != "
              "{n: a.shape for n, a in self._sum.items()}:", "elif False:", SECAGG_TESTS),
+    Mutation("secagg: a reply without the step's keys refused", SECAGG,
+             "            if not expected <= set(meta):", "            if False:",
+             ["tests/unit/fl/privacy/test_secure_aggregation.py::"
+              "test_a_site_without_secure_aggregation_in_its_app_is_rejected_naming_why"]),
+    Mutation("secagg: a step with fewer answers than needed refused", SECAGG,
+             "        if len(answers) < need:", "        if False:",
+             ["tests/unit/fl/privacy/test_secure_aggregation.py::"
+              "test_a_site_without_secure_aggregation_in_its_app_is_rejected_naming_why"]),
+    Mutation("secagg: a threshold above the sites refused", SECAGG,
+             "        if self.threshold > len(self.keys):", "        if False:", SECAGG_TESTS),
+    Mutation("secagg: too few shares to rebuild a secret refused", SECAGG,
+             "            if len(shares) < self.threshold:", "            if False:",
+             SECAGG_TESTS),
+    Mutation("secagg: a dropped site's mask key must rebuild", SECAGG,
+             '            if crypto.public_of(private) != self.keys[gone]["s"]:',
+             "            if False:", SECAGG_TESTS),
     # -- each privacy rule of a site's policy (spec/privacy.py) --------------------------------
     Mutation("privacy rule: require.exclude", PRIVACY, "    if missing:\n", "    if False:\n",
              PRIVACY_TESTS),
