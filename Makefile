@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: bytecode demo test lint proto proto-check unit fuzz bench bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox bench-secagg demo-privacy clean
+.PHONY: bytecode demo test mutation lint proto proto-check unit fuzz bench bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox bench-secagg demo-privacy clean
 
 $(STAMP): pyproject.toml tests/requirements-helm.txt
 	$(PY) -m venv $(VENV)
@@ -29,9 +29,16 @@ demo: $(STAMP) bytecode
 demo-privacy: $(STAMP) bytecode
 	$(BIN)/python -m atoll.demo.privacy
 
-## test: lint, then the whole suite with real backends (Slurm, Docker, Kubernetes)
+## test: lint, then the whole suite with real backends (Slurm, Docker, Kubernetes), then the
+## defences' mutation suite
 test: $(STAMP) lint proto-check
 	scripts/run_tests.sh
+	$(MAKE) --no-print-directory mutation
+
+## mutation: remove or weaken each defence in turn (tests/mutation/defences.py); some test must
+## fail for each. The report is build/mutation-report.md; ONLY=TEXT runs the matching ones
+mutation: $(STAMP)
+	$(BIN)/python scripts/mutation_suite.py $(if $(ONLY),--only '$(ONLY)')
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
