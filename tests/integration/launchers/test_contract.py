@@ -324,7 +324,7 @@ def _slurm(launchers: list[Launcher], stack: list[Callable[[], None]]) -> Backen
 
     def never_started() -> Handle:
         bystander.append(subprocess.run(
-            ["sbatch", "--parsable", "-J", "atoll-bystander", "-c", "1", "--mem=16M", "--wrap",
+            ["sbatch", "--parsable", "-J", "atoll-bystander", "-c", "1", "--mem=16M", "-o", "/dev/null", "--wrap",
              "sleep 600"], capture_output=True, text=True, check=True).stdout.split(";")[0])
         stack.append(lambda: subprocess.run(["scancel", *bystander], capture_output=True))
         return Handle("slurm", "60000001", uuid.uuid4().hex)  # no such job id
