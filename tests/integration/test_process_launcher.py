@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import tempfile
 import textwrap
@@ -48,6 +49,21 @@ def host_pids(workdir: Path) -> list[int]:
     return found
 
 
+_SOCKETS: list[socket.socket] = []  # kept open for the module: a parent's socket stands bound
+
+
+def parent_socket(tmp_path: Path) -> Path:
+    """A bound unix socket standing in for the site parent's: workers in their own network
+    namespace get it bound into their sandbox (these workers never dial it)."""
+    path = tmp_path / "parent.sock"
+    if not path.exists():
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        _SOCKETS.append(sock)
+    return path
+
+
 def request(config, tmp_path, code, job="a", gpus=0, cpus=1, memory=None, token="tok-123"):
     res = {"num_of_gpus": gpus, "num_of_cpus": cpus, **({"memory": memory} if memory else {})}
     meta = load_meta(
@@ -62,6 +78,7 @@ def request(config, tmp_path, code, job="a", gpus=0, cpus=1, memory=None, token=
         study_runtime=None,
         workdir=tmp_path / job,
         parent_address="127.0.0.1:1",
+        parent_socket=str(parent_socket(tmp_path)),
         credentials={"ATOLL_JOB_TOKEN": token},
         worker_args=("-c", textwrap.dedent(code)),
     )

@@ -26,8 +26,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -134,11 +137,19 @@ def _process(launchers: list[Launcher], stack: list[Callable[[], None]]) -> Back
 
     stack.append(stop_bystander)
 
+    # The parent's unix socket, bound into each worker's network namespace (never dialled here)
+    sockets = Path(tempfile.mkdtemp(prefix="atoll-contract-"))
+    parent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    parent.bind(str(sockets / "parent.sock"))
+    stack.append(parent.close)
+    stack.append(lambda: shutil.rmtree(sockets, ignore_errors=True))
+
     def request(workdir: Path, program: str, resources: Resources) -> LaunchRequest:
         identity = JobIdentity(uuid.uuid4().hex, "contract", "study", "site-a", "site")
         return LaunchRequest(
             identity=identity, resources=resources, launcher_spec={}, study_runtime=None,
             site_config=config, workdir=workdir, parent_address="127.0.0.1:9",
+            parent_socket=str(sockets / "parent.sock"),
             worker_env=worker_env(identity, "127.0.0.1:9"),
             credentials={"ATOLL_JOB_TOKEN": _token()}, worker_args=("-c", program))
 
@@ -213,7 +224,7 @@ def _docker(engine: Any, launchers: list[Launcher], stack: list[Callable[[], Non
     def resources_in(rendered: dict[str, Any]) -> tuple[int, int | None, int]:
         run = rendered["containers.run"]
         return (run["nano_cpus"] // 1_000_000_000, run.get("mem_limit"),
-                sum(int(d["count"]) for d in run["device_requests"]))
+                sum(len(d["device_ids"]) for d in run["device_requests"]))
 
     return Backend(
         name="docker",
