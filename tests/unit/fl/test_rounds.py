@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from atoll.fl.aggregation import AggregateCorrupted, ResultRejected
+from atoll.fl.channels import Reply
 from atoll.fl.model import Model
 from atoll.fl.serde import encode
 from atoll.fl.workflows.rounds import (
@@ -111,3 +112,28 @@ def test_min_clients_comes_from_the_workflow_then_the_job_then_every_site():
     assert resolve_min_clients(None, {"min_clients": 0}, sites) == 3  # not a valid count
     with pytest.raises(WorkflowError, match="min_clients is 4 but the job has only 3 site"):
         resolve_min_clients(4, {}, sites)
+
+
+class Replaying:
+    """A channel whose replies are given: a site answering twice, one not asked at all (a
+    hostile or buggy relay; the simulator itself never sends these)."""
+
+    def __init__(self, replies):
+        self._replies = replies
+
+    def replies(self, task_id, timeout=None):
+        yield from self._replies
+
+
+def test_a_repeated_reply_and_one_from_a_site_not_asked_are_ignored():
+    def model(value):
+        return Reply("site-1", chunks=iter(encode(Model(params={"w": np.full(2, value)}))))
+
+    taken = []
+    channel = Replaying([model(1.0), model(9.0), Reply("site-9", error="not a target"),
+                         Reply("site-2", error="gone")])
+    outcome = gather(channel, "t", ["site-1", "site-2"], None,
+                     lambda site, stream: taken.append(float(stream.read().params["w"][0])))
+    assert taken == [1.0]  # the first answer counts, the repeat is not folded in again
+    assert outcome.ok == ["site-1"] and outcome.dropped == {"site-2": "gone"}
+    assert "site-9" not in outcome.failed
