@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -33,6 +34,8 @@ from atoll.wire import frames, rpc
 from atoll.wire import messages as msg
 from atoll.wire.grpc_setup import new_server
 from atoll.wire.worker_link import HANDOFF_KEY, MANY_REPLIES_KEY, SESSION_KEY
+
+log = logging.getLogger("atoll.parent.worker_endpoint")
 
 
 class WorkerBackend(Protocol):
@@ -117,6 +120,18 @@ def _body(request, context) -> dict[str, Any]:
     return body
 
 
+def link_security(context: grpc.ServicerContext) -> str:
+    """How the calling worker reached the endpoint, as gRPC's transport saw it (not as the
+    endpoint was configured): the evidence that a TLS endpoint really spoke TLS."""
+    auth = context.auth_context()
+    if b"ssl" in auth.get("transport_security_type", []):
+        version = b"".join(auth.get("ssl_tls_version", [])).decode(errors="replace")
+        return f"TLS ({version or 'version unknown'})"
+    if context.peer().startswith("unix:"):
+        return "the unix socket (no TLS)"
+    return "plaintext TCP"
+
+
 def _checked(context, check, value: Any, field: str) -> None:
     """An id a worker sent, of its grammar (spec/names.py), else INVALID_ARGUMENT naming it."""
     try:
@@ -145,6 +160,7 @@ class WorkerLinkServicer:
         if session is None:
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           "job token refused: it is wrong, already used, or for another job")
+        log.info("job %s: its worker registered over %s", job_id, link_security(context))
         info = self._call(context, self.backend.on_register, job_id)
         return msg.Json(body=json.dumps({"session": session, **info}))
 

@@ -151,7 +151,8 @@ class ServerParent:
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         self.scheduler.start()
         threading.Thread(target=self._watch_links, name="liveness", daemon=True).start()
-        log.info("server %s listening on %s", self.kit.name, self.kit.listen_address)
+        log.info("server %s listening on %s; workers dial %s", self.kit.name,
+                 self.kit.listen_address, self.worker_address)
         if self.local.unconfined:
             log.warning(UNCONFINED_WARNING)
 
