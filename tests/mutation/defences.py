@@ -60,6 +60,57 @@ SERVER_INTAKE = "src/atoll/server/jobs.py"
 JOB_SIGNING = "src/atoll/server/job_signing.py"
 FL_CHECK = "src/atoll/fl/job_check.py"
 FL_CHECK_TESTS = ["tests/unit/fl/test_job_check.py::test_min_clients_and_sites_against_the_study"]
+# -- issue 32's defences -----------------------------------------------------------------------
+PROCESS_NETWORK = "src/atoll/launchers/process_network.py"
+NETWORK_TESTS = ["tests/unit/launchers/test_process_network.py"]
+SITE_CONFIG = "src/atoll/spec/site_config.py"
+SITE_CONFIG_TESTS = ["tests/unit/spec/test_site_config.py"]
+DOCKER_RENDER = "src/atoll/launchers/docker_render.py"
+DOCKER_TESTS = ["tests/unit/launchers/test_docker_render.py"]
+DOCKER_GPU_TESTS = ["tests/unit/launchers/test_docker_gpus.py"]
+ALLOCATION = "src/atoll/launchers/process_allocation.py"
+KIT_PATHS = "src/atoll/spec/kit_paths.py"
+LENT = "src/atoll/launchers/lent_folders.py"
+LENT_TESTS = ["tests/unit/launchers/test_lent_folders.py"]
+K8S_RENDER = "src/atoll/launchers/kubernetes_render.py"
+K8S_POLICY_TESTS = ["tests/unit/launchers/test_k8s_network_policy.py"]
+RENDEZVOUS = "src/atoll/fl/rendezvous.py"
+RENDEZVOUS_TESTS = ["tests/unit/fl/test_rendezvous.py"]
+NAMES = "src/atoll/spec/names.py"
+NAMES_TESTS = ["tests/unit/spec/test_identifier_grammars.py"]
+SUPERVISOR = "src/atoll/site/supervisor.py"
+WORKER_BACKEND = "src/atoll/site/worker_backend.py"
+TASK_HEAD_TESTS = ["tests/unit/site/test_task_headers.py"]
+WORKER_ENDPOINT = "src/atoll/parent/worker_endpoint.py"
+WORKER_ENDPOINT_TESTS = ["tests/unit/parent/test_worker_endpoint.py"]
+FEDERATION = "src/atoll/server/federation_service.py"
+FEDERATION_TESTS = ["tests/unit/server/test_site_identifiers.py"]
+SIGNED_JOBS = "src/atoll/site/signed_jobs.py"
+SIGNED_JOBS_TESTS = ["tests/unit/site/test_signed_jobs.py"]
+LAUNCH_BASE = "src/atoll/launchers/base.py"
+RENDER_ID_TESTS = ["tests/unit/launchers/test_render_identifiers.py"]
+EGRESS = "src/atoll/fl/privacy/egress.py"
+SITE_PRIVACY = "src/atoll/fl/privacy/site_privacy.py"
+EGRESS_TESTS = ["tests/unit/fl/privacy/test_egress.py"]
+PRIVACY_LEDGER = "src/atoll/site/privacy_ledger.py"
+BUDGET_LEDGER = "src/atoll/spec/budget_ledger.py"
+LEDGER_TESTS = ["tests/unit/site/test_privacy_ledger.py"]
+SECAGG_CLIENT = "src/atoll/fl/privacy/secagg/client.py"
+SECAGG_IDENTITY = "src/atoll/fl/privacy/secagg/identity.py"
+SECAGG_CLIENT_TESTS = ["tests/unit/fl/privacy/test_secagg_client_checks.py"]
+STATS_RELEASE = "src/atoll/fl/statistics_release.py"
+STATS_RELEASE_TESTS = ["tests/unit/fl/test_statistics_release.py"]
+STATS_GUARD = "src/atoll/fl/statistics_guard.py"
+STATS_GUARD_TESTS = ["tests/unit/fl/test_statistics_guard.py"]
+STATS_RULES = "src/atoll/spec/statistics_rules.py"
+STATS_RULES_TESTS = ["tests/unit/spec/test_statistics_rules.py"]
+JOB_SIGNER = "src/atoll/server/job_signer.py"
+REVOKED_SIGNERS_TESTS = ["tests/unit/server/test_revoked_signers.py"]
+WORKER_SIGNED = "src/atoll/worker/signed_job.py"
+WORKER_SIGNED_TESTS = ["tests/unit/worker/test_signed_job.py"]
+SITE_REVOCATION = "src/atoll/site/revocation.py"
+SITE_REVOKED_TESTS = ["tests/unit/site/test_revoked_before_launch.py"]
+STALE_TESTS = ["tests/unit/site/test_stale_revocation_list.py"]
 
 
 def _sandbox(defence: str, flag: str) -> Mutation:
@@ -386,4 +437,360 @@ MUTATIONS: list[Mutation] = [
              "timeout = self.deadlines.first_s", GUARD_TESTS, timeout=10),
     Mutation("guard: a message decoded as its type", GUARD, "return cls.FromString(raw)",
              "return raw", GUARD_TESTS),
+    # == issue 32's defences ====================================================================
+    # -- the process sandbox's network (process_sandbox.py, spec/site_config.py, process_network)
+    Mutation("sandbox network: its own network namespace (--unshare-net)", SANDBOX,
+             'argv.append("--unshare-net")', "pass", NETWORK_TESTS),
+    Mutation("sandbox network: isolated by default", SITE_CONFIG,
+             'mode: Literal["isolated", "host"] = Field(\n        "isolated",',
+             'mode: Literal["isolated", "host"] = Field(\n        "host",', SITE_CONFIG_TESTS),
+    Mutation("sandbox network: isolation needs the bwrap sandbox", SITE_CONFIG,
+             'return self.sandbox == "bwrap" and self.network.mode == "isolated"',
+             'return self.network.mode == "isolated"', SITE_CONFIG_TESTS),
+    Mutation("sandbox network: sandbox none with network isolated refused", SITE_CONFIG,
+             'if self.sandbox == "none" and "network" in self.model_fields_set and (',
+             'if False and (', SITE_CONFIG_TESTS),
+    Mutation("sandbox network: allowed destinations checked", SITE_CONFIG,
+             "if (why := destination_problem(entry))]", "if False]", SITE_CONFIG_TESTS),
+    Mutation("sandbox network: no address but IPv4 loopback", SITE_CONFIG,
+             "if address.version == 4 and address.is_loopback:", "if True:", SITE_CONFIG_TESTS),
+    Mutation("sandbox network: a destination listed once", SITE_CONFIG,
+             "if key in seen:  # the worker would dial both", "if False:  # the worker would dial both",
+             SITE_CONFIG_TESTS),
+    Mutation("sandbox network: at most MAX_ALLOWED_DESTINATIONS", SITE_CONFIG,
+             "if len(value) > MAX_ALLOWED_DESTINATIONS:", "if False:", SITE_CONFIG_TESTS),
+    Mutation("sandbox network: host mode takes no allow list", SITE_CONFIG,
+             'if self.mode == "host" and self.allow:', "if False:", SITE_CONFIG_TESTS),
+    Mutation("sandbox network: the relays' folder private (mkdtemp, not a shared one)",
+             PROCESS_NETWORK, 'self.folder = tempfile.mkdtemp(prefix="atoll-net-", dir=base)',
+             'self.folder = base or "/tmp"', NETWORK_TESTS),
+    Mutation("sandbox network: a named destination on its own loopback address", SITE_CONFIG,
+             'listen = f"{NAMED_DESTINATIONS_NET}{named}"', "listen = host", NETWORK_TESTS),
+    # -- Docker's network and GPUs (launchers/docker_render.py, process_allocation.py) ---------
+    Mutation("docker network: none by default", DOCKER_RENDER,
+             'return NetworkPlan({"network_mode": "none"}, relay=True)',
+             'return NetworkPlan({}, relay=True)', DOCKER_TESTS),
+    Mutation("docker network: a named network's loopback parent through the relay",
+             DOCKER_RENDER,
+             'return NetworkPlan({"network": network}, relay=is_loopback(address_host(parent_address)))',
+             'return NetworkPlan({"network": network}, relay=False)', DOCKER_TESTS),
+    Mutation("docker GPUs: device_ids, never a count", DOCKER_RENDER,
+             'return [{"driver": "", "count": 0, "device_ids": ids, "capabilities": [["gpu"]]}]',
+             'return [{"driver": "", "count": len(ids), "capabilities": [["gpu"]]}]',
+             DOCKER_GPU_TESTS),
+    Mutation("docker GPUs: no GPU renders no request", DOCKER_RENDER,
+             "        return []  # explicit: no GPU",
+             '        return [{"driver": "", "count": -1, "capabilities": [["gpu"]]}]  # explicit',
+             DOCKER_GPU_TESTS),
+    Mutation("GPU allocation: a GPU held by one job only", ALLOCATION,
+             "free = [i for i in self._ids if i not in self._owner]\n            if len(free) < count:",
+             "free = list(self._ids)\n            if len(free) < count:", DOCKER_GPU_TESTS),
+    Mutation("GPU allocation: a GPU released only by its own job", ALLOCATION,
+             "for gpu in [g for g, j in self._owner.items() if j == job_key]:",
+             "for gpu in list(self._owner):", DOCKER_GPU_TESTS),
+    # -- the kit never lent to a job (spec/kit_paths.py, launchers/lent_folders.py) ------------
+    Mutation("kit: a folder holding the kit not lent", KIT_PATHS,
+             "if source == kit or source in kit.parents:", "if False:", LENT_TESTS),
+    Mutation("kit: a folder inside the kit not lent", KIT_PATHS, "if kit in source.parents:",
+             "if False:", LENT_TESTS),
+    Mutation("kit: the launcher asks again at launch", LENT,
+             "problem = kit_bind_problem(source, PurePosixPath(kit)) if kit else None",
+             "problem = None", LENT_TESTS),
+    Mutation("kit: the jobs folder not lent", LENT,
+             "if problem is None and (source == jobs or source in jobs.parents):",
+             "if False:", LENT_TESTS),
+    # -- Kubernetes: the job's NetworkPolicy (launchers/kubernetes_render.py) -------------------
+    Mutation("k8s policy: egress only to the job's pods and the parent's port", K8S_RENDER,
+             '{"to": [parent], "ports": [{"protocol": "TCP", "port": port}]},',
+             '{"to": [parent]},', K8S_POLICY_TESTS),
+    Mutation("k8s policy: ingress only from the job's own pods", K8S_RENDER,
+             '"ingress": [{"from": [own]}],', '"ingress": [{}],', K8S_POLICY_TESTS),
+    Mutation("k8s policy: both directions governed", K8S_RENDER,
+             '"policyTypes": ["Ingress", "Egress"],', '"policyTypes": ["Ingress"],',
+             K8S_POLICY_TESTS),
+    Mutation("k8s policy: rendered with every pod", K8S_RENDER,
+             'return {"pod": pod, "secret": secret, "network_policy": policy}',
+             'return {"pod": pod, "secret": secret}', K8S_POLICY_TESTS),
+    # -- the rendezvous store bound to MASTER_ADDR (fl/rendezvous.py) ---------------------------
+    Mutation("rendezvous: the store listens on MASTER_ADDR alone", RENDEZVOUS,
+             "listener = bound_listener(host, port)", "listener = None", RENDEZVOUS_TESTS,
+             timeout=150),
+    # -- identifier grammars (spec/names.py) and their uses where an id lands ------------------
+    Mutation("grammar: job ids", NAMES, "return _checked(value, _JOB_ID_RE, field,",
+             "return value if True else _checked(value, _JOB_ID_RE, field,", NAMES_TESTS),
+    Mutation("grammar: task ids", NAMES, "return _checked(value, _TASK_ID_RE, field,",
+             "return value if True else _checked(value, _TASK_ID_RE, field,", NAMES_TESTS),
+    Mutation("grammar: site names", NAMES, "return _checked(value, _SITE_RE, field,",
+             "return value if True else _checked(value, _SITE_RE, field,", NAMES_TESTS),
+    Mutation("grammar: study names", NAMES, "return _checked(value, _STUDY_RE, field,",
+             "return value if True else _checked(value, _STUDY_RE, field,", NAMES_TESTS),
+    Mutation("grammar: user names", NAMES, "return _checked(value, _USER_RE, field,",
+             "return value if True else _checked(value, _USER_RE, field,", NAMES_TESTS),
+    Mutation("grammar: task names", NAMES, "return _checked(value, _TASK_NAME_RE, field,",
+             "return value if True else _checked(value, _TASK_NAME_RE, field,", NAMES_TESTS),
+    Mutation("grammar: dataset names", NAMES, "return _checked(value, _LABEL_RE, field,",
+             "return value if True else _checked(value, _LABEL_RE, field,", NAMES_TESTS),
+    Mutation("grammar: the pattern must match the whole value", NAMES,
+             "or pattern.fullmatch(value) is None:", "or pattern.match(value) is None:",
+             NAMES_TESTS),
+    Mutation("grammar: the length limit", NAMES,
+             "if not isinstance(value, str) or len(value) > max_len or pattern",
+             "if not isinstance(value, str) or pattern", NAMES_TESTS),
+    Mutation("grammar: app names have no '..'", NAMES, 'and ".." not in app\n', "\n",
+             NAMES_TESTS),
+    Mutation("grammar: round numbers bounded", NAMES,
+             "or not 0 <= value <= MAX_ROUND:", ":", NAMES_TESTS),
+    Mutation("landing: a dispatch's job id checked by the site", SUPERVISOR,
+             '            job_id = check_job_id(body.get("job_id"))\n        except',
+             '            job_id = str(body.get("job_id"))\n        except',
+             ["tests/unit/site/test_admission.py"]),
+    Mutation("landing: a dispatch's study checked by the site", SUPERVISOR,
+             'study = check_study_name(body.get("study"))', 'study = body.get("study")',
+             ["tests/unit/site/test_admission.py"]),
+    Mutation("landing: a task header's task id checked by the site", WORKER_BACKEND,
+             'return {"task_id": check_task_id(head["task_id"], "the task\'s task_id"),',
+             'return {"task_id": head["task_id"],', TASK_HEAD_TESTS),
+    Mutation("landing: a task header's topic checked by the site", WORKER_BACKEND,
+             '"topic": check_task_name(head.get("topic"), "the task\'s topic"),',
+             '"topic": head.get("topic"),', TASK_HEAD_TESTS),
+    Mutation("landing: a task header's round checked by the site", WORKER_BACKEND,
+             'check_round(headers.get("round"), "the task\'s round", optional=True)',
+             "pass", TASK_HEAD_TESTS),
+    Mutation("landing: a task header's headers an object", WORKER_BACKEND,
+             "    if not isinstance(headers, dict):\n        raise frames.FrameError",
+             "    if False:\n        raise frames.FrameError", TASK_HEAD_TESTS),
+    Mutation("landing: a worker's registration job id checked", WORKER_ENDPOINT,
+             '_checked(context, check_job_id, job_id, "the registration\'s job_id")', "pass",
+             WORKER_ENDPOINT_TESTS),
+    Mutation("landing: a worker's x-atoll-task header checked", WORKER_ENDPOINT,
+             '_checked(context, check_task_id, task_id, "the x-atoll-task header")', "pass",
+             WORKER_ENDPOINT_TESTS),
+    Mutation("landing: a site's running_jobs checked by the server", FEDERATION,
+             'return [check_job_id(j, f"{what}\'s running_jobs entry") for j in value]',
+             "return list(value)", FEDERATION_TESTS),
+    Mutation("landing: a site's job_state job id checked by the server", FEDERATION,
+             'check_job_id(body.get("job_id"), "job_state\'s job_id")', "pass",
+             FEDERATION_TESTS),
+    Mutation("landing: a site's reply task id checked by the server", FEDERATION,
+             'await _checked_id(context, head.get("task_id"), check_task_id, "task_id")',
+             "pass", FEDERATION_TESTS),
+    Mutation("landing: a site's reply job id checked by the server", FEDERATION,
+             "        await _checked_id(context, job_id)\n        await _checked_id(context, "
+             "head.get", "        await _checked_id(context, head.get", FEDERATION_TESTS),
+    Mutation("landing: a site's report job id checked by the server", FEDERATION,
+             '        job_id = body.get("job_id")\n        await _checked_id(context, job_id)\n',
+             '        job_id = body.get("job_id")\n', FEDERATION_TESTS),
+    Mutation("launchers: the job id and participant checked before a render", LAUNCH_BASE,
+             '        check_job_id(job_id, "the job id")\n        check_site_name(site, "the '
+             'participant")\n', "        pass\n", RENDER_ID_TESTS),
+    Mutation("launchers: the study checked before a render", LAUNCH_BASE,
+             'check_study_name(identity.study, "the study")', "pass", RENDER_ID_TESTS),
+    # -- the replay record (site/signed_jobs.py) -----------------------------------------------
+    Mutation("replay: a statement that ran under another id refused", SIGNED_JOBS,
+             'if known is not None and known.get("job_id") != job_id:', "if False:",
+             SIGNED_JOBS_TESTS),
+    Mutation("replay: a statement recorded once it ran", SIGNED_JOBS,
+             "                self._write(jobs)\n", "                pass\n", SIGNED_JOBS_TESTS),
+    Mutation("replay: a record not of its format refused", SIGNED_JOBS,
+             'if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(',
+             'if not isinstance(doc, dict) or not isinstance(', SIGNED_JOBS_TESTS),
+    Mutation("replay: a check without a statement refused", SIGNED_JOBS,
+             "        if not statement_digest:\n", "        if False:\n", SIGNED_JOBS_TESTS),
+    # -- the egress rule (fl/privacy/egress.py, site_privacy.py) --------------------------------
+    Mutation("egress: metrics are named numbers", EGRESS,
+             "        return UNKNOWN, f\"metrics {bad[:3]} are not named numbers\"",
+             "        pass", EGRESS_TESTS),
+    Mutation("egress: at most MAX_METRICS metrics", EGRESS,
+             "if len(model.metrics) > MAX_METRICS:", "if False:", EGRESS_TESTS),
+    Mutation("egress: logged metrics are named numbers", EGRESS,
+             "        if why:\n            return UNKNOWN, why", "        if False:\n            "
+             "return UNKNOWN, why", EGRESS_TESTS),
+    Mutation("egress: no params beside a statistics answer", EGRESS,
+             "        if model.params:\n            return UNKNOWN, \"params beside",
+             "        if False:\n            return UNKNOWN, \"params beside", EGRESS_TESTS),
+    Mutation("egress: statistics rules need a statistics answer", EGRESS,
+             'if "statistics" not in meta:', "if False:", EGRESS_TESTS),
+    Mutation("egress: only scalars beside a statistics answer", EGRESS,
+             "if not all(_scalar(v) for v in rest.values()):", "if False:", EGRESS_TESTS),
+    Mutation("egress: meta holds only scalars", EGRESS,
+             "nested = sorted(str(k) for k, v in meta.items() if not _scalar(v))",
+             "nested = []", EGRESS_TESTS),
+    Mutation("egress: meta at most MAX_META_BYTES", EGRESS,
+             "if len(json.dumps(meta, default=str)) > MAX_META_BYTES:", "if False:",
+             EGRESS_TESTS),
+    Mutation("egress: a site with a policy sends no reply it cannot classify", SITE_PRIVACY,
+             "            if self.required:\n                raise PrivacyRefused(",
+             "            if False:\n                raise PrivacyRefused(", EGRESS_TESTS),
+    Mutation("egress: a reply's kind decided by its content, not by the task", SITE_PRIVACY,
+             "        if kind != egress.UPDATE:\n", "        if not model.params:\n",
+             EGRESS_TESTS),
+    Mutation("egress: no example count under secure aggregation", SITE_PRIVACY,
+             "num_examples=0 if self.secagg is not None else model.num_examples)",
+             "num_examples=model.num_examples)", EGRESS_TESTS),
+    # -- the site's privacy ledger (site/privacy_ledger.py, spec/budget_ledger.py) --------------
+    Mutation("ledger: past the budget refused", BUDGET_LEDGER,
+             "if budget is not None and total_eps > budget.epsilon:", "if False:", LEDGER_TESTS),
+    Mutation("ledger: other jobs' spending counted", BUDGET_LEDGER,
+             "total_eps = others_eps + after[0]", "total_eps = after[0]", LEDGER_TESTS),
+    Mutation("ledger: a job's epsilon never goes down", BUDGET_LEDGER,
+             "after = [max(before[0], float(epsilon)), max(before[1], float(delta))]",
+             "after = [float(epsilon), float(delta)]", LEDGER_TESTS),
+    Mutation("ledger: epsilon a finite number >= 0", BUDGET_LEDGER,
+             "and math.isfinite(epsilon) and epsilon >= 0):", "):", LEDGER_TESTS),
+    Mutation("ledger: delta at most the site's", BUDGET_LEDGER,
+             "if budget is not None and delta > budget.delta:", "if False:", LEDGER_TESTS),
+    Mutation("ledger: a malformed ledger refused", BUDGET_LEDGER,
+             "if not isinstance(data, dict) or data.get(\"format_version\") != 1",
+             "if not isinstance(data, dict)", LEDGER_TESTS),
+    Mutation("ledger: an unreadable budget refused, never taken as none", PRIVACY_LEDGER,
+             "            except SpecError as exc:  # a broken file",
+             "            except ZeroDivisionError as exc:  # a broken file", LEDGER_TESTS),
+    Mutation("ledger: the ledger written before the release", PRIVACY_LEDGER,
+             "            write_atomic(self.path(study), json.dumps(ledger.to_json(), indent=1), "
+             "PRIVATE)\n", "            pass\n", LEDGER_TESTS),
+    Mutation("ledger: a study's name checked before it names a file", PRIVACY_LEDGER,
+             "if not is_site_name(study):  # the study becomes a file name",
+             "if False:  # the study becomes a file name", LEDGER_TESTS),
+    # -- secure aggregation's site rules (fl/privacy/secagg/client.py, identity.py) ------------
+    Mutation("secagg site: authenticated-peers", SECAGG_CLIENT,
+             "            except PeerNotAuthenticated as exc:\n                raise refused("
+             "\"authenticated-peers\"", "            except ZeroDivisionError as exc:\n"
+             "                raise refused(\"authenticated-peers\"",
+             SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: safe-threshold", SECAGG_CLIENT,
+             "if threshold < least or threshold > len(peers):", "if threshold > len(peers):",
+             SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: min-participants", SECAGG_CLIENT,
+             "if self.min_participants is not None and count < self.min_participants:",
+             "if False:", SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: participant-sets, at least the threshold", SECAGG_CLIENT,
+             "        if count < threshold:\n", "        if False:\n", SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: participant-sets, the key list once a round", SECAGG_CLIENT,
+             "        if state.peers:\n", "        if False:\n", SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: participant-sets, one train task a round", SECAGG_CLIENT,
+             "        if state.masked_with is not None:\n", "        if False:\n",
+             SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: participant-sets, the train task's sites shared keys", SECAGG_CLIENT,
+             "if self.site not in sites or any(s not in state.peers for s in sites):",
+             "if False:", SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: participant-sets, survivors and dropped are the masked sites",
+             SECAGG_CLIENT, "if set(survivors) | set(dropped) != set(state.masked_with):",
+             "if False:", SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: participant-sets, never counted as dropped", SECAGG_CLIENT,
+             "        if self.site not in survivors:\n", "        if False:\n",
+             SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: one-share-per-peer, never survivor and dropped", SECAGG_CLIENT,
+             "if set(survivors) & set(dropped):", "if False:", SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: one-share-per-peer, a round unmasked once", SECAGG_CLIENT,
+             "if round_ in self.unmasked:", "if False:", SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: consistent-lists, the unmask request is the checked one",
+             SECAGG_CLIENT, "if (survivors, dropped) != state.signed:", "if False:",
+             SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: consistent-lists, a check before the unmask", SECAGG_CLIENT,
+             "        if state.signed is None:\n", "        if False:\n", SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: consistent-lists, every survivor's signature verified",
+             SECAGG_CLIENT, "            except PeerNotAuthenticated as exc:\n"
+             "                raise refused(\"consistent-lists\"",
+             "            except ZeroDivisionError as exc:\n"
+             "                raise refused(\"consistent-lists\"", SECAGG_CLIENT_TESTS),
+    Mutation("secagg site: consistent-lists, signatures of survivors only", SECAGG_CLIENT,
+             "            if site not in survivors:\n", "            if False:\n",
+             SECAGG_CLIENT_TESTS),
+    Mutation("secagg identity: a credential issued by the project's CA", SECAGG_IDENTITY,
+             "        cert.verify_directly_issued_by(ca)\n", "        pass\n",
+             SECAGG_CLIENT_TESTS),
+    Mutation("secagg identity: the credential's certificate is the site's", SECAGG_IDENTITY,
+             'if kind != "site" or name != site:', "if False:", SECAGG_CLIENT_TESTS),
+    Mutation("secagg identity: the credential certifies this job's key", SECAGG_IDENTITY,
+             "if len(public) != 32 or text != statement(job_id, site, public):",
+             "if len(public) != 32:", SECAGG_CLIENT_TESTS),
+    Mutation("secagg identity: one credential per site and job", SECAGG_IDENTITY,
+             "            if known[0] != statement:", "            if False:",
+             SECAGG_CLIENT_TESTS),
+    # -- statistics (fl/statistics_release.py, statistics_guard.py, spec/statistics_rules.py) -
+    Mutation("statistics: min_count suppression of a column", STATS_RELEASE,
+             "    if count >= rules.min_count:\n        return None",
+             "    if True:\n        return None", STATS_RELEASE_TESTS),
+    Mutation("statistics: small cells suppressed", STATS_RELEASE,
+             "hidden = [i for i, c in enumerate(counts) if 0 < c < min_count]", "hidden = []",
+             STATS_RELEASE_TESTS),
+    Mutation("statistics: a complementary cell suppressed", STATS_RELEASE,
+             "            hidden.append(min(shown, key=lambda i: (counts[i], i)))",
+             "            pass", STATS_RELEASE_TESTS),
+    Mutation("statistics: every cell hidden when too few are", STATS_RELEASE,
+             "            hidden = list(range(len(counts)))", "            pass",
+             STATS_RELEASE_TESTS),
+    Mutation("statistics: only the site's own grid", STATS_RELEASE,
+             "if edges is not None and not same_edges(edges, grid_edges(first, cells, precision)):",
+             "if False:", STATS_RELEASE_TESTS),
+    Mutation("statistics: at most MAX_CELLS cells", STATS_RELEASE,
+             "    if cells > MAX_CELLS:\n        return", "    if False:\n        return",
+             STATS_RELEASE_TESTS),
+    Mutation("statistics: values clipped to the bounds", STATS_RELEASE,
+             "values = np.clip(values, *bounds)", "values = values", STATS_RELEASE_TESTS),
+    Mutation("statistics: cells of the precision's grid", STATS_RELEASE,
+             "return np.floor(values / precision + _SNAP).astype(np.int64)",
+             "return np.floor(values + _SNAP).astype(np.int64)", STATS_RELEASE_TESTS),
+    Mutation("statistics: at most max_queries answers", STATS_GUARD,
+             "elif self.asked[task, column] >= rules.max_queries:", "elif False:",
+             STATS_GUARD_TESTS),
+    Mutation("statistics: a repeated question gets the same answer", STATS_GUARD,
+             "            elif key in self.answers:\n                out[column] = self.answers[key]",
+             "            elif False:\n                out[column] = self.answers[key]",
+             STATS_GUARD_TESTS),
+    Mutation("statistics: the rules frozen at the first question", STATS_GUARD,
+             "elif rules.min_count != self.rules.min_count:", "elif False:", STATS_GUARD_TESTS),
+    Mutation("statistics: a job only makes min_count stricter", STATS_GUARD,
+             "and requested_min_count > rules.min_count):", "):", STATS_GUARD_TESTS),
+    Mutation("statistics: each dp answer spends from the budget", STATS_GUARD,
+             "                self.spend(KIND, self.spent + rules.dp.epsilon, 0.0)\n",
+             "                pass\n", STATS_GUARD_TESTS),
+    Mutation("statistics: a job's own budget when no ledger is wired", STATS_GUARD,
+             "if epsilon > self.budget + 1e-12:", "if False:", STATS_GUARD_TESTS),
+    Mutation("statistics rules: noise and dp exclusive", STATS_RULES,
+             "if self.dp is not None and self.noise:", "if False:", STATS_RULES_TESTS),
+    Mutation("statistics rules: one answer's epsilon within the budget", STATS_RULES,
+             "if self.epsilon > self.budget:", "if False:", STATS_RULES_TESTS),
+    Mutation("statistics rules: bounds are [low, high]", STATS_RULES,
+             "or value[0] >= value[1]:", ":", STATS_RULES_TESTS),
+    # -- revocation at every stage --------------------------------------------------------------
+    Mutation("revoked signer: server, a revoked signer found", JOB_SIGNER,
+             "    if entry is None:\n        return None", "    if True:\n        return None",
+             REVOKED_SIGNERS_TESTS),
+    Mutation("revoked signer: server, an unreadable signature refused", JOB_SIGNER,
+             "        return (f\"the job's signature in the server's store cannot be read",
+             "        return None or (f\"the job's signature in the server's store cannot be read",
+             REVOKED_SIGNERS_TESTS),
+    Mutation("revoked signer: server, a new list cancels waiting jobs of a revoked signer",
+             SERVER_INTAKE,
+             "                    self._cancel(record.id, f\"cancelled: {why}\")\n"
+             "                    ended.append(record.id)",
+             "                    pass", REVOKED_SIGNERS_TESTS),
+    Mutation("revoked signer: server, a new list aborts running jobs of a revoked signer",
+             SERVER_INTAKE,
+             "                self.abort(live.id, f\"aborted: {why}\")\n"
+             "                ended.append(live.id)",
+             "                pass", REVOKED_SIGNERS_TESTS),
+    Mutation("revoked signer: server, checked again at dispatch", SERVER_INTAKE,
+             "            why = revoked_signer(folder / \"job\", self.revocations.current)",
+             "            why = None", REVOKED_SIGNERS_TESTS),
+    Mutation("revoked signer: server, checked again before the server worker starts", SERVER_INTAKE,
+             "            why = revoked_signer(live.folder / \"job\", self.revocations.current)",
+             "            why = None", REVOKED_SIGNERS_TESTS),
+    Mutation("revoked signer: server worker, the server worker checks the list it is given", WORKER_SIGNED,
+             "revoked=lambda cert: revoked.get(cert.serial_number))",
+             "revoked=lambda cert: None)", WORKER_SIGNED_TESTS),
+    Mutation("revoked signer: server worker, a root CA needed", WORKER_SIGNED,
+             'if not isinstance(trust, dict) or not isinstance(trust.get("ca"), str):',
+             "if trust is None:", WORKER_SIGNED_TESTS),
+    Mutation("revoked signer: site, checked again just before launch", SUPERVISOR,
+             "            check_revoked(site, accepted.signed)  # with the newest list",
+             "            pass  # with the newest list", SITE_REVOKED_TESTS),
+    Mutation("revoked signer: site, a new list aborts the site's jobs of a revoked signer",
+             SUPERVISOR,
+             "                self.abort(job.job_id, f\"aborted by {self.kit.name}: {why}\")",
+             "                pass", SITE_REVOKED_TESTS),
+    Mutation("revoked signer: site, a list past its nextUpdate stops jobs", SITE_REVOCATION,
+             "    if due.timestamp() > (time.time() if now is None else now):\n        return None",
+             "    if True:\n        return None", STALE_TESTS),
 ]
