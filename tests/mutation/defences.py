@@ -69,6 +69,7 @@ DOCKER_RENDER = "src/atoll/launchers/docker_render.py"
 DOCKER_TESTS = ["tests/unit/launchers/test_docker_render.py"]
 DOCKER_GPU_TESTS = ["tests/unit/launchers/test_docker_gpus.py"]
 ALLOCATION = "src/atoll/launchers/process_allocation.py"
+GPU_ALLOCATOR_TESTS = ["tests/unit/launchers/test_gpu_allocator.py"]
 KIT_PATHS = "src/atoll/spec/kit_paths.py"
 LENT = "src/atoll/launchers/lent_folders.py"
 LENT_TESTS = ["tests/unit/launchers/test_lent_folders.py"]
@@ -481,13 +482,14 @@ MUTATIONS: list[Mutation] = [
     Mutation("docker GPUs: no GPU renders no request", DOCKER_RENDER,
              "        return []  # explicit: no GPU",
              '        return [{"driver": "", "count": -1, "capabilities": [["gpu"]]}]  # explicit',
-             DOCKER_GPU_TESTS),
+             ["tests/unit/launchers/test_docker_render.py::"
+              "test_a_job_without_gpus_asks_the_engine_for_none"]),
     Mutation("GPU allocation: a GPU held by one job only", ALLOCATION,
              "free = [i for i in self._ids if i not in self._owner]\n            if len(free) < count:",
-             "free = list(self._ids)\n            if len(free) < count:", DOCKER_GPU_TESTS),
+             "free = list(self._ids)\n            if len(free) < count:", GPU_ALLOCATOR_TESTS),
     Mutation("GPU allocation: a GPU released only by its own job", ALLOCATION,
              "for gpu in [g for g, j in self._owner.items() if j == job_key]:",
-             "for gpu in list(self._owner):", DOCKER_GPU_TESTS),
+             "for gpu in list(self._owner):", GPU_ALLOCATOR_TESTS),
     # -- the kit never lent to a job (spec/kit_paths.py, launchers/lent_folders.py) ------------
     Mutation("kit: a folder holding the kit not lent", KIT_PATHS,
              "if source == kit or source in kit.parents:", "if False:", LENT_TESTS),
@@ -759,7 +761,7 @@ MUTATIONS: list[Mutation] = [
              REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server, an unreadable signature refused", JOB_SIGNER,
              "        return (f\"the job's signature in the server's store cannot be read",
-             "        return None or (f\"the job's signature in the server's store cannot be read",
+             "        return None and (f\"the job's signature in the server's store cannot be read",
              REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server, a new list cancels waiting jobs of a revoked signer",
              SERVER_INTAKE,
