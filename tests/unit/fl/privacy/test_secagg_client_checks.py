@@ -285,6 +285,19 @@ def test_a_credential_of_a_certificate_that_is_not_the_sites_is_refused():
         check(authority.identity("b", JOB).credential, authority.ca_pem(), JOB, "b")
 
 
+def test_a_credential_out_of_its_certificates_validity_or_not_signed_by_it_is_refused():
+    import time
+
+    credential = AUTHORITY.identity("b", JOB).credential
+    check(credential, AUTHORITY.ca_pem(), JOB, "b")  # the control
+    with pytest.raises(CredentialError, match="certificate is not valid now"):
+        check(credential, AUTHORITY.ca_pem(), JOB, "b", now=time.time() + 3 * 86400)
+    another = AUTHORITY.identity("b", JOB).credential  # b's too, certifying another key
+    forged = {**credential, "signature": another["signature"]}
+    with pytest.raises(CredentialError, match="not signed by b's key"):
+        check(forged, AUTHORITY.ca_pem(), JOB, "b")
+
+
 def test_a_second_credential_for_one_site_in_one_job_is_refused():
     from atoll.fl.privacy.secagg.identity import PeerNotAuthenticated
 
