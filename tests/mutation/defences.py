@@ -487,6 +487,9 @@ MUTATIONS: list[Mutation] = [
              '        return [{"driver": "", "count": -1, "capabilities": [["gpu"]]}]  # explicit',
              ["tests/unit/launchers/test_docker_render.py::"
               "test_a_job_without_gpus_asks_the_engine_for_none"]),
+    Mutation("docker GPUs: a container only with the GPUs it asked for", DOCKER_RENDER,
+             "    if len(gpu_ids) != resources.num_of_gpus:\n        raise LaunchError(gpu_shortage",
+             "    if False:\n        raise LaunchError(gpu_shortage", DOCKER_TESTS),
     Mutation("GPU allocation: a GPU held by one job only", ALLOCATION,
              "free = [i for i in self._ids if i not in self._owner]\n            if len(free) < count:",
              "free = list(self._ids)\n            if len(free) < count:", GPU_ALLOCATOR_TESTS),
@@ -811,4 +814,6 @@ MUTATIONS: list[Mutation] = [
     Mutation("revoked signer: site, a list past its nextUpdate stops jobs", SITE_REVOCATION,
              "    if due.timestamp() > (time.time() if now is None else now):\n        return None",
              "    if True:\n        return None", STALE_TESTS),
+    Mutation("revoked signer: site, a stale list refuses the site's jobs", SITE_CHECK,
+             "    return revocation.stale()", "    return None", STALE_TESTS),
 ]
