@@ -462,9 +462,11 @@ MUTATIONS: list[Mutation] = [
              "if len(value) > MAX_ALLOWED_DESTINATIONS:", "if False:", SITE_CONFIG_TESTS),
     Mutation("sandbox network: host mode takes no allow list", SITE_CONFIG,
              'if self.mode == "host" and self.allow:', "if False:", SITE_CONFIG_TESTS),
-    Mutation("sandbox network: the relays' folder private (mkdtemp, not a shared one)",
-             PROCESS_NETWORK, 'self.folder = tempfile.mkdtemp(prefix="atoll-net-", dir=base)',
-             'self.folder = base or "/tmp"', NETWORK_TESTS),
+    # (never a mutant that points the folder at /tmp itself: close() removes the folder)
+    Mutation("sandbox network: the relays' folder private (0700)", PROCESS_NETWORK,
+             'self.folder = tempfile.mkdtemp(prefix="atoll-net-", dir=base)',
+             'self.folder = tempfile.mkdtemp(prefix="atoll-net-", dir=base)\n'
+             '        os.chmod(self.folder, 0o755)', NETWORK_TESTS),
     Mutation("sandbox network: destinations' names in the sandbox's /etc/hosts",
              PROCESS_NETWORK, "        if not named:\n            return",
              "        if True:\n            return", NETWORK_TESTS),
@@ -659,8 +661,9 @@ MUTATIONS: list[Mutation] = [
              "if not isinstance(data, dict) or data.get(\"format_version\") != 1",
              "if not isinstance(data, dict)", LEDGER_TESTS),
     Mutation("ledger: an unreadable budget refused, never taken as none", PRIVACY_LEDGER,
-             "            except SpecError as exc:  # a broken file",
-             "            except ZeroDivisionError as exc:  # a broken file", LEDGER_TESTS),
+             "                budget = budget_of(self.local_dir, study)\n            except SpecError as exc:",
+             "                budget = budget_of(self.local_dir, study)\n            except SpecError:\n"
+             "                budget = None\n            except ZeroDivisionError as exc:", LEDGER_TESTS),
     Mutation("ledger: the ledger written before the release", PRIVACY_LEDGER,
              "            write_atomic(self.path(study), json.dumps(ledger.to_json(), indent=1), "
              "PRIVATE)\n", "            pass\n", LEDGER_TESTS),
@@ -669,9 +672,7 @@ MUTATIONS: list[Mutation] = [
              "if False:  # the study becomes a file name", LEDGER_TESTS),
     # -- secure aggregation's site rules (fl/privacy/secagg/client.py, identity.py) ------------
     Mutation("secagg site: authenticated-peers", SECAGG_CLIENT,
-             "            except PeerNotAuthenticated as exc:\n                raise refused("
-             "\"authenticated-peers\"", "            except ZeroDivisionError as exc:\n"
-             "                raise refused(\"authenticated-peers\"",
+             'self.identity.verify(site, k.get("cred"),', '(site, k.get("cred"),',
              SECAGG_CLIENT_TESTS),
     Mutation("secagg site: safe-threshold", SECAGG_CLIENT,
              "if threshold < least or threshold > len(peers):", "if threshold > len(peers):",
@@ -705,10 +706,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("secagg site: consistent-lists, a check before the unmask", SECAGG_CLIENT,
              "        if state.signed is None:\n", "        if False:\n", SECAGG_CLIENT_TESTS),
     Mutation("secagg site: consistent-lists, every survivor's signature verified",
-             SECAGG_CLIENT, "            except PeerNotAuthenticated as exc:\n"
-             "                raise refused(\"consistent-lists\"",
-             "            except ZeroDivisionError as exc:\n"
-             "                raise refused(\"consistent-lists\"", SECAGG_CLIENT_TESTS),
+             SECAGG_CLIENT, "self.identity.verify(site, state.credentials[site], text, signature)",
+             "pass", SECAGG_CLIENT_TESTS),
     Mutation("secagg site: consistent-lists, signatures of survivors only", SECAGG_CLIENT,
              "            if site not in survivors:\n", "            if False:\n",
              SECAGG_CLIENT_TESTS),
