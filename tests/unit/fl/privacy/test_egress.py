@@ -17,6 +17,7 @@ from atoll.fl.metrics_log import LOGGED_KEY
 from atoll.fl.model import Model
 from atoll.fl.privacy import egress
 from atoll.fl.privacy.accounting import BudgetExhausted
+from atoll.fl.privacy.secagg.identity import LocalAuthority
 from atoll.fl.privacy.site_privacy import PrivacyRefused, SitePrivacy
 from atoll.fl.simulator import Federation, MemoryLedger
 from atoll.fl.workflows.api import Context
@@ -152,12 +153,18 @@ def test_a_reply_the_policy_cannot_classify_is_refused_where_the_site_requires_p
 # --- secure aggregation -------------------------------------------------------------------------
 
 
+AUTHORITY = LocalAuthority("tests")
 SECURE = parse_privacy({"dp": {"clip_norm": 1.0, "noise_multiplier": 1.0},
                         "secure_aggregation": {"threshold": 2}}, "test")
 
 
+def _secure() -> SitePrivacy:
+    """A site's privacy under secure aggregation: its worker holds a site-certified key."""
+    return SitePrivacy(SECURE, None, "s1", "job", identity=AUTHORITY.identity("s1", "job"))
+
+
 def test_with_secure_aggregation_metrics_leave_without_the_example_count():
-    privacy = SitePrivacy(SECURE, None, "s1", "job")
+    privacy = _secure()
     out = privacy.on_reply("validate", Model(metrics={"accuracy": 0.5}, num_examples=7))
     assert out.num_examples == 0 and out.metrics == {"accuracy": 0.5}
     out = privacy.on_reply("describe", Model(meta={"statistics": {}}, num_examples=3))
@@ -165,7 +172,7 @@ def test_with_secure_aggregation_metrics_leave_without_the_example_count():
 
 
 def test_with_secure_aggregation_an_update_never_leaves_unmasked():
-    privacy = SitePrivacy(SECURE, None, "s1", "job")
+    privacy = _secure()
     privacy.spend = lambda kind, eps, delta: eps
     privacy.on_task("submit_model", 1, Model(params=dict(W)))  # no shares with the task
     with pytest.raises(PrivacyRefused, match="leaves this site only masked"):
@@ -173,7 +180,7 @@ def test_with_secure_aggregation_an_update_never_leaves_unmasked():
 
 
 def test_one_rounds_shares_mask_one_update_only():
-    privacy = SitePrivacy(SECURE, None, "s1", "job")
+    privacy = _secure()
     privacy.spend = lambda kind, eps, delta: eps
     privacy._masked.add(1)  # round 1's update was masked and sent
     privacy._mask_round = 1  # and the workflow routed round 1's shares again
