@@ -530,8 +530,10 @@ MUTATIONS: list[Mutation] = [
              'return {"pod": pod, "secret": secret}', K8S_POLICY_TESTS),
     # -- the rendezvous store bound to MASTER_ADDR (fl/rendezvous.py) ---------------------------
     Mutation("rendezvous: the store listens on MASTER_ADDR alone", RENDEZVOUS,
-             "listener = bound_listener(host, port)", "listener = None", RENDEZVOUS_TESTS,
-             timeout=150),
+             "            sock.bind(address)",
+             '            sock.bind(("0.0.0.0", address[1]) if family == socket.AF_INET else address)',
+             ["tests/unit/fl/test_rendezvous.py::"
+              "test_the_store_of_ranks_on_one_node_listens_on_loopback_only"], timeout=150),
     # -- identifier grammars (spec/names.py) and their uses where an id lands ------------------
     Mutation("grammar: job ids", NAMES, "return _checked(value, _JOB_ID_RE, field,",
              "return value if True else _checked(value, _JOB_ID_RE, field,", NAMES_TESTS),
