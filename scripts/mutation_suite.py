@@ -209,7 +209,8 @@ def _run_subprocess(argv: list[str], root: Path, env: dict[str, str], log: Path,
 # Imported once by the runner, before any child is forked: what every test process loads and
 # atoll is not. Nothing of atoll may be imported here, or a child would run the original code.
 PRELOAD = ("pytest", "_pytest.junitxml", "pytest_timeout", "numpy", "pydantic", "yaml",
-           "cryptography.x509", "cryptography.hazmat.primitives.asymmetric.ec", "hypothesis")
+           "cryptography.x509", "cryptography.hazmat.primitives.asymmetric.ec", "hypothesis",
+           "opacus.accountants")  # the privacy tests' accountant: seconds a mutation otherwise
 
 
 def _preload() -> None:

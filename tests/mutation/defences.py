@@ -93,6 +93,7 @@ RENDER_ID_TESTS = ["tests/unit/launchers/test_render_identifiers.py"]
 EGRESS = "src/atoll/fl/privacy/egress.py"
 SITE_PRIVACY = "src/atoll/fl/privacy/site_privacy.py"
 EGRESS_TESTS = ["tests/unit/fl/privacy/test_egress.py"]
+CLASSIFY_TESTS = ["tests/unit/fl/privacy/test_egress.py::test_a_reply_is_classified_by_what_it_carries"]
 PRIVACY_LEDGER = "src/atoll/site/privacy_ledger.py"
 BUDGET_LEDGER = "src/atoll/spec/budget_ledger.py"
 LEDGER_TESTS = ["tests/unit/site/test_privacy_ledger.py"]
@@ -359,8 +360,8 @@ MUTATIONS: list[Mutation] = [
               "test_a_site_without_secure_aggregation_in_its_app_is_rejected_naming_why"]),
     Mutation("secagg: a step with fewer answers than needed refused", SECAGG,
              "        if len(answers) < need:", "        if False:",
-             ["tests/unit/fl/privacy/test_secure_aggregation.py::"
-              "test_a_site_without_secure_aggregation_in_its_app_is_rejected_naming_why"]),
+             ["tests/unit/fl/privacy/test_secagg_server_refusals.py::"
+              "test_a_step_that_gathered_fewer_answers_than_it_needs_goes_no_further"]),
     Mutation("secagg: a threshold above the sites refused", SECAGG,
              "        if self.threshold > len(self.keys):", "        if False:", SECAGG_TESTS),
     Mutation("secagg: too few shares to rebuild a secret refused", SECAGG,
@@ -618,25 +619,25 @@ MUTATIONS: list[Mutation] = [
     # -- the egress rule (fl/privacy/egress.py, site_privacy.py) --------------------------------
     Mutation("egress: metrics are named numbers", EGRESS,
              "        return UNKNOWN, f\"metrics {bad[:3]} are not named numbers\"",
-             "        pass", EGRESS_TESTS),
+             "        pass", CLASSIFY_TESTS),
     Mutation("egress: at most MAX_METRICS metrics", EGRESS,
-             "if len(model.metrics) > MAX_METRICS:", "if False:", EGRESS_TESTS),
+             "if len(model.metrics) > MAX_METRICS:", "if False:", CLASSIFY_TESTS),
     Mutation("egress: logged metrics are named numbers", EGRESS,
              "        if why:\n            return UNKNOWN, why", "        if False:\n            "
-             "return UNKNOWN, why", EGRESS_TESTS),
+             "return UNKNOWN, why", CLASSIFY_TESTS),
     Mutation("egress: no params beside a statistics answer", EGRESS,
              "        if model.params:\n            return UNKNOWN, \"params beside",
-             "        if False:\n            return UNKNOWN, \"params beside", EGRESS_TESTS),
+             "        if False:\n            return UNKNOWN, \"params beside", CLASSIFY_TESTS),
     Mutation("egress: statistics rules need a statistics answer", EGRESS,
-             'if "statistics" not in meta:', "if False:", EGRESS_TESTS),
+             'if "statistics" not in meta:', "if False:", CLASSIFY_TESTS),
     Mutation("egress: only scalars beside a statistics answer", EGRESS,
-             "if not all(_scalar(v) for v in rest.values()):", "if False:", EGRESS_TESTS),
+             "if not all(_scalar(v) for v in rest.values()):", "if False:", CLASSIFY_TESTS),
     Mutation("egress: meta holds only scalars", EGRESS,
              "nested = sorted(str(k) for k, v in meta.items() if not _scalar(v))",
-             "nested = []", EGRESS_TESTS),
+             "nested = []", CLASSIFY_TESTS),
     Mutation("egress: meta at most MAX_META_BYTES", EGRESS,
              "if len(json.dumps(meta, default=str)) > MAX_META_BYTES:", "if False:",
-             EGRESS_TESTS),
+             CLASSIFY_TESTS),
     Mutation("egress: a site with a policy sends no reply it cannot classify", SITE_PRIVACY,
              "            if self.required:\n                raise PrivacyRefused(",
              "            if False:\n                raise PrivacyRefused(", EGRESS_TESTS),

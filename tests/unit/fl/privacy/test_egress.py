@@ -39,6 +39,11 @@ def rdp_epsilon(noise: float, releases: int, delta: float = 1e-5) -> float:
     return float(accountant.get_epsilon(delta=delta))
 
 
+def _changed(model: Model, **metrics) -> Model:
+    model.metrics.update(metrics)
+    return model
+
+
 # --- the classifier -----------------------------------------------------------------------------
 
 
@@ -59,6 +64,12 @@ def rdp_epsilon(noise: float, releases: int, delta: float = 1e-5) -> float:
     (Model(metrics={f"m{i}": 0.0 for i in range(egress.MAX_METRICS + 1)}), egress.UNKNOWN),
     (Model(meta={LOGGED_KEY: [{"round": 1, "metrics": {"w": [1.0, 2.0]}}]}), egress.UNKNOWN),
     (Model(meta={LOGGED_KEY: [{"round": 1, "weights": {}}]}), egress.UNKNOWN),
+    # Model checks its metrics when made; the job's code may change them afterwards
+    (_changed(Model(), embedding=[0.1, 0.2, 0.3]), egress.UNKNOWN),  # a vector, not a number
+    (_changed(Model(), accuracy="0.9 on records 1-40"), egress.UNKNOWN),
+    (Model(meta={"statistics": {"age": {"count": 10}}, "cohort": {"ages": [31.0]}}),
+     egress.UNKNOWN),  # rows beside a statistics answer
+    (Model(meta={f"k{i}": "x" * egress.MAX_TEXT for i in range(70)}), egress.UNKNOWN),  # 18 kB
 ])
 def test_a_reply_is_classified_by_what_it_carries(model, kind):
     assert egress.classify(model)[0] == kind

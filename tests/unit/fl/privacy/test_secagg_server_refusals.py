@@ -148,3 +148,30 @@ def test_shares_that_do_not_rebuild_a_dropped_sites_mask_key_are_refused():
     secure = _unmasking(answers, dropped="c")
     with pytest.raises(WorkflowError, match="the shares of c's mask key do not rebuild it"):
         secure.unmask()
+
+
+def test_a_step_that_gathered_fewer_answers_than_it_needs_goes_no_further(monkeypatch):
+    """Whatever the gathering returned (a site gone quiet, an answer dropped), a step never
+    goes on with fewer answers than the threshold and min_clients need."""
+    from types import SimpleNamespace
+
+    from atoll.fl.privacy.secagg import server
+    from atoll.fl.privacy.secagg.client import ADVERTISE
+    from atoll.fl.serde import ModelStream
+    from atoll.fl.workflows import WorkflowError
+
+    class Channel:
+        job_id = "job"
+
+        def send(self, targets, topic, headers, chunks):
+            return "task"
+
+    def gather(channel, task, targets, timeout, take, need):  # only a answered; none failed
+        take("a", ModelStream(encode(Model(meta={"c": "c", "s": "s", "cred": {}, "sig": "x"}))))
+        return SimpleNamespace(failed={})
+
+    monkeypatch.setattr(server, "gather", gather)
+    secure = SecureRound(channel=Channel(), round_=1, headers={}, timeout=None, min_clients=2)
+    with pytest.raises(WorkflowError, match=r"\(secagg.advertise\): 1 site\(s\) answered, 2 needed"):
+        secure._step(["a", "b"], ADVERTISE, {}, 2)
+    assert set(secure._step(["a"], ADVERTISE, {}, 1)) == {"a"}  # the control
