@@ -88,7 +88,7 @@ def leftover_backups(root: Path, mutations) -> list[Path]:
     return sorted({_backup(root / m.path) for m in mutations if _backup(root / m.path).exists()})
 
 
-def _failed_tests(junit: Path) -> list[str]:
+def _failed_tests(junit: Path, root: Path | None = None) -> list[str]:
     try:
         tree = ET.parse(junit)
     except (OSError, ET.ParseError):
@@ -96,9 +96,17 @@ def _failed_tests(junit: Path) -> list[str]:
     failed = []
     for case in tree.iter("testcase"):
         if case.find("failure") is not None or case.find("error") is not None:
-            module = case.get("classname", "").replace(".", "/")
-            failed.append(f"{module}.py::{case.get('name')}" if module else case.get("name", ""))
+            failed.append(_node_id(case.get("classname", ""), case.get("name", ""), root))
     return failed
+
+
+def _node_id(classname: str, name: str, root: Path | None) -> str:
+    """pytest's node id of a junit test case: its file, then its class (if any) and name."""
+    parts = [p for p in classname.split(".") if p]
+    for end in range(len(parts), 0, -1):  # the longest prefix that is a test file
+        if root is not None and (root / ("/".join(parts[:end]) + ".py")).is_file():
+            return "::".join(["/".join(parts[:end]) + ".py", *parts[end:], name])
+    return f"{'/'.join(parts)}.py::{name}" if parts else name
 
 
 def run_mutation(root: Path, mutation, python: str | None, timeout: float) -> Outcome:
@@ -126,7 +134,7 @@ def run_mutation(root: Path, mutation, python: str | None, timeout: float) -> Ou
         finally:
             path.write_bytes(original)
             backup.unlink()
-        failed = _failed_tests(junit)
+        failed = _failed_tests(junit, root)
         text = log.read_text(errors="replace") if log.exists() else ""
     seconds = time.monotonic() - start
     if rc is None:
@@ -140,6 +148,46 @@ def run_mutation(root: Path, mutation, python: str | None, timeout: float) -> Ou
     tail = text.strip().splitlines()[-3:]
     return Outcome(mutation.defence, mutation.path, False, seconds=seconds,
                    note=f"pytest exited {rc} without a failing test: {' | '.join(tail)}")
+
+
+def confirm_catches(root: Path, outcomes: list[Outcome], python: str | None,
+                    timeout: float) -> None:
+    """A catch counts only when its test passes on the tree as it is: a test that fails anyway
+    (broken by another change) "catches" every mutant. Each catching test runs once more,
+    unmutated, all in one run; a catch whose tests all fail there too is no catch."""
+    ids = sorted({t for o in outcomes if o.caught for t in o.caught_by})
+    if not ids:
+        return
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ATOLL_REGEN_GOLDEN", "PYTEST_ADDOPTS", "PYTHONDONTWRITEBYTECODE")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    with tempfile.TemporaryDirectory(prefix="atoll-mutation-") as tmp:
+        junit, log = Path(tmp) / "junit.xml", Path(tmp) / "pytest.log"
+        args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={junit}",
+                f"--timeout={int(timeout)}", *ids]
+        if python is None:
+            rc = _run_forked(args, root, env, log, timeout * 4, None)
+        else:
+            rc = _run_subprocess([python, "-m", "pytest", *args], root, env, log, timeout * 4)
+        broken = set(_failed_tests(junit, root))
+        ran = _ran_tests(junit, root)
+    for o in outcomes:
+        if not o.caught:
+            continue
+        unconfirmed = [t for t in o.caught_by if t in broken or t not in ran]
+        if len(unconfirmed) == len(o.caught_by):
+            why = ("its catching test fails on the unmutated tree too" if rc is not None
+                   else "the unmutated re-run of its catching tests ran past its limit")
+            o.caught, o.note = False, f"{why}: {', '.join(unconfirmed)}"
+            o.caught_by = []
+
+
+def _ran_tests(junit: Path, root: Path) -> set[str]:
+    try:
+        tree = ET.parse(junit)
+    except (OSError, ET.ParseError):
+        return set()
+    return {_node_id(c.get("classname", ""), c.get("name", ""), root) for c in tree.iter("testcase")}
 
 
 def _run_subprocess(argv: list[str], root: Path, env: dict[str, str], log: Path,
@@ -161,7 +209,8 @@ def _run_subprocess(argv: list[str], root: Path, env: dict[str, str], log: Path,
 # Imported once by the runner, before any child is forked: what every test process loads and
 # atoll is not. Nothing of atoll may be imported here, or a child would run the original code.
 PRELOAD = ("pytest", "_pytest.junitxml", "pytest_timeout", "numpy", "pydantic", "yaml",
-           "cryptography.x509", "cryptography.hazmat.primitives.asymmetric.ec", "hypothesis")
+           "cryptography.x509", "cryptography.hazmat.primitives.asymmetric.ec", "hypothesis",
+           "opacus.accountants")  # the privacy tests' accountant: seconds a mutation otherwise
 
 
 def _preload() -> None:
@@ -173,12 +222,12 @@ def _preload() -> None:
 
 
 def _run_forked(args: list[str], root: Path, env: dict[str, str], log: Path, timeout: float,
-                mutated: Path) -> int | None:
+                mutated: Path | None) -> int | None:
     """pytest.main in a child forked from this process: its imports are already made (about a
     second a mutation on a quiet machine). The mutated module must not be loaded here."""
-    target = os.path.realpath(mutated)
+    target = os.path.realpath(mutated) if mutated is not None else None
     for module in list(sys.modules.values()):
-        if os.path.realpath(getattr(module, "__file__", None) or "/") == target:
+        if target and os.path.realpath(getattr(module, "__file__", None) or "/") == target:
             raise RuntimeError(f"{mutated} is imported by the runner: a forked child would run "
                                "the original; run with --no-fork")
     sys.stdout.flush()
@@ -310,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(outcome)
             print(f"{'caught' if outcome.caught else 'SURVIVED'} ({outcome.seconds:.0f} s)",
                   flush=True)
+        print("confirming that each catching test passes on the unmutated tree ...", flush=True)
+        confirm_catches(root, outcomes, python, args.timeout)
     except KeyboardInterrupt:
         print("\ninterrupted: the mutated file was restored", file=sys.stderr)
         return 130

@@ -162,3 +162,27 @@ def test_slow():
     assert _main(toy, "--only", "loud", "--timeout", "3") == 1
     assert "ran past 3 s" in (toy / "report.md").read_text()
     assert (toy / "toy.py").read_text() == TOY_MODULE
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["new-python", "forked"])
+def test_a_test_that_fails_unmutated_too_is_no_catch(toy, capsys, fork):
+    """A broken test "catches" every mutant: each catch is confirmed on the unmutated tree."""
+    (toy / "test_toy.py").write_text(TOY_TEST + '''
+
+def test_broken_anyway():
+    assert False
+''')
+    assert _main(toy, "--only", "loud", fork=fork) == 1
+    report = (toy / "report.md").read_text()
+    assert ("| loud | `toy.py` | **SURVIVED** its catching test fails on the unmutated tree "
+            "too: test_toy.py::test_broken_anyway |") in report, report
+    assert "0 of 1 mutations caught" in report
+    assert (toy / "toy.py").read_text() == TOY_MODULE
+
+
+def test_a_class_test_is_named_by_its_file_and_class(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("")
+    assert runner._node_id("tests.test_x.TestA", "test_b[1]", tmp_path) == \
+        "tests/test_x.py::TestA::test_b[1]"
+    assert runner._node_id("tests.test_x", "test_c", tmp_path) == "tests/test_x.py::test_c"

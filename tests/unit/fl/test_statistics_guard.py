@@ -76,6 +76,8 @@ def test_rules_are_frozen_at_the_first_question():
     with pytest.raises(StatisticsRefused, match="min_count 20 .*min_count 5 is refused"):
         guard.answer(SUMMARY, {"columns": ["x"]}, _table)  # back to the site's own: refused too
     assert effective_rules({"min_count": 5}, True).min_count == 5  # a bool is not a count
+    assert effective_rules({"min_count": 10}, 2).min_count == 10  # a job never loosens it
+    assert effective_rules({"min_count": 10}, 12).min_count == 12
 
 
 def test_malformed_questions_are_refused_without_counting():

@@ -125,3 +125,6 @@ def test_dp_needs_bounds_and_clips_to_them():
     # a mean outside the bounds is clipped to them: deviations from 100, sensitivity 100^2
     far = spread(np.full(10, 100.0), 1e6, rules, rng, "x", 1e9)["sum_squared_deviations"]
     assert far == pytest.approx(0.0, abs=1e-3)
+    # values outside the bounds are clipped too: each deviates by 50 from a mean of 50
+    out = spread(np.full(10, 1e9), 50.0, rules, rng, "x", 1e9)["sum_squared_deviations"]
+    assert out == pytest.approx(10 * 50.0**2, abs=1e-3)

@@ -320,6 +320,11 @@ def test_gpus_are_the_reserved_device_ids_never_a_count() -> None:
                      "capabilities": [["gpu"]]}]
 
 
+def test_a_job_without_gpus_asks_the_engine_for_none() -> None:
+    request = request_for(resource_spec={"@default": {"num_of_gpus": 0}})
+    assert run_kwargs(request)["device_requests"] == []  # never a request the engine fills
+
+
 def test_gpu_ids_default_to_the_site_capacity_and_a_site_without_gpus_refuses() -> None:
     site = parse_site_config({"launcher": "docker", "capacity": {"gpus": 2}})
     from atoll.launchers.docker_render import site_gpu_ids

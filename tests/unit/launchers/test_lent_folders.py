@@ -4,7 +4,8 @@ load and again at launch, sandboxed or not."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -90,3 +91,18 @@ def test_process_study_runtime_with_a_dataset_of_the_kit_fails_to_load(
     local = kit(tmp_path, "bwrap", studies)
     with pytest.raises(SpecError, match=r"studies\.imaging\.datasets\.scans\.source.*site kit"):
         load_study_runtime(local, "process")
+
+
+def test_the_folder_of_every_run_folder_is_refused_where_it_lies_outside_the_kit(
+        tmp_path: Path) -> None:
+    """A site whose run folders are outside its kit: their common folder is the parent's too."""
+    from atoll.launchers.lent_folders import refuse_parent_folders
+
+    local = kit(tmp_path, "bwrap")
+    runs = tmp_path / "scratch" / "runs"
+    request = request_with_dataset(local, tmp_path / "data")
+    request = dataclasses.replace(request, workdir=runs / JOB_ID)
+    for lent in (runs, runs.parent):  # the folder of all run folders, or one above it
+        with pytest.raises(LaunchError, match="the folder of every job's run folder"):
+            refuse_parent_folders(PurePosixPath(lent), request, "datasets.scans")
+    refuse_parent_folders(PurePosixPath(tmp_path / "data"), request, "datasets.scans")

@@ -100,3 +100,41 @@ def test_a_crafted_job_id_is_invalid_argument_naming_it(job_id):
     finally:
         channel.close()
         endpoint.stop(0)
+
+
+class _Replies(_NoBackend):
+    """A backend that records which task's replies it was asked for (none are waiting)."""
+
+    def __init__(self):
+        self.asked = []
+
+    def next_reply(self, job_id, task_id, wait_s, *rest):
+        self.asked.append((job_id, task_id))
+        return iter(())
+
+
+@pytest.mark.parametrize("task_id", ["../x", "a/b", "a b", "t" * 65])  # gRPC carries no newline
+def test_a_crafted_task_id_in_a_reply_pull_is_invalid_argument_before_the_backend(task_id):
+    from atoll.wire.worker_link import SESSION_KEY
+
+    tokens, backend = WorkerTokens(), _Replies()
+    endpoint = start_worker_endpoint(tokens, backend, "127.0.0.1", 0)
+    channel = grpc.insecure_channel(endpoint.address)
+    try:
+        stub = rpc.stub(channel, "WorkerLink")
+        session = json.loads(_register(stub, "job-1", tokens.issue("job-1")).body)["session"]
+
+        def pull(task):
+            metadata = ((SESSION_KEY, session), ("x-atoll-task", task))
+            return list(stub.NextReply(msg.PullRequest(job_id="job-1", wait_s=0.0),
+                                       metadata=metadata, timeout=5))
+
+        with pytest.raises(grpc.RpcError) as err:
+            pull(task_id)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "x-atoll-task header" in err.value.details()
+        assert backend.asked == []
+        assert pull("t1") == [] and backend.asked == [("job-1", "t1")]  # the control
+    finally:
+        channel.close()
+        endpoint.stop(0)

@@ -117,3 +117,36 @@ def test_the_scheduler_never_dispatches_a_job_of_a_revoked_signer(manager, certs
     assert job.state == "FINISHED:ABORTED"
     assert job.reason.startswith("cancelled: the submitter's certificate was revoked")
     assert "revocation list 5" in job.reason
+
+
+def dispatched(jobs: JobManager, job_id: str, cert):
+    """A job made live by a dispatch to site-1, its server worker not started yet."""
+    submitted(jobs, job_id, cert)
+    (jobs.jobs_dir / job_id / "job" / "app").mkdir()
+    jobs._run_server_worker = lambda live: None  # the test starts it, in this thread
+    jobs.dispatch(jobs.store.get_job(job_id), load_meta(META), ["site-1"], {}, {})
+    assert jobs.links.sent[-1] == ("site-1", "dispatch", job_id)
+    return jobs.live[job_id]
+
+
+def test_a_newer_list_aborts_the_running_jobs_it_revokes(manager, certs):
+    gone = dispatched(manager, "d" * 32, certs["gone"])
+    stays = dispatched(manager, "e" * 32, certs["stays"])
+    manager.links.sent.clear()
+    assert manager.signers_revoked(listing(certs["gone"])) == ["d" * 32]
+    assert gone.aborting.startswith("aborted: the submitter's certificate was revoked")
+    assert manager.links.sent == [("site-1", "abort", "d" * 32)]
+    assert stays.aborting is None
+
+
+def test_a_list_that_came_after_the_dispatch_stops_the_server_worker_before_it_starts(
+        manager, certs):
+    live = dispatched(manager, "f" * 32, certs["gone"])
+    manager.tokens = SimpleNamespace(issue=lambda job_id: "token")
+    manager.host.launch_request = lambda *args: "request"
+    manager.revocations.current = listing(certs["gone"], number=6)  # arrived meanwhile
+    JobManager._run_server_worker(manager, live)  # the launcher fails the test if it is asked
+    assert live.aborting.startswith("aborted before the server worker started: the submitter")
+    job = manager.store.get_job("f" * 32)
+    assert job.parts["server"]["state"] == "FINISHED:ABORTED"
+    assert "revocation list 6" in job.parts["server"]["reason"]

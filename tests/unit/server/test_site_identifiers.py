@@ -36,3 +36,86 @@ def test_a_job_state_of_a_crafted_job_id_is_refused(job_id):
 def test_a_job_state_without_a_state_name_is_refused(state):
     with pytest.raises(ValueError, match="state name"):
         _job_state(json.dumps({"job_id": "j1", "state": state}))
+
+
+# -- the handlers themselves: an id out of its grammar is refused before any lookup --------------
+class Aborted(Exception):
+    def __init__(self, code, details):
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class SiteCall:
+    """What a handler reads of a call from site-1: its verified subject (the revocation list is
+    not loaded in this process, so no certificate is refused), and an abort that ends it."""
+
+    def auth_context(self):
+        return {"x509_pem_cert": [b"unused"], "x509_subject": [b"OU=site,O=org,CN=site-1"]}
+
+    async def abort(self, code, details):
+        raise Aborted(code, details)
+
+
+class Jobs:
+    """The server's jobs as the handler sees them: every lookup is recorded, none is running."""
+
+    def __init__(self):
+        self.asked = []
+
+    def running_at(self, job_id, site):
+        self.asked.append((job_id, site))
+
+
+def _service(jobs):
+    from atoll.server.federation_service import FederationService
+
+    return FederationService(store=None, jobs=jobs, studies=None, links=None, revocations=None,
+                             wake=lambda: None, stopping=lambda: False)
+
+
+async def _frames(*raw):
+    for item in raw:
+        yield item
+
+
+def _refusal(call) -> Aborted:
+    import asyncio
+
+    with pytest.raises(Aborted) as err:
+        asyncio.run(call)
+    return err.value
+
+
+@pytest.mark.parametrize("field", ["job_id", "task_id"])
+@pytest.mark.parametrize("bad", ["../x", "a/b", "x" * 65, 7])
+def test_a_reply_naming_a_crafted_job_or_task_id_is_refused_before_any_lookup(field, bad):
+    import grpc
+
+    from atoll.wire import frames
+
+    jobs = Jobs()
+    head = {"job_id": "j1", "task_id": "t1", "headers": {}, field: bad}
+    refused = _refusal(_service(jobs).PushReply(_frames(frames.header(head)), SiteCall()))
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT, refused.details
+    assert field in refused.details
+    assert jobs.asked == []
+    # the control: ids of their grammar reach the lookup (here: no such job running)
+    ok = _refusal(_service(jobs).PushReply(_frames(frames.header(
+        {"job_id": "j1", "task_id": "t1", "headers": {}})), SiteCall()))
+    assert ok.code == grpc.StatusCode.NOT_FOUND and jobs.asked == [("j1", "site-1")]
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "x" * 65, None])
+def test_a_report_naming_a_crafted_job_id_is_refused_before_any_lookup(bad):
+    import grpc
+
+    from atoll.wire import messages as msg
+
+    jobs = Jobs()
+    body = json.dumps({"job_id": bad, "event": {"kind": "progress"}})
+    refused = _refusal(_service(jobs).Report(msg.Json(body=body), SiteCall()))
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT, refused.details
+    assert "job_id" in refused.details and jobs.asked == []
+    body = json.dumps({"job_id": "j1", "event": {"kind": "progress"}})
+    ok = _refusal(_service(jobs).Report(msg.Json(body=body), SiteCall()))
+    assert ok.code == grpc.StatusCode.NOT_FOUND and jobs.asked == [("j1", "site-1")]

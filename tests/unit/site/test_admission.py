@@ -100,3 +100,32 @@ def test_a_meta_sent_as_a_path_is_refused_unread(tmp_path, local):
     state, reason = link.states[-1]
     assert state == "FINISHED:FAILED"
     assert "the server sent no meta document" in reason and "SITE-FILE-CONTENT" not in reason
+
+
+@pytest.mark.parametrize("job_id", ["../x", "a/b", "x" * 65, 7, None])
+def test_a_dispatch_of_a_crafted_job_id_starts_nothing(tmp_path, local, job_id):
+    """The id names the job's thread, folder and state: checked before anything starts."""
+    import threading
+
+    link = Link()
+    kit = SimpleNamespace(name="hospital-a", workspace=tmp_path / "ws")
+    supervisor = Supervisor(kit, host=Host(local), link=link, server=None, tokens=WorkerTokens())
+    before = set(threading.enumerate())
+    supervisor.dispatch({"job_id": job_id, "study": "pathology", "meta": {}})
+    assert set(threading.enumerate()) <= before  # no job thread
+    if isinstance(job_id, str):  # the server hears why when it can match the id
+        ((state, reason),) = link.states
+        assert state == "FINISHED:FAILED" and "is not a valid job id" in reason
+    else:
+        assert link.states == []
+    assert not (tmp_path / "ws").exists()
+
+
+@pytest.mark.parametrize("study", ["../etc", "a/b", "Pathology", {"x": 1}, None])
+def test_a_dispatch_of_a_crafted_study_is_refused_naming_its_grammar(tmp_path, local, study):
+    link = Link()
+    kit = SimpleNamespace(name="hospital-a", workspace=tmp_path / "ws")
+    supervisor = Supervisor(kit, host=Host(local), link=link, server=None, tokens=WorkerTokens())
+    supervisor._run({"job_id": "k" * 32, "study": study, "meta": {}})
+    ((state, reason),) = link.states
+    assert state == "FINISHED:FAILED" and "is not a valid study name" in reason, reason

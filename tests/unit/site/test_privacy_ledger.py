@@ -90,6 +90,21 @@ def test_a_damaged_ledger_refuses_every_release_until_an_operator_repairs_it(sit
         ledger.spend("alpha", "job-2", "dp", 1.0, 1e-5)
 
 
+@pytest.mark.parametrize("doc", [
+    {"format_version": 2, "study": "alpha", "spent": {}},  # a later version's: never guessed at
+    {"study": "alpha", "spent": {}},
+    {"format_version": 1, "study": "beta", "spent": {}},  # another study's ledger moved here
+    {"format_version": 1, "study": "alpha", "spent": []},
+])
+def test_a_ledger_not_of_this_format_and_study_is_refused(site, doc):
+    folder = site / "workspace" / "privacy_ledger"
+    folder.mkdir(parents=True)
+    (folder / "alpha.json").write_text(json.dumps(doc))
+    ledger = SitePrivacyLedger("site-1", site / "workspace", site / "local")
+    with pytest.raises(LedgerRefused, match="is not a ledger this version reads"):
+        ledger.spend("alpha", "job-2", "dp", 1.0, 1e-5)
+
+
 def test_basic_composition_adds_epsilons_and_deltas():
     ledger = StudyLedger("s", "alpha", "in memory")
     budget = StudyBudget(10.0, 1e-5, "test")

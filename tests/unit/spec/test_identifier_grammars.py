@@ -40,6 +40,9 @@ def test_lengths_are_bounded():
         names.check_site_name("s" * 64)
     with pytest.raises(IdentifierError):
         names.check_user_name("a" * 250 + "@x.org")
+    with pytest.raises(IdentifierError):  # the pattern alone takes a domain of any length
+        names.check_user_name("a@" + "b" * 250 + ".org")
+    assert names.check_user_name("a@" + "b" * 240 + ".org")
     with pytest.raises(IdentifierError):
         names.check_app_name("a" * 256)
 

@@ -211,6 +211,14 @@ def test_an_allowed_destination_must_be_a_host_name_or_loopback_and_a_port(entry
     assert message in issues["process.network.allow[0]"], issues
 
 
+def test_allowed_destinations_are_bounded():
+    allow = [f"host-{i}.example:443" for i in range(201)]  # one relay (two threads) each
+    issues = by_path(issues_of(parse_site_config, {
+        "launcher": "process", "process": {"network": {"allow": allow}}}))
+    assert "at most 200 destinations" in issues["process.network.allow"], issues
+    assert len(_process({"network": {"allow": allow[:200]}}).network.destinations()) == 200
+
+
 @pytest.mark.parametrize(
     ("block", "path", "message"),
     [

@@ -82,6 +82,13 @@ def test_a_revoked_signer_is_refused_before_any_job_code(tmp_path, project):
         signed_job.check(workdir, trust(project))
 
 
+@pytest.mark.parametrize("given", [None, {}, {"ca": None}, {"ca": 7}, ["ca"], "ca"])
+def test_a_parent_that_sends_no_root_ca_runs_nothing(tmp_path, project, given):
+    workdir = signed_workdir(tmp_path, project)
+    with pytest.raises(NotTrusted, match="its parent sent no root CA"):
+        signed_job.check(workdir, given)
+
+
 def test_a_list_the_projects_ca_did_not_sign_is_refused(tmp_path, project):
     workdir = signed_workdir(tmp_path, project)
     other_ca = create_ca("checks")

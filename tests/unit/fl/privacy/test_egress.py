@@ -17,6 +17,7 @@ from atoll.fl.metrics_log import LOGGED_KEY
 from atoll.fl.model import Model
 from atoll.fl.privacy import egress
 from atoll.fl.privacy.accounting import BudgetExhausted
+from atoll.fl.privacy.secagg.identity import LocalAuthority
 from atoll.fl.privacy.site_privacy import PrivacyRefused, SitePrivacy
 from atoll.fl.simulator import Federation, MemoryLedger
 from atoll.fl.workflows.api import Context
@@ -36,6 +37,11 @@ def rdp_epsilon(noise: float, releases: int, delta: float = 1e-5) -> float:
     for _ in range(releases):
         accountant.step(noise_multiplier=noise, sample_rate=1.0)
     return float(accountant.get_epsilon(delta=delta))
+
+
+def _changed(model: Model, **metrics) -> Model:
+    model.metrics.update(metrics)
+    return model
 
 
 # --- the classifier -----------------------------------------------------------------------------
@@ -58,6 +64,12 @@ def rdp_epsilon(noise: float, releases: int, delta: float = 1e-5) -> float:
     (Model(metrics={f"m{i}": 0.0 for i in range(egress.MAX_METRICS + 1)}), egress.UNKNOWN),
     (Model(meta={LOGGED_KEY: [{"round": 1, "metrics": {"w": [1.0, 2.0]}}]}), egress.UNKNOWN),
     (Model(meta={LOGGED_KEY: [{"round": 1, "weights": {}}]}), egress.UNKNOWN),
+    # Model checks its metrics when made; the job's code may change them afterwards
+    (_changed(Model(), embedding=[0.1, 0.2, 0.3]), egress.UNKNOWN),  # a vector, not a number
+    (_changed(Model(), accuracy="0.9 on records 1-40"), egress.UNKNOWN),
+    (Model(meta={"statistics": {"age": {"count": 10}}, "cohort": {"ages": [31.0]}}),
+     egress.UNKNOWN),  # rows beside a statistics answer
+    (Model(meta={f"k{i}": "x" * egress.MAX_TEXT for i in range(70)}), egress.UNKNOWN),  # 18 kB
 ])
 def test_a_reply_is_classified_by_what_it_carries(model, kind):
     assert egress.classify(model)[0] == kind
@@ -152,12 +164,18 @@ def test_a_reply_the_policy_cannot_classify_is_refused_where_the_site_requires_p
 # --- secure aggregation -------------------------------------------------------------------------
 
 
+AUTHORITY = LocalAuthority("tests")
 SECURE = parse_privacy({"dp": {"clip_norm": 1.0, "noise_multiplier": 1.0},
                         "secure_aggregation": {"threshold": 2}}, "test")
 
 
+def _secure() -> SitePrivacy:
+    """A site's privacy under secure aggregation: its worker holds a site-certified key."""
+    return SitePrivacy(SECURE, None, "s1", "job", identity=AUTHORITY.identity("s1", "job"))
+
+
 def test_with_secure_aggregation_metrics_leave_without_the_example_count():
-    privacy = SitePrivacy(SECURE, None, "s1", "job")
+    privacy = _secure()
     out = privacy.on_reply("validate", Model(metrics={"accuracy": 0.5}, num_examples=7))
     assert out.num_examples == 0 and out.metrics == {"accuracy": 0.5}
     out = privacy.on_reply("describe", Model(meta={"statistics": {}}, num_examples=3))
@@ -165,7 +183,7 @@ def test_with_secure_aggregation_metrics_leave_without_the_example_count():
 
 
 def test_with_secure_aggregation_an_update_never_leaves_unmasked():
-    privacy = SitePrivacy(SECURE, None, "s1", "job")
+    privacy = _secure()
     privacy.spend = lambda kind, eps, delta: eps
     privacy.on_task("submit_model", 1, Model(params=dict(W)))  # no shares with the task
     with pytest.raises(PrivacyRefused, match="leaves this site only masked"):
@@ -173,7 +191,7 @@ def test_with_secure_aggregation_an_update_never_leaves_unmasked():
 
 
 def test_one_rounds_shares_mask_one_update_only():
-    privacy = SitePrivacy(SECURE, None, "s1", "job")
+    privacy = _secure()
     privacy.spend = lambda kind, eps, delta: eps
     privacy._masked.add(1)  # round 1's update was masked and sent
     privacy._mask_round = 1  # and the workflow routed round 1's shares again

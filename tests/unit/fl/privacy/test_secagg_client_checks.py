@@ -23,6 +23,7 @@ from atoll.fl.privacy.secagg.client import (
     SecAggClient,
     SecAggRefused,
     add_masks,
+    check_text,
     mask_info,
     safe_threshold,
 )
@@ -33,7 +34,7 @@ from atoll.fl.serde import ModelStream, encode
 JOB = "job-1"
 AUTHORITY = LocalAuthority("tests")
 SITES = ("a", "b", "c")
-INPUTS = {s: np.arange(6, dtype=np.int64) * (i + 1) - 7 for i, s in enumerate("abcd")}
+INPUTS = {s: np.arange(6, dtype=np.int64) * (i + 1) - 7 for i, s in enumerate("abcdefg")}
 
 
 class Server:
@@ -208,6 +209,104 @@ def test_both_shares_of_one_peer_are_never_revealed():
     assert set(answer["b"]) == set(sites) and answer["s"] == {}
     with pytest.raises(SecAggRefused):  # a second request, whatever it says, gets nothing
         server.unmask("a", ["a", "b"], ["c"], signatures)
+
+
+# --- each rule alone: the attack that only this check stops (the mutation suite's) -----------
+
+
+def test_a_second_key_list_or_train_task_in_one_round_is_refused():
+    server = Server()
+    server.share()
+    keys = {"keys": server.adverts, "threshold": safe_threshold(len(SITES))}
+    with _refused("participant-sets"):  # new peers mid-round would re-key the shares
+        server.clients["a"].answer(SHARE, 1, keys)
+    server.train()
+    routed = {"sites": sorted(SITES), "shares": {"a": {u: server.shares[u]["a"] for u in SITES}}}
+    with _refused("participant-sets"):  # a second masking set in the round
+        server.clients["a"].take_shares(1, routed)
+
+
+def test_survivors_and_dropped_must_be_exactly_the_sites_masked_with():
+    server = Server(sites=("a", "b", "c", "d"))
+    server.share()  # threshold 3 of 4
+    server.train()
+    with _refused("participant-sets"):  # d neither survived nor dropped
+        server.check(["a", "b", "c"], [], to=["a"])
+    with _refused("participant-sets"):  # a itself counted as dropped
+        server.check(["b", "c", "d"], ["a"], to=["a"])
+    server.check(["a", "b", "c"], ["d"], to=["a"])  # the control: a list of its masked sites
+
+
+def test_a_round_is_unmasked_once_even_for_the_same_lists():
+    server = Server()
+    server.share()
+    server.train()
+    sites = sorted(SITES)
+    signatures = server.check(sites, [])
+    server.unmask("a", sites, [], signatures)
+    with _refused("one-share-per-peer"):
+        server.unmask("a", sites, [], signatures)
+
+
+def test_the_unmask_request_must_hold_the_lists_this_site_signed():
+    # seven sites (threshold 5): a signs "nobody dropped"; five others sign "g dropped", enough
+    # signatures without a's; a must still not reveal g's key shares
+    seven = tuple("abcdefg")
+    server = Server(sites=seven)
+    server.share()
+    server.train()
+    server.check(list(seven), [], to=["a"])
+    moved = server.check(list("abcdef"), ["g"], to=list("bcdef"))
+    with _refused("consistent-lists"):
+        server.unmask("a", list("abcdef"), ["g"], moved)
+
+
+def test_a_signature_of_a_dropped_site_does_not_count():
+    server = Server(sites=("a", "b", "c", "d"))
+    server.share()  # threshold 3 of 4
+    server.train()
+    survivors, dropped = ["a", "b", "c"], ["d"]
+    signatures = server.check(survivors, dropped, to=["a", "b"])
+    signatures["d"] = server.clients["d"].identity.sign(check_text(JOB, 1, survivors, dropped))
+    with _refused("consistent-lists"):  # only two survivors signed: fewer than the threshold
+        server.unmask("a", survivors, dropped, signatures)
+
+
+def test_a_credential_of_a_certificate_that_is_not_the_sites_is_refused():
+    authority = LocalAuthority("tests")
+    authority.identity("b", JOB)  # b's site certificate
+    key = authority._sites["b"][0]
+    authority._sites["b"] = (key, authority._cert("b", "user", key.public_key()))
+    as_user = authority.identity("b", JOB).credential
+    with pytest.raises(CredentialError, match="belongs to user"):
+        check(as_user, authority.ca_pem(), JOB, "b")
+    authority._sites["b"] = (key, authority._cert("c", "site", key.public_key()))
+    with pytest.raises(CredentialError, match="belongs to site 'c'"):
+        check(authority.identity("b", JOB).credential, authority.ca_pem(), JOB, "b")
+
+
+def test_a_credential_out_of_its_certificates_validity_or_not_signed_by_it_is_refused():
+    import time
+
+    credential = AUTHORITY.identity("b", JOB).credential
+    check(credential, AUTHORITY.ca_pem(), JOB, "b")  # the control
+    with pytest.raises(CredentialError, match="certificate is not valid now"):
+        check(credential, AUTHORITY.ca_pem(), JOB, "b", now=time.time() + 3 * 86400)
+    another = AUTHORITY.identity("b", JOB).credential  # b's too, certifying another key
+    forged = {**credential, "signature": another["signature"]}
+    with pytest.raises(CredentialError, match="not signed by b's key"):
+        check(forged, AUTHORITY.ca_pem(), JOB, "b")
+
+
+def test_a_second_credential_for_one_site_in_one_job_is_refused():
+    from atoll.fl.privacy.secagg.identity import PeerNotAuthenticated
+
+    mine = AUTHORITY.identity("a", JOB)
+    first, second = AUTHORITY.identity("b", JOB), AUTHORITY.identity("b", JOB)
+    mine.public_key("b", first.credential)
+    mine.public_key("b", first.credential)  # the same one again is fine
+    with pytest.raises(PeerNotAuthenticated, match="two different credentials for b"):
+        mine.public_key("b", second.credential)
 
 
 # --- the server's exactness checks -------------------------------------------------------------

@@ -12,8 +12,11 @@ import pytest
 from atoll.fl.aggregation import ResultRejected
 from atoll.fl.model import Model
 from atoll.fl.privacy.secagg import masking
+from atoll.fl.privacy.secagg.identity import LocalAuthority
 from atoll.fl.privacy.secagg.server import SecureRound
 from atoll.fl.serde import encode, open_model
+
+AUTHORITY = LocalAuthority("tests")  # the sites' certified keys (a site requires one)
 
 
 def _round() -> SecureRound:
@@ -85,7 +88,7 @@ def _keys(*sites: str) -> dict[str, dict[str, bytes]]:
 
     out = {}
     for site in sites:
-        meta = SecAggClient(site, "job").answer(ADVERTISE, 1, {})
+        meta = SecAggClient(site, "job", AUTHORITY.identity(site, "job")).answer(ADVERTISE, 1, {})
         out[site] = {"c": unb64(meta["c"], "c"), "s": unb64(meta["s"], "s")}
     return out
 
@@ -99,7 +102,7 @@ def test_a_threshold_above_the_sites_that_advertised_is_refused():
 
     def step(targets, topic, meta, need):
         assert topic == ADVERTISE, "the round went on to share its keys"
-        return {site: SecAggClient(site, "job").answer(ADVERTISE, 1, {}) for site in targets}
+        return {site: SecAggClient(site, "job", AUTHORITY.identity(site, "job")).answer(ADVERTISE, 1, {}) for site in targets}
 
     secure._step = step
     with pytest.raises(WorkflowError, match="threshold is 3 but only 2 site"):
@@ -113,7 +116,12 @@ def _unmasking(answers: dict[str, dict], dropped: str | None = None) -> SecureRo
     secure.sites = ["a", "b", "c"]
     secure._masked = [s for s in secure.sites if s != dropped]
     secure._sum = _masked(w=(4,))
-    secure._step = lambda targets, topic, meta, need: answers
+    from atoll.fl.privacy.secagg.client import CHECK
+
+    def step(targets, topic, meta, need):  # the consistency check first, then the unmask
+        return {site: {"sig": "signed"} for site in targets} if topic == CHECK else answers
+
+    secure._step = step
     return secure
 
 
@@ -140,3 +148,30 @@ def test_shares_that_do_not_rebuild_a_dropped_sites_mask_key_are_refused():
     secure = _unmasking(answers, dropped="c")
     with pytest.raises(WorkflowError, match="the shares of c's mask key do not rebuild it"):
         secure.unmask()
+
+
+def test_a_step_that_gathered_fewer_answers_than_it_needs_goes_no_further(monkeypatch):
+    """Whatever the gathering returned (a site gone quiet, an answer dropped), a step never
+    goes on with fewer answers than the threshold and min_clients need."""
+    from types import SimpleNamespace
+
+    from atoll.fl.privacy.secagg import server
+    from atoll.fl.privacy.secagg.client import ADVERTISE
+    from atoll.fl.serde import ModelStream
+    from atoll.fl.workflows import WorkflowError
+
+    class Channel:
+        job_id = "job"
+
+        def send(self, targets, topic, headers, chunks):
+            return "task"
+
+    def gather(channel, task, targets, timeout, take, need):  # only a answered; none failed
+        take("a", ModelStream(encode(Model(meta={"c": "c", "s": "s", "cred": {}, "sig": "x"}))))
+        return SimpleNamespace(failed={})
+
+    monkeypatch.setattr(server, "gather", gather)
+    secure = SecureRound(channel=Channel(), round_=1, headers={}, timeout=None, min_clients=2)
+    with pytest.raises(WorkflowError, match=r"\(secagg.advertise\): 1 site\(s\) answered, 2 needed"):
+        secure._step(["a", "b"], ADVERTISE, {}, 2)
+    assert set(secure._step(["a"], ADVERTISE, {}, 1)) == {"a"}  # the control
