@@ -242,9 +242,15 @@ def test_worker_calls_before_registration_are_refused(fed, method):
 
 
 def test_a_worker_token_that_was_never_issued_is_refused(fed):
+    """A token never issued is refused; a registration that names no valid job id is refused
+    before any token is looked at, naming the field."""
     with grpc.insecure_channel(f"127.0.0.1:{fed.worker_port}") as channel:
-        for body in ({"job_id": "0" * 32, "token": "x"}, {}, {"job_id": 1, "token": None}):
+        for body, expected in (({"job_id": "0" * 32, "token": "x"}, grpc.StatusCode.PERMISSION_DENIED),
+                               ({}, grpc.StatusCode.INVALID_ARGUMENT),
+                               ({"job_id": 1, "token": None}, grpc.StatusCode.INVALID_ARGUMENT)):
             request = msg.Json(body=json.dumps(body)).SerializeToString()
             code, details = _call(channel, "WorkerLink", "Register", [request])
-            assert code == grpc.StatusCode.PERMISSION_DENIED, (code, details)
+            assert code == expected, (body, code, details)
+            if expected == grpc.StatusCode.INVALID_ARGUMENT:
+                assert "is not a valid job id" in details, details
     fed.wait_online(WATCHER)  # the site parent serves on

@@ -18,8 +18,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -250,13 +248,24 @@ class Endpoint:
         """Stop serving and remove the socket's private folder."""
         self.server.stop(grace).wait(grace + 1)
         if self.socket_path is not None:
+            import shutil  # here, not at rest: shutil loads bz2 and lzma
+
             shutil.rmtree(os.path.dirname(self.socket_path), ignore_errors=True)
 
 
 def private_socket_folder(prefix: str = "atoll-") -> str:
     """A new folder only this user may enter, for sockets bound into sandboxes one by one."""
-    base = SOCKET_PARENT if os.path.isdir(SOCKET_PARENT) else None
-    return tempfile.mkdtemp(prefix=prefix, dir=base)  # mkdtemp makes it 0700
+    # tempfile.mkdtemp would do, but tempfile loads shutil (and bz2, lzma) into a parent at rest
+    base = SOCKET_PARENT if os.path.isdir(SOCKET_PARENT) else os.environ.get("TMPDIR", "/tmp")
+    for _ in range(100):
+        path = os.path.join(base, prefix + secrets.token_hex(6))
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o700)  # whatever the umask
+        return path
+    raise FileExistsError(f"no new folder could be made in {base}")
 
 
 def start_worker_endpoint(tokens: WorkerTokens, backend: WorkerBackend, host: str, port: int,
@@ -285,6 +294,8 @@ def start_worker_endpoint(tokens: WorkerTokens, backend: WorkerBackend, host: st
         bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         if socket_path is not None:
+            import shutil
+
             shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
         raise OSError(f"cannot listen for workers on {host}:{port}")
     server.start()

@@ -21,7 +21,6 @@ from atoll.pki.files import PRIVATE, private_dir, write_atomic
 from atoll.spec.budget_ledger import LedgerRefused, StudyBudget, StudyLedger
 from atoll.spec.errors import SpecError
 from atoll.spec.names import is_site_name
-from atoll.spec.privacy import load_site_policy
 
 LEDGER_DIR = "privacy_ledger"
 
@@ -29,6 +28,8 @@ BudgetOf = Callable[[Path, str], "StudyBudget | None"]  # (local dir, study) -> 
 
 
 def _dp_budget(local_dir: Path, study: str) -> StudyBudget | None:
+    from atoll.spec.privacy import load_site_policy  # at the first release, not at rest (pydantic)
+
     policy = load_site_policy(local_dir)  # read now: an operator's change holds at once
     if policy is None or policy.budget is None:
         return None
