@@ -190,7 +190,7 @@ def _docker(engine: Any, launchers: list[Launcher], stack: list[Callable[[], Non
         site_config,
     )
 
-    config = site_config(engine)
+    config = site_config(engine, gpu_ids=["0", "1"])  # what the 1-GPU render reserves from
     fresh = _closing(launchers, lambda: DockerLauncher(config))
     bystander: list[Any] = []  # a container of someone else, started with never_started's
 
