@@ -73,8 +73,9 @@ def test_a_round_short_of_min_clients_fails_after_recording_it(tmp_path):
     def gone(topic, model):
         raise SiteGone("its worker died")
 
-    with pytest.raises(WorkflowError, match="round 1: 1 site\\(s\\) returned a usable result, "
-                                            "min_clients is 2. Failed: site-2: site-2 dropped"):
+    # site-1's reply may come before or after site-2's drop-out: either way the round fails
+    with pytest.raises(WorkflowError, match=r"round 1: [01] site\(s\) returned a usable result, "
+                                            r"min_clients is 2\. Failed: .*site-2: site-2 dropped"):
         run_workflow(run_scatter_gather, ScatterGatherArgs(num_rounds=3),
                      {"site-1": echo, "site-2": gone}, tmp_path)
     report = json.loads((tmp_path / "scatter_gather.json").read_text())
