@@ -327,7 +327,7 @@ _SLURM_LIVE = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "COMPLETING", "
 
 def _slurm(launchers: list[Launcher], stack: list[Callable[[], None]]) -> Backend:
     from atoll.launchers.slurm import SlurmLauncher
-    from tests.integration.slurm.conftest import make_request, slurm_site
+    from tests.integration.slurm.conftest import SESSION_STUDY, make_request, slurm_site
 
     site = slurm_site()
     fresh = _closing(launchers, lambda: SlurmLauncher(site))
@@ -335,9 +335,11 @@ def _slurm(launchers: list[Launcher], stack: list[Callable[[], None]]) -> Backen
 
     def never_started() -> Handle:
         bystander.append(subprocess.run(
-            ["sbatch", "--parsable", "-J", "atoll-bystander", "-c", "1", "--mem=16M", "-o", "/dev/null", "--wrap",
-             "sleep 600"], capture_output=True, text=True, check=True).stdout.split(";")[0])
-        stack.append(lambda: subprocess.run(["scancel", *bystander], capture_output=True))
+            ["sbatch", "--parsable", "-J", "atoll-bystander", "-c", "1", "--mem=16M",
+             "-o", "/dev/null", f"--comment=study={SESSION_STUDY}", "--wrap", "sleep 600"],
+            capture_output=True, text=True, check=True).stdout.strip().split(";")[0])
+        stack.append(lambda: subprocess.run(["scancel", *bystander], capture_output=True,
+                                            check=True))
         return Handle("slurm", "60000001", uuid.uuid4().hex)  # no such job id
 
     def bystander_stays() -> bool:
