@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: bytecode demo test mutation lint proto proto-check unit fuzz bench bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox bench-secagg demo-privacy clean
+.PHONY: bytecode demo test mutation stability lint proto proto-check unit fuzz bench bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox bench-secagg demo-privacy clean
 
 $(STAMP): pyproject.toml tests/requirements-helm.txt
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,12 @@ test: $(STAMP) lint proto-check
 ## fail for each. The report is build/mutation-report.md; ONLY=TEXT runs the matching ones
 mutation: $(STAMP)
 	$(BIN)/python scripts/mutation_suite.py $(if $(ONLY),--only '$(ONLY)')
+
+## stability: the timing-sensitive tests (revocation, hostile peers, drop-out) RUNS times in a
+## row (default 20) under two busy loops; stops at the first failing run
+RUNS ?= 20
+stability: $(STAMP) bytecode
+	scripts/stability.sh $(RUNS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts

@@ -44,6 +44,11 @@ def from_rpc_error(exc, server: str) -> AtollError:
     import grpc
 
     code, details = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE and "Hostname Verification" in details:
+        return ConnectionFailed(
+            f"the server at {server} answered with a certificate that does not hold that name; "
+            "if the server moved, its project admin re-issues its certificate for the new name "
+            "(`atoll provision move-server DIR/PROJECT --host NAME`, docs/provisioning.md)")
     if code == grpc.StatusCode.UNAVAILABLE:
         return ConnectionFailed(
             f"cannot reach the server at {server} ({details.splitlines()[0] if details else code.name}); "

@@ -3,6 +3,7 @@
     atoll provision PROJECT.yaml --out DIR [--force]
     atoll provision add-site DIR/<project> --name NAME --org ORG
     atoll provision add-user DIR/<project> --name EMAIL --org ORG --role ROLE
+    atoll provision move-server DIR/<project> --host NEW_HOST [--port PORT]
 
 and, in ``provision_keys.py``, revocation and the flow whose keys never leave their owner:
 ``request``, ``sign``, ``assemble``, ``revoke``.
@@ -173,6 +174,55 @@ def add_user_command(project_dir: Path, name: str, org: str, role: str, fmt: str
     _report_added(kit, "Add the user to a study with `atoll study add-user STUDY USER`: no "
                   "need to wait for their first login (an admin kit of this project folder "
                   "sends their certificate; from elsewhere pass --cert USER/startup/client.crt).", fmt)
+
+
+@provision_group.command("move-server")
+@click.argument("project_dir", metavar="DIR/PROJECT", type=click.Path(path_type=Path))
+@click.option("--host", required=True, help="The host name or address sites will dial.")
+@click.option("--port", type=int, default=None, help="The new port (default: unchanged).")
+@click.option("--also", multiple=True, metavar="NAME",
+              help="Another name the certificate must hold (repeatable), e.g. the old host "
+              "while sites move over.")
+@format_option
+def move_server_command(project_dir: Path, host: str, port: int | None, also: tuple[str, ...],
+                        fmt: str) -> None:
+    """Re-issue the server's certificate for a new host name, with the same CA.
+
+    Writes the new certificate and key into DIR/PROJECT/server, points its kit.yaml (and its
+    listen address, where that was the default) and every kit still in the project folder at
+    the new address. No kit is sent again: each site and user edits `server:` in their own
+    startup/kit.yaml, and running sites follow. docs/provisioning.md, "Moving the server".
+    """
+    from atoll.pki.server_move import move_server
+
+    moved = _guarded(lambda: move_server(project_dir, host, port, also))
+    new = f"{moved.new[0]}:{moved.new[1]}"
+    steps = [
+        f"copy {moved.server_kit}/startup/ (server.crt, server.key, kit.yaml, kit.json, "
+        "project.json) to the server's kit and restart the server there",
+        f"at each site and user: set `server: {{host: {moved.new[0]}, port: {moved.new[1]}}}` "
+        "in startup/kit.yaml (a running site follows within seconds; nothing else changes)",
+    ]
+    if fmt == "json":
+        emit({"server_kit": str(moved.server_kit), "old": f"{moved.old[0]}:{moved.old[1]}",
+              "new": new, "listen": f"{moved.listen[0]}:{moved.listen[1]}",
+              "names": list(moved.names), "serial": moved.serial,
+              "kits_updated": [str(p) for p in moved.kits_updated], "next": steps}, fmt)
+        return
+    from rich.console import Console
+    from rich.markup import escape
+
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"Re-issued the server certificate (serial {moved.serial}) for "
+              f"{escape(', '.join(moved.names))}; same CA, every other kit stays valid.")
+    out.print(f"The server is now dialled at {escape(new)} and listens on "
+              f"{escape(f'{moved.listen[0]}:{moved.listen[1]}')}.")
+    if moved.kits_updated:
+        names = ", ".join(p.name for p in moved.kits_updated)
+        out.print(f"Kits in the project folder pointed at it: {escape(names)}.")
+    out.print("Next:")
+    for number, step in enumerate(steps, 1):
+        out.print(f"  {number}. {escape(step)}")
 
 
 def kit_json(kit: WrittenKit) -> dict[str, Any]:

@@ -106,6 +106,12 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+_KIT_HEADER = (
+    "# atoll startup kit, written by `atoll provision`. Identity comes from the certificate\n"
+    "# next to this file; only `server`, `listen` and `workspace` may be edited here.\n"
+)
+
+
 def render_kit_yaml(
     *,
     project: str,
@@ -127,11 +133,24 @@ def render_kit_yaml(
         doc["listen"] = {"host": listen[0], "port": listen[1]}
     if kind in ("server", "site"):
         doc["workspace"] = DEFAULT_WORKSPACE
-    header = (
-        "# atoll startup kit, written by `atoll provision`. Identity comes from the certificate\n"
-        "# next to this file; only `server`, `listen` and `workspace` may be edited here.\n"
-    )
-    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+    return _KIT_HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+
+
+def edit_kit_yaml(kit_dir: Path, **changes: Any) -> None:
+    """Set top-level keys of ``kit_dir``'s kit.yaml (e.g. ``server``), keeping the others, and
+    write its kit.json again so that load_kit keeps sparing the YAML parse."""
+    import yaml
+
+    from atoll.pki.files import PUBLIC, write_atomic
+
+    kit_file = kit_dir / "startup" / KIT_FILE
+    doc = _parse_yaml(kit_file, kit_file.read_bytes())
+    if not isinstance(doc, dict):
+        raise KitError(f"corrupt startup kit: {kit_file} is not a mapping")
+    doc.update(changes)
+    text = _KIT_HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+    write_atomic(kit_file, text, PUBLIC)
+    write_atomic(kit_file.with_name(KIT_CACHE_FILE), render_kit_json(text), PUBLIC)
 
 
 def render_kit_json(kit_yaml: str) -> str:

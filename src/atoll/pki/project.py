@@ -90,7 +90,19 @@ def _check_server_name(value: str) -> str:
     return value
 
 
-def _check_host(value: str) -> str:
+def default_listen_host(host: str) -> str:
+    """Where a server dialled at ``host`` binds when project.yaml does not say: a loopback
+    address itself (127.0.0.2 is not reached on 127.0.0.1), 127.0.0.1 for a loopback name,
+    else every interface."""
+    if not is_loopback(host):
+        return "0.0.0.0"
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return "127.0.0.1"
+
+
+def check_host(value: str) -> str:
     try:
         ip = ipaddress.ip_address(value)
     except ValueError:
@@ -119,7 +131,7 @@ ServerName = Annotated[str, AfterValidator(_check_server_name)]
 SiteName = Annotated[str, AfterValidator(check_site_name)]
 UserName = Annotated[str, AfterValidator(check_user_name)]
 Org = Annotated[str, AfterValidator(check_org)]
-Host = Annotated[str, AfterValidator(_check_host)]
+Host = Annotated[str, AfterValidator(check_host)]
 ListenHost = Annotated[str, AfterValidator(_check_listen_host)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
@@ -130,8 +142,8 @@ class ListenSpec(BaseModel):
     model_config = _STRICT
     host: ListenHost | None = Field(
         None,
-        description="Address the server binds. Default: 127.0.0.1 when `server.host` is a "
-        "loopback name or address, else 0.0.0.0 (all interfaces).",
+        description="Address the server binds. Default: a loopback address itself when "
+        "`server.host` is one, 127.0.0.1 for `localhost`, else 0.0.0.0 (all interfaces).",
     )
     port: Port | None = Field(None, description="Port the server binds. Default: `server.port`.")
 
@@ -147,7 +159,7 @@ class ServerSpec(BaseModel):
 
     @model_validator(mode="after")
     def _resolve_listen(self) -> ServerSpec:
-        host = self.listen.host or ("127.0.0.1" if is_loopback(self.host) else "0.0.0.0")
+        host = self.listen.host or default_listen_host(self.host)
         self.listen = ListenSpec(host=host, port=self.listen.port or self.port)
         return self
 

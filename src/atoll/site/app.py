@@ -24,15 +24,13 @@ from atoll.parent.local_config import UNCONFINED_WARNING, LocalConfig, load_loca
 from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
 from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
-from atoll.pki.tls import channel_credentials
 from atoll.site.connection import ServerLink
 from atoll.site.privacy_ledger import SitePrivacyLedger
 from atoll.site.revocation import SiteRevocations
+from atoll.site.server_channel import CurrentStub, ServerChannel
 from atoll.site.supervisor import SiteJob, Supervisor
 from atoll.site.worker_backend import SiteWorkerBackend
 from atoll.spec.authorization import load_policy
-from atoll.wire import rpc
-from atoll.wire.grpc_setup import secure_channel
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
@@ -62,10 +60,11 @@ class SiteParent:
         self.revocations = SiteRevocations(self.workspace, kit.ca)
         self.revocations.activate()
         self.tokens = WorkerTokens()
-        self.channel = secure_channel(kit.server_address, channel_credentials(kit), None)
-        self.stub = rpc.stub(self.channel, "Federation")
-        self.link = ServerLink(self.channel, self.stub, self._hello, self._on_command,
-                               kit.server_address)
+        # Follows an edited `server:` in kit.yaml when the server moves (server_channel.py).
+        self.server = ServerChannel(kit)
+        self.stub = CurrentStub(self.server)
+        self.link = ServerLink(self.server.channel, self.server.stub, self._hello,
+                               self._on_command, self.server.address, self.server.redial)
         self.supervisor = Supervisor(kit, host=self, link=self.link, server=self.stub,
                                      tokens=self.tokens)
         self._workers = None
@@ -158,7 +157,7 @@ class SiteParent:
         if self._workers is not None:
             self._endpoint.stop(0.2)
         self.local.close()
-        self.channel.close()
+        self.server.close()
 
 
 def run_forever(kit: Kit, ready_file: Path | None = None,

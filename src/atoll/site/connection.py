@@ -28,8 +28,12 @@ _WAKE = object()  # wakes the events of a call that ended, so that they stop tak
 
 class ServerLink:
     def __init__(self, channel: grpc.Channel, stub, hello: Callable[[], dict[str, Any]],
-                 on_command: Callable[[str, dict[str, Any]], None], address: str = ""):
+                 on_command: Callable[[str, dict[str, Any]], None], address: str = "",
+                 redial: Callable[[], tuple[grpc.Channel, Any, str] | None] | None = None):
         self.channel = channel
+        # Asked whenever the server is out of reach: a new channel when the site's kit now
+        # names another server (site/server_channel.py), else None.
+        self._redial = redial
         self.address = address
         self.stub = stub
         self.hello = hello
@@ -70,6 +74,7 @@ class ServerLink:
                 if not self._stop.is_set():
                     log.warning("server link broken: %s", _describe(exc))
             self.connected.clear()
+            self._follow_kit()
             self._generation += 1  # that call's events stop at once (see _events)
             self._outbox.put(_WAKE)
             if self._stop.wait(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]):
@@ -82,9 +87,15 @@ class ServerLink:
             grpc.channel_ready_future(self.channel).result(timeout=READY_WAIT_S)
             return True
         except grpc.FutureTimeoutError:
-            if not self._stop.is_set():
+            if not self._stop.is_set() and not self._follow_kit():
                 log.warning("waiting for the server at %s", self.address or "?")
             return False
+
+    def _follow_kit(self) -> bool:
+        new = self._redial() if self._redial is not None else None
+        if new is not None:
+            self.channel, self.stub, self.address = new
+        return new is not None
 
     def stop(self) -> None:
         self._stop.set()

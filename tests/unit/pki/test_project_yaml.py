@@ -43,7 +43,8 @@ def test_role_literal_matches_the_roles_certificates_carry() -> None:
         ("10.0.0.5", "0.0.0.0"),
         ("localhost", "127.0.0.1"),
         ("127.0.0.1", "127.0.0.1"),
-        ("::1", "127.0.0.1"),
+        ("::1", "::1"),  # the address itself: a server dialled at [::1] must listen there
+        ("127.0.0.2", "127.0.0.2"),
     ],
 )
 def test_listen_defaults_to_loopback_only_for_a_loopback_server(
