@@ -43,6 +43,7 @@ from atoll.spec.pod_template import (  # noqa: F401  (LOCKED: re-exported, the d
 )
 from atoll.spec.study_runtime import data_root
 from atoll.spec.study_runtime import dataset_mount_path as dataset_path
+from atoll.spec.worker_env import RESULTS_HOME_VAR, SEND_RESULTS
 
 PLACEHOLDER = "<set at launch>"
 WORKDIR = "/atoll/job"  # an emptyDir: the parent's run folder is not shared with the pod
@@ -214,6 +215,8 @@ def _env(request: LaunchRequest, secret: str) -> list[dict[str, Any]]:
         ATOLL_WORKDIR=WORKDIR,
         ATOLL_DATA_ROOT=data_root(ident.study),
     )
+    # The emptyDir goes with the Pod: its results/ travel to the parent (wire/results_archive.py)
+    atoll_env[RESULTS_HOME_VAR] = SEND_RESULTS
     atoll_env.pop("ATOLL_PARENT_PID", None)  # the parent's PID means nothing in another pod
     if not request.resources.num_of_gpus:
         atoll_env["NVIDIA_VISIBLE_DEVICES"] = NO_GPU

@@ -48,6 +48,7 @@ class WorkerBackend(Protocol):
     def report(self, job_id: str, body: dict[str, Any]) -> None: ...
     def finish(self, job_id: str, ok: bool, error: str) -> None: ...
     def spend_budget(self, job_id: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def run_folder(self, job_id: str) -> Path: ...
 
 
 class BackendError(AtollError):
@@ -212,6 +213,24 @@ class WorkerLinkServicer:
         job_id = self._job(context)
         return msg.Json(body=json.dumps(self._call(context, self.backend.spend_budget, job_id,
                                                   _body(request, context))))
+
+    def SendResults(self, request_iterator, context):
+        """A worker whose run folder is not ours (a Pod's emptyDir) sends its results/ home."""
+        from atoll.wire.job_archive import IntakeError
+        from atoll.wire.results_archive import unpack_results
+
+        job_id = self._job(context)
+        folder = self._call(context, self.backend.run_folder, job_id)
+        _, chunks = frames.split(request_iterator)
+        try:
+            got = unpack_results(chunks, folder)
+        except IntakeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"results refused: {exc}")
+        except frames.FrameError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        log.info("job %s: its worker sent %d result files (%d bytes) home", job_id,
+                 got["files"], got["bytes"])
+        return msg.Json(body=json.dumps(got))
 
     @staticmethod
     def _call(context, fn, *args):

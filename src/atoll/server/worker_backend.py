@@ -95,6 +95,9 @@ class ServerWorkerBackend:
     def spend_budget(self, job_id, body):
         raise BackendError("the server worker releases nothing a site's privacy ledger counts")
 
+    def run_folder(self, job_id):
+        return self._live(job_id).folder / "run" / "server"
+
     def report(self, job_id, body):
         self._live(job_id)
         self.store.add_event(job_id, "server", body)

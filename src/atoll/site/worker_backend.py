@@ -131,6 +131,9 @@ class SiteWorkerBackend:
     def next_reply(self, job_id, task_id, wait_s, many=False, as_files=False):
         raise BackendError("a site worker receives tasks, not replies")
 
+    def run_folder(self, job_id: str) -> Path:
+        return self._job(job_id).workdir
+
     def report(self, job_id: str, body: dict[str, Any]) -> None:
         self._job(job_id)
         try:

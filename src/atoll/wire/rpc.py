@@ -42,6 +42,7 @@ SERVICES: dict[str, dict[str, tuple[str, str, bool, bool]]] = {
         "Report": ("Json", "Json", False, False),
         "Finish": ("Json", "Json", False, False),
         "SpendBudget": ("Json", "Json", False, False),  # a site worker, before each DP release
+        "SendResults": (RAW, "Json", True, False),  # a Pod's results/, before Finish
     },
 }
 

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 from atoll.spec.errors import EXIT_CONNECTION, EXIT_FAILED, EXIT_INVALID
+from atoll.spec.worker_env import RESULTS_HOME_VAR, SEND_RESULTS
 from atoll.worker.local_ranks import (
     LocalRanks,
     become_rank_zero,
@@ -268,6 +269,9 @@ def main() -> int:
                 error = peers.root_cause() or error
     if peers is not None:
         peers.stop()
+    if os.environ.get(RESULTS_HOME_VAR) == SEND_RESULTS and (
+            failure := _send_results(stub, meta, workdir)):
+        ok, error = False, f"{error}; {failure}" if error else failure
     try:
         stub.Finish(msg.Json(body=json.dumps({"ok": ok, "error": error[-2000:]})), metadata=meta,
                     timeout=10)
@@ -276,6 +280,28 @@ def main() -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return 0 if ok else EXIT_FAILED
+
+
+def _send_results(stub, metadata, workdir: Path) -> str:
+    """Send results/ home (wire/results_archive.py); the reason it failed, or ""."""
+    import grpc
+
+    from atoll.wire import frames
+    from atoll.wire.results_archive import RESULTS, zip_results
+
+    folder = workdir / RESULTS
+    if not folder.is_dir():
+        return ""
+    archive = zip_results(folder, workdir / "results-home.zip")
+    try:
+        answer = stub.SendResults(frames.payload_frames({}, frames.file_chunks(archive)),
+                                  metadata=metadata, timeout=3600)
+    except grpc.RpcError as exc:
+        return f"its results could not be sent to the parent: {exc.details()}"
+    finally:
+        archive.unlink(missing_ok=True)
+    print(f"atoll worker: results sent to the parent: {answer.body}", flush=True)
+    return ""
 
 
 def _reason(exc: BaseException) -> str:

@@ -177,6 +177,7 @@ def test_worker_environment() -> None:
         "ATOLL_DATA_ROOT": "/data/pathology",
         "ATOLL_JOB_ID": JOB_ID,
         "ATOLL_PARENT": "127.0.0.1:7001",
+        "ATOLL_RESULTS_HOME": "send",  # the emptyDir goes with the Pod: results travel
         "ATOLL_ROLE": "site",
         "ATOLL_SITE": "hospital-a",
         "ATOLL_STUDY": "pathology",

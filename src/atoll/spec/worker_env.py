@@ -1,0 +1,9 @@
+"""Variables of the launcher -> worker environment contract that both sides name.
+
+Read by the worker before anything heavy is imported: this module imports nothing.
+"""
+
+# "send": the worker's run folder is not the parent's (a Pod's emptyDir), so its results/ go to
+# the parent over the worker link before it finishes (wire/results_archive.py).
+RESULTS_HOME_VAR = "ATOLL_RESULTS_HOME"
+SEND_RESULTS = "send"
