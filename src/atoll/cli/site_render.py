@@ -92,6 +92,31 @@ def _network_line(config: Any) -> str | None:
     return f"isolated: each worker reaches its parent, its job's own ranks and {allowed}"
 
 
+def _kit_identity(site_dir: Path) -> tuple[str, Path] | None:
+    """(the name SITE_DIR's certificate carries, its kit's workspace), the name the running
+    parent goes by; None for a folder that holds only local/."""
+    from atoll.pki.identity import identity_from_cert
+    from atoll.pki.kit import KitError, load_kit
+
+    try:
+        kit = load_kit(site_dir)
+        return identity_from_cert(kit.cert.read_bytes()).name, kit.workspace
+    except (KitError, OSError, ValueError):
+        return None
+
+
+def _run_folder(config: Any, site_dir: Path, kit: tuple[str, Path] | None, site: str,
+                job_id: str) -> Path:
+    """The worker's run folder, by the rule the running parents follow (spec/run_folders.py)."""
+    from atoll.pki.kit import DEFAULT_WORKSPACE
+    from atoll.spec.run_folders import run_folder, server_run_folder
+
+    workspace = kit[1] if kit else site_dir.resolve() / DEFAULT_WORKSPACE
+    if site == "server":
+        return server_run_folder(workspace, job_id)
+    return run_folder(config, workspace, job_id)
+
+
 def _quiet(fn: Any) -> Any:
     try:
         return fn()
@@ -153,7 +178,7 @@ def validate_command(site_dir: Path, fmt: str) -> None:
     "--site",
     "site_name",
     default=None,
-    help="Render for this target (default: SITE_DIR's folder name; 'server' too).",
+    help="Render for this target (default: the site its certificate names; 'server' too).",
 )
 @click.option("--role", type=click.Choice(["project_admin", "org_admin", "lead", "member"]),
               default="lead", show_default=True, help="The submitter's role, for the policy.")
@@ -170,7 +195,7 @@ def render_command(
     from atoll.cli.site_policy import job_decision, load_site_policy, site_org
     from atoll.launchers.base import JobIdentity, LaunchError
     from atoll.launchers.registry import get_launcher
-    from atoll.launchers.request import build_request, job_run_folder
+    from atoll.launchers.request import build_request
     from atoll.spec.authorization import Actor
     from atoll.spec.errors import SpecError
     from atoll.spec.meta import load_meta
@@ -181,7 +206,8 @@ def render_command(
         meta = load_meta(job_dir)
     except SpecError as err:
         problems += error_problems(err, "meta.json")
-    site = site_name or site_dir.resolve().name
+    kit = _kit_identity(site_dir)
+    site = site_name or (kit[0] if kit else site_dir.resolve().name)
     decision = None
     if site != "server" and not problems:  # the server runs its workflow under no site policy
         policy, policy_problems = load_site_policy(site_dir)
@@ -208,7 +234,7 @@ def render_command(
             identity=identity,
             site_config=config,
             study_runtime=runtime,
-            workdir=job_run_folder(config, job_id),
+            workdir=_run_folder(config, site_dir, kit, site, job_id),
             parent_address=f"{endpoint.dial_host}:{endpoint.port}",
             parent_cert=TLS_PLACEHOLDER if endpoint.uses_tls else None,
         )
@@ -223,6 +249,7 @@ def render_command(
         "launcher": config.launcher,
         "study": study,
         "job_id": job_id,
+        "run_folder": str(request.workdir),
         "resources": {
             "num_of_gpus": res.num_of_gpus,
             "num_of_cpus": res.num_of_cpus,
@@ -267,5 +294,6 @@ def _print_text(summary: dict[str, Any]) -> None:
         approval = f"; code approved ({auth['digest']})" if auth["code_approval"] else ""
         click.echo(f"authorization: allowed for {auth['user']} ({auth['role']}, org "
                    f"{auth['org'] or '-'}) by {rules}{approval}")
+    click.echo(f"run folder: {summary['run_folder']}")
     rendered = json.loads(json.dumps(summary["render"], default=str))
     click.echo(yaml.dump(rendered, Dumper=_Dumper, sort_keys=False, width=100).rstrip())

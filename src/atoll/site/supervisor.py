@@ -31,6 +31,7 @@ from atoll.site.signed_jobs import Replayed, SignedJobs
 from atoll.spec.capacity import fits
 from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError
 from atoll.spec.names import IdentifierError, check_job_id, check_study_name
+from atoll.spec.run_folders import FETCH_SCRATCH, JOBS
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.reasons import public
@@ -83,7 +84,8 @@ class NotAdmitted(AtollError):
 
 class LaunchHost(Protocol):
     """What the site parent lends its supervisor (site/app.py): its launcher, its capacity and
-    study_runtime.yaml as they are now, and the launch request of an admitted job."""
+    study_runtime.yaml as they are now, the folder holding its run folders
+    (spec/run_folders.py), and the launch request of an admitted job."""
 
     @property
     def launcher(self) -> Launcher: ...
@@ -91,6 +93,8 @@ class LaunchHost(Protocol):
     def capacity(self) -> dict[str, Any]: ...
 
     def study_runtime(self) -> StudyRuntime: ...
+
+    def runs_root(self) -> Path: ...
 
     def launch_request(self, job: SiteJob, name: str, meta: JobMeta,
                        token: str) -> LaunchRequest: ...
@@ -140,7 +144,7 @@ class Supervisor:
                          name=f"job-{job_id[:8]}").start()
 
     def _report(self, job_id: str, state: str, reason: str = "", **extra: Any) -> None:
-        workdir = self.kit.workspace / "jobs" / job_id  # paths relative to the job's folder
+        workdir = self.host.runs_root() / JOBS / job_id  # paths relative to the job's folder
         reason = public(reason, [workdir], self.kit.workspace)
         self.link.send_state(job_id, state, reason, **extra)
 
@@ -163,7 +167,7 @@ class Supervisor:
             short = fits(self.host.capacity(), used, resources)
             if short:
                 raise NotAdmitted(f"site {site} has no room for the job: {short}")
-            job = SiteJob(job_id, study, self.kit.workspace / "jobs" / job_id, resources,
+            job = SiteJob(job_id, study, self.host.runs_root() / JOBS / job_id, resources,
                           runtime, entry)
             self.jobs[job_id] = job
         return job
@@ -227,8 +231,10 @@ class Supervisor:
         from atoll.wire.job_archive import unpack_app
 
         workspace = self.kit.workspace
+        # beside the run folders, so that the accepted job is renamed into place on the same
+        # file system (slurm.workspace is often not the kit's)
         scratch = Path(tempfile.mkdtemp(prefix=f"fetch-{job.job_id}-",
-                                        dir=private_dir(workspace / "tmp")))
+                                        dir=private_dir(self.host.runs_root() / FETCH_SCRATCH)))
         try:
             fetched = scratch / "app.zip"
             stream = self.server.FetchJob(msg.JobRef(job_id=job.job_id))
