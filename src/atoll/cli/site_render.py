@@ -64,7 +64,10 @@ def _load_site(site_dir: Path) -> tuple[Any, Any, list[Problem]]:
 
 
 def _sandbox_problems(config: Any) -> tuple[str | None, list[Problem]]:
-    """The process launcher's sandbox, tried for real: one empty sandbox is started."""
+    """The process launcher's sandbox, tried for real: one empty sandbox is started; a Slurm
+    site's, as site.yaml sets it (the nodes' Apptainer or Pyxis cannot be tried from here)."""
+    if config.launcher == "slurm":
+        return _slurm_sandbox_line(config.settings.sandbox), []
     if config.launcher != "process":
         return None, []
     if config.settings.sandbox == "none":
@@ -77,6 +80,18 @@ def _sandbox_problems(config: Any) -> tuple[str | None, list[Problem]]:
     except LaunchError as err:
         return None, [{"file": "local/site.yaml", "path": "process.sandbox", "message": str(err)}]
     return f"bwrap ({host.bwrap}): a test sandbox started", []
+
+
+def _slurm_sandbox_line(sandbox: str) -> str:
+    if sandbox != "none":
+        return f"{sandbox}: each worker sees its run folder and its study's datasets only"
+    import shutil
+
+    found = [name for name in ("apptainer", "enroot") if shutil.which(name)]
+    hint = (f"; {found[0]} is installed here: set slurm.sandbox to "
+            f"{'apptainer' if found[0] == 'apptainer' else 'pyxis'}" if found else "")
+    return ("none: workers run as bare Slurm jobs with the parent's rights, one study at most "
+            f"(docs/launchers/slurm.md){hint}")
 
 
 def _network_line(config: Any) -> str | None:
@@ -160,7 +175,7 @@ def validate_command(site_dir: Path, fmt: str) -> None:
         return
     click.echo(f"local/site.yaml: ok (launcher {config.launcher})")
     if sandbox:
-        click.echo(f"process sandbox: {sandbox}")
+        click.echo(f"{config.launcher} sandbox: {sandbox}")
     if network:
         click.echo(f"process network: {network}")
     mapped = ", ".join(studies) if studies else "none (no study gets datasets or secrets here)"

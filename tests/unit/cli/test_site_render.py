@@ -164,3 +164,12 @@ def test_validate_refuses_a_bare_slurm_site_with_two_studies(kit):
     (site_dir / "local" / "site.yaml").write_text("launcher: slurm\nslurm: {sandbox: apptainer}\n")
     ok = run(validate_command, site_dir)
     assert ok.exit_code == 0, ok.output
+    assert ("slurm sandbox: apptainer: each worker sees its run folder and its study's datasets "
+            "only") in ok.output
+    (site_dir / "local" / "site.yaml").write_text("launcher: slurm\n")
+    (site_dir / "local" / "study_runtime.yaml").write_text(
+        "format_version: 2\nstudies:\n  pathology: {}\n")
+    ok = run(validate_command, site_dir)
+    assert ok.exit_code == 0, ok.output
+    assert ("slurm sandbox: none: workers run as bare Slurm jobs with the parent's rights, one "
+            "study at most") in ok.output
