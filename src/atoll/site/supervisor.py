@@ -10,7 +10,8 @@ revokes here, whether or not the server says so (`signers_revoked`).
 
 Every identifier in a command is checked against its grammar (spec/names.py) before any use,
 and nothing touches the filesystem until the job passed every check: the job is fetched and
-verified in a scratch folder of the site's tmp/, and only an accepted job becomes a run folder
+verified in scratch folders (the site's tmp/ for the zip, .fetching/ beside the run folders for
+its files: spec/run_folders.py), and only an accepted job becomes a run folder
 (jobs/<job id>) and a kept app (apps/<job id>.zip). A refused job leaves nothing and removes
 nothing. The signed statement is bound to the job id it first ran under (site/signed_jobs.py).
 """
@@ -231,9 +232,11 @@ class Supervisor:
         from atoll.wire.job_archive import unpack_app
 
         workspace = self.kit.workspace
-        # beside the run folders, so that the accepted job is renamed into place on the same
-        # file system (slurm.workspace is often not the kit's)
         scratch = Path(tempfile.mkdtemp(prefix=f"fetch-{job.job_id}-",
+                                        dir=private_dir(workspace / "tmp")))
+        # The run folder is unpacked beside the run folders, so that the accepted job is renamed
+        # into place on their file system (slurm.workspace is often not the kit's).
+        staging = Path(tempfile.mkdtemp(prefix=f"{job.job_id}-",
                                         dir=private_dir(self.host.runs_root() / FETCH_SCRATCH)))
         try:
             fetched = scratch / "app.zip"
@@ -242,8 +245,8 @@ class Supervisor:
             frames.write_chunks(chunks, fetched, limit=1 << 31)
             fetched.chmod(PRIVATE)
             accepted = []
-            run = private_dir(scratch / "run")
-            unpack_app(fetched, self.kit.name, run / "app", scratch,
+            run = private_dir(staging / "run")
+            unpack_app(fetched, self.kit.name, run / "app", staging,
                        check=lambda tree: accepted.append(
                            check_job(tree, body, self.kit, dispatched=dispatched)))
             signed = accepted[0].signed
@@ -258,6 +261,7 @@ class Supervisor:
             fetched.replace(job.app_zip)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
         log.info("job %s: signed by %s (%s), content %s, statement %s", job.job_id,
                  signed.signer.name, signed.signer.role, signed.digest, signed.statement_digest)
         return accepted[0]
