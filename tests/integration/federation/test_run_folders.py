@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from click.testing import CliRunner
 
 from atoll.cli.site_render import render_command
+from atoll.spec.run_folders import server_run_folder
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation
 from tests.integration.federation.jobs import ECHO, make_job
@@ -50,3 +52,12 @@ def test_a_site_runs_jobs_under_its_workdir_as_render_shows(tmp_path):
     out = json.loads(result.output)
     assert out["site"] == "site-1"
     assert out["run_folder"] == str(folder)
+    # The server's workflow ran where render --site server says, by the same module's rule.
+    server_kit = fed.kit("server")
+    result = CliRunner().invoke(render_command, [str(server_kit), str(tmp_path / "job"),
+                                                 "--study", "default", "--job-id", job_id,
+                                                 "--site", "server", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    ran = Path(json.loads(result.output)["run_folder"])
+    assert ran == server_run_folder(fed.workspace("server"), job_id)
+    assert (ran / "logs").is_dir(), sorted(p.name for p in ran.parent.iterdir())
