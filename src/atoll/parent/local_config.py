@@ -103,6 +103,13 @@ class LocalConfig:
         return self._checked().unconfined
 
     @property
+    def unconfined_warning(self) -> str | None:
+        """What the parent logs at every start when its workers run with its rights."""
+        if not self.unconfined:
+            return None
+        return SLURM_UNCONFINED_WARNING if self.launcher_name == "slurm" else UNCONFINED_WARNING
+
+    @property
     def site_config(self) -> SiteConfig:
         with self._lock:
             if self._site_config is None:

@@ -20,12 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from atoll import __version__
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.parent.local_config import (
-    SLURM_UNCONFINED_WARNING,
-    UNCONFINED_WARNING,
-    LocalConfig,
-    load_local_config,
-)
+from atoll.parent.local_config import LocalConfig, load_local_config
 from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
 from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
@@ -161,9 +156,8 @@ class SiteParent:
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         self._serving.set()
         log.info("site %s started; workers dial %s", self.name, self.worker_address)
-        if self.local.unconfined:
-            log.warning(SLURM_UNCONFINED_WARNING if self.local.launcher_name == "slurm"
-                        else UNCONFINED_WARNING)
+        if self.local.unconfined_warning:
+            log.warning(self.local.unconfined_warning)
 
     def stop(self) -> None:
         if self._stopped.is_set():
