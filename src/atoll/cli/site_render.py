@@ -64,7 +64,10 @@ def _load_site(site_dir: Path) -> tuple[Any, Any, list[Problem]]:
 
 
 def _sandbox_problems(config: Any) -> tuple[str | None, list[Problem]]:
-    """The process launcher's sandbox, tried for real: one empty sandbox is started."""
+    """The process launcher's sandbox, tried for real: one empty sandbox is started; a Slurm
+    site's, as site.yaml sets it (the nodes' Apptainer or Pyxis cannot be tried from here)."""
+    if config.launcher == "slurm":
+        return _slurm_sandbox_line(config.settings.sandbox), []
     if config.launcher != "process":
         return None, []
     if config.settings.sandbox == "none":
@@ -79,6 +82,18 @@ def _sandbox_problems(config: Any) -> tuple[str | None, list[Problem]]:
     return f"bwrap ({host.bwrap}): a test sandbox started", []
 
 
+def _slurm_sandbox_line(sandbox: str) -> str:
+    if sandbox != "none":
+        return f"{sandbox}: each worker sees its run folder and its study's datasets only"
+    import shutil
+
+    found = [name for name in ("apptainer", "enroot") if shutil.which(name)]
+    hint = (f"; {found[0]} is installed here: set slurm.sandbox to "
+            f"{'apptainer' if found[0] == 'apptainer' else 'pyxis'}" if found else "")
+    return ("none: workers run as bare Slurm jobs with the parent's rights, one study at most "
+            f"(docs/launchers/slurm.md){hint}")
+
+
 def _network_line(config: Any) -> str | None:
     """What the process launcher's workers reach (process.network)."""
     if config.launcher != "process":
@@ -90,6 +105,31 @@ def _network_line(config: Any) -> str | None:
                 "(docs/security.md)")
     allowed = ", ".join(settings.network.allow) or "nothing else"
     return f"isolated: each worker reaches its parent, its job's own ranks and {allowed}"
+
+
+def _kit_identity(site_dir: Path) -> tuple[str, Path] | None:
+    """(the name SITE_DIR's certificate carries, its kit's workspace), the name the running
+    parent goes by; None for a folder that holds only local/."""
+    from atoll.pki.identity import identity_from_cert
+    from atoll.pki.kit import KitError, load_kit
+
+    try:
+        kit = load_kit(site_dir)
+        return identity_from_cert(kit.cert.read_bytes()).name, kit.workspace
+    except (KitError, OSError, ValueError):
+        return None
+
+
+def _run_folder(config: Any, site_dir: Path, kit: tuple[str, Path] | None, site: str,
+                job_id: str) -> Path:
+    """The worker's run folder, by the rule the running parents follow (spec/run_folders.py)."""
+    from atoll.pki.kit import DEFAULT_WORKSPACE
+    from atoll.spec.run_folders import run_folder, server_run_folder
+
+    workspace = kit[1] if kit else site_dir.resolve() / DEFAULT_WORKSPACE
+    if site == "server":
+        return server_run_folder(workspace, job_id)
+    return run_folder(config, workspace, job_id)
 
 
 def _quiet(fn: Any) -> Any:
@@ -135,7 +175,7 @@ def validate_command(site_dir: Path, fmt: str) -> None:
         return
     click.echo(f"local/site.yaml: ok (launcher {config.launcher})")
     if sandbox:
-        click.echo(f"process sandbox: {sandbox}")
+        click.echo(f"{config.launcher} sandbox: {sandbox}")
     if network:
         click.echo(f"process network: {network}")
     mapped = ", ".join(studies) if studies else "none (no study gets datasets or secrets here)"
@@ -153,7 +193,7 @@ def validate_command(site_dir: Path, fmt: str) -> None:
     "--site",
     "site_name",
     default=None,
-    help="Render for this target (default: SITE_DIR's folder name; 'server' too).",
+    help="Render for this target (default: the site its certificate names; 'server' too).",
 )
 @click.option("--role", type=click.Choice(["project_admin", "org_admin", "lead", "member"]),
               default="lead", show_default=True, help="The submitter's role, for the policy.")
@@ -170,7 +210,7 @@ def render_command(
     from atoll.cli.site_policy import job_decision, load_site_policy, site_org
     from atoll.launchers.base import JobIdentity, LaunchError
     from atoll.launchers.registry import get_launcher
-    from atoll.launchers.request import build_request, job_run_folder
+    from atoll.launchers.request import build_request
     from atoll.spec.authorization import Actor
     from atoll.spec.errors import SpecError
     from atoll.spec.meta import load_meta
@@ -181,7 +221,8 @@ def render_command(
         meta = load_meta(job_dir)
     except SpecError as err:
         problems += error_problems(err, "meta.json")
-    site = site_name or site_dir.resolve().name
+    kit = _kit_identity(site_dir)
+    site = site_name or (kit[0] if kit else site_dir.resolve().name)
     decision = None
     if site != "server" and not problems:  # the server runs its workflow under no site policy
         policy, policy_problems = load_site_policy(site_dir)
@@ -208,7 +249,7 @@ def render_command(
             identity=identity,
             site_config=config,
             study_runtime=runtime,
-            workdir=job_run_folder(config, job_id),
+            workdir=_run_folder(config, site_dir, kit, site, job_id),
             parent_address=f"{endpoint.dial_host}:{endpoint.port}",
             parent_cert=TLS_PLACEHOLDER if endpoint.uses_tls else None,
         )
@@ -223,6 +264,7 @@ def render_command(
         "launcher": config.launcher,
         "study": study,
         "job_id": job_id,
+        "run_folder": str(request.workdir),
         "resources": {
             "num_of_gpus": res.num_of_gpus,
             "num_of_cpus": res.num_of_cpus,
@@ -267,5 +309,6 @@ def _print_text(summary: dict[str, Any]) -> None:
         approval = f"; code approved ({auth['digest']})" if auth["code_approval"] else ""
         click.echo(f"authorization: allowed for {auth['user']} ({auth['role']}, org "
                    f"{auth['org'] or '-'}) by {rules}{approval}")
+    click.echo(f"run folder: {summary['run_folder']}")
     rendered = json.loads(json.dumps(summary["render"], default=str))
     click.echo(yaml.dump(rendered, Dumper=_Dumper, sort_keys=False, width=100).rstrip())

@@ -38,14 +38,14 @@ def worker_env(identity: JobIdentity, parent_address: str) -> dict[str, str]:
     }
 
 
-def job_run_folder(site_config: SiteConfig, job_id: str) -> Path:
-    """Where a job's run folder lives on the parent's host (the launcher's workdir setting)."""
-    settings = site_config.settings
-    if site_config.launcher == "slurm" and settings.workspace:
-        base = settings.workspace
-    else:
-        base = getattr(settings, "workdir", None) or "workspace"
-    return site_config.resolve_path(base) / "jobs" / job_id
+def job_run_folder(site_config: SiteConfig, job_id: str, workspace: Path | None = None) -> Path:
+    """Where a job's run folder lives on the parent's host (spec/run_folders.py's rule);
+    ``workspace``: the kit's (default: ``<kit>/workspace``)."""
+    from atoll.spec.run_folders import run_folder
+
+    if workspace is None:
+        workspace = site_config.resolve_path("workspace")
+    return run_folder(site_config, workspace, job_id)
 
 
 def capacity_issues(resources: Resources, capacity: Capacity) -> list[Issue]:

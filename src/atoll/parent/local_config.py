@@ -47,7 +47,7 @@ class Checked:
     endpoint: Endpoint
     site_config: bytes | None = None  # the validated SiteConfig, pickled by the check's child
     site_yaml: bytes | None = None  # or site.yaml as fingerprinted, when a record vouched for it
-    unconfined: bool = False  # process.sandbox: none (the parent warns at every start)
+    unconfined: bool = False  # process/slurm.sandbox: none (the parent warns at every start)
     # site.yaml's process.python and process.bwrap (None: the defaults), so that probing the
     # sandbox beside a start vouched for by a record needs no pydantic parse of site.yaml.
     sandbox_python: str | None = None
@@ -103,6 +103,13 @@ class LocalConfig:
         return self._checked().unconfined
 
     @property
+    def unconfined_warning(self) -> str | None:
+        """What the parent logs at every start when its workers run with its rights."""
+        if not self.unconfined:
+            return None
+        return SLURM_UNCONFINED_WARNING if self.launcher_name == "slurm" else UNCONFINED_WARNING
+
+    @property
     def site_config(self) -> SiteConfig:
         with self._lock:
             if self._site_config is None:
@@ -142,6 +149,12 @@ UNCONFINED_WARNING = (
     "initial_model functions) runs with this parent's privileges and can read its key, its "
     "environment, its workspace and every job on this host. Run workers in the sandbox unless "
     "this host cannot have user namespaces (docs/security.md).")
+SLURM_UNCONFINED_WARNING = (
+    "WARNING: local/site.yaml sets slurm.sandbox: none. A study without a sandbox of its own "
+    "runs its workers as bare Slurm jobs of this parent's user: job code can read this user's "
+    "files (the kit, when the nodes see it), other jobs' run folders and the secrets of jobs "
+    "still pending; such a site maps one study at most. Set slurm.sandbox to apptainer or "
+    "pyxis (docs/launchers/slurm.md).")
 
 
 def load_local_config(local_dir: Path, study_runtime: bool,
@@ -181,7 +194,12 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
            print_: str | None = None, probe: bool = False) -> Checked:
     from atoll.spec.errors import SpecError
     from atoll.spec.site_config import load_site_config
-    from atoll.spec.study_runtime import RUNTIME_FILE, load_study_runtime, unconfined_issues
+    from atoll.spec.study_runtime import (
+        RUNTIME_FILE,
+        is_unconfined,
+        load_study_runtime,
+        unconfined_issues,
+    )
 
     config = load_site_config(local_dir / "site.yaml")
     if study_runtime:
@@ -189,7 +207,7 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
         if issues:
             raise SpecError(issues, source=str(local_dir / RUNTIME_FILE))
     cap, ep = config.capacity, config.worker_endpoint
-    unconfined = config.launcher == "process" and config.settings.sandbox == "none"
+    unconfined = is_unconfined(config)
     process = config.launcher == "process"
     checked = Checked(config.launcher,
                       {"gpus": cap.gpus, "cpus": cap.cpus, "memory": cap.memory},

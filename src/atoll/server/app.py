@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.parent.local_config import UNCONFINED_WARNING, LocalConfig, load_local_config
+from atoll.parent.local_config import LocalConfig, load_local_config
 from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
 from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
@@ -153,8 +153,8 @@ class ServerParent:
         threading.Thread(target=self._watch_links, name="liveness", daemon=True).start()
         log.info("server %s listening on %s; workers dial %s", self.kit.name,
                  self.kit.listen_address, self.worker_address)
-        if self.local.unconfined:
-            log.warning(UNCONFINED_WARNING)
+        if self.local.unconfined_warning:
+            log.warning(self.local.unconfined_warning)
 
     def _watch_links(self) -> None:
         while not self._stopped.wait(2.0):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from atoll import __version__
 from atoll.launchers.base import JobIdentity, LaunchRequest
-from atoll.parent.local_config import UNCONFINED_WARNING, LocalConfig, load_local_config
+from atoll.parent.local_config import LocalConfig, load_local_config
 from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
 from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
@@ -67,6 +67,7 @@ class SiteParent:
                                self._on_command, self.server.address, self.server.redial)
         self.supervisor = Supervisor(kit, host=self, link=self.link, server=self.stub,
                                      tokens=self.tokens)
+        self._runs_root: Path | None = None  # on first use: it needs site.yaml's model
         self._workers = None
         self._endpoint = None
         self.worker_address = ""
@@ -86,6 +87,15 @@ class SiteParent:
 
     def capacity(self) -> dict[str, Any]:
         return dict(self.local.capacity)
+
+    def runs_root(self) -> Path:
+        """The folder holding jobs/ (process.workdir, slurm.workspace, else the workspace):
+        spec/run_folders.py's rule, which `atoll site render` shows too."""
+        if self._runs_root is None:
+            from atoll.spec.run_folders import runs_root
+
+            self._runs_root = runs_root(self.local.site_config, self.workspace)
+        return self._runs_root
 
     def launch_request(self, job: SiteJob, name: str, meta: JobMeta,
                        token: str) -> LaunchRequest:
@@ -145,8 +155,8 @@ class SiteParent:
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         self._serving.set()
         log.info("site %s started; workers dial %s", self.name, self.worker_address)
-        if self.local.unconfined:
-            log.warning(UNCONFINED_WARNING)
+        if self.local.unconfined_warning:
+            log.warning(self.local.unconfined_warning)
 
     def stop(self) -> None:
         if self._stopped.is_set():

@@ -10,7 +10,8 @@ revokes here, whether or not the server says so (`signers_revoked`).
 
 Every identifier in a command is checked against its grammar (spec/names.py) before any use,
 and nothing touches the filesystem until the job passed every check: the job is fetched and
-verified in a scratch folder of the site's tmp/, and only an accepted job becomes a run folder
+verified in scratch folders (the site's tmp/ for the zip, .fetching/ beside the run folders for
+its files: spec/run_folders.py), and only an accepted job becomes a run folder
 (jobs/<job id>) and a kept app (apps/<job id>.zip). A refused job leaves nothing and removes
 nothing. The signed statement is bound to the job id it first ran under (site/signed_jobs.py).
 """
@@ -31,6 +32,7 @@ from atoll.site.signed_jobs import Replayed, SignedJobs
 from atoll.spec.capacity import fits
 from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError
 from atoll.spec.names import IdentifierError, check_job_id, check_study_name
+from atoll.spec.run_folders import FETCH_SCRATCH, JOBS
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.reasons import public
@@ -83,7 +85,8 @@ class NotAdmitted(AtollError):
 
 class LaunchHost(Protocol):
     """What the site parent lends its supervisor (site/app.py): its launcher, its capacity and
-    study_runtime.yaml as they are now, and the launch request of an admitted job."""
+    study_runtime.yaml as they are now, the folder holding its run folders
+    (spec/run_folders.py), and the launch request of an admitted job."""
 
     @property
     def launcher(self) -> Launcher: ...
@@ -91,6 +94,8 @@ class LaunchHost(Protocol):
     def capacity(self) -> dict[str, Any]: ...
 
     def study_runtime(self) -> StudyRuntime: ...
+
+    def runs_root(self) -> Path: ...
 
     def launch_request(self, job: SiteJob, name: str, meta: JobMeta,
                        token: str) -> LaunchRequest: ...
@@ -140,7 +145,7 @@ class Supervisor:
                          name=f"job-{job_id[:8]}").start()
 
     def _report(self, job_id: str, state: str, reason: str = "", **extra: Any) -> None:
-        workdir = self.kit.workspace / "jobs" / job_id  # paths relative to the job's folder
+        workdir = self.host.runs_root() / JOBS / job_id  # paths relative to the job's folder
         reason = public(reason, [workdir], self.kit.workspace)
         self.link.send_state(job_id, state, reason, **extra)
 
@@ -163,7 +168,7 @@ class Supervisor:
             short = fits(self.host.capacity(), used, resources)
             if short:
                 raise NotAdmitted(f"site {site} has no room for the job: {short}")
-            job = SiteJob(job_id, study, self.kit.workspace / "jobs" / job_id, resources,
+            job = SiteJob(job_id, study, self.host.runs_root() / JOBS / job_id, resources,
                           runtime, entry)
             self.jobs[job_id] = job
         return job
@@ -229,6 +234,10 @@ class Supervisor:
         workspace = self.kit.workspace
         scratch = Path(tempfile.mkdtemp(prefix=f"fetch-{job.job_id}-",
                                         dir=private_dir(workspace / "tmp")))
+        # The run folder is unpacked beside the run folders, so that the accepted job is renamed
+        # into place on their file system (slurm.workspace is often not the kit's).
+        staging = Path(tempfile.mkdtemp(prefix=f"{job.job_id}-",
+                                        dir=private_dir(self.host.runs_root() / FETCH_SCRATCH)))
         try:
             fetched = scratch / "app.zip"
             stream = self.server.FetchJob(msg.JobRef(job_id=job.job_id))
@@ -236,8 +245,8 @@ class Supervisor:
             frames.write_chunks(chunks, fetched, limit=1 << 31)
             fetched.chmod(PRIVATE)
             accepted = []
-            run = private_dir(scratch / "run")
-            unpack_app(fetched, self.kit.name, run / "app", scratch,
+            run = private_dir(staging / "run")
+            unpack_app(fetched, self.kit.name, run / "app", staging,
                        check=lambda tree: accepted.append(
                            check_job(tree, body, self.kit, dispatched=dispatched)))
             signed = accepted[0].signed
@@ -252,6 +261,7 @@ class Supervisor:
             fetched.replace(job.app_zip)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
         log.info("job %s: signed by %s (%s), content %s, statement %s", job.job_id,
                  signed.signer.name, signed.signer.role, signed.digest, signed.statement_digest)
         return accepted[0]

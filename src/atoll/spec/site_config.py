@@ -118,9 +118,10 @@ class ProcessSettings(NoNullModel):
     python: str | None = Field(
         None, min_length=1, description="Python for workers; default: the parent's own Python"
     )
-    workdir: str = Field(
-        "workspace", min_length=1, description="Folder for job run folders (relative: to the kit)"
-    )
+    workdir: str | None = Field(
+        None, min_length=1,
+        description="Folder for job run folders, <workdir>/jobs/<job id> (relative: to the kit); "
+                    "default: the kit's workspace (spec/run_folders.py)")
     gpu_ids: list[str] = Field(
         default_factory=list, description="GPU ids handed out through CUDA_VISIBLE_DEVICES"
     )
@@ -335,8 +336,9 @@ class SlurmSettings(NoNullModel):
     scancel: str = Field("scancel", min_length=1, description="scancel executable")
     scontrol: str = Field("scontrol", min_length=1, description="scontrol executable")
     workspace: str | None = Field(
-        None, min_length=1, description="Shared folder the compute nodes see; default: workdir"
-    )
+        None, min_length=1,
+        description="Folder for job run folders, <workspace>/jobs/<job id>, on a file system "
+                    "the compute nodes see (relative: to the kit); default: the kit's workspace")
     partition: str | None = Field(None, min_length=1, description="--partition")
     account: str | None = Field(None, min_length=1, description="--account")
     qos: str | None = Field(None, min_length=1, description="--qos")

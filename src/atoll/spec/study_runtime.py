@@ -369,18 +369,44 @@ class StudyRuntime(NoNullModel):
         return self.studies.get(study)
 
 
-def unconfined_issues(site_config: Any, runtime: StudyRuntime) -> list[Issue]:
-    """A site whose process launcher runs workers unconfined (``process.sandbox: none``) may map
-    one study at most: its jobs could read every other study's data and secrets."""
+def unconfined_studies(site_config: Any, runtime: StudyRuntime) -> list[str]:
+    """The studies whose workers run with the site parent's rights: all of them under
+    ``process.sandbox: none``; on Slurm, those whose sandbox (the study's ``slurm.sandbox``, else
+    the site's) is ``none``: a bare batch job runs as the parent's user."""
     settings = site_config.settings
-    if site_config.launcher != "process" or getattr(settings, "sandbox", "bwrap") != "none":
+    if site_config.launcher == "process":
+        return sorted(runtime.studies) if settings.sandbox == "none" else []
+    if site_config.launcher == "slurm":
+        return sorted(name for name, entry in runtime.studies.items()
+                      if ((entry.slurm.sandbox if entry.slurm else None) or settings.sandbox)
+                      == "none")
+    return []
+
+
+def is_unconfined(site_config: Any) -> bool:
+    """Whether site.yaml alone runs workers with the parent's rights (the start's warning)."""
+    settings = site_config.settings
+    return site_config.launcher in ("process", "slurm") and settings.sandbox == "none"
+
+
+def unconfined_issues(site_config: Any, runtime: StudyRuntime) -> list[Issue]:
+    """A site whose workers run with the parent's rights (``process.sandbox: none``, a bare
+    Slurm job) may map one study at most: its jobs could read every other study's data and
+    secrets, and other jobs' run folders."""
+    unconfined = unconfined_studies(site_config, runtime)
+    if not unconfined or len(runtime.studies) <= 1:
         return []
-    if len(runtime.studies) <= 1:
-        return []
+    mapped = f"maps {len(runtime.studies)} studies ({', '.join(sorted(runtime.studies))})"
+    if site_config.launcher == "process":
+        return [Issue("studies", (
+            f"{mapped} while site.yaml sets process.sandbox: none; unconfined workers could "
+            "read each other's data and secrets: map one study, or run workers in the sandbox "
+            "(docs/security.md)"))]
     return [Issue("studies", (
-        f"maps {len(runtime.studies)} studies ({', '.join(sorted(runtime.studies))}) while "
-        "site.yaml sets process.sandbox: none; unconfined workers could read each other's "
-        "data and secrets: map one study, or run workers in the sandbox (docs/security.md)"))]
+        f"{mapped} while the workers of {', '.join(unconfined)} run as bare Slurm jobs "
+        "(slurm.sandbox: none), with the site parent's rights: they could read the other "
+        "studies' data, other jobs' run folders and secrets; map one study, or set "
+        "slurm.sandbox to apptainer or pyxis (docs/launchers/slurm.md)"))]
 
 
 def parse_study_runtime(

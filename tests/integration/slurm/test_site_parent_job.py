@@ -106,3 +106,31 @@ def test_site_parent_as_a_slurm_job_resumes_in_its_next_allocation(slurm_cluster
         subprocess.run(["scancel", "--name", name], capture_output=True, env=env)
         fed.stop_all()
     _wait(lambda: not _squeue(name), 60, "no allocation of the site parent left")
+
+
+def test_the_successor_keeps_the_partition_account_and_qos(slurm_cluster, tmp_path):
+    """A parent submitted to a non-default account and QoS queues its successor under the same
+    ones (it used to fall back to the user's defaults)."""
+    fake = tmp_path / "atoll"  # stands for `atoll site start`: keeps the allocation a while
+    fake.write_text("#!/bin/sh\nexec sleep 120\n")
+    fake.chmod(0o755)
+    kit = tmp_path / "kit"
+    (kit / "local").mkdir(parents=True)
+    name = f"atoll-site-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "ATOLL": str(fake)}
+    try:
+        first = subprocess.run(
+            ["sbatch", "--parsable", f"--job-name={name}", "--time=2", "--mem=100M",
+             "--partition=gpu", "--account=other", "--qos=high", f"--chdir={tmp_path}",
+             str(SBATCH_SCRIPT), str(kit)], capture_output=True, text=True, env=env, check=True
+        ).stdout.strip()
+        successor = _wait(lambda: next((j for j, _ in _squeue(name) if j != first), None), 60,
+                          "the successor queued")
+        fields = subprocess.run(["squeue", "-h", "-j", f"{first},{successor}", "-o",
+                                 "%i %P %a %q %l"], capture_output=True, text=True,
+                                check=True).stdout.split("\n")
+        seen = {line.split()[0]: line.split()[1:] for line in fields if line.strip()}
+        assert seen[successor] == seen[first] == ["gpu", "other", "high", "2:00"], seen
+    finally:
+        subprocess.run(["scancel", "--name", name], capture_output=True, env=env)
+    _wait(lambda: not _squeue(name), 60, "no allocation of the site parent left")

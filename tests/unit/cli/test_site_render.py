@@ -133,3 +133,43 @@ def test_an_unconfined_site_maps_one_study_at_most(kit):
     assert bad.exit_code == 2
     assert ("local/study_runtime.yaml: studies: maps 2 studies (outcomes, pathology) while "
             "site.yaml sets process.sandbox: none") in bad.output
+
+
+def test_render_shows_the_run_folder_the_running_site_makes(kit):
+    from atoll.spec.run_folders import run_folder
+    from atoll.spec.site_config import load_site_config
+
+    site_dir, job = kit
+    out = json.loads(run(render_command, site_dir, job, "--study", "pathology", "--job-id",
+                         "a" * 32, "--format", "json").output)
+    config = load_site_config(site_dir / "local" / "site.yaml")
+    expected = run_folder(config, site_dir / "workspace", "a" * 32)
+    assert out["run_folder"] == str(expected) == f"/var/lib/atoll/hospital-a/jobs/{'a' * 32}"
+    assert out["render"]["env"]["ATOLL_WORKDIR"] == str(expected)
+    server = json.loads(run(render_command, site_dir, job, "--study", "pathology", "--job-id",
+                            "a" * 32, "--site", "server", "--format", "json").output)
+    assert server["run_folder"] == str(site_dir.resolve() / "workspace" / "jobs" / ("a" * 32)
+                                       / "run" / "server")
+
+
+def test_validate_refuses_a_bare_slurm_site_with_two_studies(kit):
+    site_dir, _ = kit
+    (site_dir / "local" / "site.yaml").write_text("launcher: slurm\n")
+    (site_dir / "local" / "study_runtime.yaml").write_text(
+        "format_version: 2\nstudies:\n  pathology: {}\n  outcomes: {}\n")
+    bad = run(validate_command, site_dir)
+    assert bad.exit_code == 2, bad.output
+    assert ("local/study_runtime.yaml: studies: maps 2 studies (outcomes, pathology) while the "
+            "workers of outcomes, pathology run as bare Slurm jobs") in bad.output
+    (site_dir / "local" / "site.yaml").write_text("launcher: slurm\nslurm: {sandbox: apptainer}\n")
+    ok = run(validate_command, site_dir)
+    assert ok.exit_code == 0, ok.output
+    assert ("slurm sandbox: apptainer: each worker sees its run folder and its study's datasets "
+            "only") in ok.output
+    (site_dir / "local" / "site.yaml").write_text("launcher: slurm\n")
+    (site_dir / "local" / "study_runtime.yaml").write_text(
+        "format_version: 2\nstudies:\n  pathology: {}\n")
+    ok = run(validate_command, site_dir)
+    assert ok.exit_code == 0, ok.output
+    assert ("slurm sandbox: none: workers run as bare Slurm jobs with the parent's rights, one "
+            "study at most") in ok.output

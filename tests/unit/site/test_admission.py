@@ -43,6 +43,9 @@ class Host:
     def capacity(self):
         return {}
 
+    def runs_root(self):
+        return self.local.parent / "ws"
+
 
 def _supervisor(tmp_path, host) -> Supervisor:
     kit = SimpleNamespace(name="hospital-a", workspace=tmp_path / "ws")

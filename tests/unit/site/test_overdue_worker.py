@@ -63,7 +63,7 @@ def timers(monkeypatch):
 @pytest.fixture
 def supervisor(tmp_path):
     kit = SimpleNamespace(name="hospital-a", workspace=tmp_path / "ws")
-    host = SimpleNamespace(launcher=Launcher())
+    host = SimpleNamespace(launcher=Launcher(), runs_root=lambda: tmp_path / "ws")
     return Supervisor(kit, host=host, link=Link(), server=None, tokens=WorkerTokens())
 
 

@@ -59,6 +59,9 @@ class Host:
     def capacity(self):
         return {}
 
+    def runs_root(self):
+        return self.local.parent / "ws"
+
     def launch_request(self, job, name, meta, token):
         return SimpleNamespace(job=job)
 
