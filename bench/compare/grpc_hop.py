@@ -15,8 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
+import ssl
+import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +36,8 @@ SERVICE = "/bench.Hop/"
 def _options(variant: str) -> list[tuple[str, int]]:
     """atoll's options with a variant's changes: "base", or "key=int;key=int" (gRPC's channel
     arguments, e.g. grpc.http2.lookahead_bytes=8388608); a variant named "insecure..." runs
-    without TLS."""
+    without TLS; "tls-socket" sends the same bytes over a plain TLS socket (Python's ssl)
+    instead of gRPC, the receiver reading into one reused buffer."""
     extra = dict((k, int(v)) for k, v in (kv.split("=") for kv in variant.split(";")
                                           if "=" in kv))  # noqa: C402
     extra.setdefault("grpc.max_send_message_length", 64 << 20)
@@ -69,8 +75,81 @@ async def _serve(port_file: Path, cert: bytes, key: bytes, variant: str) -> None
     else:
         port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, cert)]))
     await server.start()
-    port_file.write_text(str(port))
+    extra = ""
+    if variant == TLS_SOCKET:
+        extra = f",{_socket_server(cert, key)}"
+    port_file.write_text(f"{port}{extra}")
     await server.wait_for_termination()
+
+
+# -- what a plain TLS socket costs for the same bytes (no gRPC): the receiver reads into one
+# reused buffer, as a model received straight into its final arrays would be -------------------
+TLS_SOCKET = "tls-socket"
+_HEAD = struct.Struct("<cQQ")  # direction, frame size, count
+
+
+def _socket_server(cert: bytes, key: bytes) -> int:
+    folder = Path(tempfile.mkdtemp())
+    (folder / "c.pem").write_bytes(cert)
+    (folder / "k.pem").write_bytes(key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(folder / "c.pem", folder / "k.pem")
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=_serve_socket, args=(context.wrap_socket(conn,
+                             server_side=True),), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+def _serve_socket(conn: ssl.SSLSocket) -> None:
+    buffer = bytearray(64 << 20)
+    while head := _recv_exact(conn, memoryview(bytearray(_HEAD.size))):
+        direction, size, count = _HEAD.unpack(head)
+        view = memoryview(buffer)[:size]
+        for _ in range(count):
+            if direction == b"u":
+                _recv_exact(conn, view)
+            else:
+                conn.sendall(view)
+        conn.sendall(b"k")
+
+
+def _recv_exact(conn: ssl.SSLSocket, view: memoryview) -> memoryview | None:
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if not n:
+            return None
+        got += n
+    return view
+
+
+class _SocketCalls:
+    def __init__(self, port: int, cert: bytes):
+        context = ssl.create_default_context(cadata=cert.decode())
+        context.check_hostname = False
+        self.conn = context.wrap_socket(socket.create_connection(("127.0.0.1", port)))
+        self.buffer = bytearray(64 << 20)
+
+    def push(self, raws) -> None:
+        raws = list(raws)
+        self.conn.sendall(_HEAD.pack(b"u", len(raws[0]), len(raws)))
+        for raw in raws:
+            self.conn.sendall(raw)
+        _recv_exact(self.conn, memoryview(bytearray(1)))
+
+    def pull(self, request: bytes):
+        size, count = (int(x) for x in request.split(b","))
+        self.conn.sendall(_HEAD.pack(b"d", size, count))
+        view = memoryview(self.buffer)[:size]
+        for _ in range(count):
+            yield _recv_exact(self.conn, view)
+        _recv_exact(self.conn, memoryview(bytearray(1)))
 
 
 class Receiver:
@@ -90,7 +169,7 @@ class Receiver:
             if self.proc.poll() is not None:
                 raise SystemExit("the receiver did not start")
             time.sleep(0.05)
-        target = f"127.0.0.1:{port_file.read_text()}"
+        target = f"127.0.0.1:{port_file.read_text().split(',')[0]}"
         if variant.startswith("insecure"):
             self.channel = grpc.insecure_channel(target, options=_options(variant))
         else:
@@ -99,6 +178,9 @@ class Receiver:
         self.push = self.channel.stream_unary(SERVICE + "Push")
         self.pull = self.channel.unary_stream(SERVICE + "Pull")
         self.cpu = self.channel.unary_unary(SERVICE + "Cpu")
+        if variant == TLS_SOCKET:
+            calls = _SocketCalls(int(port_file.read_text().split(",")[1]), cert)
+            self.push, self.pull = calls.push, calls.pull
 
     def close(self) -> None:
         self.channel.close()
@@ -144,8 +226,6 @@ def main() -> None:
         asyncio.run(_serve(folder / f"port-{args.index}", (folder / "cert.pem").read_bytes(),
                            (folder / "key.pem").read_bytes(), args.variant))
         return
-    import tempfile
-
     nbytes = int(args.gib * 2**30)
     sizes = [int(float(x) * 2**20) for x in args.frames.split(",")]
     windows = args.variants.split(",")

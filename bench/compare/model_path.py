@@ -126,12 +126,14 @@ def _round(nbytes: int, trained: dict[str, np.ndarray], global_params: dict[str,
         lambda: site_worker.put(encode(Model(params=trained, num_examples=1))))
     hops.append(hop)
 
-    # The site parent reads its worker's file frame by frame and hands each to gRPC as read.
-    hop, wire_frames = measure(
+    # The site parent reads its worker's file frame by frame and hands each to gRPC, which
+    # sends it and lets it go (dropped here). What gRPC delivers at the server is the same
+    # frames: read aside, unmeasured, to feed the next hop.
+    wire_frames = _frames_in(site_parent.path / name)
+    hop, _ = measure(
         "site parent: read the worker's file (pread)", "none (each frame pread into its bytes)",
-        lambda: list(site_parent.take(name)))
-    hops.append(Hop(hop.name, hop.read, hop.written, _frames_aside(hop.peak, wire_frames),
-                    hop.cpu_s, hop.copies))
+        lambda: _drain(site_parent.take(name)))
+    hops.append(hop)
 
     # gRPC/TLS to the server parent, which writes the reply's frames, as they arrive, into
     # the file its worker will read.
@@ -166,23 +168,21 @@ def _round(nbytes: int, trained: dict[str, np.ndarray], global_params: dict[str,
 
     # The server parent reads the task file into its spool; both sites read it as it comes
     # (in lockstep here, as two sites keeping up do), so frames go once they are passed.
-    def task_out() -> list[bytes]:
+    def task_out() -> None:
         spool = Spool(spill, ["site-1", "site-2"], budget, live=True)
         readers = [spool.read("site-1"), spool.read("site-2")]
-        sent: list[bytes] = []
         for raw in server_parent.take(name):
             spool.append(raw)
-            sent.append(next(readers[0]))
-            next(readers[1])
+            for reader in readers:
+                assert next(reader) is raw  # what gRPC sends is the frame as read
         spool.finish()
         for reader in readers:
             assert next(reader, None) is None
-        return sent
 
-    hop, wire_frames = measure("server parent: read the task file, relay it to both sites",
-                               "none (frames held until both sites passed them)", task_out)
-    hops.append(Hop(hop.name, hop.read, hop.written, _frames_aside(hop.peak, wire_frames),
-                    hop.cpu_s, hop.copies))
+    wire_frames = _frames_in(server_parent.path / name)
+    hop, _ = measure("server parent: read the task file, relay it to both sites",
+                     "none (each frame pread into its bytes, sent as it is)", task_out)
+    hops.append(hop)
 
     # gRPC/TLS to the site parent, which writes the task's frames into its worker's file.
     head = frames.header({"task_id": "t1", "topic": "train", "headers": {"round": 1}})
@@ -207,10 +207,14 @@ def _round(nbytes: int, trained: dict[str, np.ndarray], global_params: dict[str,
     return hops, model.params, averaged
 
 
-def _frames_aside(peak: int, kept: list[bytes]) -> int:
-    """A hop's peak less the frames this harness keeps to feed the next hop (gRPC would have
-    sent each one and let it go)."""
-    return max(0, peak - sum(len(raw) for raw in kept))
+def _frames_in(path: Path) -> list[bytes]:
+    """The frames in a handoff file, as the next parent receives them from gRPC."""
+    data, out, offset = memoryview(path.read_bytes()), [], 0
+    while offset < len(data):
+        length = frames.frame_size(data[offset : offset + 11])
+        out.append(bytes(data[offset : offset + length]))
+        offset += length
+    return out
 
 
 def table(hops: list[Hop], nbytes: int) -> str:
