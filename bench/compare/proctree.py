@@ -77,6 +77,19 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+def file_rss(pid: int) -> int:
+    """The part of a process's RSS that is file-backed (its mappings of files: a handoff file
+    being read, the interpreter's and libraries' code), from /proc/PID/smaps_rollup."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line and "kB" in line)
+        rss = int(fields["Rss"].split()[0])
+        anon = int(fields["Anonymous"].split()[0])
+        return (rss - anon) * 1024
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
 class ProcessTable:
     """Live processes carrying one tag. Untagged pids are remembered so that a 20 Hz scan
     reads only /proc entries it has not seen before."""
@@ -166,7 +179,8 @@ class RssSampler:
         self.limit_bytes = limit_bytes
         self.on_limit = on_limit
         self.samples: list[tuple[float, int, int]] = []  # (time, total rss, process count)
-        self.at_peak: list[tuple[str, int]] = []  # (process, rss) at the highest sum
+        # (process, rss, of which file-backed: mapped files and the code) at the highest sum
+        self.at_peak: list[tuple[str, int, int]] = []
         self._peak_total = 0
         self.limit_hit = False
         self._stop = threading.Event()
@@ -188,7 +202,7 @@ class RssSampler:
             self.samples.append((time.time(), total, len(procs)))
             if total > self._peak_total:  # who held what at the peak (read once per new peak)
                 self._peak_total = total
-                self.at_peak = [(label(p.cmdline), rss) for p, rss in each]
+                self.at_peak = [(label(p.cmdline), rss, file_rss(p.pid)) for p, rss in each]
             if self.limit_bytes and total > self.limit_bytes and not self.limit_hit:
                 self.limit_hit = True
                 if self.on_limit:
