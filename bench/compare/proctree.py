@@ -77,6 +77,19 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+def file_rss(pid: int) -> int:
+    """The part of a process's RSS that is file-backed (its mappings of files: a handoff file
+    being read, the interpreter's and libraries' code), from /proc/PID/smaps_rollup."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line and "kB" in line)
+        rss = int(fields["Rss"].split()[0])
+        anon = int(fields["Anonymous"].split()[0])
+        return (rss - anon) * 1024
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
 class ProcessTable:
     """Live processes carrying one tag. Untagged pids are remembered so that a 20 Hz scan
     reads only /proc entries it has not seen before."""
@@ -139,6 +152,19 @@ class ProcessTable:
         return victims
 
 
+def label(cmdline: str) -> str:
+    """A short name for a deployment's process: its role for atoll's, else its command."""
+    words = cmdline.split()
+    if words and os.path.basename(words[0]) == "bwrap":
+        return "bwrap"
+    for needle, name in (("atoll.worker", "worker"), (" server start", "server parent"),
+                         (" site start", "site parent"), ("atoll.parent server", "server parent"),
+                         ("atoll.parent site", "site parent")):
+        if needle in cmdline:
+            return name
+    return cmdline[:40]
+
+
 class RssSampler:
     """Samples the summed RSS of a deployment's processes in a thread (default 20 Hz).
 
@@ -153,6 +179,9 @@ class RssSampler:
         self.limit_bytes = limit_bytes
         self.on_limit = on_limit
         self.samples: list[tuple[float, int, int]] = []  # (time, total rss, process count)
+        # (process, rss, of which file-backed: mapped files and the code) at the highest sum
+        self.at_peak: list[tuple[str, int, int]] = []
+        self._peak_total = 0
         self.limit_hit = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
@@ -168,8 +197,12 @@ class RssSampler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             procs = self.table.scan("deployment")
-            total = sum(rss_bytes(p.pid) for p in procs)
+            each = [(p, rss_bytes(p.pid)) for p in procs]
+            total = sum(rss for _, rss in each)
             self.samples.append((time.time(), total, len(procs)))
+            if total > self._peak_total:  # who held what at the peak (read once per new peak)
+                self._peak_total = total
+                self.at_peak = [(label(p.cmdline), rss, file_rss(p.pid)) for p, rss in each]
             if self.limit_bytes and total > self.limit_bytes and not self.limit_hit:
                 self.limit_hit = True
                 if self.on_limit:

@@ -117,6 +117,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="where to write every raw measurement (default: bench/compare/last_run.json; "
         "bench/compare/merged_run.json with --merge-from)",
     )
+    p.add_argument("--cpu", action="store_true",
+                   help="measure each atoll job's CPU time, all processes (steadier than wall "
+                        "time on a loaded machine; in the log and the JSON)")
     p.add_argument("--no-write", action="store_true", help="print the table, write no file")
     p.add_argument(
         "--keep-work",
@@ -200,7 +203,7 @@ def main(argv: list[str]) -> int:
             skipped[system] = reason
             log(f"{system}: skipped: {reason}")
     active = [s for s in args.systems if s not in skipped]
-    if args.sandbox_cost or args.network_cost:  # each atoll job's CPU time too: steadier
+    if args.cpu or args.sandbox_cost or args.network_cost:  # each job's CPU time: steadier
         AtollDriver.measure_cpu = True
     log(f"systems {active}, workloads {args.workloads}, {args.repeats} repeats, work in {root}")
     try:

@@ -91,6 +91,9 @@ def _job(
         metrics[f"{prefix}_others_cores"] = run.extra.get("others_cores")
     if sample_rss:
         metrics[f"{prefix}_peak_rss"] = sampler.peak
+        driver.log(f"  {prefix} peak RSS by process (of which file-backed): " + ", ".join(
+            f"{name} {rss / 2**20:.0f} MiB ({files / 2**20:.0f})"
+            for name, rss, files in sorted(sampler.at_peak, key=lambda x: -x[1])))
 
 
 def _abort(driver: Driver, marks: Path, metrics: dict) -> None:

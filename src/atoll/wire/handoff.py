@@ -18,7 +18,8 @@ Which side reads how:
   SIGBUS. A file cut short under pread is an error for that payload alone.
 
 Files are reused. A file of a MiB or more read to its end (and, if mapped, no longer held) goes
-back under a `free-` name, and the next writer, on either side, fills it again. On the VMs measured here a
+back under a `free-` name, and the next writer, on either side, fills it again (the side that
+freed it knows at once; the other finds it when it next lists the folder). On the VMs measured here a
 page not touched for a few seconds goes back to the host, and touching it again is dear:
 writing a GiB into a new file took 1.0 CPU-s, into the same file again 0.15. A file read only in
 part, or not whole frames, leaves the folder; what is left at the end goes with the job.
@@ -188,6 +189,10 @@ class HandoffDir:
         try:
             if size >= REUSE_MIN_BYTES:
                 os.rename(name, FREE + name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+                # Known free without a listing: this side's next create fills it again, even
+                # within _RELIST_S of the last listing (a round faster than that wrote every
+                # payload into fresh pages, ten times the CPU of reused ones).
+                self._free_names.append(FREE + name)
                 return
         except OSError:
             pass

@@ -208,3 +208,55 @@ def test_fedopt_keeps_the_global_model_for_its_optimizer(tmp_path):
     # one Adam step from x0 towards x0 + 1: m = 0.1, v = 0.99 tau^2 + 0.01 -> x0 + m / (sqrt(v) + tau)
     v = 0.99 * 1e-6 + 0.01
     np.testing.assert_allclose(final, x0 + 0.1 / (np.sqrt(v) + 1e-3), rtol=1e-9)
+
+
+def test_results_of_equal_weight_are_added_as_they_are_without_a_scratch_buffer():
+    # The sum is kept in units of the first result's weight: a second result of the same weight
+    # is added straight from its blocks (one pass), so no block is scaled into a scratch buffer.
+    size = 8 * 1024 * 1024  # 32 MiB of float32
+    blobs = [
+        [bytes(c) for c in encode(Model(params={"w": np.full(size, v, np.float32)},
+                                        num_examples=5))]
+        for v in (1.0, 4.0, 7.0)
+    ]
+    mean = WeightedMean({"w": np.zeros(size, np.float32)}, reuse_reference=True)
+    tracemalloc.start()
+    for blob in blobs:
+        mean.add_stream(open_model(iter(blob)))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 1024 * 1024  # a 4 MiB scratch block would show here
+    np.testing.assert_array_equal(mean.result()["w"][:3], [4.0, 4.0, 4.0])
+
+
+def test_unequal_weights_and_integers_average_exactly_on_both_paths():
+    reference = {"w": np.zeros(3, np.float32), "n": np.zeros((), np.int64)}
+    for streamed in (False, True):
+        mean = WeightedMean({k: v.copy() for k, v in reference.items()}, reuse_reference=True)
+        for value, n in ((1.0, 2), (4.0, 2), (10.0, 6)):
+            model = Model(params={"w": np.full(3, value, np.float32),
+                                  "n": np.array(int(value), np.int64)}, num_examples=n)
+            if streamed:
+                mean.add_stream(open_model(encode(model, chunk_size=4)), block_bytes=8)
+            else:
+                mean.add(model)
+        got = mean.result()
+        np.testing.assert_allclose(got["w"], [7.0, 7.0, 7.0])  # (2 + 8 + 60) / 10
+        assert got["n"].dtype == np.int64 and int(got["n"]) == 7
+
+
+def test_the_mean_lists_its_tensors_in_the_global_models_order():
+    # The reused buffers come first in the sum; the result must not reorder the model that
+    # goes out next round (its header, and the sites' decode into last round's arrays).
+    names = [f"layer{i}" for i in (3, 0, 9, 1, 7, 2, 8, 4, 6, 5)]
+    reference = {name: np.zeros(4, np.float32) for name in names}
+    reference["layer1"] = np.zeros(4, np.float16)  # not reusable: summed in its own buffer
+    for streamed in (False, True):
+        mean = WeightedMean({k: v.copy() for k, v in reference.items()}, reuse_reference=True)
+        model = Model(params={k: np.ones_like(v) for k, v in reversed(reference.items())},
+                      num_examples=1)
+        if streamed:
+            mean.add_stream(open_model(encode(model)))
+        else:
+            mean.add(model)
+        assert list(mean.result()) == names

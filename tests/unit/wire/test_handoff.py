@@ -257,3 +257,26 @@ def test_small_files_are_removed_once_read_and_the_folder_is_not_listed_for_each
     # it again so soon: its next file is a new one, and the free one waits for a later create.
     again = worker.put([b"z" * 10])
     assert sorted(_names(tmp_path / "h")) == sorted([FREE + big, again])
+
+
+@pytest.mark.real_limits
+def test_a_file_read_to_its_end_is_filled_again_by_the_same_side_without_a_listing(tmp_path):
+    # The site parent reads its worker's reply, then writes the next task: into the reply's
+    # file, even when it listed the folder a moment ago (a fresh file's pages cost ten times
+    # the CPU of reused ones).
+    parent = HandoffDir(tmp_path / "h", create=True)
+    worker = HandoffDir(tmp_path / "h")
+    parent.create().remove()  # lists the folder now: the next listing waits _RELIST_S
+    reply = worker.put([b"r" * handoff.REUSE_MIN_BYTES])
+    inode = (tmp_path / "h" / reply).stat().st_ino
+    assert len(b"".join(parent.take(reply))) > handoff.REUSE_MIN_BYTES
+    task = parent.put([b"t" * handoff.REUSE_MIN_BYTES])
+    assert _names(tmp_path / "h") == [task]
+    assert (tmp_path / "h" / task).stat().st_ino == inode
+    # The worker, likewise, fills the task's file again once it has given it back (it listed
+    # the folder for its reply a moment ago).
+    assert len(b"".join(worker.read(task))) > handoff.REUSE_MIN_BYTES
+    worker.give_back()
+    again = worker.put([b"a" * 10])
+    assert _names(tmp_path / "h") == [again]
+    assert (tmp_path / "h" / again).stat().st_ino == inode
