@@ -106,3 +106,27 @@ def test_two_ranks_start_in_the_jobs_one_container(docker_federation: Federation
     assert (probes[0]["DDP_SECRET"], probes[1]["DDP_SECRET"]) == ("s3cr3t", None)
     log = (folder / "logs" / "worker.log").read_text()
     assert log.count("registered with") == 1, log
+
+
+def test_the_server_workers_results_come_home_from_its_container(
+        docker_engine: Engine, tmp_path) -> None:
+    """The server's own worker as a container: what the workflow writes reaches `atoll job
+    download` (issue 36: results come home from every launcher)."""
+    fed = Federation.provisioned(tmp_path / "fed", ["site-1"], USERS)
+    server_yaml = {"launcher": "docker", "docker": {
+        "base_url": docker_engine.env["DOCKER_HOST"], "default_image": docker_engine.job_image,
+        "pull_policy": "never", "labels": {"atoll.test": "1", SESSION_LABEL: SESSION_ID}}}
+    (fed.kit("server") / "local" / "site.yaml").write_text(yaml.safe_dump(server_yaml))
+    fed.start_all()
+    try:
+        fed.wait_online(ADMIN)
+        with fed.session(ADMIN) as session:
+            job = session.submit(make_job(tmp_path / "server-in-a-container", rounds=2),
+                                 wait=True, timeout=180)
+            out = session.download(job["job_id"], tmp_path / "download")
+    finally:
+        fed.stop_all()
+    assert job["state"] == "FINISHED:COMPLETED", (job["reason"], job["parts"], fed.log("server"))
+    assert "registered with" in (out / "logs" / "server" / "worker.log").read_text()
+    report = json.loads((out / "results" / "scatter_gather.json").read_text())
+    assert len(report["rounds"]) == 2, report

@@ -48,3 +48,32 @@ def test_a_job_completes_with_its_site_worker_in_a_pod(cluster: Cluster, tmp_pat
     assert "registered with 127.0.0.1" in log  # the Pod's own worker log, kept by the launcher
     left = cluster.api.list_namespaced_pod(cluster.namespace).items
     assert not [p.metadata.name for p in left if job["job_id"][:12] in p.metadata.name]
+
+
+def test_the_server_workers_results_come_home_from_its_pod(cluster: Cluster, tmp_path) -> None:
+    """The server's own workers as Pods too (the chart's default): the workflow's results,
+    written into the Pod's emptyDir, reach `atoll job download` (issue 36)."""
+    fed = Federation.provisioned(tmp_path / "fed", ["site-k"], USERS)
+    k8s = {"kubeconfig": cluster.kubeconfig, "namespace": cluster.namespace,
+           "host_network": True, "default_image": cluster.job_image, "python": "python3",
+           "pending_timeout": 120}
+    for name in ("server", "site-k"):
+        (fed.kit(name) / "local" / "site.yaml").write_text(
+            yaml.safe_dump({"launcher": "k8s", "k8s": k8s}))
+    runtime = {"format_version": 2, "studies": {"default": {"pod_template": pod_template()}}}
+    (fed.kit("site-k") / "local" / "study_runtime.yaml").write_text(yaml.safe_dump(runtime))
+    job_dir = make_job(tmp_path / "k8s-server-pod", rounds=2)
+    fed.start_all()
+    try:
+        fed.wait_online(ADMIN)
+        with fed.session(ADMIN) as session:
+            job = session.submit(job_dir, wait=True, timeout=300)
+            out = session.download(job["job_id"], tmp_path / "download")
+    finally:
+        fed.stop_all()
+    assert job["state"] == "FINISHED:COMPLETED", (job["reason"], job["parts"], fed.log("server"))
+    server_log = (out / "logs" / "server" / "worker.log").read_text()
+    assert "registered with" in server_log  # the server worker ran in a Pod: its log came back
+    report = json.loads((out / "results" / "scatter_gather.json").read_text())
+    assert len(report["rounds"]) == 2, report  # the workflow's own file, written in the Pod
+    assert "results sent to the parent" in server_log

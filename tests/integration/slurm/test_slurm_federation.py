@@ -134,3 +134,28 @@ def test_a_slurm_rank_killed_mid_round_fails_the_site_and_leaves_no_process(
     print(f"Slurm site part failed {noticed:.2f} s after rank 1 was killed: {part['reason']}")
     wait_for(lambda: not pids_with_env(f"ATOLL_JOB_ID={job_id}", sandboxes=True), 15,
              "every process of the job gone, on both nodes")
+
+
+def test_the_server_workers_results_come_home_from_its_batch_job(slurm_cluster, tmp_path):
+    """The server's own worker as a Slurm job: what the workflow writes reaches `atoll job
+    download` (issue 36: results come home from every launcher)."""
+    fed = Federation.provisioned(tmp_path / "fed", ["site-1"], USERS)
+    server_yaml = {"launcher": "slurm", "slurm": {"python_path": PYTHON, "pending_timeout": 120},
+                   "worker_endpoint": {"host": "127.0.0.1", "port": 0}}
+    (fed.kit("server") / "local" / "site.yaml").write_text(yaml.safe_dump(server_yaml))
+    fed.start_server(env={"SLURM_CONF": str(BASE / "etc" / "slurm.conf")})
+    fed.start_site("site-1")
+    try:
+        fed.wait_online(ADMIN)
+        job_dir = make_job(tmp_path / "server-as-a-batch-job", rounds=2)
+        meta = json.loads((job_dir / "meta.json").read_text())
+        meta["resource_spec"] = {"@default": {"num_of_cpus": 1, "memory": "1Gi"}}
+        (job_dir / "meta.json").write_text(json.dumps(meta))
+        with fed.session(ADMIN) as session:
+            job = session.submit(job_dir, wait=True, timeout=240)
+            out = session.download(job["job_id"], tmp_path / "download")
+    finally:
+        fed.stop_all()
+    assert job["state"] == "FINISHED:COMPLETED", (job["reason"], job["parts"], fed.log("server"))
+    report = json.loads((out / "results" / "scatter_gather.json").read_text())
+    assert len(report["rounds"]) == 2, report
