@@ -7,15 +7,17 @@ launcher, every worker under bubblewrap), times its restart (`poc down` then `po
 ready), then submits bench/compare's tiny job (4 KiB, FedAvg, 2 sites, 3 rounds) with `atoll job
 submit` and waits until it finished and its workers are gone. Two sources make the timeline:
 
-- the process tree, traced by strace attached to the three parents (``-f``, only process
-  creation, exec and exit, filtered in the kernel with ``--seccomp-bpf``): when each process
-  (worker, bwrap, signature verifier) started and ended, and which parent started it;
-- the timestamped lines the parents and workers log (job accepted, worker registered, rounds).
+- the process tree below the three parents, read from /proc at 100 Hz (``/proc/PID/task/*/
+  children``, what bwrap runs included): when each process (bwrap, worker, signature verifier)
+  was first and last seen, which parent started it, and the CPU time it had used by its last
+  reading; and each parent's own CPU time over the job;
+- the timestamped lines the parents and workers log (job accepted, worker registered, rounds),
+  and the site workers' import times (PYTHONPROFILEIMPORTTIME through the study's env).
 
 The CLI runs with ``python -X importtime``: its import time is split from the rest (reading the
 job, signing it, uploading it). Every time is in milliseconds from the start of `atoll job
-submit`. strace costs the traced processes a little at each fork and exec; compare runs of this
-script with each other, and bench/compare/run.py for the untraced numbers.
+submit`; a process that lived less than 10 ms may be missed. CPU times move less than wall
+times with other load on the machine: compare both.
 """
 
 from __future__ import annotations
@@ -24,11 +26,10 @@ import argparse
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -39,7 +40,6 @@ COMPARE = REPO / "bench" / "compare" / "atoll"
 SITES = ("site-1", "site-2")
 ADMIN = "admin@poc.local"
 
-TRACE = re.compile(r"^(\d+) +(\d\d):(\d\d):(\d\d\.\d+) (.*)$")
 LOG_TS = re.compile(r"(?:^ts=)?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 
 
@@ -50,68 +50,91 @@ def _run(argv: list[str], env: dict[str, str], timeout: float = 300) -> subproce
     return done
 
 
-def _day_seconds(stamp: float) -> float:
-    """Seconds since local midnight (strace -tt prints the time of day)."""
-    lt = time.localtime(stamp)
-    midnight = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, 0, 0, 0, 0, 0, -1))
-    return stamp - midnight
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
-class Proc:
-    def __init__(self, pid: int, parent: int | None, born: float):
-        self.pid, self.parent, self.born = pid, parent, born
-        self.exec_at: float | None = None
-        self.argv = ""
-        self.ended: float | None = None
-        self.threads: set[int] = set()
-
-    def kind(self, parents: dict[int, str]) -> str:
-        argv = self.argv
-        if self.pid in parents:
-            return parents[self.pid]
-        for needle, name in (("atoll.worker", "worker"), ("atoll.pki.verifier", "verifier"),
-                             ("atoll.pki.job_signature", "signature check (new process)"),
-                             ("bwrap", "bwrap")):
-            if needle in argv:
-                return name
-        return Path(argv.split(" ")[0]).name if argv else "fork"
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(c) for c in (task / "children").read_text().split()]
+    except (OSError, ValueError):
+        pass
+    return out
 
 
-def parse_trace(path: Path, parents: dict[int, str],
-                threads: dict[int, int]) -> dict[int, Proc]:
-    """Processes below the parents from strace -f -tt output (pid-prefixed lines); ``threads``:
-    the parents' threads when strace attached (thread id -> parent)."""
-    procs: dict[int, Proc] = {pid: Proc(pid, None, 0.0) for pid in parents}
-    owner: dict[int, int] = {pid: pid for pid in parents} | threads  # thread id -> process
-    for line in path.read_text(errors="replace").splitlines():
-        m = TRACE.match(line)
-        if not m:
-            continue
-        tid = int(m[1])
-        t = int(m[2]) * 3600 + int(m[3]) * 60 + float(m[4])
-        rest = m[5]
-        pid = owner.setdefault(tid, tid)
-        if pid not in procs:
-            procs[pid] = Proc(pid, None, t)
-        if rest.startswith(("clone(", "clone3(", "vfork(", "fork(")):
-            child = re.search(r"= (\d+)$", rest)
-            if child is None:
-                continue
-            new = int(child[1])
-            if "CLONE_THREAD" in rest:
-                owner[new] = pid
-                procs[pid].threads.add(new)
-            else:
-                owner[new] = new
-                procs.setdefault(new, Proc(new, pid, t)).parent = pid
-        elif rest.startswith("execve(") and rest.rstrip().endswith("= 0"):
-            args = re.findall(r'"((?:[^"\\]|\\.)*)"', rest.split("], ")[0])
-            procs[pid].exec_at = t
-            procs[pid].argv = " ".join(args[1:])
-        elif "+++ exited with" in rest or "+++ killed by" in rest:
-            if tid == pid:
-                procs[pid].ended = t
-    return procs
+def _cpu(pid: int) -> float | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _argv(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def kind(argv: str) -> str:
+    for needle, name in (("atoll.worker", "worker"), ("atoll.pki.verifier", "verifier"),
+                         ("atoll.pki.job_signature", "signature check (new process)"),
+                         ("bwrap", "bwrap")):
+        if needle in argv:
+            return name
+    return Path(argv.split(" ")[0]).name if argv else "?"
+
+
+class Seen:
+    def __init__(self, pid: int, by: str, at: float):
+        self.pid, self.by, self.first, self.last = pid, by, at, at
+        self.argv, self.cpu = _argv(pid), 0.0
+
+
+class TreeSampler:
+    """The processes below the parents, from /proc every ``period`` s, in a thread."""
+
+    def __init__(self, parents: dict[int, str], period: float = 0.01):
+        self.parents, self.period = parents, period
+        self.seen: dict[int, Seen] = {}
+        self.cpu0 = {pid: _cpu(pid) or 0.0 for pid in parents}
+        self.cpu1: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            now = time.time()
+            for parent, name in self.parents.items():
+                queue = [(c, name) for c in _children(parent)]
+                while queue:
+                    pid, by = queue.pop()
+                    entry = self.seen.get(pid)
+                    if entry is None:
+                        entry = self.seen[pid] = Seen(pid, by, now)
+                    entry.last = now
+                    if not entry.argv or entry.argv.startswith(self.parent_argv(parent)):
+                        entry.argv = _argv(pid) or entry.argv  # it may have exec'd since
+                    cpu = _cpu(pid)
+                    if cpu is not None:
+                        entry.cpu = max(entry.cpu, cpu)
+                    queue += [(c, f"{kind(entry.argv)} {pid}") for c in _children(pid)]
+            self._stop.wait(self.period)
+
+    def parent_argv(self, pid: int, _cache: dict[int, str] = {}) -> str:  # noqa: B006
+        if pid not in _cache:
+            _cache[pid] = _argv(pid)
+        return _cache[pid]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.cpu1 = {pid: _cpu(pid) or 0.0 for pid in self.parents}
 
 
 def log_lines(path: Path, t0: float, t1: float) -> list[tuple[float, str]]:
@@ -146,8 +169,6 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="also write the timeline as JSON")
     args = ap.parse_args()
-    if shutil.which("strace") is None:
-        sys.exit("strace is needed (apt-get install strace)")
     work = (args.workdir or Path(tempfile.mkdtemp(prefix="atoll-profile-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ATOLL_HOME": str(work / "home")}
@@ -172,6 +193,7 @@ def profile(args, work, env, atoll, python, kits, up, up2) -> int:
     marks.mkdir(exist_ok=True)
     runtime = {"format_version": 2, "studies": {"default": {"datasets": {
         "marks": {"source": str(marks), "mode": "rw"}}}}}
+    runtime["studies"]["default"]["env"] = {"PYTHONPROFILEIMPORTTIME": "1"}
     for site in SITES:
         (kits / site / "local" / "study_runtime.yaml").write_text(json.dumps(runtime))
     job = Path(_run([python, str(COMPARE / "make_job.py"), "--out", str(work / "jobs"),
@@ -181,15 +203,7 @@ def profile(args, work, env, atoll, python, kits, up, up2) -> int:
     for role, kit in [("server", kits / "server"), *[("site", kits / s) for s in SITES]]:
         doc = json.loads((kit / "workspace" / f"{role}.pid").read_text())
         parents[doc["pid"]] = f"{role} parent" if role == "server" else f"{kit.name} parent"
-    trace = work / "parents.trace"
-    strace = subprocess.Popen(
-        ["strace", "-f", "-tt", "-q", "--seccomp-bpf", "-e", "trace=process", "-e",
-         "signal=none", "-o", str(trace), *[a for p in parents for a in ("-p", str(p))]],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # strace attaches to each parent and its threads
-    threads = {int(t.name): pid for pid in parents for t in Path(f"/proc/{pid}/task").iterdir()}
-    if strace.poll() is not None:
-        sys.exit("strace could not attach to the parents (ptrace_scope?)")
+    sampler = TreeSampler(parents)
     admin = kits / ADMIN
     t0 = time.time()
     sub = subprocess.run([python, "-X", "importtime", atoll, "job", "submit", str(job),
@@ -197,7 +211,7 @@ def profile(args, work, env, atoll, python, kits, up, up2) -> int:
                          env=env, capture_output=True, text=True, timeout=300)
     t_cli = time.time()
     if sub.returncode != 0:
-        strace.send_signal(signal.SIGINT)
+        sampler.stop()
         sys.exit(f"submit failed: {sub.stdout}{sub.stderr[-3000:]}")
     job_id = json.loads(sub.stdout)["job_id"]
     done = json.loads(_run([python, str(COMPARE / "ctl.py"), str(admin), "wait", job_id, "120"],
@@ -210,23 +224,18 @@ def profile(args, work, env, atoll, python, kits, up, up2) -> int:
             break
         time.sleep(0.05)
     t_gone = time.time()
-    time.sleep(0.3)
-    strace.send_signal(signal.SIGINT)
-    strace.wait(30)
-    midnight = t0 - _day_seconds(t0)
-    procs = parse_trace(trace, parents, threads)
+    sampler.stop()
     rows: list[tuple[float, str, str]] = []
-    for proc in procs.values():
-        if proc.pid in parents:
+    for seen in sampler.seen.values():
+        if seen.last < t0:
             continue
-        start = midnight + (proc.exec_at if proc.exec_at is not None else proc.born)
-        if proc.ended is not None and midnight + proc.ended < t0:
-            continue
-        owner = procs.get(proc.parent)
-        by = owner.kind(parents) if owner else "?"
-        end = f"{(midnight + proc.ended - t0) * 1000:.0f}" if proc.ended else "running"
-        rows.append((start, f"process {proc.kind(parents)} (pid {proc.pid}, by {by})",
-                     f"ended at {end}"))
+        what = kind(seen.argv)
+        rows.append((seen.first, f"{what} {seen.pid}",
+                     f"first seen (started by {seen.by}); last seen at "
+                     f"{(seen.last - t0) * 1000:.0f} ms; CPU {seen.cpu * 1000:.0f} ms"))
+    for pid, name in parents.items():
+        rows.append((t_gone, name, f"CPU {(sampler.cpu1[pid] - sampler.cpu0[pid]) * 1000:.0f} "
+                                   "ms over the job (its own threads)"))
     logs = [(kits / "server" / "workspace" / "server.log", "server parent")]
     logs += [(kits / s / "workspace" / "site.log", f"{s} parent") for s in SITES]
     for path in (kits / "server" / "workspace" / "jobs" / job_id).rglob("worker.log"):
@@ -259,16 +268,6 @@ def profile(args, work, env, atoll, python, kits, up, up2) -> int:
                                                   for s, w, m in rows]}, indent=1))
     print(f"\nwork folder: {work}")
     return 0
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            out += [int(c) for c in (task / "children").read_text().split()]
-    except (OSError, ValueError):
-        pass
-    return out
 
 
 def _is_verifier(pid: int) -> bool:
