@@ -81,12 +81,13 @@ def _argv(pid: int) -> str:
 
 
 def kind(argv: str) -> str:
-    for needle, name in (("atoll.worker", "worker"), ("atoll.pki.verifier", "verifier"),
-                         ("atoll.pki.job_signature", "signature check (new process)"),
-                         ("bwrap", "bwrap")):
-        if needle in argv:
+    for needle, name in (("bwrap", "bwrap"), ("atoll.worker", "worker"),
+                         ("atoll.pki.verifier", "verifier"),
+                         ("atoll.pki.job_signature", "signature check (new process)")):
+        words = argv.split(" ")
+        if needle in words[0] or needle in words[1:4]:
             return name
-    return Path(argv.split(" ")[0]).name if argv else "?"
+    return Path(argv.split(" ")[0]).name if argv else "exited child, not yet reaped"
 
 
 class Seen:

@@ -3,7 +3,8 @@
 Why a process: a parent never loads cryptography (pki/job_signature.py). Checking each job in
 a new interpreter cost 0.15-0.3 s of the path from submit to the first task, at the server and
 again at each site: starting Python, importing atoll and cryptography. The verifier pays that
-once, when the parent starts (``prestart``), then answers requests on its stdin/stdout, one
+once, started with the parent (``prestart``; it loads cryptography a second later, once the
+parent is up, or at the first request), then answers requests on its stdin/stdout, one
 JSON line each way::
 
     -> {"ca": CA_FILE, "tree": TREE}
@@ -28,6 +29,7 @@ import threading
 from pathlib import Path
 
 IDLE_S = 600.0  # a parent without jobs for ten minutes gives the verifier's memory back
+WARM_AFTER_S = 1.0
 MODULE = "atoll.pki.verifier"
 
 
@@ -126,20 +128,30 @@ def check(ca_file: Path, tree: Path, timeout: float) -> tuple[int, str]:
 
 def serve(idle_s: float = IDLE_S) -> int:
     """The verifier's own loop: one request at a time until EOF or ``idle_s`` of silence."""
+    import signal
     import traceback
 
     from atoll.pki import job_signature
+
+    # Ctrl-C at a parent in the foreground reaches its whole process group: the parent stops,
+    # and its end of the pipe closing ends this process without a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from atoll.pki.job_signature import check_tree
 
-    job_signature.warm()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    # cryptography is loaded at the first request or WARM_AFTER_S after the start, whichever
+    # comes first: not while the parent itself starts (its start -> ready is 0.3-0.6 s)
+    ready, _, _ = select.select([stdin], [], [], WARM_AFTER_S)
+    job_signature.warm()
     while True:
-        ready, _, _ = select.select([stdin], [], [], idle_s)
+        if not ready:
+            ready, _, _ = select.select([stdin], [], [], idle_s)
         if not ready:
             return 0
         line = stdin.readline()
         if not line:
             return 0  # the parent ended
+        ready = []
         try:
             request = json.loads(line)
             code, out = check_tree(Path(request["ca"]), Path(request["tree"]))
