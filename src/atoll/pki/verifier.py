@@ -3,8 +3,8 @@
 Why a process: a parent never loads cryptography (pki/job_signature.py). Checking each job in
 a new interpreter cost 0.15-0.3 s of the path from submit to the first task, at the server and
 again at each site: starting Python, importing atoll and cryptography. The verifier pays that
-once, started with the parent (``prestart``; it loads cryptography a second later, once the
-parent is up, or at the first request), then answers requests on its stdin/stdout, one
+once, a second after the parent started (``prestart``: once the parent is up) or at the first
+request, whichever comes first, then answers requests on its stdin/stdout, one
 JSON line each way::
 
     -> {"ca": CA_FILE, "tree": TREE}
@@ -29,7 +29,9 @@ import threading
 from pathlib import Path
 
 IDLE_S = 600.0  # a parent without jobs for ten minutes gives the verifier's memory back
-WARM_AFTER_S = 1.0
+# A parent starts its verifier this long after its own start (0.3-0.6 s to ready), so that the
+# verifier's interpreter and cryptography (0.1 CPU-s) do not slow that start down.
+START_AFTER_S = 1.0
 MODULE = "atoll.pki.verifier"
 
 
@@ -101,12 +103,18 @@ class Verifier:
 _PARENTS: Verifier | None = None  # set by prestart(): only a parent keeps a verifier
 
 
-def prestart() -> None:
-    """Give this process (a parent) its long-lived verifier, started now."""
+def prestart(delay: float = 0.0) -> None:
+    """Give this process (a parent) its long-lived verifier, started in ``delay`` seconds (from
+    a timer thread) or at the first check, whichever comes first."""
     global _PARENTS
     if _PARENTS is None:
         _PARENTS = Verifier()
-    _PARENTS.start()
+    if delay <= 0:
+        _PARENTS.start()
+        return
+    timer = threading.Timer(delay, _PARENTS.start)
+    timer.daemon = True
+    timer.start()
 
 
 def check(ca_file: Path, tree: Path, timeout: float) -> tuple[int, str]:
@@ -139,19 +147,14 @@ def serve(idle_s: float = IDLE_S) -> int:
     from atoll.pki.job_signature import check_tree
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    # cryptography is loaded at the first request or WARM_AFTER_S after the start, whichever
-    # comes first: not while the parent itself starts (its start -> ready is 0.3-0.6 s)
-    ready, _, _ = select.select([stdin], [], [], WARM_AFTER_S)
     job_signature.warm()
     while True:
-        if not ready:
-            ready, _, _ = select.select([stdin], [], [], idle_s)
+        ready, _, _ = select.select([stdin], [], [], idle_s)
         if not ready:
             return 0
         line = stdin.readline()
         if not line:
             return 0  # the parent ended
-        ready = []
         try:
             request = json.loads(line)
             code, out = check_tree(Path(request["ca"]), Path(request["tree"]))
