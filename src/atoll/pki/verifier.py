@@ -58,8 +58,10 @@ class Verifier:
     def _running(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
+        # cwd /: it reads only the absolute paths it is sent, and is no process "under" the
+        # parent's workspace (`atoll poc down` counts those as parents left running)
         self._proc = subprocess.Popen(_argv(MODULE), stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, close_fds=True)
+                                      stdout=subprocess.PIPE, close_fds=True, cwd="/")
         return self._proc
 
     def _drop(self) -> None:

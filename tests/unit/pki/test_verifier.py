@@ -4,6 +4,7 @@ new process, in the same process from job to job, and a new process whenever it 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -101,3 +102,17 @@ def test_the_parent_never_loads_cryptography(job, lead, ca_pem):  # noqa: F811
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, timeout=120)
     assert done.stdout.split() == ["lead@hospital-a.org", "False"]
+
+
+def test_a_check_before_the_delayed_start_starts_it(job, lead, ca_pem, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(verifier, "_PARENTS", None)
+    verifier.prestart(3600.0)  # a parent's timer, which has not fired yet
+    try:
+        assert verifier._PARENTS._proc is None
+        assert verify(signed_tree(job, lead), ca_pem).signer.name == "lead@hospital-a.org"
+        proc = verifier._PARENTS._proc
+        assert proc is not None and proc.poll() is None
+        # not a process "under" the parent's workspace, which `atoll poc down` would count
+        assert os.readlink(f"/proc/{proc.pid}/cwd") == "/"
+    finally:
+        verifier._PARENTS._drop()
