@@ -287,6 +287,9 @@ class CpuSampler:
         self.machine0, self.t0 = _machine_busy(), time.monotonic()
         self.others_cores = None  # CPU cores the rest of the machine used meanwhile (stop())
         self.parents = {pid: _cpu_times(pid) for pid in parents}
+        # each parent's long-lived signature verifier (pki/verifier.py): a child that outlives
+        # the job, so its CPU time is taken from its own counters, not the parent's cutime
+        self.verifiers = {pid: _cpu_times(pid) for pid in _verifiers(parents)}
         self.period = 1.0 / hz
         self.below: dict[tuple[int, int], float] = {}  # (pid, start) -> own CPU seconds
         self._stop = threading.Event()
@@ -299,7 +302,8 @@ class CpuSampler:
             self._stop.wait(self.period)
 
     def _sample(self) -> None:
-        queue = [c for pid in self.parents for c in _children(pid)]  # parents' children: cutime
+        queue = [c for pid in self.parents for c in _children(pid)  # parents' children: cutime
+                 if c not in self.verifiers]
         queue = [g for c in queue for g in _children(c)]
         while queue:
             pid = queue.pop()
@@ -313,11 +317,17 @@ class CpuSampler:
         """Stop sampling once the parents have no child left (or after wait_children_s);
         returns the job's CPU seconds."""
         deadline = time.monotonic() + wait_children_s
-        while any(_children(pid) for pid in self.parents) and time.monotonic() < deadline:
+        verifiers = set(self.verifiers)
+        while (any(set(_children(pid)) - verifiers for pid in self.parents)
+               and time.monotonic() < deadline):
             time.sleep(0.02)  # a worker (or its zombie) is left: not in the parent's cutime yet
         self._stop.set()
         self._thread.join(timeout=5)
         total = sum(self.below.values())
+        for pid, before in self.verifiers.items():
+            after = _cpu_times(pid)
+            if before is not None and after is not None:
+                total += after[0] - before[0]
         for pid, before in self.parents.items():
             after = _cpu_times(pid)
             if before is not None and after is not None:
@@ -326,6 +336,20 @@ class CpuSampler:
         if elapsed > 0:
             self.others_cores = max(0.0, busy - total) / elapsed
         return total
+
+
+def _verifiers(parents: list[int]) -> list[int]:
+    """The parents' signature verifiers (``python -P -m atoll.pki.verifier``)."""
+    found = []
+    for pid in parents:
+        for child in _children(pid):
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"atoll.pki.verifier" in cmdline:
+                found.append(child)
+    return found
 
 
 def _machine_busy() -> float:

@@ -229,6 +229,10 @@ def _site_privacy(config: AppConfig, site: str, job_id: str,
     (handed over by its parent); None when neither asks for anything. ``secagg_credential``:
     the site-certified key its parent made for this worker (atoll.pki.worker_credential);
     "simulated" in the simulator, whose sites share one throwaway CA."""
+    from atoll.spec.privacy import POLICY_ENV
+
+    if config.privacy is None and not os.environ.get(POLICY_ENV):
+        return None  # nothing asked: the privacy machinery (and cryptography) stays unloaded
     from atoll.fl.privacy.secagg.identity import SiteIdentity
     from atoll.fl.privacy.site_privacy import SitePrivacy, policy_from_env
 

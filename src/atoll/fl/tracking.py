@@ -74,51 +74,44 @@ class Tracker(Protocol):
 
 
 class TrackingError(AtollError, RuntimeError):
-    """A tracker could not start (its package is missing); the message says what to install."""
+    """A tracker could not start (MLflow's package is missing); the message says what to
+    install."""
 
 
 # --- TensorBoard ----------------------------------------------------------------------------------
 
 
 class TensorBoardTracker:
-    """Event files under ``folder``: ``phase/metric/site`` scalars against the round."""
+    """Event files under ``folder``: ``phase/metric/site`` scalars against the round, written
+    by atoll's own writer (fl/tensorboard_events.py: no torch, no tensorboard import)."""
 
     def __init__(self, folder: Path):
-        from torch.utils.tensorboard import SummaryWriter
+        from atoll.fl.tensorboard_events import EventFileWriter
 
-        self.writer = SummaryWriter(log_dir=str(folder))
+        self.writer = EventFileWriter(folder)
 
     def log(self, record: Record) -> None:
         if record.round is None and record.phase != LOGGED:
             return  # cross-site results have no round: they are in cross_site_eval.json
-        for name, value in record.metrics.items():
-            self.writer.add_scalar(f"{record.key(name)}/{record.site}", value, record.x(),
-                                   walltime=record.timestamp)
+        self.writer.add_scalars({f"{record.key(name)}/{record.site}": value
+                                 for name, value in record.metrics.items()},
+                                record.x(), record.timestamp)
         self.writer.flush()  # live: TensorBoard shows the round as soon as it is recorded
 
     def close(self, failed: bool = False) -> None:
         self.writer.close()
 
 
-def tensorboard_tracker(folder: Path, required: bool | None,
-                        asked_by: str = "server.tracking.tensorboard is true",
-                        where: str = "the server worker") -> TensorBoardTracker | None:
-    """TensorBoard event files: ``required`` None writes them when tensorboard is installed."""
+def tensorboard_tracker(folder: Path, required: bool | None) -> TensorBoardTracker | None:
+    """TensorBoard event files: ``required`` None writes them when the tensorboard package
+    (which shows them) is installed, True always, False never."""
     import importlib.util
 
     if required is False:
         return None
-    # checked first so that a server without tensorboard never imports torch
-    missing = importlib.util.find_spec("tensorboard") is None
-    if not missing:
-        try:
-            return TensorBoardTracker(folder)
-        except ImportError:
-            missing = True
-    if required:
-        raise TrackingError(f"{asked_by} but the tensorboard package (and torch) is not "
-                            f"installed where {where} runs (pip install 'atoll[tracking]')")
-    return None
+    if required is None and importlib.util.find_spec("tensorboard") is None:
+        return None
+    return TensorBoardTracker(folder)
 
 
 # --- MLflow -----------------------------------------------------------------------------------------
@@ -267,10 +260,8 @@ def site_streamer(site: str, job_id: str) -> Streamer | None:
     folder = os.environ.get(TENSORBOARD_DIR_VAR)
     if folder:
         try:
-            tensorboard = tensorboard_tracker(Path(folder) / job_id / site, required=True,
-                                              asked_by=f"{TENSORBOARD_DIR_VAR} is set",
-                                              where=f"{site}'s worker")
-        except (TrackingError, OSError) as exc:
+            tensorboard = tensorboard_tracker(Path(folder) / job_id / site, required=True)
+        except OSError as exc:
             log.warning("TensorBoard tracking to %s is off for this job: %s", folder, exc)
         else:
             if tensorboard is not None:

@@ -15,16 +15,12 @@ process. Rank 0 alone gets the job's credentials (docs/distributed.md).
 from __future__ import annotations
 
 from atoll.launchers.base import LaunchError, LaunchRequest
+from atoll.launchers.rank_names import MAX_RANK_ERROR_BYTES, RANK_ERROR_FILE, WITHHELD_ENV
 from atoll.launchers.request import TOKEN_VAR
 
+__all__ = ["MAX_RANK_ERROR_BYTES", "RANK_ERROR_FILE", "WITHHELD_ENV"]  # shared: rank_names.py
+
 LOCAL_MASTER = "127.0.0.1"
-# Where a rank other than 0 leaves its error, in the run folder, for whoever reports the site's
-# failure: rank 0 on one node (worker/local_ranks.py), the Slurm launcher across nodes.
-RANK_ERROR_FILE = "logs/rank-{rank}.error"
-MAX_RANK_ERROR_BYTES = 2000
-# Names (never values) of the variables only rank 0 may keep: in a container or pod the job's
-# secrets arrive in the environment, so rank 0 starts the other ranks without these.
-WITHHELD_ENV = "ATOLL_RANK0_ONLY_ENV"
 
 
 def processes_per_node(request: LaunchRequest, gpus_per_node: int) -> int:

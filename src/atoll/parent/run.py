@@ -94,6 +94,11 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> in
 
     local = load_local_config(kit.local_dir, study_runtime=role == "site",
                               workspace=kit.workspace)
+    # The signature verifier starts once this parent is up (a timer thread, after the fork
+    # above), so that it has loaded cryptography by the first job (pki/verifier.py).
+    from atoll.pki import verifier
+
+    verifier.prestart(verifier.START_AFTER_S)
     run_forever = importlib.import_module(RUNNERS[role]).run_forever
     setup_logging(verbose)
     pidfile.write_pid(kit.workspace, role)

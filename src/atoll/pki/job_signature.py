@@ -25,9 +25,10 @@ The *content digest* (``sha256:<hex>`` over the canonical ``files``) names a job
 alone, whoever submits it in whatever study: it is what a site's code approval records.
 
 Parents never import cryptography (17 MiB, and the system OpenSSL it maps): the server and the
-sites verify a job with ``verify_apart``, which runs this module as ``python -m
-atoll.pki.job_signature CA_FILE TREE`` in a process of its own (it also hashes the files there,
-with OpenSSL's SHA-256). The CLI and Session sign in their own process.
+sites verify a job with ``verify_apart``, in a process of their own (which also hashes the files,
+with OpenSSL's SHA-256): the long-lived verifier each parent starts (pki/verifier.py), or, when
+it is busy or gone, this module run as ``python -m atoll.pki.job_signature CA_FILE TREE``. The
+CLI and Session sign in their own process.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import base64
 import json
 import os
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -223,6 +223,16 @@ def verify_bundle(data: bytes, ca_pem: bytes, now: float | None = None,
     return Signed(signer, _statement(text, signer), pem, statement_digest(text))
 
 
+def warm() -> None:
+    """Import what a check needs (the verifier does it once, before its first request)."""
+    import datetime  # noqa: F401
+    import hashlib  # noqa: F401
+
+    from cryptography import x509  # noqa: F401
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: F401
+    from cryptography.x509.oid import ExtendedKeyUsageOID  # noqa: F401
+
+
 def statement_digest(text: bytes) -> str:
     import hashlib
 
@@ -341,27 +351,45 @@ VERIFY_TIMEOUT_S = 900.0  # hashing a job of several GiB
 
 def verify_apart(tree: Path, ca_file: Path) -> tuple[Signed, dict[str, str]]:
     """``verify_bundle`` of the job unpacked in ``tree`` against the root CA in ``ca_file``,
-    and ``manifest_of_tree`` of what is there, in a process of its own (see the top)."""
+    and ``manifest_of_tree`` of what is there, in a process of its own (see the top): the
+    parent's long-lived verifier when it started one (pki/verifier.py), else a new one."""
+    from atoll.pki import verifier
+
     try:
-        done = subprocess.run(  # -P: atoll itself, never a module of the current folder
-            [sys.executable, "-P", "-m", "atoll.pki.job_signature", str(ca_file), str(tree)],
-            capture_output=True, timeout=VERIFY_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        code, out = verifier.check(ca_file, tree, VERIFY_TIMEOUT_S)
+    except (OSError, verifier.CheckTimeout) as exc:
         raise SignatureError(f"the job's signature could not be checked: {exc}") from None
-    if done.returncode == 2:  # refused: the reason is the one line it printed
-        raise SignatureError(done.stderr.decode("utf-8", "replace").strip())
-    if done.returncode != 0:  # a crash: its traceback is for the parent's log, not the user
+    if code == 2:  # refused: the reason is the one line it printed
+        raise SignatureError(out.strip())
+    if code != 0:  # a crash: its traceback is for the parent's log, not the user
         import logging
 
         logging.getLogger("atoll.pki.job_signature").error(
-            "the signature check exited with %d: %s", done.returncode,
-            done.stderr.decode("utf-8", "replace")[-4000:])
+            "the signature check exited with %d: %s", code, out[-4000:])
         raise SignatureError(f"the job's signature could not be checked (the checker exited "
-                             f"with {done.returncode}; the parent's log has its error)")
-    doc = json.loads(done.stdout)
+                             f"with {code}; the parent's log has its error)")
+    doc = json.loads(out)
     statement = Statement(**doc["statement"])
     return (Signed(Identity(**doc["signer"]), statement, doc["cert"].encode(),
                    doc["statement_digest"]), doc["files"])
+
+
+def check_tree(ca_file: Path, tree: Path) -> tuple[int, str]:
+    """What the job's signature in ``tree`` says, as JSON, with 0; or 2 and the reason it is
+    refused. Run in the verifier's process, never in a parent."""
+    try:
+        signed = verify_bundle(read_bundle(tree), ca_file.read_bytes())
+        files = manifest_of_tree(tree)
+    except SignatureError as exc:
+        return 2, str(exc)
+    except OSError as exc:
+        return 2, f"the job cannot be read: {exc.strerror}"
+    s = signed.statement
+    return 0, json.dumps({"signer": vars(signed.signer), "cert": signed.cert_pem.decode("ascii"),
+                          "statement": {"project": s.project, "study": s.study,
+                                        "submitter": s.submitter, "signed_at": s.signed_at,
+                                        "nonce": s.nonce, "files": s.files},
+                          "statement_digest": signed.statement_digest, "files": files})
 
 
 def _main(argv: list[str]) -> int:
@@ -370,23 +398,9 @@ def _main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m atoll.pki.job_signature CA_FILE TREE", file=sys.stderr)
         return 1
-    ca_file, tree = Path(argv[0]), Path(argv[1])
-    try:
-        signed = verify_bundle(read_bundle(tree), ca_file.read_bytes())
-        files = manifest_of_tree(tree)
-    except SignatureError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"the job cannot be read: {exc.strerror}", file=sys.stderr)
-        return 2
-    s = signed.statement
-    print(json.dumps({"signer": vars(signed.signer), "cert": signed.cert_pem.decode("ascii"),
-                      "statement": {"project": s.project, "study": s.study,
-                                    "submitter": s.submitter, "signed_at": s.signed_at,
-                                    "nonce": s.nonce, "files": s.files},
-                      "statement_digest": signed.statement_digest, "files": files}))
-    return 0
+    code, out = check_tree(Path(argv[0]), Path(argv[1]))
+    print(out, file=sys.stdout if code == 0 else sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

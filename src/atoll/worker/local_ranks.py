@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
-from atoll.launchers.ranks import MAX_RANK_ERROR_BYTES as MAX_ERROR_CHARS
-from atoll.launchers.ranks import RANK_ERROR_FILE as ERROR_FILE
-from atoll.launchers.ranks import WITHHELD_ENV
+from atoll.launchers.rank_names import MAX_RANK_ERROR_BYTES as MAX_ERROR_CHARS
+from atoll.launchers.rank_names import RANK_ERROR_FILE as ERROR_FILE
+from atoll.launchers.rank_names import WITHHELD_ENV
 
 POLL_S = 0.2  # how often rank 0 looks at its children
 FINISH_GRACE_S = 60.0

@@ -131,3 +131,16 @@ def test_the_job_stops_when_its_own_budget_would_be_passed(tmp_path):
     assert privacy[1]["metrics"] == {"epsilon": pytest.approx(epsilon(1.0, 2, 1e-5)),
                                      "delta": 1e-5}
     assert any(e["event"] == "stopped" for e in federation.events)
+
+
+def test_a_job_without_privacy_settings_is_refused_by_a_strict_site_at_start(monkeypatch):
+    from atoll.fl.app_config import parse_app_config
+    from atoll.fl.runner import _site_privacy
+
+    config, _ = parse_app_config({"site": {"script": "train.py"}})
+    assert config.privacy is None
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    assert _site_privacy(config, "hospital-1", "job", None) is None  # nothing asked of it
+    monkeypatch.setenv(POLICY_ENV, STRICT.model_dump_json())
+    with pytest.raises(PrivacyRefused, match="rule require.secure_aggregation"):
+        _site_privacy(config, "hospital-1", "job", None)
