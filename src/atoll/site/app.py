@@ -148,6 +148,16 @@ class SiteParent:
         log.info("site %s started; workers dial %s", self.name, self.worker_address)
         if self.local.unconfined:
             log.warning(UNCONFINED_WARNING)
+        self._start_retention()
+
+    def _start_retention(self) -> None:
+        from atoll.launchers.request import job_run_folder
+        from atoll.site.retention import start_sweeper
+
+        config = self.local.site_config
+        start_sweeper(job_run_folder(config, "x").parent, self.workspace / "apps",
+                      config.retention.run_folders_days, self.supervisor.running_jobs,
+                      self._stopped)
 
     def stop(self) -> None:
         if self._stopped.is_set():
