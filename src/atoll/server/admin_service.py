@@ -350,6 +350,9 @@ class AdminService:
                              f"(`atoll job abort {record.id}`)")
         self.store.delete_job(record.id)
         shutil.rmtree(self.jobs.jobs_dir / record.id, ignore_errors=True)
+        for site in record.parts:  # each online site removes its run folder (retention: the rest)
+            if site != "server":
+                self.links.send(site, "forget", {"job_id": record.id})
         self._audit(who, study, "delete", record.id, "ok", f"name={record.name!r} "
                     f"submitter={record.submitter} state={record.state}")
         return {"deleted": record.id, "name": record.name}

@@ -126,9 +126,33 @@ class SiteParent:
             self.supervisor.abort(job_id, str(body.get("reason", "aborted")))
         elif kind == "end":
             self.supervisor.end(job_id)
+        elif kind == "forget":
+            threading.Thread(target=self._forget, args=(job_id,), name="forget",
+                             daemon=True).start()
         elif kind == "revocations":  # handled before the commands after it: dispatches see it
             if self.revocations.on_command(body):  # a newer list: running jobs it revokes end
                 self.supervisor.signers_revoked()
+
+    def _forget(self, job_id: object) -> None:
+        """The server deleted a job (`atoll job delete`): its run folder here goes too, unless
+        the job still runs here (the server's word does not end a running job's folder)."""
+        from atoll.launchers.request import job_run_folder
+        from atoll.site.retention import remove_run_folder
+        from atoll.spec.names import IdentifierError, check_job_id
+
+        try:
+            job_id = check_job_id(job_id)
+        except IdentifierError as exc:
+            log.warning("ignored a forget command from the server: %s", exc)
+            return
+        if job_id in self.supervisor.running_jobs():
+            log.warning("job %s was deleted at the server but runs here: its run folder stays",
+                        job_id)
+            return
+        folder = job_run_folder(self.local.site_config, job_id)
+        if folder.exists():
+            remove_run_folder(folder, self.workspace / "apps")
+            log.info("job %s was deleted at the server: its run folder here is removed", job_id)
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:

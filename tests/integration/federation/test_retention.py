@@ -34,3 +34,26 @@ def test_a_site_removes_the_run_folders_older_than_its_retention(tmp_path):
         fed.stop_all()
     assert "removed the run folders of 1 job(s) finished more than 7 days ago: old-job" in \
         fed.log("site-1")
+
+
+def test_job_delete_removes_the_run_folder_at_each_site_that_ran_it(tmp_path):
+    from tests.integration.federation.jobs import make_job
+
+    fed = Federation.provisioned(tmp_path / "fed", ["site-1", "site-2"], USERS)
+    try:
+        fed.start_all()
+        fed.wait_online(ADMIN)
+        with fed.session(ADMIN) as s:
+            done = s.submit(make_job(tmp_path / "job"), wait=True, timeout=180)
+            assert done["state"] == "FINISHED:COMPLETED", done
+            folders = [fed.workspace(site) / "jobs" / done["job_id"]
+                       for site in ("site-1", "site-2")]
+            assert all(f.is_dir() for f in folders)
+            s.delete(done["job_id"])
+        wait_for(lambda: not any(f.exists() for f in folders), 60,
+                 what="both sites to remove the deleted job's run folder")
+        assert not (fed.workspace("server") / "jobs" / done["job_id"]).exists()
+    finally:
+        fed.stop_all()
+    for site in ("site-1", "site-2"):
+        assert f"job {done['job_id']} was deleted at the server" in fed.log(site)
