@@ -127,8 +127,7 @@ class SiteParent:
         elif kind == "end":
             self.supervisor.end(job_id)
         elif kind == "forget":
-            threading.Thread(target=self._forget, args=(job_id,), name="forget",
-                             daemon=True).start()
+            self._forget(job_id)
         elif kind == "revocations":  # handled before the commands after it: dispatches see it
             if self.revocations.on_command(body):  # a newer list: running jobs it revokes end
                 self.supervisor.signers_revoked()
@@ -150,9 +149,16 @@ class SiteParent:
                         job_id)
             return
         folder = job_run_folder(self.local.site_config, job_id)
-        if folder.exists():
-            remove_run_folder(folder, self.workspace / "apps")
-            log.info("job %s was deleted at the server: its run folder here is removed", job_id)
+        if not folder.is_dir() or folder.is_symlink():
+            return
+        # In order with the commands after it (a resume under the same id gets a new folder):
+        # moved aside now, removed in the background.
+        aside = folder.with_name(f".deleted-{job_id}-{time.monotonic_ns()}")
+        folder.rename(aside)
+        threading.Thread(target=remove_run_folder, args=(aside, self.workspace / "apps"),
+                         name="forget", daemon=True).start()
+        (self.workspace / "apps" / f"{job_id}.zip").unlink(missing_ok=True)
+        log.info("job %s was deleted at the server: its run folder here is removed", job_id)
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:
