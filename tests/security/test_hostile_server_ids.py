@@ -223,6 +223,7 @@ def test_job_ids_that_are_paths_or_commands_touch_nothing(fed, hostile, signed):
         hostile.dispatch(job_id, signed[0], signed[1])
         hostile.send("abort", {"job_id": job_id, "reason": "x"})
         hostile.send("end", {"job_id": job_id})
+        hostile.send("forget", {"job_id": job_id})  # `..` would be the whole workspace
     hostile.send("dispatch", [])  # not even an object: ignored, the link lives on
     _sentinel(hostile, signed)
     for raw in BAD_JOB_IDS:

@@ -303,7 +303,8 @@ def abort(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
 @format_option
 @handle_errors
 def delete(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
-    """Delete a finished job: its record, progress, logs and results on the server.
+    """Delete a finished job: its record, progress, logs and results on the server, and its
+    run folder at each site that ran it and is online (docs/operations.md, Cleaning up).
 
     Who may: its submitter, an org admin of the submitter's org, a project admin (a site's
     policy may narrow that). The audit log keeps the deletion. A study without jobs can then

@@ -23,6 +23,12 @@ def login_command(kit: Path, study: str, fmt: str) -> None:
 
     with Session(kit) as session:
         answer = session.login(study)
+    if server := answer.get("server_version"):
+        from atoll import __version__
+        from atoll.spec.versions import version_refusal
+
+        if why := version_refusal(__version__, str(server), who="CLI"):
+            click.echo(f"warning: {printable(why)}", err=True)
     path = save_session({"kit": str(kit.resolve()), "study": answer["study"],
                          "token": answer["token"], "user": answer["user"]})
     emit({"user": answer["user"], "role": answer["role"], "study": answer["study"],

@@ -26,7 +26,7 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
@@ -150,9 +150,40 @@ def check_sandbox(host: SandboxHost, python: str) -> None:
         raise SandboxUnavailable(_opt_out(f"bwrap ({host.bwrap}) could not run: {exc}")) from exc
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
+        found = " ".join(userns_restrictions(host.bwrap))
         raise SandboxUnavailable(_opt_out(
             f"bwrap ({host.bwrap}) could not make a sandbox here: "
-            f"{detail[-1] if detail else f'exit code {done.returncode}'}"))
+            f"{detail[-1] if detail else f'exit code {done.returncode}'}"
+            + (f". {found}" if found else "")))
+
+
+# The settings by which current distributions restrict unprivileged user namespaces: (sysctl,
+# the value that restricts them, what to do). Read when a sandbox could not be made.
+USERNS_SYSCTLS = (
+    ("kernel/apparmor_restrict_unprivileged_userns", "1",
+     "This host's AppArmor restricts unprivileged user namespaces "
+     "(kernel.apparmor_restrict_unprivileged_userns = 1, Ubuntu 23.10 and later): allow "
+     "`userns` for {bwrap} in an AppArmor profile, or set the sysctl to 0"),
+    ("kernel/unprivileged_userns_clone", "0",
+     "This host forbids unprivileged user namespaces (kernel.unprivileged_userns_clone = 0): "
+     "set it to 1"),
+    ("user/max_user_namespaces", "0",
+     "This host allows no user namespaces (user.max_user_namespaces = 0): set it to 15000 or "
+     "more"),
+)
+
+
+def userns_restrictions(bwrap: str, sysctl: Path = Path("/proc/sys")) -> list[str]:
+    """What on this host restricts the user namespaces bwrap needs, each with its fix
+    (docs/operations.md, User namespaces); empty when none of the known settings does."""
+    found = []
+    for name, value, advice in USERNS_SYSCTLS:
+        try:
+            if (sysctl / name).read_text().strip() == value:
+                found.append(advice.format(bwrap=bwrap) + " (docs/operations.md).")
+        except OSError:
+            continue
+    return found
 
 
 def _opt_out(why: str) -> str:

@@ -22,9 +22,10 @@ def start_detached(role: str, kit: Path, workspace: Path, timeout: float = 30.0)
     ready = workspace / f"{role}.ready"
     ready.unlink(missing_ok=True)
     log_path = workspace / f"{role}.log"
+    # Until the parent's own log takes over (rotated, parent/log_file.py), its output lands here
     with open(append_private(log_path), "ab") as log:  # 0600: it may quote the parent's config
         child = subprocess.Popen(
-            command(role, kit, ready), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            command(role, kit, ready, log_file=log_path), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

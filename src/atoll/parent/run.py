@@ -1,5 +1,5 @@
-"""``python -m atoll.parent server|site KIT [--ready-file FILE] [--verbose]``: a parent's
-own process.
+"""``python -m atoll.parent server|site KIT [--ready-file FILE] [--log-file FILE] [--verbose]``:
+a parent's own process.
 
 ``atoll server|site start`` checks its arguments, then replaces itself with this entry (or, with
 ``--detach``, spawns it), so that a parent that runs for months carries none of the CLI (click
@@ -21,20 +21,30 @@ RUNNERS = {"server": "atoll.server.app", "site": "atoll.site.app"}
 
 
 def command(role: str, kit: Path, ready_file: Path | None = None,
-            verbose: bool = False) -> list[str]:
+            verbose: bool = False, log_file: Path | None = None) -> list[str]:
     """The argv that runs the ``role`` parent of ``kit`` in a process of its own."""
     argv = [sys.executable, "-m", "atoll.parent", role, str(kit)]
     if ready_file is not None:
         argv += ["--ready-file", str(ready_file)]
+    if log_file is not None:
+        argv += ["--log-file", str(log_file)]
     return argv + (["--verbose"] if verbose else [])
 
 
-def setup_logging(verbose: bool = False) -> None:
-    """One structured line per event: time, level, component, message."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-        format="ts=%(asctime)s level=%(levelname)s component=%(name)s msg=%(message)r",
-    )
+LOG_FORMAT = "ts=%(asctime)s level=%(levelname)s component=%(name)s msg=%(message)r"
+
+
+def setup_logging(verbose: bool = False, log_file: Path | None = None, logs=None) -> None:
+    """One structured line per event: time, level, component, message; to standard error, or
+    to ``log_file`` rotated as ``logs`` (spec/parent_settings.py LogSettings) says."""
+    if log_file is None:
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    else:
+        from atoll.parent.log_file import ParentLog
+
+        handler = ParentLog(log_file, logs.max_bytes, logs.keep)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler],
+                        format=LOG_FORMAT)
 
 
 def _fail(message: str, code: int) -> int:
@@ -62,7 +72,8 @@ def _without_system_openssl() -> None:
         del sys.modules["ssl"]
 
 
-def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> int:
+def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool,
+        log_file: Path | None = None) -> int:
     # What a parent and the workers it starts on its host make (results, logs, spill files)
     # is private by default, whatever umask the operator's shell had; the parent also sets the
     # modes of its own folders and files explicitly.
@@ -100,7 +111,11 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool) -> in
 
     verifier.prestart(verifier.START_AFTER_S)
     run_forever = importlib.import_module(RUNNERS[role]).run_forever
-    setup_logging(verbose)
+    try:  # detached, the log's rotation waits for the check of local/site.yaml
+        logs = local.site_config.logs if log_file is not None else None
+    except AtollError as exc:
+        return _fail(str(exc), exc.exit_code)
+    setup_logging(verbose, log_file, logs)
     pidfile.write_pid(kit.workspace, role)
     try:
         return run_forever(kit, ready_file, local)
@@ -124,12 +139,17 @@ def main(argv: list[str]) -> None:
         at = args.index("--ready-file")
         ready_file = Path(args[at + 1])
         del args[at:at + 2]
+    log_file = None
+    if "--log-file" in args:
+        at = args.index("--log-file")
+        log_file = Path(args[at + 1])
+        del args[at:at + 2]
     if len(args) != 2 or args[0] not in RUNNERS:
         sys.exit(_fail("usage: python -m atoll.parent server|site KIT "
-                       "[--ready-file FILE] [--verbose]", 2))
+                       "[--ready-file FILE] [--log-file FILE] [--verbose]", 2))
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")  # as atoll.cli.main sets them
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    code = run(args[0], Path(args[1]), ready_file, verbose)
+    code = run(args[0], Path(args[1]), ready_file, verbose, log_file)
     # The parent stopped in order: state saved, workers stopped. RPC threads still parked in
     # long polls would hold the interpreter's exit for up to 30 s, so leave now.
     logging.shutdown()

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
+from atoll import __version__
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.pki.identity import Identity
 from atoll.server.auth import (
@@ -286,7 +287,8 @@ class AdminService:
         self.studies.require_member(who, study)  # a refusal is audited by _run
         self._audit(who, study, "login", study, "ok")
         return {"token": self.signer.issue(who.name, study), "study": study,
-                "user": who.name, "org": who.org, "role": who.role}
+                "user": who.name, "org": who.org, "role": who.role,
+                "server_version": __version__}  # the CLI warns when it does not fit
 
     def whoami(self, who, study, body):
         return {"user": who.name, "org": who.org, "role": who.role, "study": study,
@@ -348,6 +350,9 @@ class AdminService:
                              f"(`atoll job abort {record.id}`)")
         self.store.delete_job(record.id)
         shutil.rmtree(self.jobs.jobs_dir / record.id, ignore_errors=True)
+        for site in record.parts:  # each online site removes its run folder (retention: the rest)
+            if site != "server":
+                self.links.send(site, "forget", {"job_id": record.id})
         self._audit(who, study, "delete", record.id, "ok", f"name={record.name!r} "
                     f"submitter={record.submitter} state={record.state}")
         return {"deleted": record.id, "name": record.name}

@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
+from atoll import __version__
 from atoll.server.auth import Gate, peer_identity_async
 from atoll.server.relay import END, RelayError
 from atoll.server.site_links import HEARTBEAT_S, SiteLink, SiteLinks
 from atoll.server.spool import SpoolError
 from atoll.spec.names import IdentifierError, check_job_id, check_task_id
 from atoll.spec.quantity import is_memory
+from atoll.spec.versions import version_refusal
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.guard import Stalled
@@ -147,6 +149,9 @@ class FederationService:
             hello = _hello(first.hello)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if why := version_refusal(hello.get("version"), __version__):  # spec/versions.py
+            log.warning("refused site %s: %s", who.name, why)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         loop = asyncio.get_running_loop()
         link = SiteLink(who.name, who.org, hello, loop)
         await loop.run_in_executor(None, self.studies.remember_site, who.name, who.org)

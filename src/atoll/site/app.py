@@ -135,9 +135,39 @@ class SiteParent:
             self.supervisor.abort(job_id, str(body.get("reason", "aborted")))
         elif kind == "end":
             self.supervisor.end(job_id)
+        elif kind == "forget":
+            self._forget(job_id)
         elif kind == "revocations":  # handled before the commands after it: dispatches see it
             if self.revocations.on_command(body):  # a newer list: running jobs it revokes end
                 self.supervisor.signers_revoked()
+
+    def _forget(self, job_id: object) -> None:
+        """The server deleted a job (`atoll job delete`): its run folder here goes too, unless
+        the job still runs here (the server's word does not end a running job's folder)."""
+        from atoll.launchers.request import job_run_folder
+        from atoll.site.retention import remove_run_folder
+        from atoll.spec.names import IdentifierError, check_job_id
+
+        try:
+            job_id = check_job_id(job_id)
+        except IdentifierError as exc:
+            log.warning("ignored a forget command from the server: %s", exc)
+            return
+        if job_id in self.supervisor.running_jobs():
+            log.warning("job %s was deleted at the server but runs here: its run folder stays",
+                        job_id)
+            return
+        folder = job_run_folder(self.local.site_config, job_id)
+        if not folder.is_dir() or folder.is_symlink():
+            return
+        # In order with the commands after it (a resume under the same id gets a new folder):
+        # moved aside now, removed in the background.
+        aside = folder.with_name(f".deleted-{job_id}-{time.monotonic_ns()}")
+        folder.rename(aside)
+        threading.Thread(target=remove_run_folder, args=(aside, self.workspace / "apps"),
+                         name="forget", daemon=True).start()
+        (self.workspace / "apps" / f"{job_id}.zip").unlink(missing_ok=True)
+        log.info("job %s was deleted at the server: its run folder here is removed", job_id)
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -157,6 +187,16 @@ class SiteParent:
         log.info("site %s started; workers dial %s", self.name, self.worker_address)
         if self.local.unconfined_warning:
             log.warning(self.local.unconfined_warning)
+        self._start_retention()
+
+    def _start_retention(self) -> None:
+        from atoll.launchers.request import job_run_folder
+        from atoll.site.retention import start_sweeper
+
+        config = self.local.site_config
+        start_sweeper(job_run_folder(config, "x").parent, self.workspace / "apps",
+                      config.retention.run_folders_days, self.supervisor.running_jobs,
+                      self._stopped)
 
     def stop(self) -> None:
         if self._stopped.is_set():

@@ -165,7 +165,7 @@ class SiteEvent(Message):
 
 class ServerCommand(Message):
     FIELDS = (("welcome", 1, _STRING), ("dispatch", 2, _STRING), ("abort", 3, _STRING),
-              ("end", 4, _STRING), ("revocations", 5, _STRING))
+              ("end", 4, _STRING), ("revocations", 5, _STRING), ("forget", 6, _STRING))
     ONEOF = "kind"
 
 

@@ -9,6 +9,7 @@ import shutil
 import grpc
 import pytest
 
+from atoll import __version__
 from atoll.admin.session import Session
 from atoll.pki.ca import create_ca, load_ca
 from atoll.pki.certs import issue_cert
@@ -83,7 +84,8 @@ def test_a_site_is_who_its_certificate_says(federation, tmp_path):
 
     def events():
         yield msg.SiteEvent(hello=json.dumps({"name": "site-2", "launcher": "impostor",
-                                             "capacity": {}, "running_jobs": []}))
+                                             "version": __version__, "capacity": {},
+                                             "running_jobs": []}))
         stop.wait(10)
 
     stream = rpc.stub(channel, "Federation").Connect(events(), timeout=15)
