@@ -150,12 +150,10 @@ class PrivateRound:
         require(self.outcome, min_clients, what)
         if isinstance(self.aggregator, CentralDP):
             return self.aggregator.mean_update()
-        total, weight = self.aggregator.unmask()
+        total, weight = self.aggregator.unmask(mean=True)  # the sum's memory becomes the mean
         if weight <= 0:
             raise WorkflowError(f"{what}: the sites' example counts sum to 0")
         self.total_weight = weight
-        for array in total.values():
-            array /= weight  # in place: the sum's memory becomes the mean
         return total
 
 

@@ -96,8 +96,10 @@ def test_the_sum_at_each_sites_full_share_is_exact_within_the_step(ring):
         total = words if total is None else {k: total[k] + words[k] for k in words}
     assert total is not None
     add_masks(total, [(seed, -1) for seed in seeds])
+    mean, _ = masking.decode({k: v.copy() for k, v in total.items()}, ring, mean=True)
     weighted, weight = masking.decode(total, ring)
     assert weight == sum(weights)
+    np.testing.assert_allclose(mean["w"], weighted["w"] / weight, rtol=2**-22)
     plain = sum(w * u["w"].astype(np.float64) for w, u in zip(weights, updates, strict=True))
     # each site rounds to the nearest step (a float64 product first: exact for float32), the
     # sum is then a float32 (or a float64)

@@ -69,18 +69,6 @@ def encode(update: dict[str, np.ndarray], weight: int, sites: int, ring: Ring = 
         # each site's share of the ring; a hair under it, so float rounding never passes it
         limit = math.ldexp(1.0, bits - 1) / sites * (1 - 2.0**-40)
         flat = np.ascontiguousarray(array).reshape(-1)
-        largest = max(-float(flat.min()), float(flat.max())) if flat.size else 0.0
-        if not math.isfinite(largest):
-            raise EncodingError(f"params[{name!r}] holds NaN or infinite values: secure "
-                                "aggregation sums finite numbers only; check the training")
-        if round(largest * float(scale)) > limit:
-            raise EncodingError(
-                f"params[{name!r}]: num_examples x the update reaches {largest * weight:.3g}, "
-                f"above this site's share {ring.max_sum / sites:.3g} of "
-                f"privacy.secure_aggregation.max_sum ({ring.max_sum:g} for {sites} sites), so "
-                "the sum could overflow its words; clip the update (privacy.dp.clip_norm or a "
-                "clip filter), send a smaller num_examples, or raise max_sum (a coarser step) "
-                "or word_bits: 64")
         old = spare.get(name)
         words = (old.reshape(-1).view(signed) if old is not None and old.size == flat.size
                  and old.dtype == unsigned and old.flags.c_contiguous
@@ -90,16 +78,31 @@ def encode(update: dict[str, np.ndarray], weight: int, sites: int, ring: Ring = 
             part = scratch[:min(_BLOCK, flat.size - start)]
             np.multiply(flat[start:start + len(part)], scale, out=part)  # exact in float64
             np.rint(part, out=part)
+            # the range checked block by block, while the block is in cache
+            low, high = float(part.min()), float(part.max())
+            if not (math.isfinite(low) and math.isfinite(high)):
+                raise EncodingError(f"params[{name!r}] holds NaN or infinite values: secure "
+                                    "aggregation sums finite numbers only; check the training")
+            if max(-low, high) > limit:
+                largest = max(-float(flat.min()), float(flat.max()))
+                raise EncodingError(
+                    f"params[{name!r}]: num_examples x the update reaches "
+                    f"{largest * weight:.3g}, above this site's share "
+                    f"{ring.max_sum / sites:.3g} of privacy.secure_aggregation.max_sum "
+                    f"({ring.max_sum:g} for {sites} sites), so the sum could overflow its "
+                    "words; clip the update (privacy.dp.clip_norm or a clip filter), send a "
+                    "smaller num_examples, or raise max_sum (a coarser step) or word_bits: 64")
             words[start:start + len(part)] = part  # exact: integral and inside the word
         out[name] = words.reshape(array.shape).view(unsigned)
     out[WEIGHT] = np.array([weight], dtype=np.uint64)
     return out
 
 
-def decode(total: dict[str, np.ndarray], ring: Ring = Ring()
+def decode(total: dict[str, np.ndarray], ring: Ring = Ring(), mean: bool = False
            ) -> tuple[dict[str, np.ndarray], float]:
-    """The weighted sum and the total weight from an unmasked sum: float32 from 32-bit words,
-    float64 from 64-bit ones, in the sum's own memory (a word and its float are one size)."""
+    """The weighted sum (``mean``: divided by the total weight, in the same pass) and the total
+    weight from an unmasked sum: float32 from 32-bit words, float64 from 64-bit ones, in the
+    sum's own memory (a word and its float are one size)."""
     weight = float(total[WEIGHT][0])
     out: dict[str, np.ndarray] = {}
     for name, words in total.items():
@@ -107,7 +110,7 @@ def decode(total: dict[str, np.ndarray], ring: Ring = Ring()
             continue
         bits = words.dtype.itemsize * 8
         _, signed_type, real = _WORDS[bits]
-        step = ring.step(bits)
+        step = ring.step(bits) / (weight if mean and weight > 0 else 1.0)
         signed = words.view(signed_type).reshape(-1)
         values = signed.view(real)  # the same memory, filled block by block
         for start in range(0, signed.size, _BLOCK):

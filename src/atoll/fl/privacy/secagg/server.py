@@ -165,8 +165,9 @@ class SecureRound:
 
     # --- unmasking ----------------------------------------------------------------------------------
 
-    def unmask(self) -> tuple[dict[str, np.ndarray], float]:
-        """Step 4: the weighted sum of the survivors' updates (float64) and their total weight."""
+    def unmask(self, mean: bool = False) -> tuple[dict[str, np.ndarray], float]:
+        """Step 4: the weighted sum of the survivors' updates (``mean``: their weighted mean)
+        and their total weight."""
         survivors = sorted(self._masked)
         dropped = sorted(set(self.sites) - set(survivors))
         assert self.threshold is not None
@@ -201,7 +202,7 @@ class SecureRound:
         if dropped:
             log.info("round %d: secure aggregation recovered from %d site(s) that sent no masked "
                      "update: %s", self.round_, len(dropped), ", ".join(dropped))
-        return masking.decode(total, self.ring)
+        return masking.decode(total, self.ring, mean)
 
 
 def _zeroed(spare: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
