@@ -125,12 +125,17 @@ def table(results: dict[str, list[float]], command: str, repeats: int, rounds: i
     lines += ["", "The secure round's own steps for the big model, timed in one process "
               "(CPU seconds; a site's steps once, the server's for two sites):", "",
               "| step | CPU time |", "| --- | --- |"]
-    lines += [f"| {step} | {seconds:.3f} s |" for step, seconds in component_times(big_elements)]
+    steps, sizes = component_times(big_elements)
+    lines += [f"| {step} | {seconds:.3f} s |" for step, seconds in steps]
+    lines += ["", f"A site's reply of the big model: {sizes[0] / 2**20:.1f} MiB of float32 plain, "
+              f"{sizes[1] / 2**20:.1f} MiB of masked words (32-bit, the default "
+              "privacy.secure_aggregation.word_bits)."]
     return "\n".join(lines)
 
 
-def component_times(elements: int) -> list[tuple[str, float]]:
-    """CPU time of each step of a secure round on ``elements`` float32 values, two sites."""
+def component_times(elements: int) -> tuple[list[tuple[str, float]], tuple[int, int]]:
+    """CPU time of each step of a secure round on ``elements`` float32 values, two sites, and
+    the bytes of the plain and the masked reply's arrays."""
     import numpy as np
 
     from atoll.fl.privacy.secagg import crypto, masking
@@ -149,12 +154,13 @@ def component_times(elements: int) -> list[tuple[str, float]]:
     timed("site: encode the update in fixed point (buffers reused)",
           lambda: masking.encode(update, 10, 2, reuse=words))
     timed("site: add its self mask and one pairwise mask", lambda: add_masks(words, seeds))
+    masked_bytes = sum(a.nbytes for a in words.values())
     total = {k: np.zeros_like(v) for k, v in words.items()}
     timed("server: fold two masked replies into the sum",
           lambda: [np.add(total[k], words[k], out=total[k]) for _ in range(2) for k in total])
     timed("server: remove two self masks", lambda: add_masks(total, seeds))
     timed("server: decode the sum", lambda: masking.decode(total))
-    return steps
+    return steps, (update["w"].nbytes, masked_bytes)
 
 
 def main() -> int:

@@ -46,6 +46,9 @@ SERVER_REVOCATION = "src/atoll/server/revocation.py"
 SERVER_REVOCATION_TESTS = ["tests/unit/server/test_revocation_gate.py"]
 SECAGG = "src/atoll/fl/privacy/secagg/server.py"
 SECAGG_TESTS = ["tests/unit/fl/privacy/test_secagg_server_refusals.py"]
+SECAGG_MASKING = "src/atoll/fl/privacy/secagg/masking.py"
+SECAGG_CRYPTO = "src/atoll/fl/privacy/secagg/crypto.py"
+SECAGG_PRIMITIVES_TESTS = ["tests/unit/fl/privacy/test_secagg_primitives.py"]
 PRIVACY = "src/atoll/spec/privacy.py"
 PRIVACY_TESTS = ["tests/unit/fl/privacy/test_site_policy.py"]
 FILTERS = "src/atoll/fl/privacy/filters.py"
@@ -349,11 +352,12 @@ MUTATIONS: list[Mutation] = [
              "    if False:\n", ["tests/unit/site/test_job_check.py::test_a_signer_on_the_sites_revocation_list_is_refused"]),
     # -- secure aggregation's server side (fl/privacy/secagg/server.py) ------------------------
     Mutation("secagg: an unmasked result refused", SECAGG,
-             "if any(dtype != np.uint64 for dtype, _ in entries.values()) or \\\n"
-             "                masking.WEIGHT not in entries:", "if False:", SECAGG_TESTS),
+             "if any(dtype not in _WORDS for dtype, _ in entries.values()) or \\\n"
+             "                entries.get(masking.WEIGHT) != (np.dtype(np.uint64), (1,)):",
+             "if False:", SECAGG_TESTS),
     Mutation("secagg: a result of other names or shapes refused", SECAGG,
-             "elif {n: s for n, (_, s) in entries.items()} != "
-             "{n: a.shape for n, a in self._sum.items()}:", "elif False:", SECAGG_TESTS),
+             "elif entries != {n: (a.dtype, a.shape) for n, a in self._sum.items()}:",
+             "elif False:", SECAGG_TESTS),
     Mutation("secagg: a reply without the step's keys refused", SECAGG,
              "            if not expected <= set(meta):", "            if False:",
              ["tests/unit/fl/privacy/test_secure_aggregation.py::"
@@ -370,6 +374,19 @@ MUTATIONS: list[Mutation] = [
     Mutation("secagg: a dropped site's mask key must rebuild", SECAGG,
              '            if crypto.public_of(private) != self.keys[gone]["s"]:',
              "            if False:", SECAGG_TESTS),
+    Mutation("secagg: an update past its share of max_sum refused (the ring never wraps)",
+             SECAGG_MASKING, "            if max(-low, high) > limit:",
+             "            if False:", SECAGG_PRIMITIVES_TESTS),
+    Mutation("secagg: a non-finite update refused", SECAGG_MASKING,
+             "            if not (math.isfinite(low) and math.isfinite(high)):",
+             "            if False:",
+             SECAGG_PRIMITIVES_TESTS),
+    Mutation("secagg: mask streams never share keystream (the stream in the counter's high "
+             "half)", SECAGG_CRYPTO, 'return (stream << 64).to_bytes(16, "big")',
+             'return stream.to_bytes(16, "big")', SECAGG_PRIMITIVES_TESTS),
+    Mutation("secagg: max_sum leaves the fixed point its precision", PRIVACY,
+             "        if bits < MIN_FRACTION_BITS:", "        if False:",
+             SECAGG_PRIMITIVES_TESTS),
     # -- each privacy rule of a site's policy (spec/privacy.py) --------------------------------
     Mutation("privacy rule: require.exclude", PRIVACY, "    if missing:\n", "    if False:\n",
              PRIVACY_TESTS),

@@ -20,6 +20,7 @@ privacy:
   dp: {mode: client, clip_norm: 1.0, noise_multiplier: 1.0, delta: 1.0e-5, max_epsilon: 8}
   dp_sgd: {noise_multiplier: 1.0, max_grad_norm: 1.0, delta: 1.0e-5}   # Opacus, in the script
   secure_aggregation: {threshold: 3}       # or {} for the least safe one: more than 2/3 of the sites
+  # secure_aggregation: {max_sum: 65536, word_bits: 32}   # the defaults: see docs/privacy.md
 ```
 
 A site's file:
@@ -38,6 +39,7 @@ secure_aggregation: {min_participants: 3} # never in a secure sum of fewer sites
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -119,10 +121,38 @@ class DPSGDSettings(_Strict):
     delta: float = Field(1e-5, gt=0, lt=1, description="The delta epsilon is reported at.")
 
 
+DEFAULT_MAX_SUM = 65536.0
+MIN_FRACTION_BITS = 8  # a coarser fixed-point step than 2**-8 would lose the update's detail
+
+
+def fraction_bits(word_bits: int, max_sum: float) -> int:
+    """Bits below the point in a ``word_bits``-bit word that holds sums up to ``max_sum``
+    (one bit is the sign): the fixed-point step is 2**-fraction_bits."""
+    return word_bits - 1 - math.ceil(math.log2(max_sum))
+
+
 class SecureAggregation(_Strict):
     threshold: int | None = Field(
         None, ge=2, description="Sites needed to unmask; at least (and by default) the least "
         "number above two thirds of the sites, which every site checks.")
+    max_sum: float = Field(
+        DEFAULT_MAX_SUM, gt=0, allow_inf_nan=False, description="Largest |sum over the sites "
+        "of num_examples x an update entry| the masked sum holds; each site refuses a reply "
+        "above its share (max_sum / sites). Larger: a coarser fixed-point step.")
+    word_bits: Literal[32, 64] = Field(
+        32, description="Width of the masked words of 32-bit (and narrower) variables; 64-bit "
+        "variables always have 64-bit words. 64: twice the bytes, a step 2**-32 finer.")
+
+    @model_validator(mode="after")
+    def _enough_precision(self) -> SecureAggregation:
+        bits = fraction_bits(self.word_bits, self.max_sum)
+        if bits < MIN_FRACTION_BITS:
+            raise ValueError(
+                f"max_sum {self.max_sum:g} leaves {bits} fraction bits in {self.word_bits}-bit "
+                f"words (a fixed-point step of 2**{-bits}), fewer than {MIN_FRACTION_BITS}: the "
+                "sum would lose its precision; lower max_sum (clip the update, or smaller "
+                "num_examples) or set word_bits: 64")
+        return self
 
 
 class PrivacySettings(_Strict):

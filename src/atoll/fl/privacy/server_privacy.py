@@ -29,6 +29,7 @@ from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
 from atoll.fl.privacy import filters
 from atoll.fl.privacy.accounting import BudgetExhausted, Ledger
+from atoll.fl.privacy.secagg import masking
 from atoll.fl.privacy.secagg.server import SecureRound
 from atoll.fl.privacy.site_privacy import SECAGG_META
 from atoll.fl.serde import ModelStream, encode
@@ -98,7 +99,8 @@ class ServerPrivacy:
             return result
         assert self.settings.secure_aggregation is not None
         secure = SecureRound(channel, headers["round"], headers, timeout, min_clients,
-                             self.settings.secure_aggregation.threshold, spare=self._spare)
+                             self.settings.secure_aggregation.threshold,
+                             masking.Ring.of(self.settings.secure_aggregation), spare=self._spare)
         self._spare = {}
         sites = secure.setup(list(active))
         outgoing.meta = {**outgoing.meta, SECAGG_META: secure.train_meta()}
@@ -113,8 +115,9 @@ class ServerPrivacy:
     def recycle(self, update: Params, new_global: Params) -> None:
         """Keep the memory of a secure round's mean update for the next round's sum, unless
         it became the new global model itself."""
-        self._spare = {name: a.reshape(-1).view(np.uint64) for name, a in update.items()
-                       if a.dtype == np.float64 and a.flags.c_contiguous
+        self._spare = {name: a.reshape(-1).view(f"u{a.dtype.itemsize}")
+                       for name, a in update.items()
+                       if a.dtype in (np.float32, np.float64) and a.flags.c_contiguous
                        and new_global.get(name) is not a}
 
     def _central_settings(self) -> tuple[float, float]:
@@ -147,12 +150,10 @@ class PrivateRound:
         require(self.outcome, min_clients, what)
         if isinstance(self.aggregator, CentralDP):
             return self.aggregator.mean_update()
-        total, weight = self.aggregator.unmask()
+        total, weight = self.aggregator.unmask(mean=True)  # the sum's memory becomes the mean
         if weight <= 0:
             raise WorkflowError(f"{what}: the sites' example counts sum to 0")
         self.total_weight = weight
-        for array in total.values():
-            array /= weight  # in place: the sum's memory becomes the mean
         return total
 
 

@@ -233,6 +233,7 @@ class SitePrivacy:
                          metrics=metrics, round=model.round, meta=model.meta)
         assert mask_round is not None
         encoded = masking.encode(update, model.num_examples, max(self._site_count, 1),
+                                 masking.Ring.of(self.settings.secure_aggregation),
                                  reuse=self._spare_words)
         masked = self.secagg.mask(mask_round, encoded)
         self._masked.add(mask_round)

@@ -175,3 +175,29 @@ def test_a_step_that_gathered_fewer_answers_than_it_needs_goes_no_further(monkey
     with pytest.raises(WorkflowError, match=r"\(secagg.advertise\): 1 site\(s\) answered, 2 needed"):
         secure._step(["a", "b"], ADVERTISE, {}, 2)
     assert set(secure._step(["a"], ADVERTISE, {}, 1)) == {"a"}  # the control
+
+
+def test_a_masked_result_of_other_word_widths_or_a_bad_weight_entry_is_refused():
+    secure = _round()
+    first = _masked(w=(4,))
+    secure.add_masked("a", _reply(first))
+    narrow = {"w": first["w"].astype(np.uint32), masking.WEIGHT: first[masking.WEIGHT]}
+    with pytest.raises(ResultRejected, match="names or shapes differ"):
+        secure.add_masked("b", _reply(narrow))  # 32-bit words where the others sent 64
+    wide_weight = {**narrow, masking.WEIGHT: np.array([3, 3], np.uint64)}
+    with pytest.raises(ResultRejected, match="unmasked result"):
+        secure.add_masked("c", _reply(wide_weight))
+    with pytest.raises(ResultRejected, match="unmasked result"):
+        secure.add_masked("c", _reply({**narrow, masking.WEIGHT: np.array([3], np.uint32)}))
+    assert secure._masked == ["a"] and np.array_equal(secure._sum["w"], first["w"])
+
+
+def test_32_bit_masked_results_fold_modulo_two_to_the_32():
+    secure = _round()
+    rng = np.random.default_rng(3)
+    first, second = ({"w": rng.integers(0, 2**32, 6, dtype=np.uint32),
+                      masking.WEIGHT: np.array([1], np.uint64)} for _ in range(2))
+    secure.add_masked("a", _reply(first))
+    secure.add_masked("b", _reply(second))
+    assert secure._sum["w"].dtype == np.uint32
+    assert np.array_equal(secure._sum["w"], first["w"] + second["w"])  # uint32 wraps

@@ -78,7 +78,7 @@ class Probe:
                 for form, value in forms.items():
                     if array.shape != value.shape:
                         continue
-                    if form == "encoded" or array.dtype == np.uint64:
+                    if form == "encoded" or array.dtype.kind == "u":
                         if array.dtype == value.dtype and np.array_equal(array, value):
                             seen.append(f"{name} {form} in the server's memory")
                         continue
@@ -178,7 +178,8 @@ def test_the_secure_sum_is_fedavg_and_the_server_never_holds_one_update(tmp_path
     for name, value in _final(tmp_path).items():
         np.testing.assert_allclose(value, expected[name], atol=1e-6)
     assert probe.payloads and probe.arrays  # the probe did see the server's traffic
-    assert any(a.dtype == np.uint64 for a in probe.arrays)  # and the masked sum in its memory
+    assert any(a.dtype == np.uint32 and a.shape == INITIAL["layer.weight"].shape
+               for a in probe.arrays)  # and the masked sum (32-bit words) in its memory
     assert any("round 1" in line for line in probe.logs)  # the probe reads the server's log
     for site in EXAMPLES:
         assert probe.holds(deltas[site], INITIAL, EXAMPLES[site]) == [], site
@@ -252,3 +253,31 @@ def test_a_site_without_secure_aggregation_in_its_app_is_rejected_naming_why(tmp
                     INITIAL, rounds=1, min_clients=4, federation=federation)
     assert "c: answered secagg.advertise without ['c', 'cred', 's', 'sig']: the site's app.yaml must turn on " \
            "privacy.secure_aggregation too" in str(failed.value)
+
+
+def test_a_site_past_its_share_of_max_sum_refuses_naming_the_key_and_the_round_goes_on(
+        tmp_path):
+    deltas = _deltas()
+    trainers = {s: adds(deltas[s], EXAMPLES[s]) for s in EXAMPLES}
+    big = {k: np.full_like(v, 200.0) for k, v in deltas["d"].items()}  # 5 x 200 > 100 / 4
+    trainers["d"] = adds(big, EXAMPLES["d"])
+    settings = PrivacySettings.model_validate({"secure_aggregation": {"max_sum": 100}})
+    _, errors = run_private(settings, trainers, tmp_path, INITIAL, rounds=1, min_clients=3)
+    assert set(errors) == {"d"}
+    assert "privacy.secure_aggregation.max_sum (100 for 4 sites)" in errors["d"], errors
+    expected = _fedavg(["a", "b", "c"], deltas)  # d shared its keys, never masked: recovered
+    for name, value in _final(tmp_path).items():  # a finer step than the default's
+        np.testing.assert_allclose(value, expected[name], atol=1e-6)
+
+
+def test_word_bits_64_sends_64_bit_words_and_sums_as_exactly(tmp_path, probe):
+    deltas = _deltas()
+    trainers = {s: adds(deltas[s], EXAMPLES[s]) for s in EXAMPLES}
+    settings = PrivacySettings.model_validate({"secure_aggregation": {"word_bits": 64}})
+    run_private(settings, trainers, tmp_path, INITIAL, rounds=1)
+    expected = _fedavg(EXAMPLES, deltas)
+    for name, value in _final(tmp_path).items():
+        np.testing.assert_allclose(value, expected[name], atol=1e-6)
+    shape = INITIAL["layer.weight"].shape
+    assert any(a.dtype == np.uint64 and a.shape == shape for a in probe.arrays)
+    assert not any(a.dtype == np.uint32 for a in probe.arrays)

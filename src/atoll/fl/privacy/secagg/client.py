@@ -87,7 +87,7 @@ def share_aad(job_id: str, round_: int, sender: str, recipient: str) -> str:
 
 def add_masks(encoded: dict[str, np.ndarray], seeds: list[tuple[bytes, int]]) -> None:
     """Add each (seed, sign) expanded over every entry (stream = index in sorted names), in
-    place, modulo 2**64."""
+    place, modulo the words' width."""
     for stream, name in enumerate(sorted(encoded)):
         for seed, sign in seeds:
             crypto.add_mask(encoded[name], seed, stream, sign)

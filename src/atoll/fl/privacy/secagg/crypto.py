@@ -1,6 +1,6 @@
 """The primitives of secure aggregation, all from ``cryptography``: X25519 key agreement,
 HKDF-SHA256, AES-256-GCM for the shares in transit, and AES-256-CTR as the pseudo-random
-generator that expands a 32-byte seed into a mask of 64-bit words.
+generator that expands a 32-byte seed into a mask of 32- or 64-bit words.
 
 Every derived key is bound to the job, the round and the pair of sites (HKDF's ``info``), so
 a key or mask of one round is never reused in another.
@@ -24,7 +24,8 @@ from atoll.spec.errors import AtollError
 
 SEED_BYTES = 32
 _RAW = (serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-_BLOCK_WORDS = 1 << 17  # mask words made per AES call (1 MiB)
+_BLOCK_BYTES = 1 << 20  # mask bytes made per AES call
+_STREAM_LIMIT = 1 << 64  # streams, and AES blocks per stream: the counter block's two halves
 
 
 class ShareDecryptError(AtollError, ValueError):
@@ -74,26 +75,41 @@ def new_seed() -> bytes:
     return os.urandom(SEED_BYTES)
 
 
+def counter_block(stream: int) -> bytes:
+    """The initial CTR counter block of mask stream ``stream``: the stream number in the high
+    64 bits, the block counter from 0 in the low 64. Streams of one seed never reach each
+    other's blocks (a stream is far below 2**64 blocks), so no two masks share keystream; a
+    stream number as the whole initial block would make stream s+1 stream s shifted by one."""
+    if not 0 <= stream < _STREAM_LIMIT:
+        raise ValueError(f"mask stream {stream} outside 0..2**64-1")
+    return (stream << 64).to_bytes(16, "big")
+
+
 def add_mask(target: np.ndarray, seed: bytes, stream: int, sign: int) -> None:
-    """Add (sign 1) or subtract (-1) ``seed`` expanded into uint64 words to ``target`` (a
-    C-contiguous uint64 array) in place, modulo 2**64: AES-256-CTR with the stream number
-    ``stream`` as the initial counter block (each parameter of a model has its own stream).
+    """Add (sign 1) or subtract (-1) ``seed`` expanded into words of ``target``'s width to
+    ``target`` (a C-contiguous uint32 or uint64 array) in place, modulo 2**32 or 2**64:
+    AES-256-CTR from ``counter_block(stream)`` (each parameter of a model has its own stream).
     The mask is made block by block into one small buffer, never whole."""
     flat = target.reshape(-1)
-    encryptor = Cipher(algorithms.AES(seed), modes.CTR(stream.to_bytes(16, "big"))).encryptor()
-    block = min(len(flat), _BLOCK_WORDS)
-    zeros = memoryview(bytes(block * 8))
-    scratch = bytearray(block * 8 + 15)  # update_into wants room for one more AES block
+    if flat.dtype not in (np.uint32, np.uint64):
+        raise TypeError(f"masks are added to uint32 or uint64 words, not {flat.dtype}")
+    size = flat.dtype.itemsize
+    encryptor = Cipher(algorithms.AES(seed), modes.CTR(counter_block(stream))).encryptor()
+    per_block = _BLOCK_BYTES // size
+    block = min(len(flat), per_block)
+    zeros = memoryview(bytes(block * size))
+    scratch = bytearray(block * size + 15)  # update_into wants room for one more AES block
     combine = np.add if sign > 0 else np.subtract
-    for start in range(0, len(flat), _BLOCK_WORDS):
-        count = min(_BLOCK_WORDS, len(flat) - start)
-        encryptor.update_into(zeros[:count * 8], scratch)
+    for start in range(0, len(flat), per_block):
+        count = min(per_block, len(flat) - start)
+        encryptor.update_into(zeros[:count * size], scratch)
         part = flat[start:start + count]
-        combine(part, np.frombuffer(scratch, np.uint64, count), out=part)
+        combine(part, np.frombuffer(scratch, flat.dtype, count), out=part)
 
 
-def expand(seed: bytes, stream: int, shape: tuple[int, ...]) -> np.ndarray:
+def expand(seed: bytes, stream: int, shape: tuple[int, ...],
+           dtype: type[np.unsignedinteger] = np.uint64) -> np.ndarray:
     """``seed``'s mask of ``shape`` as an array (what ``add_mask`` adds)."""
-    out = np.zeros(shape, dtype=np.uint64)
+    out = np.zeros(shape, dtype=dtype)
     add_mask(out, seed, stream, 1)
     return out

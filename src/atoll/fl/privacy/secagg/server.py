@@ -1,7 +1,7 @@
 """The server's side of secure aggregation for one round: set up, fold masked updates, unmask.
 
 The server never holds one site's unmasked update: ``add_masked`` folds each reply into a
-running sum modulo 2**64 as it streams in (each reply is masked by a uniform self-mask, so it
+running sum modulo 2**32 or 2**64 (each variable's word width) as it streams in (each reply is masked by a uniform self-mask, so it
 is noise on its own), and ``unmask`` removes the masks from the sum alone. A test instruments
 exactly these two entry points and the channel's replies (tests/unit/fl/privacy/).
 
@@ -46,6 +46,7 @@ from atoll.fl.workflows.rounds import WorkflowError, describe, gather
 log = logging.getLogger(__name__)
 
 
+_WORDS = (np.dtype(np.uint32), np.dtype(np.uint64))  # the masked words' widths
 _ANSWER_KEYS = {ADVERTISE: {"c", "s", "cred", "sig"}, SHARE: {"shares"}, CHECK: {"sig"},
                 UNMASK: {"b", "s"}}
 
@@ -64,12 +65,13 @@ class SecureRound:
     timeout: float | None
     min_clients: int
     threshold: int | None = None  # app.yaml privacy.secure_aggregation.threshold
+    ring: masking.Ring = field(default_factory=masking.Ring)  # its max_sum and word_bits
     keys: dict[str, dict[str, bytes]] = field(default_factory=dict)  # U1: site -> {"c", "s"}
     adverts: dict[str, dict[str, Any]] = field(default_factory=dict)  # U1, signed, as sent
     sites: list[str] = field(default_factory=list)  # U2: shared their secrets
     routed: dict[str, dict[str, str]] = field(default_factory=dict)  # recipient -> sender -> share
     failed: dict[str, str] = field(default_factory=dict)
-    spare: dict[str, np.ndarray] = field(default_factory=dict)  # uint64 buffers to sum into
+    spare: dict[str, np.ndarray] = field(default_factory=dict)  # word buffers to sum into
     _sum: dict[str, np.ndarray] = field(default_factory=dict)
     _masked: list[str] = field(default_factory=list)  # U3: sent a masked update
 
@@ -138,21 +140,23 @@ class SecureRound:
 
     def add_masked(self, site: str, stream: ModelStream) -> Model:
         """Fold one masked reply into the sum as it arrives; returns its header."""
-        entries = {name: (dtype, shape) for name, dtype, shape in stream.entries}
-        if any(dtype != np.uint64 for dtype, _ in entries.values()) or \
-                masking.WEIGHT not in entries:
+        entries = {name: (np.dtype(dtype), shape) for name, dtype, shape in stream.entries}
+        if any(dtype not in _WORDS for dtype, _ in entries.values()) or \
+                entries.get(masking.WEIGHT) != (np.dtype(np.uint64), (1,)):
             raise ResultRejected("sent an unmasked result to a secure aggregation round "
                                  "(privacy.secure_aggregation is on in the server's app.yaml: "
                                  "the site's app.yaml needs it too)")
         if not self._sum:
-            self._sum = {n: _zeroed(self.spare.pop(n, None), shape)
-                         for n, (_, shape) in entries.items()}
-        elif {n: s for n, (_, s) in entries.items()} != {n: a.shape for n, a in self._sum.items()}:
-            raise ResultRejected("masked result's names or shapes differ from the other sites'")
+            self._sum = {n: _zeroed(self.spare.pop(n, None), shape, dtype)
+                         for n, (dtype, shape) in entries.items()}
+        elif entries != {n: (a.dtype, a.shape) for n, a in self._sum.items()}:
+            raise ResultRejected("masked result's names or shapes differ from the other "
+                                 "sites' (or their word widths: every site's app.yaml needs the same "
+                                 "privacy.secure_aggregation)")
         try:
             for name, start, block in stream.blocks():
                 target = self._sum[name].reshape(-1)[start:start + len(block)]
-                np.add(target, block, out=target)  # modulo 2**64
+                np.add(target, block, out=target)  # modulo 2**32 or 2**64
         except SerdeError as exc:
             raise AggregateCorrupted(f"a masked result broke off ({exc}); the round's sum is "
                                      "lost") from None
@@ -161,8 +165,9 @@ class SecureRound:
 
     # --- unmasking ----------------------------------------------------------------------------------
 
-    def unmask(self) -> tuple[dict[str, np.ndarray], float]:
-        """Step 4: the weighted sum of the survivors' updates (float64) and their total weight."""
+    def unmask(self, mean: bool = False) -> tuple[dict[str, np.ndarray], float]:
+        """Step 4: the weighted sum of the survivors' updates (``mean``: their weighted mean)
+        and their total weight."""
         survivors = sorted(self._masked)
         dropped = sorted(set(self.sites) - set(survivors))
         assert self.threshold is not None
@@ -197,13 +202,15 @@ class SecureRound:
         if dropped:
             log.info("round %d: secure aggregation recovered from %d site(s) that sent no masked "
                      "update: %s", self.round_, len(dropped), ", ".join(dropped))
-        return masking.decode(total)
+        return masking.decode(total, self.ring, mean)
 
 
-def _zeroed(spare: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
-    """A uint64 zero array of ``shape``: ``spare``'s memory when it fits (no fresh pages)."""
-    if spare is None or spare.size != int(np.prod(shape)) or not spare.flags.c_contiguous:
-        return np.zeros(shape, np.uint64)
+def _zeroed(spare: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zero array of ``shape`` and ``dtype``: ``spare``'s memory when it fits (no fresh
+    pages)."""
+    if spare is None or spare.size != int(np.prod(shape)) or spare.dtype != dtype or \
+            not spare.flags.c_contiguous:
+        return np.zeros(shape, dtype)
     spare = spare.reshape(shape)
     spare.fill(0)
     return spare
