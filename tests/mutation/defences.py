@@ -33,8 +33,8 @@ ARCHIVE = "src/atoll/wire/job_archive.py"
 ARCHIVE_TESTS = ["tests/unit/wire/test_job_archive.py"]
 SIGNATURE = "src/atoll/pki/job_signature.py"
 SIGNATURE_TESTS = ["tests/unit/pki/test_job_signature.py"]
-SITE_CHECK = "src/atoll/site/job_check.py"
-SITE_CHECK_TESTS = ["tests/unit/site/test_job_check.py"]
+SITE_CHECK = "src/atoll/site/job_acceptance.py"
+SITE_CHECK_TESTS = ["tests/unit/site/test_job_acceptance.py"]
 SESSIONS = "src/atoll/server/sessions.py"
 SESSION_TESTS = ["tests/unit/server/test_auth_gate.py::test_session_tokens_are_checked_for_their_user"]
 AUTH = "src/atoll/server/auth.py"
@@ -58,8 +58,8 @@ GUARD = "src/atoll/wire/guard.py"
 GUARD_TESTS = ["tests/unit/wire/test_guard.py"]
 SERVER_INTAKE = "src/atoll/server/jobs.py"
 JOB_SIGNING = "src/atoll/server/job_signing.py"
-FL_CHECK = "src/atoll/fl/job_check.py"
-FL_CHECK_TESTS = ["tests/unit/fl/test_job_check.py::test_min_clients_and_sites_against_the_study"]
+FL_CHECK = "src/atoll/fl/job_folder_check.py"
+FL_CHECK_TESTS = ["tests/unit/fl/test_job_folder_check.py::test_min_clients_and_sites_against_the_study"]
 # -- issue 32's defences -----------------------------------------------------------------------
 PROCESS_NETWORK = "src/atoll/launchers/process_network.py"
 NETWORK_TESTS = ["tests/unit/launchers/test_process_network.py"]
@@ -290,18 +290,18 @@ MUTATIONS: list[Mutation] = [
              "        if False:\n            raise", ["tests/unit/pki/test_job_signature.py::test_the_signature_file_name_is_reserved"]),
     Mutation("signature: links in a job folder refused", SIGNATURE,
              "            if not stat.S_ISREG(mode):", "            if False:", ["tests/unit/pki/test_job_signature.py::test_a_link_in_a_job_folder_is_refused_when_listing_it"]),
-    # -- a site's checks of a fetched job (site/job_check.py) ----------------------------------
+    # -- a site's checks of a fetched job (site/job_acceptance.py) ----------------------------------
     Mutation("site check: bound to the project and the study it came in", SITE_CHECK,
-             "        bind(signed, kit.project, study)\n", "", ["tests/unit/site/test_job_check.py::test_the_server_cannot_name_another_submitter_or_study"]),
+             "        bind(signed, kit.project, study)\n", "", ["tests/unit/site/test_job_acceptance.py::test_the_server_cannot_name_another_submitter_or_study"]),
     Mutation("site check: the app's files as signed", SITE_CHECK,
              'scope=lambda path: path.split("/", 1)[0] in (app, META_FILE))',
-             "scope=lambda path: path == META_FILE)", ["tests/unit/site/test_job_check.py::test_a_job_changed_in_the_servers_store_is_refused"]),
+             "scope=lambda path: path == META_FILE)", ["tests/unit/site/test_job_acceptance.py::test_a_job_changed_in_the_servers_store_is_refused"]),
     Mutation("site check: the dispatched meta is the signed one", SITE_CHECK,
-             "        _check_dispatch(body, meta, signed, dispatched)\n", "", ["tests/unit/site/test_job_check.py::test_a_dispatch_whose_meta_differs_from_the_signed_one_is_refused"]),
+             "        _check_dispatch(body, meta, signed, dispatched)\n", "", ["tests/unit/site/test_job_acceptance.py::test_a_dispatch_whose_meta_differs_from_the_signed_one_is_refused"]),
     Mutation("site check: the authorization policy", SITE_CHECK,
-             "        if not decision.allowed:", "        if False:", ["tests/unit/site/test_job_check.py::test_a_policy_that_denies_the_role_names_its_rule"]),
+             "        if not decision.allowed:", "        if False:", ["tests/unit/site/test_job_acceptance.py::test_a_policy_that_denies_the_role_names_its_rule"]),
     Mutation("site check: code approval", SITE_CHECK, "    if not approved:", "    if False:",
-             ["tests/unit/site/test_job_check.py::test_code_approval_runs_only_approved_content"]),
+             ["tests/unit/site/test_job_acceptance.py::test_code_approval_runs_only_approved_content"]),
     Mutation("site check: the site's privacy policy", SITE_CHECK,
              "    if violations:\n        raise JobRefused",
              "    if False:\n        raise JobRefused",
@@ -346,7 +346,7 @@ MUTATIONS: list[Mutation] = [
              "if (revoked := revocation.refusal(pems[0])) is not None:", "if False:",
              SERVER_REVOCATION_TESTS),
     Mutation("site check: a revoked signer refused", SITE_CHECK, "    if reason:\n",
-             "    if False:\n", ["tests/unit/site/test_job_check.py::test_a_signer_on_the_sites_revocation_list_is_refused"]),
+             "    if False:\n", ["tests/unit/site/test_job_acceptance.py::test_a_signer_on_the_sites_revocation_list_is_refused"]),
     # -- secure aggregation's server side (fl/privacy/secagg/server.py) ------------------------
     Mutation("secagg: an unmasked result refused", SECAGG,
              "if any(dtype != np.uint64 for dtype, _ in entries.values()) or \\\n"

@@ -3,7 +3,7 @@
 The site trusts nothing the server sends: it re-validates the job's meta, requires that its own
 study_runtime.yaml maps the job's study, and admits the job against its own capacity; then it
 verifies the submitter's signature of what it fetched and applies its own authorization policy
-(site/job_check.py) before a worker is created through the site's launcher. Just before the
+(site/job_acceptance.py) before a worker is created through the site's launcher. Just before the
 launch it asks the revocation list again (the newest it holds: one may have come since the
 check) and whether the job was aborted meanwhile; a newer list aborts the running jobs it
 revokes here, whether or not the server says so (`signers_revoked`).
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from atoll.parent.worker_endpoint import WorkerTokens
     from atoll.pki.job_signature import Signed
     from atoll.pki.kit import Kit
-    from atoll.site.job_check import Accepted
+    from atoll.site.job_acceptance import Accepted
     from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
     from atoll.spec.study_runtime import StudyEntry, StudyRuntime
@@ -111,7 +111,7 @@ class JobFetch(Protocol):
 class Supervisor:
     def __init__(self, kit: Kit, host: LaunchHost, link: StateReports, server: JobFetch,
                  tokens: WorkerTokens):
-        self.kit = kit  # this site's name, workspace, and what job_check checks against
+        self.kit = kit  # this site's name, workspace, and what job_acceptance checks against
         self.host = host
         self.link = link
         self.server = server
@@ -173,7 +173,7 @@ class Supervisor:
         # lzma: all are loaded by the first job, not in a parent at rest.
         import zipfile
 
-        from atoll.site.job_check import JobRefused, check_revoked
+        from atoll.site.job_acceptance import JobRefused, check_revoked
         from atoll.spec.meta import load_meta
         from atoll.wire.job_archive import IntakeError
 
@@ -184,7 +184,7 @@ class Supervisor:
             served = body.get("meta")
             if not isinstance(served, dict):  # never a path: load_meta would read this disk
                 raise NotAdmitted(f"{site} refused the job: the server sent no meta document")
-            dispatched = load_meta(served)  # parsed once here; job_check compares it
+            dispatched = load_meta(served)  # parsed once here; job_acceptance compares it
             job = self._admit(job_id, study, dispatched)
             accepted = self._fetch(job, body, dispatched)
             meta, job.signed = accepted.meta, accepted.signed  # what the submitter signed
@@ -223,7 +223,7 @@ class Supervisor:
         import shutil
         import tempfile
 
-        from atoll.site.job_check import check_job
+        from atoll.site.job_acceptance import check_job
         from atoll.wire.job_archive import unpack_app
 
         workspace = self.kit.workspace
@@ -313,7 +313,7 @@ class Supervisor:
     def signers_revoked(self) -> list[str]:
         """A newer revocation list is in force: abort the jobs here that a revoked user
         signed (site/revocation.py); the ids of those aborted."""
-        from atoll.site.job_check import revoked
+        from atoll.site.job_acceptance import revoked
 
         aborted = []
         for job in list(self.jobs.values()):

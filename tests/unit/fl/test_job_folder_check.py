@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from atoll.cli.job_init import render_job
-from atoll.fl.job_check import check_job, copy_with_overrides, parse_overrides
+from atoll.fl.job_folder_check import check_job, copy_with_overrides, parse_overrides
 from atoll.spec.errors import SpecError
 
 
