@@ -57,8 +57,8 @@ STUDY_TESTS = ["tests/unit/server/test_study_checks.py"]
 GUARD = "src/atoll/wire/guard.py"
 GUARD_TESTS = ["tests/unit/wire/test_guard.py"]
 SERVER_INTAKE = "src/atoll/server/jobs.py"
+ADMISSION = "src/atoll/spec/admission.py"  # the study's rules, for the CLI and the server's intake
 JOB_SIGNING = "src/atoll/server/job_signing.py"
-FL_CHECK = "src/atoll/fl/job_folder_check.py"
 FL_CHECK_TESTS = ["tests/unit/fl/test_job_folder_check.py::test_min_clients_and_sites_against_the_study"]
 # -- issue 32's defences -----------------------------------------------------------------------
 PROCESS_NETWORK = "src/atoll/launchers/process_network.py"
@@ -237,8 +237,8 @@ MUTATIONS: list[Mutation] = [
              "        if not self.kept:\n            shutil.rmtree",
              "        if False:\n            shutil.rmtree", ARCHIVE_TESTS),
     # -- the server's intake (server/jobs.py, server/job_signing.py) ---------------------------
-    Mutation("server intake: only sites of the study", SERVER_INTAKE,
-             'if target != "server" and target not in study_sites:', "if False:",
+    Mutation("server intake: only sites of the study", ADMISSION,
+             "if target not in (SERVER, ALL_SITES) and target not in study_sites:", "if False:",
              ["tests/integration/federation/test_studies.py::"
               "test_submit_to_a_site_outside_the_study_is_refused_before_any_site"], timeout=240),
     Mutation("server intake: the signature checked", SERVER_INTAKE,
@@ -251,14 +251,14 @@ MUTATIONS: list[Mutation] = [
              ["tests/integration/federation/test_signed_jobs.py::"
               "test_the_server_takes_only_jobs_signed_by_their_submitter_for_their_study"],
              timeout=240),
-    Mutation("job check: deploy_map names only the study's sites", FL_CHECK,
+    Mutation("job check: deploy_map names only the study's sites", ADMISSION,
              "if target not in (SERVER, ALL_SITES) and target not in study_sites:", "if False:",
              FL_CHECK_TESTS),
-    Mutation("job check: mandatory sites in the study", FL_CHECK,
+    Mutation("job check: mandatory sites in the study", ADMISSION,
              "    for i, site in enumerate(meta.mandatory_clients):\n        if site not in "
              "study_sites:", "    for i, site in enumerate(meta.mandatory_clients):\n        if "
              "False:", FL_CHECK_TESTS),
-    Mutation("job check: min_clients reachable in the study", FL_CHECK,
+    Mutation("job check: min_clients reachable in the study", ADMISSION,
              "if meta.min_clients is not None and meta.min_clients > len(reachable):",
              "if False:", FL_CHECK_TESTS),
     # -- job signatures (pki/job_signature.py) -------------------------------------------------
@@ -427,10 +427,11 @@ MUTATIONS: list[Mutation] = [
              'if (participant is None or participant["org"] != who.org',
              "if (participant is None", STUDY_TESTS),
     Mutation("scheduler: never dispatched outside the study", SCHEDULER,
-             "sites = [t for t in targets if t in study_sites]", "sites = targets", STUDY_TESTS),
-    Mutation("scheduler: a mandatory site outside the study refused at intake", SCHEDULER,
-             "for site in meta.mandatory_clients if site not in study_sites]",
-             "for site in meta.mandatory_clients if False]", STUDY_TESTS),
+             "sites = reachable_sites(meta, study_sites)", "sites = targets", STUDY_TESTS),
+    Mutation("scheduler: a mandatory site outside the study refused at intake", ADMISSION,
+             "    for i, site in enumerate(meta.mandatory_clients):\n        if site not in "
+             "study_sites:", "    for i, site in enumerate(meta.mandatory_clients):\n        if "
+             "False:", STUDY_TESTS),
     # -- hostile peers (wire/guard.py) ---------------------------------------------------------
     Mutation("guard: a deadline on every read", GUARD, "async with asyncio.timeout(timeout):",
              "async with asyncio.timeout(None):", GUARD_TESTS, timeout=10),

@@ -41,7 +41,7 @@ from atoll.server.sessions import Grant, SessionSigner
 from atoll.server.site_links import SiteLinks
 from atoll.server.site_policies import SitePolicies
 from atoll.server.store import JobRecord
-from atoll.server.studies import DEFAULT, SUBMIT_ROLES, Denied
+from atoll.server.studies import DEFAULT, SUBMIT_ROLES, Denied, Members
 from atoll.server.waiters import StoreChanges
 from atoll.spec.errors import EXIT_NOT_FOUND, AtollError
 from atoll.wire import frames
@@ -70,18 +70,6 @@ class NoSuchJob(AtollError):
 
 # An operation: (caller, study, request body) -> the answer, as JSON-able values.
 Op = Callable[[Identity, str, dict[str, Any]], Any]
-
-
-class Members(Protocol):
-    """Who is in which study (server/studies.py)."""
-
-    def require_member(self, who: Identity, study: str) -> None: ...
-
-    def remember_user(self, who: Identity) -> None: ...
-
-    def visible(self, who: Identity) -> list[str]: ...
-
-    def sites(self, study: str) -> list[str]: ...
 
 
 class AdminJobs(Protocol):

@@ -28,10 +28,11 @@ from atoll.pki.files import PRIVATE, private_dir
 from atoll.pki.job_signature import SIGNATURE_FILE
 from atoll.server.job_signer import revoked_signer
 from atoll.server.relay import JobRelay
-from atoll.server.scheduler import never_fits, never_starts
+from atoll.server.scheduler import never_fits
 from atoll.server.site_links import ControlTooLarge
 from atoll.server.spool import Budget
 from atoll.server.store import JobRecord
+from atoll.spec.admission import study_issues
 from atoll.spec.errors import SpecError
 from atoll.wire.job_archive import Incoming, IntakeError, zip_folder
 from atoll.wire.reasons import clip, clip_details, public
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from atoll.server.job_signing import SubmissionCheck
     from atoll.server.site_links import SiteLink
     from atoll.server.store import JobStore
+    from atoll.server.studies import StudySites
     from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
 
@@ -99,12 +101,6 @@ class IntakeLimits(Protocol):
 
     @property
     def max_job_bytes(self) -> int: ...
-
-
-class StudySites(Protocol):
-    """The sites enrolled in a study (server/studies.py)."""
-
-    def sites(self, study: str) -> list[str]: ...
 
 
 class SiteCommands(Protocol):
@@ -185,12 +181,7 @@ class JobManager:
             meta = _read_meta(tree)
             study_sites = self.studies.sites(study)
             targets = meta.expand_targets(study_sites)
-            problems = []
-            for target in targets:
-                if target != "server" and target not in study_sites:
-                    problems.append(f"deploy_map: site {target!r} is not enrolled in study "
-                                    f"{study!r} (enrolled: {', '.join(study_sites) or 'none'})")
-            problems += never_starts(meta, study, study_sites)
+            problems = [f"{i.path}: {i.message}" for i in study_issues(meta, study, study_sites)]
             problems += never_fits(meta, [t for t in targets if t in study_sites],
                                    self.links.online())
             for app in meta.deploy_map:

@@ -28,7 +28,7 @@ from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.pki.files import PRIVATE, private_dir
 from atoll.site.signed_jobs import Replayed, SignedJobs
-from atoll.spec.capacity import fits
+from atoll.spec.admission import asked_at, fits
 from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError
 from atoll.spec.names import IdentifierError, check_job_id, check_study_name
 from atoll.wire import frames
@@ -145,17 +145,13 @@ class Supervisor:
         self.link.send_state(job_id, state, reason, **extra)
 
     def _admit(self, job_id: str, study: str, meta) -> SiteJob:
-        from atoll.spec.launcher_spec import merged_block
-        from atoll.spec.resources import resolve_resources
-
         site = self.kit.name
         runtime = self.host.study_runtime()  # read once per launch: the request gets it
         entry = runtime.entry(study)
         if entry is None:
             raise NotAdmitted(f"site {site} does not map study {study!r} in its local/"
                               "study_runtime.yaml; the site operator must add it")
-        native = merged_block(meta.launcher_spec, site, self.host.launcher.name)
-        resources = resolve_resources(meta.resource_spec, site, native)
+        resources = asked_at(meta, site, self.host.launcher.name)
         with self._lock:
             if job_id in self.jobs:
                 raise NotAdmitted(f"job {job_id} is already running at {site}")

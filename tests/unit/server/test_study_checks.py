@@ -160,12 +160,12 @@ def test_the_scheduler_never_dispatches_to_a_site_outside_the_study(tmp_path):
 
 
 def test_intake_refuses_a_mandatory_site_outside_the_study():
-    from atoll.server.scheduler import never_starts
+    from atoll.spec.admission import study_issues
     from atoll.spec.meta import load_meta
 
     meta = load_meta({"name": "fedavg", "deploy_map": {"app": ["@ALL"]},
                       "mandatory_clients": ["site-b"]})
-    assert never_starts(meta, "alpha", ["site-a"]) == [
-        "mandatory_clients: site 'site-b' is not enrolled in study 'alpha'; the job could never "
-        "start"]
-    assert never_starts(meta, "alpha", ["site-a", "site-b"]) == []
+    assert [(i.path, i.message) for i in study_issues(meta, "alpha", ["site-a"])] == [
+        ("mandatory_clients[0]", "site 'site-b' is not enrolled in study 'alpha' (its sites: "
+         "site-a); the job could never start")]
+    assert study_issues(meta, "alpha", ["site-a", "site-b"]) == []
