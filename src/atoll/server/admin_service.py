@@ -49,7 +49,7 @@ from atoll.wire import messages as msg
 from atoll.wire.job_archive import IntakeError
 
 if TYPE_CHECKING:
-    from atoll.server.store import JobStore
+    from atoll.server.store import Store
 
 log = logging.getLogger("atoll.server.admin")
 LOG_TAIL_BYTES = 256 * 1024
@@ -84,7 +84,7 @@ class AdminJobs(Protocol):
 
 
 class AdminService:
-    def __init__(self, *, store: JobStore, studies: Members, jobs: AdminJobs, links: SiteLinks,
+    def __init__(self, *, store: Store, studies: Members, jobs: AdminJobs, links: SiteLinks,
                  signer: SessionSigner, ops: Mapping[str, Op], scratch: Path,
                  stopping: Callable[[], bool]):
         """``ops``: the operations served beside the service's own (studies, revocations);

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from atoll.pki.revocation import RevocationList
     from atoll.server.job_signing import SubmissionCheck
     from atoll.server.site_links import SiteLink
-    from atoll.server.store import JobStore
+    from atoll.server.store import Store
     from atoll.server.studies import StudySites
     from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
@@ -139,7 +139,7 @@ class HeldRevocations(Protocol):
 
 
 class JobManager:
-    def __init__(self, *, store: JobStore, studies: StudySites, links: SiteCommands,
+    def __init__(self, *, store: Store, studies: StudySites, links: SiteCommands,
                  queue: JobQueue, host: WorkerHost, tokens: WorkerTokens,
                  check: SubmissionCheck, limits: IntakeLimits, workspace: Path,
                  revocations: HeldRevocations):

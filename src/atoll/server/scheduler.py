@@ -21,7 +21,7 @@ from atoll.spec.errors import SpecError
 
 if TYPE_CHECKING:
     from atoll.server.site_links import SiteLink
-    from atoll.server.store import JobRecord, JobStore
+    from atoll.server.store import JobRecord, Store
     from atoll.server.studies import StudySites
     from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
@@ -87,7 +87,7 @@ class JobQueue:
 
 
 class Scheduler:
-    def __init__(self, queue: JobQueue, store: JobStore, studies: StudySites,
+    def __init__(self, queue: JobQueue, store: Store, studies: StudySites,
                  links: OnlineSites, jobs: Dispatcher):
         self.queue = queue
         self.store = store

@@ -18,7 +18,7 @@ import re
 from typing import Any, Protocol
 
 from atoll.pki.identity import Identity
-from atoll.server.store import JobStore
+from atoll.server.store import Store
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
 DEFAULT = "default"
@@ -53,7 +53,7 @@ class Members(StudySites, Protocol):
 
 
 class Studies:
-    def __init__(self, store: JobStore):
+    def __init__(self, store: Store):
         self.store = store
 
     def seed(self, project: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from atoll.pki.identity import Identity
-from atoll.server.store import JobStore
+from atoll.server.sqlite_store import SqliteStore
 from atoll.server.studies import Denied, NoSuchStudy, Studies
 from atoll.server.study_ops import StudyOps
 
@@ -24,7 +24,7 @@ def _no_certificate(pem: bytes) -> Identity:
 
 @pytest.fixture
 def ops(tmp_path):
-    store = JobStore(tmp_path / "atoll.db")
+    store = SqliteStore(tmp_path / "atoll.db")
     store.upsert_participant("site-a", "site", "org-a")
     store.upsert_participant("site-b", "site", "org-b")
     for who in (ADMIN, LEAD_A, LEAD_B, BOSS_A, BOSS_B):
@@ -144,7 +144,7 @@ def test_the_scheduler_never_dispatches_to_a_site_outside_the_study(tmp_path):
 
     from atoll.server.scheduler import JobQueue, Scheduler
 
-    store = JobStore(tmp_path / "atoll.db")
+    store = SqliteStore(tmp_path / "atoll.db")
     try:
         jobs = _Jobs()
         online = {s: SimpleNamespace(capacity={}, launcher="process") for s in ("site-a", "site-b")}
