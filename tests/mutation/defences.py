@@ -56,7 +56,8 @@ SCHEDULER = "src/atoll/server/scheduler.py"
 STUDY_TESTS = ["tests/unit/server/test_study_checks.py"]
 GUARD = "src/atoll/wire/guard.py"
 GUARD_TESTS = ["tests/unit/wire/test_guard.py"]
-SERVER_INTAKE = "src/atoll/server/jobs.py"
+SERVER_INTAKE = "src/atoll/server/intake.py"
+SERVER_JOBS = "src/atoll/server/jobs.py"
 ADMISSION = "src/atoll/spec/admission.py"  # the study's rules, for the CLI and the server's intake
 JOB_SIGNING = "src/atoll/server/job_signing.py"
 FL_CHECK_TESTS = ["tests/unit/fl/test_job_folder_check.py::test_min_clients_and_sites_against_the_study"]
@@ -236,7 +237,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("intake: nothing left behind on a refusal", ARCHIVE,
              "        if not self.kept:\n            shutil.rmtree",
              "        if False:\n            shutil.rmtree", ARCHIVE_TESTS),
-    # -- the server's intake (server/jobs.py, server/job_signing.py) ---------------------------
+    # -- the server's intake (server/intake.py, spec/admission.py, server/job_signing.py) ---------------------------
     Mutation("server intake: only sites of the study", ADMISSION,
              "if target not in (SERVER, ALL_SITES) and target not in study_sites:", "if False:",
              ["tests/integration/federation/test_studies.py::"
@@ -787,19 +788,19 @@ MUTATIONS: list[Mutation] = [
              "        return None and (f\"the job's signature in the server's store cannot be read",
              REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server, a new list cancels waiting jobs of a revoked signer",
-             SERVER_INTAKE,
+             SERVER_JOBS,
              "                    self._cancel(record.id, f\"cancelled: {why}\")\n"
              "                    ended.append(record.id)",
              "                    pass", REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server, a new list aborts running jobs of a revoked signer",
-             SERVER_INTAKE,
+             SERVER_JOBS,
              "                self.abort(live.id, f\"aborted: {why}\")\n"
              "                ended.append(live.id)",
              "                pass", REVOKED_SIGNERS_TESTS),
-    Mutation("revoked signer: server, checked again at dispatch", SERVER_INTAKE,
+    Mutation("revoked signer: server, checked again at dispatch", SERVER_JOBS,
              "            why = revoked_signer(folder / \"job\", self.revocations.current)",
              "            why = None", REVOKED_SIGNERS_TESTS),
-    Mutation("revoked signer: server, checked again before the server worker starts", SERVER_INTAKE,
+    Mutation("revoked signer: server, checked again before the server worker starts", SERVER_JOBS,
              "            why = revoked_signer(live.folder / \"job\", self.revocations.current)",
              "            why = None", REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server worker, the server worker checks the list it is given", WORKER_SIGNED,
