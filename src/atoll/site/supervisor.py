@@ -231,11 +231,14 @@ class Supervisor:
             _, chunks = frames.split(iter(stream))
             frames.write_chunks(chunks, fetched, limit=1 << 31)
             fetched.chmod(PRIVATE)
-            accepted = []
+            accepted: list[Accepted] = []
+
+            def check(tree: Path) -> JobMeta:  # verified and parsed once; unpacking reuses it
+                accepted.append(check_job(tree, body, self.kit, dispatched=dispatched))
+                return accepted[0].meta
+
             run = private_dir(scratch / "run")
-            unpack_app(fetched, self.kit.name, run / "app", scratch,
-                       check=lambda tree: accepted.append(
-                           check_job(tree, body, self.kit, dispatched=dispatched)))
+            unpack_app(fetched, self.kit.name, run / "app", scratch, check=check)
             signed = accepted[0].signed
             self.signed_jobs.claim(signed.statement_digest, job.job_id, self.kit.name,
                                    signed.signer.name)
