@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from atoll.pki.files import private_dir
 from atoll.server.scheduler import never_fits
-from atoll.spec.admission import study_issues
+from atoll.spec.admission import reachable_sites, study_issues
 from atoll.spec.errors import SpecError
 from atoll.wire.job_archive import Incoming, IntakeError
 from atoll.wire.reasons import clip_details, public
@@ -88,8 +88,7 @@ class Intake:
             study_sites = self.studies.sites(study)
             targets = meta.expand_targets(study_sites)
             problems = [f"{i.path}: {i.message}" for i in study_issues(meta, study, study_sites)]
-            problems += never_fits(meta, [t for t in targets if t in study_sites],
-                                   self.links.online())
+            problems += never_fits(meta, reachable_sites(meta, study_sites), self.links.online())
             for app in meta.deploy_map:
                 if not (tree / app).is_dir():
                     problems.append(f"deploy_map: app folder {app!r} is missing from the job")
