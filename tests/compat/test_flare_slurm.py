@@ -160,7 +160,7 @@ def test_per_node_resources_count_once_per_node_in_the_sites_capacity():
     """num_of_cpus and memory are per node (FLARE 2.9): a 2-node job of 4 CPUs and 16Gi holds
     8 CPUs and 32Gi of the site's capacity (atoll's admission; FLARE's resource manager does
     not count CPUs or memory)."""
-    from atoll.spec.capacity import fits
+    from atoll.spec.admission import fits
 
     request = flare_request("slurm", resource_spec={"@default": {"num_of_cpus": 4,
                                                                  "memory": "16Gi"}},

@@ -33,8 +33,8 @@ ARCHIVE = "src/atoll/wire/job_archive.py"
 ARCHIVE_TESTS = ["tests/unit/wire/test_job_archive.py"]
 SIGNATURE = "src/atoll/pki/job_signature.py"
 SIGNATURE_TESTS = ["tests/unit/pki/test_job_signature.py"]
-SITE_CHECK = "src/atoll/site/job_check.py"
-SITE_CHECK_TESTS = ["tests/unit/site/test_job_check.py"]
+SITE_CHECK = "src/atoll/site/job_acceptance.py"
+SITE_CHECK_TESTS = ["tests/unit/site/test_job_acceptance.py"]
 SESSIONS = "src/atoll/server/sessions.py"
 SESSION_TESTS = ["tests/unit/server/test_auth_gate.py::test_session_tokens_are_checked_for_their_user"]
 AUTH = "src/atoll/server/auth.py"
@@ -59,10 +59,11 @@ SCHEDULER = "src/atoll/server/scheduler.py"
 STUDY_TESTS = ["tests/unit/server/test_study_checks.py"]
 GUARD = "src/atoll/wire/guard.py"
 GUARD_TESTS = ["tests/unit/wire/test_guard.py"]
-SERVER_INTAKE = "src/atoll/server/jobs.py"
+SERVER_INTAKE = "src/atoll/server/intake.py"
+SERVER_JOBS = "src/atoll/server/jobs.py"
+ADMISSION = "src/atoll/spec/admission.py"  # the study's rules, for the CLI and the server's intake
 JOB_SIGNING = "src/atoll/server/job_signing.py"
-FL_CHECK = "src/atoll/fl/job_check.py"
-FL_CHECK_TESTS = ["tests/unit/fl/test_job_check.py::test_min_clients_and_sites_against_the_study"]
+FL_CHECK_TESTS = ["tests/unit/fl/test_job_folder_check.py::test_min_clients_and_sites_against_the_study"]
 # -- issue 32's defences -----------------------------------------------------------------------
 PROCESS_NETWORK = "src/atoll/launchers/process_network.py"
 NETWORK_TESTS = ["tests/unit/launchers/test_process_network.py"]
@@ -239,9 +240,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("intake: nothing left behind on a refusal", ARCHIVE,
              "        if not self.kept:\n            shutil.rmtree",
              "        if False:\n            shutil.rmtree", ARCHIVE_TESTS),
-    # -- the server's intake (server/jobs.py, server/job_signing.py) ---------------------------
-    Mutation("server intake: only sites of the study", SERVER_INTAKE,
-             'if target != "server" and target not in study_sites:', "if False:",
+    # -- the server's intake (server/intake.py, spec/admission.py, server/job_signing.py) ---------------------------
+    Mutation("server intake: only sites of the study", ADMISSION,
+             "if target not in (SERVER, ALL_SITES) and target not in study_sites:", "if False:",
              ["tests/integration/federation/test_studies.py::"
               "test_submit_to_a_site_outside_the_study_is_refused_before_any_site"], timeout=240),
     Mutation("server intake: the signature checked", SERVER_INTAKE,
@@ -254,14 +255,14 @@ MUTATIONS: list[Mutation] = [
              ["tests/integration/federation/test_signed_jobs.py::"
               "test_the_server_takes_only_jobs_signed_by_their_submitter_for_their_study"],
              timeout=240),
-    Mutation("job check: deploy_map names only the study's sites", FL_CHECK,
+    Mutation("job check: deploy_map names only the study's sites", ADMISSION,
              "if target not in (SERVER, ALL_SITES) and target not in study_sites:", "if False:",
              FL_CHECK_TESTS),
-    Mutation("job check: mandatory sites in the study", FL_CHECK,
+    Mutation("job check: mandatory sites in the study", ADMISSION,
              "    for i, site in enumerate(meta.mandatory_clients):\n        if site not in "
              "study_sites:", "    for i, site in enumerate(meta.mandatory_clients):\n        if "
              "False:", FL_CHECK_TESTS),
-    Mutation("job check: min_clients reachable in the study", FL_CHECK,
+    Mutation("job check: min_clients reachable in the study", ADMISSION,
              "if meta.min_clients is not None and meta.min_clients > len(reachable):",
              "if False:", FL_CHECK_TESTS),
     # -- job signatures (pki/job_signature.py) -------------------------------------------------
@@ -293,18 +294,18 @@ MUTATIONS: list[Mutation] = [
              "        if False:\n            raise", ["tests/unit/pki/test_job_signature.py::test_the_signature_file_name_is_reserved"]),
     Mutation("signature: links in a job folder refused", SIGNATURE,
              "            if not stat.S_ISREG(mode):", "            if False:", ["tests/unit/pki/test_job_signature.py::test_a_link_in_a_job_folder_is_refused_when_listing_it"]),
-    # -- a site's checks of a fetched job (site/job_check.py) ----------------------------------
+    # -- a site's checks of a fetched job (site/job_acceptance.py) ----------------------------------
     Mutation("site check: bound to the project and the study it came in", SITE_CHECK,
-             "        bind(signed, kit.project, study)\n", "", ["tests/unit/site/test_job_check.py::test_the_server_cannot_name_another_submitter_or_study"]),
+             "        bind(signed, kit.project, study)\n", "", ["tests/unit/site/test_job_acceptance.py::test_the_server_cannot_name_another_submitter_or_study"]),
     Mutation("site check: the app's files as signed", SITE_CHECK,
              'scope=lambda path: path.split("/", 1)[0] in (app, META_FILE))',
-             "scope=lambda path: path == META_FILE)", ["tests/unit/site/test_job_check.py::test_a_job_changed_in_the_servers_store_is_refused"]),
+             "scope=lambda path: path == META_FILE)", ["tests/unit/site/test_job_acceptance.py::test_a_job_changed_in_the_servers_store_is_refused"]),
     Mutation("site check: the dispatched meta is the signed one", SITE_CHECK,
-             "        _check_dispatch(body, meta, signed, dispatched)\n", "", ["tests/unit/site/test_job_check.py::test_a_dispatch_whose_meta_differs_from_the_signed_one_is_refused"]),
+             "        _check_dispatch(body, meta, signed, dispatched)\n", "", ["tests/unit/site/test_job_acceptance.py::test_a_dispatch_whose_meta_differs_from_the_signed_one_is_refused"]),
     Mutation("site check: the authorization policy", SITE_CHECK,
-             "        if not decision.allowed:", "        if False:", ["tests/unit/site/test_job_check.py::test_a_policy_that_denies_the_role_names_its_rule"]),
+             "        if not decision.allowed:", "        if False:", ["tests/unit/site/test_job_acceptance.py::test_a_policy_that_denies_the_role_names_its_rule"]),
     Mutation("site check: code approval", SITE_CHECK, "    if not approved:", "    if False:",
-             ["tests/unit/site/test_job_check.py::test_code_approval_runs_only_approved_content"]),
+             ["tests/unit/site/test_job_acceptance.py::test_code_approval_runs_only_approved_content"]),
     Mutation("site check: the site's privacy policy", SITE_CHECK,
              "    if violations:\n        raise JobRefused",
              "    if False:\n        raise JobRefused",
@@ -349,7 +350,7 @@ MUTATIONS: list[Mutation] = [
              "if (revoked := revocation.refusal(pems[0])) is not None:", "if False:",
              SERVER_REVOCATION_TESTS),
     Mutation("site check: a revoked signer refused", SITE_CHECK, "    if reason:\n",
-             "    if False:\n", ["tests/unit/site/test_job_check.py::test_a_signer_on_the_sites_revocation_list_is_refused"]),
+             "    if False:\n", ["tests/unit/site/test_job_acceptance.py::test_a_signer_on_the_sites_revocation_list_is_refused"]),
     # -- secure aggregation's server side (fl/privacy/secagg/server.py) ------------------------
     Mutation("secagg: an unmasked result refused", SECAGG,
              "if any(dtype not in _WORDS for dtype, _ in entries.values()) or \\\n"
@@ -444,10 +445,11 @@ MUTATIONS: list[Mutation] = [
              'if (participant is None or participant["org"] != who.org',
              "if (participant is None", STUDY_TESTS),
     Mutation("scheduler: never dispatched outside the study", SCHEDULER,
-             "sites = [t for t in targets if t in study_sites]", "sites = targets", STUDY_TESTS),
-    Mutation("scheduler: a mandatory site outside the study refused at intake", SCHEDULER,
-             "for site in meta.mandatory_clients if site not in study_sites]",
-             "for site in meta.mandatory_clients if False]", STUDY_TESTS),
+             "sites = reachable_sites(meta, study_sites)", "sites = targets", STUDY_TESTS),
+    Mutation("scheduler: a mandatory site outside the study refused at intake", ADMISSION,
+             "    for i, site in enumerate(meta.mandatory_clients):\n        if site not in "
+             "study_sites:", "    for i, site in enumerate(meta.mandatory_clients):\n        if "
+             "False:", STUDY_TESTS),
     # -- hostile peers (wire/guard.py) ---------------------------------------------------------
     Mutation("guard: a deadline on every read", GUARD, "async with asyncio.timeout(timeout):",
              "async with asyncio.timeout(None):", GUARD_TESTS, timeout=10),
@@ -803,19 +805,19 @@ MUTATIONS: list[Mutation] = [
              "        return None and (f\"the job's signature in the server's store cannot be read",
              REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server, a new list cancels waiting jobs of a revoked signer",
-             SERVER_INTAKE,
+             SERVER_JOBS,
              "                    self._cancel(record.id, f\"cancelled: {why}\")\n"
              "                    ended.append(record.id)",
              "                    pass", REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server, a new list aborts running jobs of a revoked signer",
-             SERVER_INTAKE,
+             SERVER_JOBS,
              "                self.abort(live.id, f\"aborted: {why}\")\n"
              "                ended.append(live.id)",
              "                pass", REVOKED_SIGNERS_TESTS),
-    Mutation("revoked signer: server, checked again at dispatch", SERVER_INTAKE,
+    Mutation("revoked signer: server, checked again at dispatch", SERVER_JOBS,
              "            why = revoked_signer(folder / \"job\", self.revocations.current)",
              "            why = None", REVOKED_SIGNERS_TESTS),
-    Mutation("revoked signer: server, checked again before the server worker starts", SERVER_INTAKE,
+    Mutation("revoked signer: server, checked again before the server worker starts", SERVER_JOBS,
              "            why = revoked_signer(live.folder / \"job\", self.revocations.current)",
              "            why = None", REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server worker, the server worker checks the list it is given", WORKER_SIGNED,

@@ -16,7 +16,7 @@ from atoll.parent import detach
 from atoll.pki.files import append_private, private_dir
 from atoll.server.relay import JobRelay
 from atoll.server.spool import Budget, SpillFiles
-from atoll.server.store import JobStore
+from atoll.server.sqlite_store import SqliteStore
 from tests.integration.federation.harness import Federation
 from tests.integration.federation.jobs import make_job
 
@@ -76,7 +76,7 @@ def test_a_federation_started_with_umask_0_keeps_everything_private(tmp_path):
 
 def test_the_job_store_is_0600_with_its_wal_and_shm(tmp_path):
     with umask(0):
-        store = JobStore(tmp_path / "atoll.db")
+        store = SqliteStore(tmp_path / "atoll.db")
         store.add_job("j1", "name", "default", "me", "org", {}, ["server"])
     try:
         for name in ("atoll.db", "atoll.db-wal", "atoll.db-shm"):
@@ -87,11 +87,11 @@ def test_the_job_store_is_0600_with_its_wal_and_shm(tmp_path):
 
 def test_a_store_left_wider_by_an_older_atoll_is_narrowed(tmp_path):
     with umask(0):
-        JobStore(tmp_path / "atoll.db").close()
+        SqliteStore(tmp_path / "atoll.db").close()
     for name in ("atoll.db", "atoll.db-wal", "atoll.db-shm"):
         if (tmp_path / name).exists():
             (tmp_path / name).chmod(0o644)
-    JobStore(tmp_path / "atoll.db").close()
+    SqliteStore(tmp_path / "atoll.db").close()
     for name in ("atoll.db", "atoll.db-wal", "atoll.db-shm"):
         if (tmp_path / name).exists():
             assert mode(tmp_path / name) == 0o600, name

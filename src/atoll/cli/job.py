@@ -20,7 +20,7 @@ from atoll.cli.common import (
     printable,
     study_option,
 )
-from atoll.cli.job_check import check_or_fail, job_to_run, set_option, study_sites
+from atoll.cli.job_validate import check_or_fail, job_to_run, set_option, study_sites
 
 job_arg = click.argument("job_id")
 
@@ -28,7 +28,7 @@ job_arg = click.argument("job_id")
 @click.group("job", cls=LazyCommands, lazy={
     "init": ("atoll.cli.job_init", "init_command"),
     "import-flare": ("atoll.cli.job_import_flare", "import_flare_command"),
-    "validate": ("atoll.cli.job_check", "validate_command"),
+    "validate": ("atoll.cli.job_validate", "validate_command"),
     "simulate": ("atoll.cli.job_simulate", "simulate_command"),
 })
 def job_group() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from atoll.cli.common import emit, fail, format_option, handle_errors, printable
-from atoll.cli.job_check import check_or_fail, job_to_run, set_option
+from atoll.cli.job_validate import check_or_fail, job_to_run, set_option
 
 
 def _site_folders(entries: tuple[str, ...], dataset: str | None) -> dict[str, dict[str, str]]:

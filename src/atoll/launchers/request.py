@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest
+from atoll.spec.admission import asked_at, capacity_issues
 from atoll.spec.errors import Issue, SpecError
-from atoll.spec.launcher_spec import merged_block, resolve_launcher_spec
+from atoll.spec.launcher_spec import resolve_launcher_spec
 from atoll.spec.meta import JobMeta
-from atoll.spec.quantity import memory_to_bytes
-from atoll.spec.resources import Resources, resolve_resources
-from atoll.spec.site_config import Capacity, SiteConfig
+from atoll.spec.resources import Resources
+from atoll.spec.site_config import SiteConfig
 from atoll.spec.statistics_rules import RULES_ENV
 from atoll.spec.study_runtime import StudyEntry, StudyRuntime
 
@@ -46,38 +46,6 @@ def job_run_folder(site_config: SiteConfig, job_id: str, workspace: Path | None 
     if workspace is None:
         workspace = site_config.resolve_path("workspace")
     return run_folder(site_config, workspace, job_id)
-
-
-def capacity_issues(resources: Resources, capacity: Capacity) -> list[Issue]:
-    """What a job asks beyond the site's whole capacity: it could never run here."""
-    issues = []
-    if capacity.gpus is not None and resources.num_of_gpus > capacity.gpus:
-        issues.append(
-            Issue(
-                "resource_spec.num_of_gpus",
-                (
-                    f"asks {resources.num_of_gpus} GPU(s); this site has {capacity.gpus} "
-                    "(capacity.gpus in local/site.yaml)"
-                ),
-            )
-        )
-    if capacity.cpus is not None and resources.cpus_counted > capacity.cpus:
-        issues.append(
-            Issue(
-                "resource_spec.num_of_cpus",
-                (f"asks {resources.cpus_counted} CPU(s); this site has {capacity.cpus}"),
-            )
-        )
-    if capacity.memory is not None and resources.memory_counted is not None:
-        if resources.memory_counted > memory_to_bytes(capacity.memory):
-            nodes = f" on each of {resources.nodes} nodes" if resources.nodes > 1 else ""
-            issues.append(
-                Issue(
-                    "resource_spec.memory",
-                    (f"asks {resources.memory}{nodes}; this site has {capacity.memory}"),
-                )
-            )
-    return issues
 
 
 def secret_env_values(entry: StudyEntry | None, environ: Mapping[str, str]) -> dict[str, str]:
@@ -157,8 +125,7 @@ def build_request(
     if resources is None:
         resources = Resources()
         try:
-            native = merged_block(meta.launcher_spec, target, site_config.launcher)
-            resources = resolve_resources(meta.resource_spec, target, native)
+            resources = asked_at(meta, target, site_config.launcher)
         except SpecError as err:
             issues += err.issues
     spec: dict[str, Any] = {}
@@ -167,7 +134,7 @@ def build_request(
     except SpecError as err:
         issues += err.issues
     if check_capacity and not issues:
-        issues += capacity_issues(resources, site_config.capacity)
+        issues += capacity_issues(resources, site_config.capacity.model_dump())
     if issues:
         raise SpecError(issues)
     entry = study_runtime.entry(identity.study) if study_runtime else None

@@ -33,7 +33,7 @@ from atoll.server.revocation import ServerRevocations
 from atoll.server.scheduler import JobQueue, Scheduler
 from atoll.server.sessions import SessionSigner
 from atoll.server.site_links import SiteLinks
-from atoll.server.store import JobRecord, JobStore
+from atoll.server.store import JobRecord, Store, open_store
 from atoll.server.studies import Studies
 from atoll.server.worker_backend import ServerWorkerBackend
 
@@ -66,7 +66,7 @@ class ServerParent:
         # The job store, jobs, payloads and results are the server's alone, whatever the umask.
         for folder in (self.workspace, self.workspace / "tmp"):
             private_dir(folder)
-        self.store = JobStore(self.workspace / "atoll.db")
+        self.store = open_store(self.workspace / "atoll.db")
         self.studies = Studies(self.store)
         seeded = self.workspace / ".seeded"
         if not seeded.exists() and kit.project_json.exists():
@@ -180,7 +180,7 @@ class ServerParent:
             pass
 
 
-def _study_ops(studies: Studies, store: JobStore, ca: Path,
+def _study_ops(studies: Studies, store: Store, ca: Path,
                revocations: ServerRevocations) -> dict[str, Any]:
     """The admin operations on studies (server/study_ops.py), where that module is present."""
     try:

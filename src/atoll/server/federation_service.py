@@ -39,7 +39,7 @@ from atoll.wire.guard import Stalled
 
 if TYPE_CHECKING:
     from atoll.server.jobs import LiveJob
-    from atoll.server.store import JobStore
+    from atoll.server.store import Store
 
 log = logging.getLogger("atoll.server.federation")
 
@@ -120,7 +120,7 @@ def _hello(text: str) -> dict[str, Any]:
 
 
 class FederationService:
-    def __init__(self, *, store: JobStore, jobs: SiteJobs, studies: SiteRegistry,
+    def __init__(self, *, store: Store, jobs: SiteJobs, studies: SiteRegistry,
                  links: SiteLinks, revocations: RevocationPush, wake: Callable[[], None],
                  stopping: Callable[[], bool]):
         self.store = store  # the gate's audit entries and the sites' progress events

@@ -9,7 +9,7 @@ folder (the certificate the submitter signed with, checked at intake), never fro
 store's word: a store edited to put a job back in the queue does not change who signed it.
 
 The server worker checks the signature and the list once more itself, before any of the job's
-code runs (worker/signed_job.py); each site checks with the list it holds (site/job_check.py).
+code runs (worker/signed_job.py); each site checks with the list it holds (site/job_acceptance.py).
 """
 
 from __future__ import annotations

@@ -13,17 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from atoll.pki.identity import Identity
-from atoll.server.studies import SUBMIT_ROLES, Denied
+from atoll.server.studies import SUBMIT_ROLES, Denied, Members
 from atoll.wire.job_archive import IntakeError
-
-
-class Members(Protocol):
-    """Who is in which study (server/studies.py)."""
-
-    def require_member(self, who: Identity, study: str) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,7 @@
-"""The life of a job on the server: intake, dispatch, the server worker, and the end.
+"""The life of a job on the server: dispatch, the server worker, the parts' states, the end.
+
+What comes before is server/intake.py's (a job taken in, checked, queued) and the scheduler's
+(when it can run); the apps' zips the participants fetch are server/app_zips.py's.
 
 A job is SUBMITTED until the scheduler dispatches it, then each participant (the server and
 every site) moves through DISPATCHED -> STARTING -> RUNNING -> FINISHED:<outcome> with a reason.
@@ -24,17 +27,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import create_job_file
-from atoll.pki.files import PRIVATE, private_dir
+from atoll.pki.files import private_dir
 from atoll.pki.job_signature import SIGNATURE_FILE
+from atoll.server.app_zips import AppZips
+from atoll.server.intake import Intake, IntakeLimits, JobQueue
 from atoll.server.job_signer import revoked_signer
 from atoll.server.relay import JobRelay
-from atoll.server.scheduler import never_fits, never_starts
 from atoll.server.site_links import ControlTooLarge
 from atoll.server.spool import Budget
 from atoll.server.store import JobRecord
 from atoll.spec.errors import SpecError
-from atoll.wire.job_archive import Incoming, IntakeError, zip_folder
-from atoll.wire.reasons import clip, clip_details, public
+from atoll.wire.reasons import clip, public
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher, LaunchRequest
@@ -43,7 +46,8 @@ if TYPE_CHECKING:
     from atoll.pki.revocation import RevocationList
     from atoll.server.job_signing import SubmissionCheck
     from atoll.server.site_links import SiteLink
-    from atoll.server.store import JobStore
+    from atoll.server.store import Store
+    from atoll.server.studies import StudySites
     from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
 
@@ -78,35 +82,6 @@ class LiveJob:
         return self.record.id
 
 
-def _read_meta(tree: Path):
-    """The job's meta.json, with errors that name the file as the user knows it."""
-    from atoll.spec.meta import META_FILE, parse_meta, read_meta_bytes  # pydantic: at first job
-
-    path = tree / META_FILE
-    if not path.exists():
-        raise IntakeError("the job folder has no meta.json at its top")
-    try:
-        return parse_meta(read_meta_bytes(path))
-    except SpecError as exc:
-        raise IntakeError(f"meta.json is invalid:\n{exc}") from None
-
-
-class IntakeLimits(Protocol):
-    """How big a submitted job may be (server/app.py's Limits)."""
-
-    @property
-    def max_upload_bytes(self) -> int: ...
-
-    @property
-    def max_job_bytes(self) -> int: ...
-
-
-class StudySites(Protocol):
-    """The sites enrolled in a study (server/studies.py)."""
-
-    def sites(self, study: str) -> list[str]: ...
-
-
 class SiteCommands(Protocol):
     """The connected sites (server/site_links.py): their control streams (send: False if the
     site is offline) and the capacity each reported."""
@@ -114,14 +89,6 @@ class SiteCommands(Protocol):
     def send(self, site: str, kind: str, body: dict[str, Any]) -> bool: ...
 
     def online(self) -> dict[str, SiteLink]: ...
-
-
-class JobQueue(Protocol):
-    """What the scheduler works through (server/scheduler.py)."""
-
-    def submitted(self, job_id: str, meta: JobMeta) -> None: ...
-
-    def wake(self) -> None: ...
 
 
 class WorkerHost(Protocol):
@@ -143,7 +110,7 @@ class HeldRevocations(Protocol):
 
 
 class JobManager:
-    def __init__(self, *, store: JobStore, studies: StudySites, links: SiteCommands,
+    def __init__(self, *, store: Store, studies: StudySites, links: SiteCommands,
                  queue: JobQueue, host: WorkerHost, tokens: WorkerTokens,
                  check: SubmissionCheck, limits: IntakeLimits, workspace: Path,
                  revocations: HeldRevocations):
@@ -161,76 +128,19 @@ class JobManager:
         private_dir(self.jobs_dir)
         self.live: dict[str, LiveJob] = {}
         self._lock = threading.RLock()
-        self._zip_lock = threading.Lock()
         self.relay_budget = Budget(RELAY_MEMORY)
+        self.intake = Intake(store=store, studies=studies, links=links, queue=queue,
+                             check=check, limits=limits, workspace=workspace,
+                             jobs_dir=self.jobs_dir)
+        self.app_zips = AppZips(self.jobs_dir)
 
-    # -- intake -------------------------------------------------------------------------------
+    # -- intake and the apps' zips (server/intake.py, server/app_zips.py) ----------------------
     def submit(self, who: Identity, study: str, chunks: Iterator[bytes]) -> JobRecord:
-        """Take a job in; any refusal is an IntakeError naming the entry or field, never one of
-        the server's paths (the caller audits it and answers INVALID_ARGUMENT)."""
-        scratch = self.workspace / "tmp"
-        try:
-            return self._submit(who, study, chunks)
-        except IntakeError as exc:
-            raise IntakeError(clip_details(public(str(exc), [], scratch, 1 << 20))) from None
-        except OSError as exc:  # e.g. the disk is full: say so, without the path
-            log.warning("job intake failed: %s", exc)
-            raise IntakeError(f"the server could not take the job in: {exc.strerror}") from None
-
-    def _submit(self, who: Identity, study: str, chunks: Iterator[bytes]) -> JobRecord:
-        limits = self.limits
-        with Incoming(self.workspace / "tmp") as incoming:
-            incoming.receive(chunks, limits.max_upload_bytes)
-            tree = incoming.extract(limits.max_job_bytes)
-            meta = _read_meta(tree)
-            study_sites = self.studies.sites(study)
-            targets = meta.expand_targets(study_sites)
-            problems = []
-            for target in targets:
-                if target != "server" and target not in study_sites:
-                    problems.append(f"deploy_map: site {target!r} is not enrolled in study "
-                                    f"{study!r} (enrolled: {', '.join(study_sites) or 'none'})")
-            problems += never_starts(meta, study, study_sites)
-            problems += never_fits(meta, [t for t in targets if t in study_sites],
-                                   self.links.online())
-            for app in meta.deploy_map:
-                if not (tree / app).is_dir():
-                    problems.append(f"deploy_map: app folder {app!r} is missing from the job")
-            if problems:
-                raise IntakeError("job refused:\n" + "\n".join(f"- {p}" for p in problems))
-            digest = self.check.verify(tree, who, study)  # the signature stays in it
-            import uuid  # with the first job, not at rest: it loads platform and libuuid
-
-            job_id = uuid.uuid4().hex
-            meta = meta.with_server_fields(study, who.name)
-            incoming.keep(private_dir(self.jobs_dir / job_id) / "job")
-        record_meta = meta.model_dump(mode="json")
-        self.store.add_job(job_id, meta.name, study, who.name, who.org, record_meta, targets)
-        log.info("job %s submitted by %s in %s, signed, content %s", job_id, who.name, study,
-                 digest)
-        self.queue.submitted(job_id, meta)  # validated here: the scheduler does not parse it again
-        return self.store.get_job(job_id)
+        return self.intake.submit(who, study, chunks)
 
     def app_zip(self, job_id: str, target: str) -> Path:
-        """The zipped app folder (plus meta.json) a participant runs; built once per app."""
         live = self.live.get(job_id)
-        folder = self.jobs_dir / job_id
-        if live is not None:  # a thousand sites fetch at once: the meta the job came with
-            meta = live.meta
-        else:  # it ended since the caller found it running
-            from atoll.spec.meta import load_meta
-
-            meta = load_meta(folder / "job")
-        app = meta.app_for(target)
-        out = folder / "apps" / f"{app}.zip"
-        with self._zip_lock:  # sites fetch at the same moment; build each app's zip once
-            if not out.exists():
-                private_dir(out.parent)
-                tmp = out.with_suffix(".part")
-                zip_folder(folder / "job", tmp, only=[app, "meta.json", SIGNATURE_FILE])
-                tmp.chmod(PRIVATE)
-                tmp.replace(out)
-        return out
+        return self.app_zips.get(job_id, target, live.meta if live is not None else None)
 
     # -- dispatch -----------------------------------------------------------------------------
     def held(self) -> dict[str, list[Resources]]:

@@ -16,24 +16,19 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Protocol
 
-from atoll.spec.capacity import fits
+from atoll.spec.admission import asked_at, fits, reachable_sites
 from atoll.spec.errors import SpecError
 
 if TYPE_CHECKING:
     from atoll.server.site_links import SiteLink
-    from atoll.server.store import JobRecord, JobStore
+    from atoll.server.store import JobRecord, Store
+    from atoll.server.studies import StudySites
     from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
 
 log = logging.getLogger("atoll.server.scheduler")
 
 TICK_S = 1.0
-
-
-class StudySites(Protocol):
-    """The sites enrolled in a study (server/studies.py)."""
-
-    def sites(self, study: str) -> list[str]: ...
 
 
 class OnlineSites(Protocol):
@@ -92,7 +87,7 @@ class JobQueue:
 
 
 class Scheduler:
-    def __init__(self, queue: JobQueue, store: JobStore, studies: StudySites,
+    def __init__(self, queue: JobQueue, store: Store, studies: StudySites,
                  links: OnlineSites, jobs: Dispatcher):
         self.queue = queue
         self.store = store
@@ -145,8 +140,7 @@ class Scheduler:
         """Dispatch the job if it can run now; otherwise return what it waits for."""
         study_sites = self.studies.sites(record.study)
         targets = [t for t in meta.expand_targets(study_sites) if t != "server"]
-        # Never dispatch outside the study, even to a site removed after the job was submitted.
-        sites = [t for t in targets if t in study_sites]
+        sites = reachable_sites(meta, study_sites)  # never outside the study
         online = self.links.online()
         missing = [s for s in meta.mandatory_clients if s not in online]
         if missing:
@@ -159,7 +153,7 @@ class Scheduler:
         used = self.jobs.held()
         resources: dict[str, Resources] = {}
         for site in ready:
-            asked = _asked(meta, site, online[site])
+            asked = asked_at(meta, site, online[site].launcher)
             short = fits(online[site].capacity, used.get(site, []), asked)
             if short:
                 return f"waiting for resources at {site}: {short}"
@@ -169,19 +163,6 @@ class Scheduler:
                         for s in targets if s not in study_sites})
         self.jobs.dispatch(record, meta, ready, skipped, resources)
         return None
-
-
-def never_starts(meta: JobMeta, study: str, study_sites: list[str]) -> list[str]:
-    """What would keep the job waiting forever in ``study``: a mandatory site that is not in
-    it, more min_clients than the study's sites the job targets. Intake refuses such a job."""
-    problems = [f"mandatory_clients: site {site!r} is not enrolled in study {study!r}; the job "
-                "could never start" for site in meta.mandatory_clients if site not in study_sites]
-    reachable = [s for s in meta.expand_targets(study_sites) if s in study_sites]
-    if meta.min_clients is not None and meta.min_clients > len(reachable):
-        problems.append(f"min_clients: {meta.min_clients}, but the job can reach only "
-                        f"{len(reachable)} site(s) of study {study!r} "
-                        f"({', '.join(reachable) or 'none'}); it could never start")
-    return problems
 
 
 def never_fits(meta: JobMeta, targets: list[str], online: dict[str, SiteLink]) -> list[str]:
@@ -194,7 +175,7 @@ def never_fits(meta: JobMeta, targets: list[str], online: dict[str, SiteLink]) -
         if link is None:
             continue  # offline: its capacity is not known now
         try:
-            short = fits(link.capacity, [], _asked(meta, site, link))
+            short = fits(link.capacity, [], asked_at(meta, site, link.launcher))
         except SpecError as exc:
             problems.append(f"resource_spec for site {site!r}: {exc}")
             continue
@@ -203,12 +184,3 @@ def never_fits(meta: JobMeta, targets: list[str], online: dict[str, SiteLink]) -
                             "with nothing else running there; ask less for it (a per-site "
                             "entry of resource_spec) or leave it out of deploy_map")
     return problems
-
-
-def _asked(meta: JobMeta, site: str, link: SiteLink) -> Resources:
-    """What the job asks at ``site``, read for the launcher that site runs."""
-    from atoll.spec.launcher_spec import merged_block
-    from atoll.spec.resources import resolve_resources
-
-    return resolve_resources(meta.resource_spec, site,
-                             merged_block(meta.launcher_spec, site, link.launcher))

@@ -5,7 +5,7 @@ These actions happen at the server, so the server enforces them for the sites: e
 announces the rules in its hello when it connects, and the server remembers the last rules of
 every site it has seen since it started. A site the server has not heard from since its start
 is not consulted. The site's own enforcement is of what runs on its hardware (``submit_job``,
-``byoc``: site/job_check.py); a server that ignores these rules is a compromised server, which
+``byoc``: site/job_acceptance.py); a server that ignores these rules is a compromised server, which
 can serve results it holds anyway.
 """
 

@@ -1,51 +1,18 @@
-"""The server's job store: one SQLite file in WAL mode, beside each job's folder on disk.
+"""The server's state: the Store interface its handlers use, and the one factory that opens it.
 
-Everything the server must not lose lives here (jobs, each participant's state, progress events,
-studies, the audit log); payloads and results live in the job's folder. Writes are small and
-serialized through one connection and a lock, which SQLite in WAL mode handles easily.
+Everything the server must not lose lives in its store (jobs, each participant's state, progress
+events, studies, the audit log); payloads and results live in the job's folder. Two stores keep
+the same contract (tests/unit/server/test_store_contract.py runs against both): SQLite
+(server/sqlite_store.py), what a server runs on, and memory (server/memory_store.py), what the
+handlers' unit tests run on. ``open_store`` chooses.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import sqlite3
-import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-  id TEXT PRIMARY KEY, seq INTEGER NOT NULL, name TEXT NOT NULL, study TEXT NOT NULL,
-  submitter TEXT NOT NULL, submitter_org TEXT NOT NULL, state TEXT NOT NULL,
-  reason TEXT NOT NULL DEFAULT '', meta TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS jobs_by_study ON jobs (study, seq);
-CREATE TABLE IF NOT EXISTS parts (
-  job_id TEXT NOT NULL, participant TEXT NOT NULL, state TEXT NOT NULL,
-  reason TEXT NOT NULL DEFAULT '', updated REAL NOT NULL, PRIMARY KEY (job_id, participant)
-);
-CREATE TABLE IF NOT EXISTS events (
-  job_id TEXT NOT NULL, at REAL NOT NULL, source TEXT NOT NULL, body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, at);
-CREATE TABLE IF NOT EXISTS participants (
-  name TEXT PRIMARY KEY, kind TEXT NOT NULL, org TEXT NOT NULL, role TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS studies (name TEXT PRIMARY KEY, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS study_members (
-  study TEXT NOT NULL, member TEXT NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (study, member, kind)
-);
-CREATE TABLE IF NOT EXISTS audit (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, user TEXT NOT NULL, org TEXT NOT NULL,
-  role TEXT NOT NULL, study TEXT NOT NULL, action TEXT NOT NULL, target TEXT NOT NULL,
-  outcome TEXT NOT NULL, detail TEXT NOT NULL DEFAULT ''
-);
-"""
+from typing import Any, Protocol
 
 FINISHED = ("FINISHED:COMPLETED", "FINISHED:FAILED", "FINISHED:ABORTED")
 
@@ -83,204 +50,86 @@ class JobRecord:
         }
 
 
-class JobStore:
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # 0600 before SQLite opens it, whatever the umask: SQLite makes the -wal and -shm files
-        # with the database's own mode. One from an older atoll may be wider: narrowed here.
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-        for name in (path, *(path.with_name(path.name + end) for end in ("-wal", "-shm"))):
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(name, 0o600)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
-        # Every write bumps `version`, so watchers (`job status --wait`) wake on any change.
-        self.version = 0
-        self._changed = threading.Condition()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(SCHEMA)
+class Store(Protocol):
+    """The server's state. Every write bumps ``version``, so that watchers (``job status
+    --wait``) wake on any change (``wait_for_change``)."""
 
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+    version: int
 
-    def _exec(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
-        with self._lock:
-            cursor = self._db.execute(sql, tuple(args))
-        self._bump()
-        return cursor
-
-    def _bump(self) -> None:
-        with self._changed:
-            self.version += 1
-            self._changed.notify_all()
+    def close(self) -> None: ...
 
     def wait_for_change(self, since: int, timeout: float) -> int:
-        """Block until the store changed after version `since` (or timeout); the new version."""
-        with self._changed:
-            self._changed.wait_for(lambda: self.version != since, timeout)
-            return self.version
+        """Block until the store changed after version ``since`` (or timeout); the new one."""
+        ...
 
-    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            return self._db.execute(sql, tuple(args)).fetchall()
-
-    # -- jobs -------------------------------------------------------------------------------
+    # -- jobs -----------------------------------------------------------------------------------
     def add_job(self, job_id: str, name: str, study: str, submitter: str, org: str,
                 meta: dict[str, Any], participants: list[str]) -> None:
-        now = time.time()
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
-                self._db.execute(
-                    "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (job_id, seq, name, study, submitter, org, "SUBMITTED", "",
-                     json.dumps(meta), now, now),
-                )
-                self._db.executemany(
-                    "INSERT INTO parts VALUES (?,?,?,?,?)",
-                    [(job_id, p, "SUBMITTED", "", now) for p in participants],
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        self._bump()
+        """A SUBMITTED job (next in ``seq``) and a SUBMITTED part for each participant."""
+        ...
 
-    def set_job_state(self, job_id: str, state: str, reason: str = "") -> None:
-        self._exec("UPDATE jobs SET state=?, reason=?, updated=? WHERE id=?",
-                   (state, reason, time.time(), job_id))
+    def set_job_state(self, job_id: str, state: str, reason: str = "") -> None: ...
 
-    def set_part_state(self, job_id: str, participant: str, state: str, reason: str = "") -> None:
-        self._exec(
-            "INSERT INTO parts VALUES (?,?,?,?,?) ON CONFLICT(job_id, participant) DO UPDATE "
-            "SET state=excluded.state, reason=excluded.reason, updated=excluded.updated",
-            (job_id, participant, state, reason, time.time()),
-        )
+    def set_part_state(self, job_id: str, participant: str, state: str,
+                       reason: str = "") -> None: ...
 
-    def get_job(self, job_id: str) -> JobRecord | None:
-        rows = self._query("SELECT * FROM jobs WHERE id=?", (job_id,))
-        if not rows:
-            return None
-        job = self._record(rows[0])
-        for part in self._query("SELECT * FROM parts WHERE job_id=?", (job_id,)):
-            job.parts[part["participant"]] = {"state": part["state"], "reason": part["reason"]}
-        return job
+    def get_job(self, job_id: str) -> JobRecord | None: ...
 
     def list_jobs(self, study: str | None = None, states: Iterable[str] | None = None,
                   limit: int = 1000) -> list[JobRecord]:
-        sql, args = "SELECT * FROM jobs WHERE 1=1", []
-        if study is not None:
-            sql += " AND study=?"
-            args.append(study)
-        if states is not None:
-            states = list(states)
-            sql += f" AND state IN ({','.join('?' * len(states))})"
-            args.extend(states)
-        sql += " ORDER BY seq DESC LIMIT ?"
-        args.append(limit)
-        jobs = [self._record(r) for r in self._query(sql, args)]
-        if jobs:
-            ids = [j.id for j in jobs]
-            by_id = {j.id: j for j in jobs}
-            for part in self._query(
-                f"SELECT * FROM parts WHERE job_id IN ({','.join('?' * len(ids))})", ids
-            ):
-                by_id[part["job_id"]].parts[part["participant"]] = {
-                    "state": part["state"], "reason": part["reason"]}
-        return jobs
+        """The newest first (``seq`` descending), each with its parts."""
+        ...
 
     def delete_job(self, job_id: str) -> None:
-        """The job's rows (its record, parts and events); the audit log keeps its entries."""
-        with self._lock:
-            for table, key in (("events", "job_id"), ("parts", "job_id"), ("jobs", "id")):
-                self._db.execute(f"DELETE FROM {table} WHERE {key}=?", (job_id,))  # noqa: S608
-        self._bump()
+        """The job's record, parts and events; the audit log keeps its entries."""
+        ...
 
-    def count_jobs(self, study: str) -> int:
-        return self._query("SELECT COUNT(*) FROM jobs WHERE study=?", (study,))[0][0]
+    def count_jobs(self, study: str) -> int: ...
 
-    @staticmethod
-    def _record(row: sqlite3.Row) -> JobRecord:
-        return JobRecord(
-            id=row["id"], seq=row["seq"], name=row["name"], study=row["study"],
-            submitter=row["submitter"], submitter_org=row["submitter_org"], state=row["state"],
-            reason=row["reason"], meta=json.loads(row["meta"]), created=row["created"],
-            updated=row["updated"],
-        )
-
-    # -- progress events ----------------------------------------------------------------------
-    def add_event(self, job_id: str, source: str, body: dict[str, Any]) -> None:
-        self._exec("INSERT INTO events VALUES (?,?,?,?)",
-                   (job_id, time.time(), source, json.dumps(body)))
+    # -- progress events ------------------------------------------------------------------------
+    def add_event(self, job_id: str, source: str, body: dict[str, Any]) -> None: ...
 
     def events(self, job_id: str, since: float = 0.0) -> list[dict[str, Any]]:
-        rows = self._query("SELECT * FROM events WHERE job_id=? AND at>? ORDER BY at",
-                           (job_id, since))
-        return [{"at": r["at"], "source": r["source"], **json.loads(r["body"])} for r in rows]
+        """In time order, after ``since``: ``{"at", "source", **body}``."""
+        ...
 
-    def recent_events(self, job_id: str) -> list[dict[str, Any]]:
-        """What a job's status shows: its latest events (``recent_progress``)."""
-        return recent_progress(self.events(job_id))
+    def recent_events(self, job_id: str) -> list[dict[str, Any]]: ...
 
     # -- participants and studies ---------------------------------------------------------------
-    def upsert_participant(self, name: str, kind: str, org: str, role: str = "") -> None:
-        self._exec(
-            "INSERT INTO participants VALUES (?,?,?,?) ON CONFLICT(name) DO UPDATE "
-            "SET kind=excluded.kind, org=excluded.org, role=excluded.role",
-            (name, kind, org, role),
-        )
+    def upsert_participant(self, name: str, kind: str, org: str, role: str = "") -> None: ...
 
-    def participants(self, kind: str | None = None) -> list[dict[str, str]]:
-        rows = (self._query("SELECT * FROM participants WHERE kind=? ORDER BY name", (kind,))
-                if kind else self._query("SELECT * FROM participants ORDER BY name"))
-        return [dict(r) for r in rows]
+    def participants(self, kind: str | None = None) -> list[dict[str, str]]: ...
 
     def add_study(self, name: str) -> bool:
-        cur = self._exec("INSERT OR IGNORE INTO studies VALUES (?,?)", (name, time.time()))
-        return cur.rowcount == 1
+        """True if it was not there."""
+        ...
 
-    def remove_study(self, name: str) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM study_members WHERE study=?", (name,))
-            self._db.execute("DELETE FROM studies WHERE name=?", (name,))
+    def remove_study(self, name: str) -> None: ...
 
-    def studies(self) -> list[str]:
-        return [r["name"] for r in self._query("SELECT name FROM studies ORDER BY name")]
+    def studies(self) -> list[str]: ...
 
-    def set_member(self, study: str, member: str, kind: str, present: bool) -> None:
-        if present:
-            self._exec("INSERT OR IGNORE INTO study_members VALUES (?,?,?)", (study, member, kind))
-        else:
-            self._exec("DELETE FROM study_members WHERE study=? AND member=? AND kind=?",
-                       (study, member, kind))
+    def set_member(self, study: str, member: str, kind: str, present: bool) -> None: ...
 
-    def members(self, study: str, kind: str) -> list[str]:
-        rows = self._query(
-            "SELECT member FROM study_members WHERE study=? AND kind=? ORDER BY member",
-            (study, kind))
-        return [r["member"] for r in rows]
+    def members(self, study: str, kind: str) -> list[str]: ...
 
     # -- audit ----------------------------------------------------------------------------------
     def audit(self, user: str, org: str, role: str, study: str, action: str, target: str,
-              outcome: str, detail: str = "") -> None:
-        self._exec(
-            "INSERT INTO audit (at,user,org,role,study,action,target,outcome,detail) "
-            "VALUES (?,?,?,?,?,?,?,?,?)",
-            (time.time(), user, org, role, study, action, target, outcome, detail),
-        )
+              outcome: str, detail: str = "") -> None: ...
 
     def audit_log(self, study: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        if study is None:
-            rows = self._query("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (limit,))
-        else:
-            rows = self._query("SELECT * FROM audit WHERE study=? ORDER BY id DESC LIMIT ?",
-                               (study, limit))
-        return [dict(r) for r in reversed(rows)]
+        """The latest ``limit`` entries, oldest first."""
+        ...
+
+
+def open_store(path: Path | None) -> Store:
+    """The server's store: SQLite at ``path``; in memory without one (tests, nothing kept)."""
+    if path is None:
+        from atoll.server.memory_store import MemoryStore
+
+        return MemoryStore()
+    from atoll.server.sqlite_store import SqliteStore
+
+    return SqliteStore(path)
 
 
 PROGRESS_SHOWN = 50

@@ -15,10 +15,10 @@ and whenever a study is created.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from atoll.pki.identity import Identity
-from atoll.server.store import JobStore
+from atoll.server.store import Store
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
 DEFAULT = "default"
@@ -36,8 +36,24 @@ class NoSuchStudy(Denied):
     pass
 
 
+class StudySites(Protocol):
+    """The sites enrolled in a study (what the scheduler and intake ask of Studies)."""
+
+    def sites(self, study: str) -> list[str]: ...
+
+
+class Members(StudySites, Protocol):
+    """Who is in which study (what the admin service and the signature check ask of Studies)."""
+
+    def require_member(self, who: Identity, study: str) -> None: ...
+
+    def remember_user(self, who: Identity) -> None: ...
+
+    def visible(self, who: Identity) -> list[str]: ...
+
+
 class Studies:
-    def __init__(self, store: JobStore):
+    def __init__(self, store: Store):
         self.store = store
 
     def seed(self, project: dict[str, Any]) -> None:

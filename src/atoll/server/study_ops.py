@@ -18,7 +18,7 @@ from atoll.pki.identity import Identity
 from atoll.server.studies import DEFAULT, STUDY_NAME, Denied
 
 if TYPE_CHECKING:
-    from atoll.server.store import JobStore
+    from atoll.server.store import Store
     from atoll.server.studies import Studies
 
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 Certified = Callable[[bytes], Identity]
 
 
-def study_ops(studies: Studies, store: JobStore, certified: Certified) -> dict[str, Any]:
+def study_ops(studies: Studies, store: Store, certified: Certified) -> dict[str, Any]:
     return StudyOps(studies, store, certified).table()
 
 
@@ -35,7 +35,7 @@ class StudyOps:
     """Receives the studies it manages, the store it audits and counts jobs in, and the check
     of a participant's certificate (a user provisioned since, who has not logged in yet)."""
 
-    def __init__(self, studies: Studies, store: JobStore, certified: Certified):
+    def __init__(self, studies: Studies, store: Store, certified: Certified):
         self.studies = studies
         self.store = store
         self.certified = certified

@@ -14,13 +14,13 @@ from atoll.wire import frames, handoff
 from atoll.wire.reasons import clip
 
 if TYPE_CHECKING:
-    from atoll.server.store import JobStore
+    from atoll.server.store import Store
 
 
 class ServerWorkerBackend:
     """What the server worker (the workflow) can do through the server parent's endpoint."""
 
-    def __init__(self, jobs: JobManager, store: JobStore, ca_file: Path):
+    def __init__(self, jobs: JobManager, store: Store, ca_file: Path):
         self.jobs = jobs
         self.store = store
         self.ca_pem = ca_file.read_text(encoding="ascii")

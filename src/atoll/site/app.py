@@ -54,7 +54,7 @@ class SiteParent:
         self.local = local or load_local_config(kit.local_dir, study_runtime=True,
                                                 workspace=kit.workspace)
         # local/authorization.json, checked now so that a broken one stops the parent rather
-        # than every job; each launch reads it again (site/job_check.py).
+        # than every job; each launch reads it again (site/job_acceptance.py).
         self.policy = load_policy(kit.local_dir)
         # The project's revocation list as last received; the job check asks it about signers.
         self.revocations = SiteRevocations(self.workspace, kit.ca)

@@ -5,7 +5,7 @@ welcome, and again whenever a project admin pushes a newer one). The site trusts
 none of it: it verifies the list against the root CA of its own kit and keeps it only if it is
 not older than the one it holds (`<workspace>/crl.pem`, 0600, read again at start). A job
 whose signer's certificate is on it is refused before any of its code is put where it runs
-(`why`, asked by the signature check, site/job_check.py), whatever the job's state was when the
+(`why`, asked by the signature check, site/job_acceptance.py), whatever the job's state was when the
 list arrived: a job still waiting on the server is refused when it is dispatched, one
 fetched but not started yet is refused just before its launch, and one running here is aborted
 (site/supervisor.py's `signers_revoked`).

@@ -3,7 +3,7 @@
 The site trusts nothing the server sends: it re-validates the job's meta, requires that its own
 study_runtime.yaml maps the job's study, and admits the job against its own capacity; then it
 verifies the submitter's signature of what it fetched and applies its own authorization policy
-(site/job_check.py) before a worker is created through the site's launcher. Just before the
+(site/job_acceptance.py) before a worker is created through the site's launcher. Just before the
 launch it asks the revocation list again (the newest it holds: one may have come since the
 check) and whether the job was aborted meanwhile; a newer list aborts the running jobs it
 revokes here, whether or not the server says so (`signers_revoked`).
@@ -29,7 +29,7 @@ from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.pki.files import PRIVATE, private_dir
 from atoll.site.signed_jobs import Replayed, SignedJobs
-from atoll.spec.capacity import fits
+from atoll.spec.admission import asked_at, fits
 from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError
 from atoll.spec.names import IdentifierError, check_job_id, check_study_name
 from atoll.spec.run_folders import FETCH_SCRATCH, JOBS
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from atoll.parent.worker_endpoint import WorkerTokens
     from atoll.pki.job_signature import Signed
     from atoll.pki.kit import Kit
-    from atoll.site.job_check import Accepted
+    from atoll.site.job_acceptance import Accepted
     from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
     from atoll.spec.study_runtime import StudyEntry, StudyRuntime
@@ -116,7 +116,7 @@ class JobFetch(Protocol):
 class Supervisor:
     def __init__(self, kit: Kit, host: LaunchHost, link: StateReports, server: JobFetch,
                  tokens: WorkerTokens):
-        self.kit = kit  # this site's name, workspace, and what job_check checks against
+        self.kit = kit  # this site's name, workspace, and what job_acceptance checks against
         self.host = host
         self.link = link
         self.server = server
@@ -150,17 +150,13 @@ class Supervisor:
         self.link.send_state(job_id, state, reason, **extra)
 
     def _admit(self, job_id: str, study: str, meta) -> SiteJob:
-        from atoll.spec.launcher_spec import merged_block
-        from atoll.spec.resources import resolve_resources
-
         site = self.kit.name
         runtime = self.host.study_runtime()  # read once per launch: the request gets it
         entry = runtime.entry(study)
         if entry is None:
             raise NotAdmitted(f"site {site} does not map study {study!r} in its local/"
                               "study_runtime.yaml; the site operator must add it")
-        native = merged_block(meta.launcher_spec, site, self.host.launcher.name)
-        resources = resolve_resources(meta.resource_spec, site, native)
+        resources = asked_at(meta, site, self.host.launcher.name)
         with self._lock:
             if job_id in self.jobs:
                 raise NotAdmitted(f"job {job_id} is already running at {site}")
@@ -178,7 +174,7 @@ class Supervisor:
         # lzma: all are loaded by the first job, not in a parent at rest.
         import zipfile
 
-        from atoll.site.job_check import JobRefused, check_revoked
+        from atoll.site.job_acceptance import JobRefused, check_revoked
         from atoll.spec.meta import load_meta
         from atoll.wire.job_archive import IntakeError
 
@@ -189,7 +185,7 @@ class Supervisor:
             served = body.get("meta")
             if not isinstance(served, dict):  # never a path: load_meta would read this disk
                 raise NotAdmitted(f"{site} refused the job: the server sent no meta document")
-            dispatched = load_meta(served)  # parsed once here; job_check compares it
+            dispatched = load_meta(served)  # parsed once here; job_acceptance compares it
             job = self._admit(job_id, study, dispatched)
             accepted = self._fetch(job, body, dispatched)
             meta, job.signed = accepted.meta, accepted.signed  # what the submitter signed
@@ -228,7 +224,7 @@ class Supervisor:
         import shutil
         import tempfile
 
-        from atoll.site.job_check import check_job
+        from atoll.site.job_acceptance import check_job
         from atoll.wire.job_archive import unpack_app
 
         workspace = self.kit.workspace
@@ -244,11 +240,14 @@ class Supervisor:
             _, chunks = frames.split(iter(stream))
             frames.write_chunks(chunks, fetched, limit=1 << 31)
             fetched.chmod(PRIVATE)
-            accepted = []
+            accepted: list[Accepted] = []
+
+            def check(tree: Path) -> JobMeta:  # verified and parsed once; unpacking reuses it
+                accepted.append(check_job(tree, body, self.kit, dispatched=dispatched))
+                return accepted[0].meta
+
             run = private_dir(staging / "run")
-            unpack_app(fetched, self.kit.name, run / "app", staging,
-                       check=lambda tree: accepted.append(
-                           check_job(tree, body, self.kit, dispatched=dispatched)))
+            unpack_app(fetched, self.kit.name, run / "app", staging, check=check)
             signed = accepted[0].signed
             self.signed_jobs.claim(signed.statement_digest, job.job_id, self.kit.name,
                                    signed.signer.name)
@@ -323,7 +322,7 @@ class Supervisor:
     def signers_revoked(self) -> list[str]:
         """A newer revocation list is in force: abort the jobs here that a revoked user
         signed (site/revocation.py); the ids of those aborted."""
-        from atoll.site.job_check import revoked
+        from atoll.site.job_acceptance import revoked
 
         aborted = []
         for job in list(self.jobs.values()):

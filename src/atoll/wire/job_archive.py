@@ -246,18 +246,19 @@ def unpack_app(archive: Path, target: str, destination: Path, scratch: Path,
                max_bytes: int = 1 << 32, check: Callable[[Path], object] | None = None) -> Path:
     """Unpack the app a participant runs (from a FetchJob/FetchApp zip) into `destination`.
     ``check(tree)`` sees the whole unpacked job first (a site verifies its signature): when it
-    raises, nothing reaches `destination`."""
+    raises, nothing reaches `destination`. When it returns the job's meta (parsed from the
+    tree's meta.json as it checked it), that meta names the app: meta.json is parsed once."""
     import shutil
 
-    from atoll.spec.meta import load_meta
+    from atoll.spec.meta import JobMeta, load_meta
 
     scratch.mkdir(parents=True, exist_ok=True)
     with Incoming(scratch) as incoming:
         shutil.copyfile(archive, incoming.zip_path)
         tree = incoming.extract(max_bytes)
-        if check is not None:
-            check(tree)
-        app = load_meta(tree).app_for(target)
+        checked = check(tree) if check is not None else None
+        meta = checked if isinstance(checked, JobMeta) else load_meta(tree)
+        app = meta.app_for(target)
         if app is None or not (tree / app).is_dir():
             raise IntakeError(f"the job deploys no app to {target}")
         shutil.rmtree(destination, ignore_errors=True)

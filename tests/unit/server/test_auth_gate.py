@@ -14,7 +14,7 @@ from atoll.pki.ca import create_ca
 from atoll.pki.certs import issue_cert
 from atoll.server.auth import AuditThrottle, Gate, PeerLimit, PeerRefused, fingerprint
 from atoll.server.sessions import SessionSigner
-from atoll.server.store import JobStore
+from atoll.server.sqlite_store import SqliteStore
 
 CA = create_ca("unit")
 
@@ -38,7 +38,7 @@ def _limits(calls=2, rate=1e-6, burst=1000):
 
 @pytest.fixture
 def store(tmp_path):
-    store = JobStore(tmp_path / "atoll.db")
+    store = SqliteStore(tmp_path / "atoll.db")
     yield store
     store.close()
 

@@ -7,12 +7,12 @@ import os
 import pytest
 
 from atoll.server.backup import BackupError, backup, restore
-from atoll.server.store import JobStore
+from atoll.server.sqlite_store import SqliteStore
 
 
 def _workspace(tmp_path):
     ws = tmp_path / "workspace"
-    store = JobStore(ws / "atoll.db")
+    store = SqliteStore(ws / "atoll.db")
     store.add_job("job-1", "one", "default", "u@x.org", "x", {"name": "one"}, ["server"])
     (ws / "session.key").write_bytes(b"k" * 32)
     run = ws / "jobs" / "job-1" / "run" / "server"
@@ -31,7 +31,7 @@ def test_a_backup_holds_the_live_store_and_the_job_files_but_no_link_or_fifo(tmp
     assert copied.skipped == 3
     restored = tmp_path / "fresh" / "workspace"
     restore(tmp_path / "out", restored)
-    assert JobStore(restored / "atoll.db").get_job("job-1").name == "one"
+    assert SqliteStore(restored / "atoll.db").get_job("job-1").name == "one"
     got = restored / "jobs" / "job-1" / "run" / "server"
     assert sorted(p.name for p in got.iterdir()) == ["result.txt"]
     assert (restored / "session.key").read_bytes() == b"k" * 32

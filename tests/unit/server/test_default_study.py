@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from atoll.pki.identity import Identity
-from atoll.server.store import JobStore
+from atoll.server.sqlite_store import SqliteStore
 from atoll.server.studies import DEFAULT, Denied, Studies
 from atoll.server.study_ops import StudyOps
 
@@ -19,7 +19,7 @@ PROJECT = {"sites": [{"name": "site-a", "org": "org-a"}, {"name": "site-b", "org
 
 @pytest.fixture
 def store(tmp_path):
-    store = JobStore(tmp_path / "atoll.db")
+    store = SqliteStore(tmp_path / "atoll.db")
     yield store
     store.close()
 

@@ -100,7 +100,7 @@ def test_the_auth_gate_refuses_a_revoked_caller_on_every_call(gate, tmp_path, mo
 
     from atoll.server import revocation
     from atoll.server.auth import Gate, PeerRefused, check_peer
-    from atoll.server.store import JobStore
+    from atoll.server.sqlite_store import SqliteStore
 
     class Caller:
         def __init__(self, pem: bytes, name: str):
@@ -113,7 +113,7 @@ def test_the_auth_gate_refuses_a_revoked_caller_on_every_call(gate, tmp_path, mo
     monkeypatch.setattr(revocation, "_active", None)
     gate.activate()
     gate.push(ADMIN, "default", {"crl": _crl(LEAD_PEM)})
-    store = JobStore(tmp_path / "atoll.db")
+    store = SqliteStore(tmp_path / "atoll.db")
     try:
         with pytest.raises(PeerRefused) as refused:
             Gate("Admin", "admin", store).enter(Caller(LEAD_PEM, LEAD.name), "Call")

@@ -17,7 +17,7 @@ from atoll.pki.job_signature import SIGNATURE_FILE
 from atoll.pki.revocation import RevocationList, Revoked
 from atoll.server.job_signer import revoked_signer
 from atoll.server.jobs import JobManager
-from atoll.server.store import JobStore
+from atoll.server.sqlite_store import SqliteStore
 from atoll.spec.meta import load_meta
 
 META = {"name": "job", "deploy_map": {"app": ["@ALL"]}}
@@ -77,7 +77,7 @@ class Links:
 
 @pytest.fixture
 def manager(tmp_path):
-    store = JobStore(tmp_path / "ws" / "atoll.db")
+    store = SqliteStore(tmp_path / "ws" / "atoll.db")
     held = SimpleNamespace(current=RevocationList())
     launcher = SimpleNamespace(shares_host=False,
                                launch=lambda request: pytest.fail("a worker was launched"))

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from atoll.server.scheduler import JobQueue, Scheduler
-from atoll.server.store import JobStore
+from atoll.server.sqlite_store import SqliteStore
 from atoll.spec.meta import load_meta
 
 META = {"name": "fedavg", "deploy_map": {"app": ["@ALL"]}}
@@ -38,7 +38,7 @@ class Links:
 
 @pytest.fixture
 def store(tmp_path):
-    store = JobStore(tmp_path / "atoll.db")
+    store = SqliteStore(tmp_path / "atoll.db")
     yield store
     store.close()
 

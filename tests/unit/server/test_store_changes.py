@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from atoll.server.store import JobStore
+from atoll.server.sqlite_store import SqliteStore
 from atoll.server.waiters import StoreChanges
 
 
 def test_a_write_from_another_thread_wakes_the_waiter(tmp_path):
-    store, stop = JobStore(tmp_path / "atoll.db"), threading.Event()
+    store, stop = SqliteStore(tmp_path / "atoll.db"), threading.Event()
     changes = StoreChanges(store, stop.is_set)
 
     async def main() -> None:
@@ -29,7 +29,7 @@ def test_a_write_from_another_thread_wakes_the_waiter(tmp_path):
 
 
 def test_a_waiter_behind_the_store_returns_at_once(tmp_path):
-    store, stop = JobStore(tmp_path / "atoll.db"), threading.Event()
+    store, stop = SqliteStore(tmp_path / "atoll.db"), threading.Event()
     changes = StoreChanges(store, stop.is_set)
     since = store.version
     store.add_event("job", "site", {})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from atoll.pki.identity import Identity
-from atoll.server.store import JobStore
+from atoll.server.sqlite_store import SqliteStore
 from atoll.server.studies import Denied, NoSuchStudy, Studies
 from atoll.server.study_ops import StudyOps
 
@@ -24,7 +24,7 @@ def _no_certificate(pem: bytes) -> Identity:
 
 @pytest.fixture
 def ops(tmp_path):
-    store = JobStore(tmp_path / "atoll.db")
+    store = SqliteStore(tmp_path / "atoll.db")
     store.upsert_participant("site-a", "site", "org-a")
     store.upsert_participant("site-b", "site", "org-b")
     for who in (ADMIN, LEAD_A, LEAD_B, BOSS_A, BOSS_B):
@@ -144,7 +144,7 @@ def test_the_scheduler_never_dispatches_to_a_site_outside_the_study(tmp_path):
 
     from atoll.server.scheduler import JobQueue, Scheduler
 
-    store = JobStore(tmp_path / "atoll.db")
+    store = SqliteStore(tmp_path / "atoll.db")
     try:
         jobs = _Jobs()
         online = {s: SimpleNamespace(capacity={}, launcher="process") for s in ("site-a", "site-b")}
@@ -160,12 +160,12 @@ def test_the_scheduler_never_dispatches_to_a_site_outside_the_study(tmp_path):
 
 
 def test_intake_refuses_a_mandatory_site_outside_the_study():
-    from atoll.server.scheduler import never_starts
+    from atoll.spec.admission import study_issues
     from atoll.spec.meta import load_meta
 
     meta = load_meta({"name": "fedavg", "deploy_map": {"app": ["@ALL"]},
                       "mandatory_clients": ["site-b"]})
-    assert never_starts(meta, "alpha", ["site-a"]) == [
-        "mandatory_clients: site 'site-b' is not enrolled in study 'alpha'; the job could never "
-        "start"]
-    assert never_starts(meta, "alpha", ["site-a", "site-b"]) == []
+    assert [(i.path, i.message) for i in study_issues(meta, "alpha", ["site-a"])] == [
+        ("mandatory_clients[0]", "site 'site-b' is not enrolled in study 'alpha' (its sites: "
+         "site-a); the job could never start")]
+    assert study_issues(meta, "alpha", ["site-a", "site-b"]) == []

@@ -9,7 +9,7 @@ import pytest
 from atoll.pki.ca import create_ca
 from atoll.pki.certs import issue_cert
 from atoll.pki.identity import Identity, issued_identity
-from atoll.server.store import JobStore
+from atoll.server.sqlite_store import SqliteStore
 from atoll.server.studies import Denied, Studies
 from atoll.server.study_ops import StudyOps
 
@@ -20,7 +20,7 @@ CA = create_ca("proj")
 
 @pytest.fixture
 def ops(tmp_path):
-    store = JobStore(tmp_path / "atoll.db")
+    store = SqliteStore(tmp_path / "atoll.db")
     store.upsert_participant("site-a", "site", "org-a")
     store.upsert_participant(ADMIN.name, "admin", "x", "project_admin")
     ops = StudyOps(Studies(store), store, lambda pem: issued_identity(pem, CA.cert_pem()))

@@ -75,7 +75,7 @@ def test_the_launch_request_takes_the_admitted_resources(local, monkeypatch):
     def again(*_):
         raise AssertionError("resources resolved again")
 
-    monkeypatch.setattr(request_mod, "resolve_resources", again)
+    monkeypatch.setattr(request_mod, "asked_at", again)
     request = build_request(
         meta=meta, identity=JobIdentity("j" * 32, meta.name, "pathology", "hospital-a", "site"),
         site_config=load_site_config(local), study_runtime=load_study_runtime(local, "process"),

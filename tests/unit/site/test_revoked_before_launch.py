@@ -16,7 +16,7 @@ from atoll.pki.certs import issue_cert
 from atoll.pki.identity import Identity
 from atoll.pki.job_signature import Signed, Statement
 from atoll.site import revocation
-from atoll.site.job_check import Accepted
+from atoll.site.job_acceptance import Accepted
 from atoll.site.supervisor import SiteJob, Supervisor
 from atoll.spec.meta import load_meta
 from atoll.spec.study_runtime import load_study_runtime

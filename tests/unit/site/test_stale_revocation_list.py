@@ -50,7 +50,7 @@ def test_a_list_past_its_next_update_stops_every_job(tmp_path, monkeypatch):
     from atoll.pki.certs import issue_cert
     from atoll.pki.identity import Identity
     from atoll.pki.job_signature import Signed, Statement
-    from atoll.site.job_check import JobRefused, check_revoked
+    from atoll.site.job_acceptance import JobRefused, check_revoked
 
     signer = Identity("lead@a.org", "a", "admin", "lead")
     signed = Signed(signer, Statement("p", "s", signer.name, 0, {}),

@@ -10,7 +10,7 @@ import pytest
 
 from atoll.fl.privacy.accounting import epsilon
 from atoll.fl.privacy.site_privacy import PrivacyRefused, SitePrivacy, policy_from_env
-from atoll.site.job_check import JobRefused, check_privacy
+from atoll.site.job_acceptance import JobRefused, check_privacy
 from atoll.spec.errors import SpecError
 from atoll.spec.privacy import (
     POLICY_ENV,

@@ -1,6 +1,6 @@
 """``atoll job validate JOB_DIR``, and the same check at the start of ``job submit``: every
 problem of the job folder, named by the user's own paths, before anything runs
-(atoll/fl/job_check.py does the checking)."""
+(atoll/fl/job_folder_check.py does the checking)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def check_or_fail(job_dir: Path, sets: tuple[str, ...], study: str | None = None
                   sites: list[str] | None = None) -> dict:
     """The job's overrides, once the job passed every check; otherwise every problem is
     printed (once each) and the command exits 2."""
-    from atoll.fl.job_check import check_job, parse_overrides
+    from atoll.fl.job_folder_check import check_job, parse_overrides
     from atoll.spec.errors import SpecError
 
     try:
@@ -58,7 +58,7 @@ def job_to_run(job_dir: Path, overrides: dict) -> Iterator[Path]:
     if not overrides:
         yield job_dir
         return
-    from atoll.fl.job_check import copy_with_overrides
+    from atoll.fl.job_folder_check import copy_with_overrides
 
     with tempfile.TemporaryDirectory(prefix="atoll-job-") as tmp:
         yield copy_with_overrides(job_dir, Path(tmp) / job_dir.resolve().name, overrides)

@@ -1,4 +1,4 @@
-"""A site's checks of a fetched job (site/job_check.py) with real kits, real signatures and the
+"""A site's checks of a fetched job (site/job_acceptance.py) with real kits, real signatures and the
 app zip built the way the server builds it: what was signed runs, anything else is refused with
 the reason the job's status shows."""
 
@@ -16,7 +16,7 @@ from atoll.pki.kit import load_kit
 from atoll.pki.project import parse_project
 from atoll.pki.provision import provision
 from atoll.site.approvals import approve
-from atoll.site.job_check import JobRefused, check_job
+from atoll.site.job_acceptance import JobRefused, check_job
 from atoll.spec.meta import load_meta
 from atoll.wire.job_archive import zip_folder
 

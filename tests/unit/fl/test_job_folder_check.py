@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from atoll.cli.job_init import render_job
-from atoll.fl.job_check import check_job, copy_with_overrides, parse_overrides
+from atoll.fl.job_folder_check import check_job, copy_with_overrides, parse_overrides
 from atoll.spec.errors import SpecError
 
 
@@ -77,8 +77,8 @@ def test_min_clients_and_sites_against_the_study(tmp_path):
     meta["mandatory_clients"] = ["site-3"]
     (job / "meta.json").write_text(json.dumps(meta))
     found = {p["path"]: p["message"] for p in check_job(job, "trial", ["site-1", "site-2"])}
-    assert found["deploy_map.app[2]"].startswith("site 'site-3' is not in study 'trial'")
-    assert found["mandatory_clients[0]"].startswith("site 'site-3' is not in study 'trial'")
+    assert found["deploy_map.app[2]"].startswith("site 'site-3' is not enrolled in study 'trial'")
+    assert found["mandatory_clients[0]"].startswith("site 'site-3' is not enrolled in study 'trial'")
     assert found["min_clients"].startswith("2, but the job can reach only 1 site(s) of study "
                                            "'trial' (site-1)")
     assert check_job(job) == []  # without a study, nothing to check against

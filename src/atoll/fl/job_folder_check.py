@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from atoll.fl.app_config import APP_FILE, AppConfigError, parse_app_config
+from atoll.spec.admission import study_issues
 from atoll.spec.errors import Issue, SpecError
 from atoll.spec.meta import META_FILE, JobMeta, parse_meta, read_meta_bytes
 from atoll.spec.names import ALL_SITES, SERVER
@@ -234,34 +235,9 @@ def _compile_all(app_dir: Path, label: str) -> list[Problem]:
 
 def _check_sites(meta: JobMeta, meta_file: str, study: str, study_sites: list[str]
                  ) -> list[Problem]:
-    """What makes a job wait forever in ``study``: sites it names that are not in the study,
-    more ``min_clients`` than the sites it can reach."""
-    problems = []
-    enrolled = ", ".join(study_sites) or "none"
-    where = f"study {study!r}" if study else "the simulation"
-    for app, targets in meta.deploy_map.items():
-        for i, target in enumerate(targets):
-            if target not in (SERVER, ALL_SITES) and target not in study_sites:
-                problems.append(_problem(meta_file, f"deploy_map.{app}[{i}]",
-                                         f"site {target!r} is not in {where} "
-                                         f"(its sites: {enrolled})"))
-    for i, site in enumerate(meta.mandatory_clients):
-        if site not in study_sites:
-            problems.append(_problem(meta_file, f"mandatory_clients[{i}]",
-                                     f"site {site!r} is not in {where} (its sites: "
-                                     f"{enrolled}); the job could never start"))
-    reachable = [s for s in meta.expand_targets(study_sites) if s in study_sites]
-    if meta.min_clients is not None and meta.min_clients > len(reachable):
-        problems.append(_problem(meta_file, "min_clients", _too_many(
-            meta.min_clients, study, reachable)))
-    return problems
-
-
-def _too_many(needed: int, study: str, reachable: list[str]) -> str:
-    where = f"study {study!r}" if study else "the simulation"
-    return (f"{needed}, but the job can reach only {len(reachable)} site(s) of {where} "
-            f"({', '.join(reachable) or 'none'}); it could never start: write at most "
-            f"{len(reachable)}, or add sites")
+    """What makes a job wait forever in ``study`` (spec/admission.py, as the server's intake)."""
+    return [_problem(meta_file, i.path, i.message)
+            for i in study_issues(meta, study or None, study_sites)]
 
 
 def copy_with_overrides(job_dir: Path, dest: Path, overrides: dict[tuple[str, str], Any]) -> Path:
