@@ -28,6 +28,8 @@ import sys
 import threading
 from pathlib import Path
 
+from atoll.spec.errors import EXIT_FAILED, AtollError
+
 IDLE_S = 600.0  # a parent without jobs for ten minutes gives the verifier's memory back
 # A parent starts its verifier this long after its own start (0.3-0.6 s to ready), so that the
 # verifier's interpreter and cryptography (0.1 CPU-s) do not slow that start down.
@@ -35,8 +37,10 @@ START_AFTER_S = 1.0
 MODULE = "atoll.pki.verifier"
 
 
-class CheckTimeout(Exception):
+class CheckTimeout(AtollError, TimeoutError):
     """The check ran past its limit (a job of many GiB on a slow disk)."""
+
+    exit_code = EXIT_FAILED
 
 
 def _argv(*args: str) -> list[str]:  # -P: atoll itself, never a module of the current folder

@@ -73,6 +73,9 @@ class Host:
     def capacity(self):
         return {}
 
+    def runs_root(self):  # no workdir setting: the kit's workspace holds jobs/
+        return self.local.parent / "workspace"
+
     def launch_request(self, job, name, meta, token):
         return SimpleNamespace(name=name, meta=meta, resources=job.resources)
 
