@@ -55,12 +55,19 @@ class Checked:
     # The process launcher's sandbox facts, probed by the check's child (not recorded: they
     # depend on the host's Python and bwrap, not on local/).
     sandbox: SandboxHost | None = None
+    # retention.run_folders_days (None: keep every run folder) and where run folders go as
+    # site.yaml says it (spec/run_folders.runs_setting: a path as written, never resolved here,
+    # so that a record stays right for a kit moved elsewhere), so that a parent at rest needs no
+    # SiteConfig for them.
+    retention_days: float | None = None
+    runs_setting: str | None = None
 
     def values(self) -> dict[str, Any]:
         """What a record keeps (local_record.py)."""
         ep = self.endpoint
         return {"launcher": self.launcher, "capacity": self.capacity,
                 "unconfined": self.unconfined,
+                "retention_days": self.retention_days, "runs_setting": self.runs_setting,
                 "sandbox": {"python": self.sandbox_python, "bwrap": self.sandbox_bwrap},
                 "endpoint": {"host": ep.host, "port": ep.port, "dial_host": ep.dial_host,
                              "uses_tls": ep.uses_tls}}
@@ -96,6 +103,16 @@ class LocalConfig:
     @property
     def endpoint(self) -> Endpoint:
         return self._checked().endpoint
+
+    @property
+    def retention_days(self) -> float | None:
+        return self._checked().retention_days
+
+    def runs_root(self, workspace: Path) -> Path:
+        """The folder holding jobs/ (spec/run_folders.py's rule), from what the check found."""
+        from atoll.spec.run_folders import resolve_runs_root
+
+        return resolve_runs_root(self._checked().runs_setting, self._local_dir.parent, workspace)
 
     @property
     def unconfined(self) -> bool:
@@ -193,6 +210,7 @@ def record_local_config(local_dir: Path, study_runtime: bool, workspace: Path) -
 def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
            print_: str | None = None, probe: bool = False) -> Checked:
     from atoll.spec.errors import SpecError
+    from atoll.spec.run_folders import runs_setting
     from atoll.spec.site_config import load_site_config
     from atoll.spec.study_runtime import (
         RUNTIME_FILE,
@@ -215,7 +233,9 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
                       unconfined=unconfined,
                       sandbox_python=config.settings.python if process else None,
                       sandbox_bwrap=config.settings.bwrap if process else None,
-                      sandbox=_sandbox_of(config, local_dir) if probe else None)
+                      sandbox=_sandbox_of(config, local_dir) if probe else None,
+                      retention_days=config.retention.run_folders_days,
+                      runs_setting=runs_setting(config))
     if workspace is not None and print_ is not None:
         again = fingerprint(local_dir, study_runtime)
         if again is not None and again[0] == print_:  # nothing changed while it was checked
@@ -254,13 +274,17 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
                             bool(ep["uses_tls"]))
         unconfined, sandbox = values["unconfined"], values["sandbox"]
         python, bwrap = sandbox["python"], sandbox["bwrap"]
+        days, root = values["retention_days"], values["runs_setting"]
         ok = (isinstance(launcher, str) and isinstance(capacity, dict)
               and set(capacity) == {"gpus", "cpus", "memory"} and isinstance(unconfined, bool)
-              and all(v is None or isinstance(v, str) for v in (python, bwrap)))
+              and all(v is None or isinstance(v, str) for v in (python, bwrap, root))
+              and (days is None or (isinstance(days, int | float)
+                                    and not isinstance(days, bool) and days > 0)))
     except (KeyError, TypeError, ValueError):
         return None
     return (Checked(launcher, capacity, endpoint, site_yaml=site_yaml, unconfined=unconfined,
-                    sandbox_python=python, sandbox_bwrap=bwrap) if ok else None)
+                    sandbox_python=python, sandbox_bwrap=bwrap, retention_days=days,
+                    runs_setting=root) if ok else None)
 
 
 def record_kits(folder: Path) -> None:

@@ -91,10 +91,8 @@ class SiteParent:
     def runs_root(self) -> Path:
         """The folder holding jobs/ (process.workdir, slurm.workspace, else the workspace):
         spec/run_folders.py's rule, which `atoll site render` shows too."""
-        if self._runs_root is None:
-            from atoll.spec.run_folders import runs_root
-
-            self._runs_root = runs_root(self.local.site_config, self.workspace)
+        if self._runs_root is None:  # from the check's answer: no SiteConfig loaded for it
+            self._runs_root = self.local.runs_root(self.workspace)
         return self._runs_root
 
     def launch_request(self, job: SiteJob, name: str, meta: JobMeta,
@@ -190,13 +188,14 @@ class SiteParent:
         self._start_retention()
 
     def _start_retention(self) -> None:
-        from atoll.launchers.request import job_run_folder
+        days = self.local.retention_days
+        if days is None:  # the default keeps every run folder: nothing to load or start
+            return
         from atoll.site.retention import start_sweeper
+        from atoll.spec.run_folders import JOBS
 
-        config = self.local.site_config
-        start_sweeper(job_run_folder(config, "x").parent, self.workspace / "apps",
-                      config.retention.run_folders_days, self.supervisor.running_jobs,
-                      self._stopped)
+        start_sweeper(self.runs_root() / JOBS, self.workspace / "apps", days,
+                      self.supervisor.running_jobs, self._stopped)
 
     def stop(self) -> None:
         if self._stopped.is_set():

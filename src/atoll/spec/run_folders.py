@@ -25,15 +25,30 @@ JOBS = "jobs"
 FETCH_SCRATCH = ".fetching"  # under root: a job being fetched and checked, not yet accepted
 
 
-def runs_root(site_config: Any, workspace: Path) -> Path:
-    """The folder holding this site's ``jobs/``: the launcher's setting, else ``workspace``."""
+def runs_setting(site_config: Any) -> str | None:
+    """site.yaml's own word on where run folders go (process.workdir, slurm.workspace), as
+    written; None: the workspace."""
     settings = site_config.settings
     if site_config.launcher == "slurm":
-        chosen = settings.workspace
-    elif site_config.launcher == "process":
-        chosen = settings.workdir
-    else:
-        chosen = None
+        return settings.workspace or None
+    if site_config.launcher == "process":
+        return settings.workdir or None
+    return None
+
+
+def resolve_runs_root(setting: str | None, kit_dir: Path | None, workspace: Path) -> Path:
+    """The folder holding ``jobs/`` for a setting: absolute as is, relative to the kit folder
+    (as every path of site.yaml), none: the workspace. Pure: a parent at rest uses it with the
+    setting its check recorded, without loading the SiteConfig."""
+    if not setting:
+        return Path(workspace)
+    path = Path(setting).expanduser()
+    return path if path.is_absolute() or kit_dir is None else kit_dir / path
+
+
+def runs_root(site_config: Any, workspace: Path) -> Path:
+    """The folder holding this site's ``jobs/``: the launcher's setting, else ``workspace``."""
+    chosen = runs_setting(site_config)
     return site_config.resolve_path(chosen) if chosen else Path(workspace)
 
 

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from atoll.spec.run_folders import fetch_scratch, run_folder, runs_root, server_run_folder
+from atoll.spec.run_folders import (
+    fetch_scratch,
+    resolve_runs_root,
+    run_folder,
+    runs_root,
+    runs_setting,
+    server_run_folder,
+)
 from atoll.spec.site_config import parse_site_config
 from atoll.spec.study_runtime import (
     is_unconfined,
@@ -38,6 +45,8 @@ def test_run_folders_follow_the_launchers_setting_else_the_workspace(doc, root):
     config = site(doc)
     assert runs_root(config, WORKSPACE) == root
     assert run_folder(config, WORKSPACE, JOB) == root / "jobs" / JOB
+    # what a parent at rest resolves from its check's record, without the SiteConfig: the same
+    assert resolve_runs_root(runs_setting(config), KIT, WORKSPACE) == root
     # fetched and checked on the run folders' own file system, so renamed into place
     assert fetch_scratch(config, WORKSPACE).parent == root
 
