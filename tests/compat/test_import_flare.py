@@ -64,12 +64,35 @@ def test_initial_model_file_makes_the_persistors_model(flare_job, tmp_path):
     assert model.params["fc3.weight"].shape == (10, 84)
 
 
-def test_other_nvflare_imports_are_reported_and_left_alone(flare_job, tmp_path):
+def test_client_api_imports_are_rewritten_and_the_rest_listed(flare_job, tmp_path):
     script = flare_job / "app_site-1" / "custom" / "client.py"
-    script.write_text("from nvflare.client.tracking import SummaryWriter\n" + script.read_text())
+    head = [
+        "from nvflare.client.tracking import SummaryWriter, MLflowWriter",
+        "from nvflare.app_common.np.constants import NPConstants  # the key",
+        "from nvflare.app_common.abstract.fl_model import FLModel, ParamsType as PT",
+        "from nvflare.client import tracking",
+        "from nvflare.client.lightning import patch",
+        "from nvflare.client.tracking import SummaryWriter, NoSuchWriter",
+        "import nvflare.client",
+        "from nvflare.client import (",
+    ]
+    script.write_text("\n".join(head) + "\n" + script.read_text())
     report = import_flare_job(flare_job, tmp_path / "out")
-    assert any(line.startswith("app_site-1/client.py:1: from nvflare.client.tracking")
-               for line in report.not_translated)
+    lines = (tmp_path / "out" / "app_site-1" / "client.py").read_text().splitlines()
+    assert lines[:4] == [
+        "from atoll.compat.flare_tracking import SummaryWriter, MLflowWriter",
+        "from atoll.compat.flare_constants import NPConstants  # the key",
+        "from atoll.compat.flare_client import FLModel, ParamsType as PT",
+        "import atoll.compat.flare_tracking as tracking",
+    ]
+    assert lines[4:8] == head[4:]  # left as they are, and listed
+    listed = {line.split(":")[1]: line for line in report.not_translated
+              if line.startswith("app_site-1/client.py:")}
+    assert sorted(listed) == ["5", "6", "7", "8"]
+    assert "nvflare.client.lightning has no atoll counterpart" in listed["5"]
+    assert "NoSuchWriter of nvflare.client.tracking: not in atoll's" in listed["6"]
+    assert "import it with a name" in listed["7"] and "several lines" in listed["8"]
+    assert len([r for r in report.rewritten if r.startswith("app_site-1/")]) == 5
 
 
 def test_external_process_and_unknown_executor_args_are_reported(flare_job, tmp_path):

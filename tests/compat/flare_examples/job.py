@@ -1,0 +1,56 @@
+"""Builds the FLARE jobs of atoll's FLARE-jobs suite with FLARE 2.9's own recipe classes; run it
+with FLARE's Python (bench/compare/setup_peers.sh flare), never atoll's:
+
+    python job.py export OUT_DIR     # recipe.export(): the job folders FLARE users get
+    python job.py simulate WORKDIR   # FLARE's own simulator (hello-numpy), for the comparison
+
+The recipes' arguments are those of FLARE's hello-world examples.
+"""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+from nvflare.app_common.np.recipes.fedavg import NumpyFedAvgRecipe
+from nvflare.recipe import SimEnv, add_experiment_tracking
+from nvflare.recipe.utils import add_cross_site_evaluation
+
+HERE = Path(__file__).resolve().parent
+HELLO_NUMPY_MODEL = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+
+
+def recipe(name):
+    os.chdir(HERE / name)  # the recipe finds the script from the working directory
+    script = "client.py"
+    if name == "hello-numpy":
+        made = NumpyFedAvgRecipe(name=name, min_clients=2, num_rounds=3, model=HELLO_NUMPY_MODEL,
+                                 train_script=script, train_args="--update_type full")
+        add_experiment_tracking(made, tracking_type="tensorboard")
+    else:
+        made = NumpyFedAvgRecipe(name=name, min_clients=2, num_rounds=2,
+                                 model=np.array([0.0] * 10), train_script=script, train_args="")
+        add_cross_site_evaluation(made)
+    return made
+
+
+def main(command, where):
+    where = Path(where).resolve()
+    if command == "export":
+        for name in ("hello-numpy", "hello-numpy-cse"):
+            staging = where / f".{name}"
+            recipe(name).export(str(staging))
+            shutil.rmtree(where / name, ignore_errors=True)
+            (staging / name).rename(where / name)  # export writes DIR/<job name>/
+            shutil.rmtree(staging)
+    elif command == "simulate":
+        run = recipe("hello-numpy").execute(SimEnv(num_clients=2, workspace_root=str(where)))
+        print(run.get_status())
+        print("RESULT", run.get_result())
+    else:
+        raise SystemExit(f"unknown command {command}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
