@@ -2,11 +2,13 @@
 with FLARE's Python (bench/compare/setup_peers.sh flare), never atoll's:
 
     python job.py export OUT_DIR     # recipe.export(): the job folders FLARE users get
-    python job.py simulate WORKDIR   # FLARE's own simulator (hello-numpy), for the comparison
+    python job.py simulate WORKDIR   # FLARE's own simulator (hello-numpy): writes its final
+                                     # model to hello-numpy/flare_final_model.json
 
 The recipes' arguments are those of FLARE's hello-world examples.
 """
 
+import json
 import os
 import shutil
 import sys
@@ -35,6 +37,14 @@ def recipe(name):
     return made
 
 
+def record(result):
+    """FLARE's final global model (NPModelPersistor saves it as server.npy) as JSON."""
+    final = np.load(result / "server" / "simulate_job" / "models" / "server.npy")
+    text = json.dumps({"dtype": str(final.dtype), "array": final.tolist(),
+                       "from": "FLARE 2.9 SimEnv(num_clients=2), job.py simulate"})
+    (HERE / "hello-numpy" / "flare_final_model.json").write_text(text + "\n")
+
+
 def main(command, where):
     where = Path(where).resolve()
     if command == "export":
@@ -46,8 +56,9 @@ def main(command, where):
             shutil.rmtree(staging)
     elif command == "simulate":
         run = recipe("hello-numpy").execute(SimEnv(num_clients=2, workspace_root=str(where)))
-        print(run.get_status())
-        print("RESULT", run.get_result())
+        record(Path(run.get_result()))
+    elif command == "record":  # an earlier simulate's workspace
+        record(where / "hello-numpy")
     else:
         raise SystemExit(f"unknown command {command}")
 
