@@ -132,3 +132,55 @@ def test_hello_numpy_cross_site_evaluation(tmp_path):
     assert summary["cross_site_eval"] == {
         model: {"site-1": {"weight_mean": 2.0}, "site-2": {"weight_mean": 2.0}}
         for model in ("global_final", "site-1", "site-2")}
+
+
+DECORATED = '''
+import numpy as np
+
+import atoll.compat.flare_client as flare
+from atoll.compat.flare_constants import NPConstants
+from atoll.compat.flare_tracking import MLflowWriter, WandBWriter
+
+
+@flare.evaluate
+def check(model):
+    return {"before": float(np.mean(model.params[NPConstants.NUMPY_KEY]))}
+
+
+@flare.train
+def step(model):
+    assert flare.get_task_name() == "train"
+    MLflowWriter().log_metric("m", 1.5, step=model.current_round)
+    MLflowWriter().log_param("lr", "text")  # not a number: dropped
+    WandBWriter().log({"w": 2.5}, step=model.current_round)
+    flare.log("s", {"a": 1, "b": 2}, flare.AnalyticsDataType.SCALARS, global_step=0)
+    return flare.FLModel(params={NPConstants.NUMPY_KEY: model.params[NPConstants.NUMPY_KEY] * 2})
+
+
+flare.init()
+while flare.is_running():
+    check()
+    step()
+'''
+
+
+def test_decorators_and_writers_of_the_client_api(tmp_path):
+    """FLARE's @train/@evaluate and the MLflow and W&B writers, in a translated job."""
+    out = tmp_path / "job"
+    assert atoll("job", "import-flare", str(JOBS / "hello-numpy"), str(out),
+                 cwd=tmp_path).returncode == 0
+    (out / "app" / "client.py").write_text(DECORATED)
+    results = tmp_path / "results"
+    done = atoll("job", "simulate", str(out), "--sites", "2", "--set", "num_rounds=2",
+                 "--out", str(results), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = results.iterdir()
+    records = [json.loads(line) for line in
+               (run / "results" / "metrics.jsonl").read_text().splitlines()]
+    train = [r["metrics"] for r in records if r["phase"] == "train" and r["site"] == "site-1"]
+    assert train == [{"before": 5.0}, {"before": 10.0}]  # @evaluate's metrics ride with @train
+    logged = {(k, r.get("step")) for r in records if r["phase"] == "log"
+              and r["site"] == "site-1" for k in r["metrics"]}
+    assert logged == {("m", 0), ("m", 1), ("w", 0), ("w", 1), ("s/a", 0), ("s/b", 0)}
+    final = load_file(run / "results" / "global_model_final.safetensors").params["numpy_key"]
+    np.testing.assert_array_equal(final, np.arange(1, 10, dtype=np.float32).reshape(3, 3) * 4)

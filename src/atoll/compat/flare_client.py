@@ -251,11 +251,8 @@ def _drop(kind: str) -> None:
         log_.warning("flare.log: %s values are not recorded (atoll tracks numbers only)", kind)
 
 
-class _Held:
-    metrics: dict[str, Any] | None = None
-
-
-_held = _Held()
+# @evaluate's metrics waiting for @train, per site: `job simulate` runs every site in one process
+_held: dict[str, Any] = {}
 
 
 def _first_argument(fn: Callable, kwargs: dict[str, Any], model: FLModel | None) -> None:
@@ -274,8 +271,9 @@ def train(_func: Callable | None = None, **_options: Any) -> Callable:
             if not isinstance(result, FLModel):
                 raise TypeError(f"@flare.train: {fn.__name__} must return an FLModel, not "
                                 f"{type(result).__name__}")
-            if _held.metrics is not None:
-                result.metrics, _held.metrics = _held.metrics, None
+            held = _held.pop(get_site_name(), None)
+            if held is not None:
+                result.metrics = held
             send(result)
             return result
         return wrapper
@@ -293,7 +291,7 @@ def evaluate(_func: Callable | None = None, **_options: Any) -> Callable:
             if result is None:
                 raise TypeError(f"@flare.evaluate: {fn.__name__} returned None, not metrics")
             if is_train():
-                _held.metrics = result
+                _held[get_site_name()] = result
             else:
                 send(FLModel(metrics=result))
             return result
