@@ -183,3 +183,26 @@ def test_cross_site_model_eval_becomes_cross_site_eval_all(flare_job, tmp_path):
     _, args = load_app_config(tmp_path / "out" / "app_server")
     assert args.cross_site_eval == "all"
     assert not any("CrossSiteModelEval" in line for line in report.not_translated)
+
+
+def test_numpy_persistors_checkpoint_wins_over_its_array_and_a_missing_one_is_listed(tmp_path):
+    import numpy as np
+
+    from atoll.fl.runner import load_initial_model
+
+    job = Path(shutil.copytree(HELLO_PT.parent / "hello-numpy", tmp_path / "hello-numpy"))
+    np.save(tmp_path / "pre.npy", np.full((2, 2), 7.0))
+    config = job / "app" / "config" / "config_fed_server.json"
+    for ckpt, out in ((str(tmp_path / "pre.npy"), "a"), ("/server/missing.npy", "b")):
+        edit(config, lambda d, c=ckpt: next(x for x in d["components"] if x["id"] == "persistor")[
+            "args"].update(source_ckpt_file_full_name=c))
+        report = import_flare_job(job, tmp_path / out)
+        model = load_initial_model(tmp_path / out / "app", "flare_initial_model.py:make_model")
+        listed = [line for line in report.not_translated if "source_ckpt" in line]
+        if out == "a":
+            np.testing.assert_array_equal(model.params["numpy_key"], np.full((2, 2), 7.0))
+            assert listed == []
+        else:  # the recipe's array, float32 as FLARE loads it
+            np.testing.assert_array_equal(model.params["numpy_key"],
+                                          np.arange(1, 10, dtype=np.float32).reshape(3, 3))
+            assert len(listed) == 1 and "/server/missing.npy" in listed[0]
