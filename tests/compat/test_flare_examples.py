@@ -1,7 +1,10 @@
 """The FLARE-jobs suite: jobs in the shapes of FLARE 2.9's hello-world examples (scripts of our
 own writing in flare_examples/), exported by FLARE's own recipe classes
 (``flare_examples/job.py export``, run with FLARE's Python) into flare_jobs/, then translated
-with ``atoll job import-flare`` and run with ``atoll job simulate --sites 2``.
+with ``atoll job import-flare`` and run with ``atoll job simulate --sites 2``: hello-numpy
+(NumpyFedAvgRecipe with TensorBoard tracking), hello-numpy-cse (the same with
+add_cross_site_evaluation) and hello-pt-recipe (FLARE's PyTorch FedAvgRecipe, tracking and
+cross-site evaluation; synthetic images).
 
 Each example's note: import-flare changes the scripts' import lines only, and what it lists
 as not translated is FLARE's server widgets (result files, model selection, the TensorBoard
@@ -50,6 +53,20 @@ EXPECTED = {
         "not_translated": [f"app/config/config_fed_server.json {w}" for w in SERVER_WIDGETS] + [
             "app/config/config_fed_server.json components.receiver: "
             "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver", EVENT_TO_FED],
+    },
+    "hello-pt-recipe": {
+        "rewritten": [
+            "app/client.py:8: import nvflare.client as flare -> "
+            "import atoll.compat.flare_client as flare",
+            "app/client.py:11: from nvflare.client.tracking import SummaryWriter -> "
+            "from atoll.compat.flare_tracking import SummaryWriter",
+        ],
+        "not_translated": [f"app/config/config_fed_server.json {w}" for w in SERVER_WIDGETS] + [
+            "app/config/config_fed_server.json components.receiver: "
+            "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver",
+            "app/config/config_fed_server.json components.component1: "
+            "nvflare.app_common.widgets.validation_json_generator.ValidationJsonGenerator",
+            EVENT_TO_FED],
     },
     "hello-numpy-cse": {
         "rewritten": [
@@ -184,3 +201,17 @@ def test_decorators_and_writers_of_the_client_api(tmp_path):
     assert logged == {("m", 0), ("m", 1), ("w", 0), ("w", 1), ("s/a", 0), ("s/b", 0)}
     final = load_file(run / "results" / "global_model_final.safetensors").params["numpy_key"]
     np.testing.assert_array_equal(final, np.arange(1, 10, dtype=np.float32).reshape(3, 3) * 4)
+
+
+def test_hello_pt_recipe_trains_tracks_and_evaluates_across_sites(tmp_path):
+    """The PyTorch persistor's model class is round one's model (the script loads the server's
+    state_dict); SummaryWriter's losses are logged; cross-site evaluation fills its table."""
+    _, results = import_and_simulate("hello-pt-recipe", tmp_path)
+    final = load_file(results / "global_model_final.safetensors").params
+    assert final["fc3.weight"].shape == (10, 84)
+    records = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines()]
+    assert sorted((r["site"], r["step"]) for r in records if r["phase"] == "log") == [
+        (site, step) for site in ("site-1", "site-2") for step in (0, 1)]
+    summary = json.loads((results / "summary.json").read_text())
+    assert {model: set(row) for model, row in summary["cross_site_eval"].items()} == {
+        model: {"site-1", "site-2"} for model in ("global_final", "site-1", "site-2")}

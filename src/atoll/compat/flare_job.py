@@ -47,6 +47,7 @@ CLIENT_API_EXECUTORS = ("ClientAPIExecutor", "InProcessClientAPIExecutor",
 PERSISTORS = ("PTFileModelPersistor", "PTModelPersistor")
 NP_PERSISTORS = ("NPModelPersistor",)
 NP_VALIDATORS = ("NPValidator",)
+MODEL_LOCATORS = ("NPModelLocator", "PTFileModelLocator")
 NUMPY_KEY = "numpy_key"  # FLARE's NPConstants.NUMPY_KEY: the NumPy persistor's one array
 INITIAL_CKPT_FILE = "flare_initial_ckpt.npy"
 CROSS_SITE_EVAL = ("CrossSiteModelEval", "CrossSiteEval")
@@ -225,7 +226,8 @@ def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None
             server_args["cross_site_eval"] = "all"  # the global and every site's last model
             # the model locator (NPModelLocator, PTFileModelLocator) finds the global model,
             # which atoll's cross-site evaluation holds itself
-            used.add((other.get("args") or {}).get("model_locator_id", "model_locator"))
+            used.update(cid for cid, c in components.items()
+                        if _short(c.get("path")) in MODEL_LOCATORS)
         elif i != index:
             report.not_translated.append(f"{file} workflows[{i}]: {other.get('path')}")
     section: dict[str, Any] = {"workflow": "fedavg", "args": server_args}

@@ -1,5 +1,6 @@
 """Builds the FLARE jobs of atoll's FLARE-jobs suite with FLARE 2.9's own recipe classes; run it
-with FLARE's Python (bench/compare/setup_peers.sh flare), never atoll's:
+with FLARE's Python (bench/compare/setup_peers.sh flare), never atoll's. hello-pt needs torch
+in that Python (a .pth file naming atoll's venv's site-packages, last on the path, will do):
 
     python job.py export OUT_DIR     # recipe.export(): the job folders FLARE users get
     python job.py simulate WORKDIR   # FLARE's own simulator (hello-numpy): writes its final
@@ -21,12 +22,24 @@ from nvflare.recipe.utils import add_cross_site_evaluation
 
 HERE = Path(__file__).resolve().parent
 HELLO_NUMPY_MODEL = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+# flare_jobs/hello-pt is the older hand-laid job (an app per site): the recipe's is beside it
+FOLDER = {"hello-pt": "hello-pt-recipe"}
 
 
 def recipe(name):
     os.chdir(HERE / name)  # the recipe finds the script from the working directory
     script = "client.py"
-    if name == "hello-numpy":
+    if name == "hello-pt":  # FLARE's PyTorch recipe, as its hello-pt builds it
+        from nvflare.app_opt.pt.recipes.fedavg import FedAvgRecipe
+
+        made = FedAvgRecipe(name=name, min_clients=2, num_rounds=2,
+                            model={"class_path": "model.SimpleNetwork", "args": {}},
+                            train_script=script,
+                            train_args="--batch_size 16 --epochs 1 --num_workers 0 "
+                                       "--train_size 64 --test_size 32")
+        add_experiment_tracking(made, tracking_type="tensorboard")
+        add_cross_site_evaluation(made)
+    elif name == "hello-numpy":
         made = NumpyFedAvgRecipe(name=name, min_clients=2, num_rounds=3, model=HELLO_NUMPY_MODEL,
                                  train_script=script, train_args="--update_type full")
         add_experiment_tracking(made, tracking_type="tensorboard")
@@ -48,11 +61,12 @@ def record(result):
 def main(command, where):
     where = Path(where).resolve()
     if command == "export":
-        for name in ("hello-numpy", "hello-numpy-cse"):
+        for name in ("hello-numpy", "hello-numpy-cse", "hello-pt"):
             staging = where / f".{name}"
             recipe(name).export(str(staging))
-            shutil.rmtree(where / name, ignore_errors=True)
-            (staging / name).rename(where / name)  # export writes DIR/<job name>/
+            folder = where / FOLDER.get(name, name)
+            shutil.rmtree(folder, ignore_errors=True)
+            (staging / name).rename(folder)  # export writes DIR/<job name>/
             shutil.rmtree(staging)
     elif command == "simulate":
         run = recipe("hello-numpy").execute(SimEnv(num_clients=2, workspace_root=str(where)))
