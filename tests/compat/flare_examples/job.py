@@ -1,10 +1,11 @@
 """Builds the FLARE jobs of atoll's FLARE-jobs suite with FLARE 2.9's own recipe classes; run it
-with FLARE's Python (bench/compare/setup_peers.sh flare), never atoll's. hello-pt needs torch
-in that Python (a .pth file naming atoll's venv's site-packages, last on the path, will do):
+with FLARE's Python (bench/compare/setup_peers.sh flare), never atoll's. hello-pt needs torch:
+when FLARE's Python has none, BORROW_TORCH_FROM names a site-packages folder that has it (atoll's
+venv's), put last on the path so that FLARE's own packages come first:
 
-    python job.py export OUT_DIR     # recipe.export(): the job folders FLARE users get
-    python job.py simulate WORKDIR   # FLARE's own simulator (hello-numpy): writes its final
-                                     # model to hello-numpy/flare_final_model.json
+    python job.py export OUT_DIR               # recipe.export(): the folders FLARE users get
+    python job.py simulate WORKDIR [OUT_JSON]  # FLARE's own simulator (hello-numpy): its final
+                                               # model (default hello-numpy/flare_final_model.json)
 
 The recipes' arguments are those of FLARE's hello-world examples.
 """
@@ -19,6 +20,9 @@ import numpy as np
 from nvflare.app_common.np.recipes.fedavg import NumpyFedAvgRecipe
 from nvflare.recipe import SimEnv, add_experiment_tracking
 from nvflare.recipe.utils import add_cross_site_evaluation
+
+if os.environ.get("BORROW_TORCH_FROM"):
+    sys.path.append(os.environ["BORROW_TORCH_FROM"])
 
 HERE = Path(__file__).resolve().parent
 HELLO_NUMPY_MODEL = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
@@ -50,15 +54,15 @@ def recipe(name):
     return made
 
 
-def record(result):
+def record(result, target=None):
     """FLARE's final global model (NPModelPersistor saves it as server.npy) as JSON."""
     final = np.load(result / "server" / "simulate_job" / "models" / "server.npy")
     text = json.dumps({"dtype": str(final.dtype), "array": final.tolist(),
                        "from": "FLARE 2.9 SimEnv(num_clients=2), job.py simulate"})
-    (HERE / "hello-numpy" / "flare_final_model.json").write_text(text + "\n")
+    Path(target or HERE / "hello-numpy" / "flare_final_model.json").write_text(text + "\n")
 
 
-def main(command, where):
+def main(command, where, target=None):
     where = Path(where).resolve()
     if command == "export":
         for name in ("hello-numpy", "hello-numpy-cse", "hello-pt"):
@@ -70,9 +74,9 @@ def main(command, where):
             shutil.rmtree(staging)
     elif command == "simulate":
         run = recipe("hello-numpy").execute(SimEnv(num_clients=2, workspace_root=str(where)))
-        record(Path(run.get_result()))
+        record(Path(run.get_result()), target)
     elif command == "record":  # an earlier simulate's workspace
-        record(where / "hello-numpy")
+        record(where / "hello-numpy", target)
     else:
         raise SystemExit(f"unknown command {command}")
 
