@@ -108,3 +108,24 @@ def test_flare_recipe_export_of_hello_numpy_cse_runs_on_a_federation(federation,
     for model in ("global_final", "site-1", "site-2"):
         assert cross["table"][model] == {"site-1": {"weight_mean": 2.0},
                                          "site-2": {"weight_mean": 2.0}}
+
+
+def test_flare_recipe_exports_with_tracking_run_on_a_federation(federation, tmp_path):  # noqa: F811
+    """hello-numpy (NumpyFedAvgRecipe, TensorBoard tracking) and hello-pt-recipe (PyTorch
+    FedAvgRecipe, tracking, cross-site evaluation) as FLARE 2.9 exported them: the scripts'
+    SummaryWriter values reach the job's status through real site workers."""
+    jobs = Path(__file__).parent / "flare_jobs"
+    for name, rounds in (("hello-numpy", 3), ("hello-pt-recipe", 2)):
+        out = tmp_path / f"{name}-atoll"
+        subprocess.run([sys.executable, "-m", "atoll", "job", "import-flare", str(jobs / name),
+                        str(out)], check=True, capture_output=True, timeout=120)
+        with federation.session(ADMIN) as s:
+            job = s.submit(out, wait=True, timeout=240)
+            status = s.status(job["job_id"])
+        assert status["state"] == "FINISHED:COMPLETED", (name, status)
+        assert [e["round"] for e in status["progress"] if e.get("event") == "round"] == list(
+            range(1, rounds + 1))
+        logged = [e for e in status["progress"] if e.get("event") == "site_metrics"]
+        tag = "weight_mean" if name == "hello-numpy" else "train_loss"
+        assert sorted((e["site"], e["step"]) for e in logged if tag in e["metrics"]) == [
+            (site, step) for site in ("site-1", "site-2") for step in range(rounds)], name
