@@ -192,17 +192,41 @@ def test_numpy_persistors_checkpoint_wins_over_its_array_and_a_missing_one_is_li
 
     job = Path(shutil.copytree(HELLO_PT.parent / "hello-numpy", tmp_path / "hello-numpy"))
     np.save(tmp_path / "pre.npy", np.full((2, 2), 7.0))
+    np.savez(tmp_path / "pre.npz", np.full((2, 2), 7.0))
     config = job / "app" / "config" / "config_fed_server.json"
-    for ckpt, out in ((str(tmp_path / "pre.npy"), "a"), ("/server/missing.npy", "b")):
+    for ckpt, out in ((str(tmp_path / "pre.npy"), "a"), (str(tmp_path / "pre.npz"), "a2"),
+                      ("/server/missing.npy", "b")):
         edit(config, lambda d, c=ckpt: next(x for x in d["components"] if x["id"] == "persistor")[
             "args"].update(source_ckpt_file_full_name=c))
         report = import_flare_job(job, tmp_path / out)
         model = load_initial_model(tmp_path / out / "app", "flare_initial_model.py:make_model")
         listed = [line for line in report.not_translated if "source_ckpt" in line]
-        if out == "a":
+        if out.startswith("a"):
             np.testing.assert_array_equal(model.params["numpy_key"], np.full((2, 2), 7.0))
             assert listed == []
         else:  # the recipe's array, float32 as FLARE loads it
             np.testing.assert_array_equal(model.params["numpy_key"],
                                           np.arange(1, 10, dtype=np.float32).reshape(3, 3))
             assert len(listed) == 1 and "/server/missing.npy" in listed[0]
+
+
+def test_the_persistors_array_is_read_as_json_by_the_written_file(tmp_path):
+    """JSON's null and strings reach numpy as values (its error names them), not as Python
+    source (where null would be a NameError and text could be an expression)."""
+    from atoll.fl.runner import load_initial_model
+
+    job = Path(shutil.copytree(HELLO_PT.parent / "hello-numpy", tmp_path / "hello-numpy"))
+    config = job / "app" / "config" / "config_fed_server.json"
+    edit(config, lambda d: next(x for x in d["components"] if x["id"] == "persistor")[
+        "args"].update(model=[1, "__import__('os')", None]))
+    import_flare_job(job, tmp_path / "out")
+    with pytest.raises(ValueError, match="could not convert string to float"):
+        load_initial_model(tmp_path / "out" / "app", "flare_initial_model.py:make_model")
+
+
+def test_a_star_import_is_listed_with_why(flare_job, tmp_path):
+    script = flare_job / "app_site-1" / "custom" / "client.py"
+    script.write_text("from nvflare.client.tracking import *\n" + script.read_text())
+    report = import_flare_job(flare_job, tmp_path / "out")
+    assert any(line.startswith("app_site-1/client.py:1:") and "a star import" in line
+               for line in report.not_translated)

@@ -282,16 +282,18 @@ def _numpy_initial_model(app_dir: Path, args: dict[str, Any], section: dict[str,
     if checkpoint is not None:
         section["_initial_ckpt"] = checkpoint
         load = (f"    data = numpy.load({INITIAL_CKPT_FILE!r}, allow_pickle=False)\n"
-                "    if isinstance(data, numpy.lib.npyio.NpzFile):\n"
+                "    if hasattr(data, 'files'):  # an .npz: its first array\n"
                 "        data = data[data.files[0]]\n")
         origin = f"its checkpoint {checkpoint.name}"
     else:
-        load = f"    data = numpy.array({json.dumps(model)}, dtype=numpy.float32)\n"
+        # the array as JSON text, parsed when the model is made: never code from the config
+        load = (f"    data = numpy.array(json.loads({json.dumps(model)!r}), "
+                "dtype=numpy.float32)\n")
         origin = "its model array"
     section["_initial_model"] = (
         f'"""Written by atoll job import-flare: the initial model of FLARE\'s NPModelPersistor, '
         f'{origin}, under NPConstants.NUMPY_KEY."""\n\n'
-        "import numpy\n\n\n"
+        "import json\n\nimport numpy\n\n\n"
         "def make_model():\n"
         f"{load}"
         f"    return {{{NUMPY_KEY!r}: data}}\n"
@@ -426,6 +428,8 @@ def _translate_import(line: str) -> tuple[str | None, str]:
             return None, _no_counterpart(match["module"])
         return _with_comment(f"{match['indent']}import {target} as {match['alias']}", match), ""
     match = FROM_IMPORT.match(line)
+    if not match and re.match(r"^\s*from\s+\S+\s+import\s+\*", line):
+        return None, "a star import; name what the script uses to translate it"
     if not match:
         if line.rstrip().endswith(("(", "\\")):
             return None, "an import over several lines; write it on one line to translate it"
