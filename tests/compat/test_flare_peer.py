@@ -62,3 +62,44 @@ def test_hello_numpy_final_model_is_flares_own(tmp_path):
     ours = load_file(results / "global_model_final.safetensors").params["numpy_key"]
     np.testing.assert_array_equal(ours, np.array(theirs["array"], dtype=theirs["dtype"]))
     assert str(ours.dtype) == theirs["dtype"]
+
+
+def test_the_constants_have_flares_values(tmp_path):
+    """Every constant atoll.compat serves for a FLARE module has the value FLARE's module has."""
+    from atoll.compat import flare_client, flare_constants
+    from atoll.compat.flare_job import FLARE_MODULES
+
+    ours = {}
+    for module, target in FLARE_MODULES.items():
+        served = {"atoll.compat.flare_client": flare_client,
+                  "atoll.compat.flare_constants": flare_constants}.get(target)
+        for name in getattr(served, "__all__", ()):
+            value = getattr(served, name)
+            if isinstance(value, type):  # constant classes and enums: their upper-case names
+                ours[f"{module}:{name}"] = {
+                    k: getattr(getattr(value, k), "value", getattr(value, k))
+                    for k in dir(value) if k.isupper()}
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import importlib, json, sys\n"
+        "keys = json.loads(sys.argv[1])\n"
+        "out = {}\n"
+        "for key, attrs in keys.items():\n"
+        "    module, name = key.split(':')\n"
+        "    try:\n"
+        "        cls = getattr(importlib.import_module(module), name)\n"
+        "    except (ImportError, AttributeError):\n"
+        "        continue\n"
+        "    out[key] = {a: getattr(getattr(cls, a), 'value', getattr(cls, a)) for a in attrs\n"
+        "                if hasattr(cls, a)}\n"
+        "print(json.dumps(out))\n")
+    done = subprocess.run([str(FLARE_PYTHON), str(probe), json.dumps(ours)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout.splitlines()[-1])
+    assert {k: ours[k] for k in theirs} == theirs
+    # each class atoll serves is found in a FLARE module it is served for, with all its names
+    assert {k.split(":")[1] for k in ours} == {k.split(":")[1] for k in theirs}
+    for key in theirs:
+        assert set(theirs[key]) == set(ours[key]), key
+    assert theirs["nvflare.app_common.np.constants:NPConstants"] == {"NUMPY_KEY": "numpy_key"}

@@ -71,6 +71,7 @@ def test_client_api_imports_are_rewritten_and_the_rest_listed(flare_job, tmp_pat
         "from nvflare.app_common.np.constants import NPConstants  # the key",
         "from nvflare.app_common.abstract.fl_model import FLModel, ParamsType as PT",
         "from nvflare.client import tracking",
+        "from nvflare.app_common.app_constant import AppConstants, ModelName",
         "from nvflare.client.lightning import patch",
         "from nvflare.client.tracking import SummaryWriter, NoSuchWriter",
         "import nvflare.client",
@@ -84,15 +85,16 @@ def test_client_api_imports_are_rewritten_and_the_rest_listed(flare_job, tmp_pat
         "from atoll.compat.flare_constants import NPConstants  # the key",
         "from atoll.compat.flare_client import FLModel, ParamsType as PT",
         "import atoll.compat.flare_tracking as tracking",
+        "from atoll.compat.flare_constants import AppConstants, ModelName",
     ]
-    assert lines[4:8] == head[4:]  # left as they are, and listed
+    assert lines[5:9] == head[5:]  # left as they are, and listed
     listed = {line.split(":")[1]: line for line in report.not_translated
               if line.startswith("app_site-1/client.py:")}
-    assert sorted(listed) == ["5", "6", "7", "8"]
-    assert "nvflare.client.lightning has no atoll counterpart" in listed["5"]
-    assert "NoSuchWriter of nvflare.client.tracking: not in atoll's" in listed["6"]
-    assert "import it with a name" in listed["7"] and "several lines" in listed["8"]
-    assert len([r for r in report.rewritten if r.startswith("app_site-1/")]) == 5
+    assert sorted(listed) == ["6", "7", "8", "9"]
+    assert "nvflare.client.lightning has no atoll counterpart" in listed["6"]
+    assert "NoSuchWriter of nvflare.client.tracking: not in atoll's" in listed["7"]
+    assert "import it with a name" in listed["8"] and "several lines" in listed["9"]
+    assert len([r for r in report.rewritten if r.startswith("app_site-1/")]) == 6
 
 
 def test_external_process_and_unknown_executor_args_are_reported(flare_job, tmp_path):

@@ -48,6 +48,7 @@ from enum import Enum, StrEnum
 from typing import Any
 
 import atoll.client as _atoll
+from atoll.compat.flare_constants import FLModelConst, MetaKey
 from atoll.fl.model import Model
 
 NUM_STEPS_CURRENT_ROUND = "NUM_STEPS_CURRENT_ROUND"
@@ -57,7 +58,7 @@ SUBMIT_MODEL = "submit_model"
 log_ = logging.getLogger(__name__)
 
 __all__ = [
-    "AnalyticsDataType", "FLModel", "ParamsType", "evaluate", "get_config", "get_job_id",
+    "AnalyticsDataType", "FLModel", "FLModelConst", "MetaKey", "ParamsType", "evaluate", "get_config", "get_job_id",
     "get_site_name", "get_task_name", "init", "is_evaluate", "is_running", "is_submit_model",
     "is_train", "log", "receive", "send", "shutdown", "system_info", "train",
 ]

@@ -64,6 +64,8 @@ FLARE_MODULES = {
     "nvflare.apis.analytix": ATOLL_CLIENT,
     "nvflare.client.tracking": "atoll.compat.flare_tracking",
     "nvflare.app_common.np.constants": "atoll.compat.flare_constants",
+    "nvflare.app_common.app_constant": "atoll.compat.flare_constants",
+    "nvflare.apis.fl_constant": "atoll.compat.flare_constants",
 }
 _NAME = r"[A-Za-z_]\w*"
 _DOTTED = rf"{_NAME}(?:\.{_NAME})*"
