@@ -80,7 +80,7 @@ def test_client_api_imports_are_rewritten_and_the_rest_listed(flare_job, tmp_pat
     script.write_text("\n".join(head) + "\n" + script.read_text())
     report = import_flare_job(flare_job, tmp_path / "out")
     lines = (tmp_path / "out" / "app_site-1" / "client.py").read_text().splitlines()
-    assert lines[:4] == [
+    assert lines[:5] == [
         "from atoll.compat.flare_tracking import SummaryWriter, MLflowWriter",
         "from atoll.compat.flare_constants import NPConstants  # the key",
         "from atoll.compat.flare_client import FLModel, ParamsType as PT",
