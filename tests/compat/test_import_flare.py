@@ -232,3 +232,42 @@ def test_a_star_import_is_listed_with_why(flare_job, tmp_path):
     report = import_flare_job(flare_job, tmp_path / "out")
     assert any(line.startswith("app_site-1/client.py:1:") and "a star import" in line
                for line in report.not_translated)
+
+
+def test_pytorch_persistors_checkpoint_wins_over_its_model_class(flare_job, tmp_path):
+    import importlib.util
+
+    import numpy as np
+    import torch
+
+    from atoll.fl.runner import load_initial_model
+
+    spec = importlib.util.spec_from_file_location(
+        "flare_model", flare_job / "app_server" / "custom" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    weights = {k: torch.full_like(v, 0.5) for k, v in module.SimpleNetwork().state_dict().items()}
+    torch.save({"model": weights, "optimizer": {"lr": torch.tensor(0.1)}}, tmp_path / "pre.pt")
+    config = flare_job / "app_server" / "config" / "config_fed_server.json"
+    edit(config, lambda d: next(x for x in d["components"] if x["id"] == "persistor")[
+        "args"].update(source_ckpt_file_full_name=str(tmp_path / "pre.pt"), load_device="cpu"))
+    report = import_flare_job(flare_job, tmp_path / "out")
+    assert (tmp_path / "out" / "app_server" / "flare_initial_ckpt.pt").is_file()
+    model = load_initial_model(tmp_path / "out" / "app_server", "flare_initial_model.py:make_model")
+    assert set(model.params) == set(weights)
+    np.testing.assert_array_equal(model.params["fc3.weight"], np.full((10, 84), 0.5, np.float32))
+    assert any("components.persistor.args.load_device" in line for line in report.not_translated)
+
+
+def test_a_relative_checkpoint_outside_custom_is_listed_not_read(flare_job, tmp_path):
+    config = flare_job / "app_server" / "config" / "config_fed_server.json"
+    (flare_job / "secret.pt").write_bytes(b"x")
+    edit(config, lambda d: next(x for x in d["components"] if x["id"] == "persistor")[
+        "args"].update(source_ckpt_file_full_name="../../secret.pt"))
+    report = import_flare_job(flare_job, tmp_path / "out")
+    assert not (tmp_path / "out" / "app_server" / "flare_initial_ckpt.pt").exists()
+    assert any("../../secret.pt is not a .pt/.pth/.ckpt file" in line
+               for line in report.not_translated)
+    # the model class stays the initial model
+    assert (tmp_path / "out" / "app_server" / "flare_initial_model.py").read_text().count(
+        "SimpleNetwork") >= 1

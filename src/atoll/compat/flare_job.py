@@ -49,7 +49,9 @@ NP_PERSISTORS = ("NPModelPersistor",)
 NP_VALIDATORS = ("NPValidator",)
 MODEL_LOCATORS = ("NPModelLocator", "PTFileModelLocator")
 NUMPY_KEY = "numpy_key"  # FLARE's NPConstants.NUMPY_KEY: the NumPy persistor's one array
-INITIAL_CKPT_FILE = "flare_initial_ckpt.npy"
+INITIAL_CKPT_STEM = "flare_initial_ckpt"  # + the checkpoint's own suffix
+PT_CHECKPOINTS = (".pt", ".pth", ".ckpt")
+NP_CHECKPOINTS = (".npy", ".npz")
 CROSS_SITE_EVAL = ("CrossSiteModelEval", "CrossSiteEval")
 INITIAL_MODEL_FILE = "flare_initial_model.py"
 FLARE_FEDAVG_ROUNDS = 5  # FLARE's FedAvg default
@@ -125,8 +127,9 @@ def import_flare_job(source: Path, out_dir: Path) -> ImportReport:
         checkpoint = config.get("server", {}).pop("_initial_ckpt", None)
         if checkpoint is not None:
             (out_dir / app).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(checkpoint, out_dir / app / INITIAL_CKPT_FILE)
-            report.files.append(f"{app}/{INITIAL_CKPT_FILE}")
+            name = INITIAL_CKPT_STEM + checkpoint.suffix
+            shutil.copyfile(checkpoint, out_dir / app / name)
+            report.files.append(f"{app}/{name}")
         if initial is not None:
             _write(out_dir / app / INITIAL_MODEL_FILE, initial, report)
         _write(out_dir / app / "app.yaml", yaml.safe_dump(config, sort_keys=False), report)
@@ -240,7 +243,17 @@ def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None
         if isinstance(model, str) and model in components:  # a reference to another component
             used.add(model)
             model = components[model]
-        if isinstance(model, dict) and isinstance(model.get("path"), str):
+        pt_args = persistor.get("args") or {}
+        checkpoint = _checkpoint(app_dir, pt_args.get("source_ckpt_file_full_name"),
+                                 PT_CHECKPOINTS, report, f"{file} components.{persistor_id}")
+        for key in sorted(set(pt_args) - {"model", "source_ckpt_file_full_name"}):
+            report.not_translated.append(f"{file} components.{persistor_id}.args.{key}: the "
+                                         "server keeps its own models")
+        if checkpoint is not None:  # FLARE's first choice, before the model class
+            section["initial_model"] = f"{INITIAL_MODEL_FILE}:make_model"
+            section["_initial_ckpt"] = checkpoint
+            section["_initial_model"] = _pt_checkpoint_source(checkpoint)
+        elif isinstance(model, dict) and isinstance(model.get("path"), str):
             section["initial_model"] = f"{INITIAL_MODEL_FILE}:make_model"
             section["_initial_model"] = _initial_model_source(model["path"],
                                                               model.get("args") or {})
@@ -265,17 +278,9 @@ def _numpy_initial_model(app_dir: Path, args: dict[str, Any], section: dict[str,
                          report: ImportReport, at: str) -> None:
     """FLARE's NPModelPersistor: its checkpoint (``initial_ckpt``) when the file is on this
     machine, else its ``model`` array, as float32 under ``numpy_key`` as FLARE loads it."""
-    model, ckpt = args.get("model"), args.get("source_ckpt_file_full_name")
-    checkpoint = None
-    if isinstance(ckpt, str) and ckpt:
-        found = [p for p in (Path(ckpt), app_dir / "custom" / Path(ckpt).name) if p.is_file()]
-        if found and found[0].suffix in (".npy", ".npz"):
-            checkpoint = found[0]
-        else:
-            report.not_translated.append(
-                f"{at}.args.source_ckpt_file_full_name: {ckpt} is not a .npy/.npz file on this "
-                "machine; " + ("the model array is the initial model" if model is not None else
-                               "copy it here and import again"))
+    model = args.get("model")
+    checkpoint = _checkpoint(app_dir, args.get("source_ckpt_file_full_name"), NP_CHECKPOINTS,
+                             report, at)
     for key in sorted(set(args) - {"model", "source_ckpt_file_full_name"}):
         report.not_translated.append(f"{at}.args.{key}: the server keeps its own models")
     if checkpoint is None and model is None:
@@ -283,7 +288,8 @@ def _numpy_initial_model(app_dir: Path, args: dict[str, Any], section: dict[str,
     section["initial_model"] = f"{INITIAL_MODEL_FILE}:make_model"
     if checkpoint is not None:
         section["_initial_ckpt"] = checkpoint
-        load = (f"    data = numpy.load({INITIAL_CKPT_FILE!r}, allow_pickle=False)\n"
+        load = (f"    data = numpy.load({INITIAL_CKPT_STEM + checkpoint.suffix!r}, "
+                "allow_pickle=False)\n"
                 "    if hasattr(data, 'files'):  # an .npz: its first array\n"
                 "        data = data[data.files[0]]\n")
         origin = f"its checkpoint {checkpoint.name}"
@@ -299,6 +305,39 @@ def _numpy_initial_model(app_dir: Path, args: dict[str, Any], section: dict[str,
         "def make_model():\n"
         f"{load}"
         f"    return {{{NUMPY_KEY!r}: data}}\n"
+    )
+
+
+def _checkpoint(app_dir: Path, ckpt: Any, suffixes: tuple[str, ...], report: ImportReport,
+                at: str) -> Path | None:
+    """The persistor's ``source_ckpt_file_full_name`` (the recipe's ``initial_ckpt``) when it is
+    a file of one of ``suffixes`` on this machine (absolute, or under the app's custom/, where
+    FLARE looks for a relative one); else it is listed and None."""
+    if not isinstance(ckpt, str) or not ckpt:
+        return None
+    where = Path(ckpt) if Path(ckpt).is_absolute() else app_dir / "custom" / ckpt
+    if where.suffix in suffixes and where.is_file() and ".." not in Path(ckpt).parts:
+        return where
+    report.not_translated.append(
+        f"{at}.args.source_ckpt_file_full_name: {ckpt} is not a {'/'.join(suffixes)} file on "
+        "this machine (FLARE reads it on its server; atoll carries it in the job): copy it "
+        "here and import again")
+    return None
+
+
+def _pt_checkpoint_source(checkpoint: Path) -> str:
+    name = INITIAL_CKPT_STEM + checkpoint.suffix
+    return (
+        f'"""Written by atoll job import-flare: the initial model of FLARE\'s PyTorch persistor, '
+        f'its checkpoint {checkpoint.name}."""\n\n'
+        "import torch\n\n\n"
+        "def make_model():\n"
+        "    # weights only: a checkpoint is data, never code to run\n"
+        f"    data = torch.load({name!r}, map_location='cpu', weights_only=True)\n"
+        "    # FLARE's checkpoints keep the weights under 'model', beside optimizer state\n"
+        "    if isinstance(data, dict) and isinstance(data.get('model'), dict):\n"
+        "        return data['model']\n"
+        "    return data\n"
     )
 
 
