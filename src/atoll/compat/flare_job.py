@@ -7,13 +7,16 @@ Client API script:
   ``launcher_spec``, in any spelling FLARE 2.9 accepts (``spec.meta`` reads them);
 - per app, ``config/config_fed_server.json``: the ``FedAvg`` workflow's ``num_rounds`` and
   ``num_clients``/``min_clients``, a ``CrossSiteModelEval`` workflow after it (atoll's
-  ``cross_site_eval: all``), and the persistor's model class (``model.SimpleNetwork``), which
-  becomes the app's ``server.initial_model``;
+  ``cross_site_eval: all``; its model locators need nothing more), and the persistor's
+  initial model, which becomes the app's ``server.initial_model``: a PyTorch persistor's model
+  class (``model.SimpleNetwork``) or checkpoint, a NumPy persistor's array or checkpoint;
 - per app, ``config/config_fed_client.json``: the Client API executor's script
   (``task_script_path``), its arguments (``task_script_args``) and exchange format;
-- per app, ``custom/``: the script and the modules it imports, copied into the atoll app; the
-  script's ``import nvflare.client as flare`` becomes ``import atoll.compat.flare_client as
-  flare`` (its one change; atoll installs nothing under FLARE's name, which would shadow it).
+- per app, ``custom/``: the script and the modules it imports, copied into the atoll app; in
+  each ``.py`` file the import lines of FLARE's Client API (``FLARE_MODULES``: ``import
+  nvflare.client as flare``, ``from nvflare.client.tracking import SummaryWriter``...) are
+  pointed at ``atoll.compat`` (their one change; atoll installs nothing under FLARE's name,
+  which would shadow it).
 
 Everything else (other components, filters, executor options such as an external process) is
 listed in the report as not translated, with the file and the path it came from. A workflow
