@@ -22,5 +22,9 @@ for b in $BACKENDS; do
     echo "error: the $b backend did not start; its tests will fail under CI=true" >&2
   fi
 done
+# FLARE 2.9 in its own venv: the FLARE-jobs suite exports its jobs with FLARE's recipes
+# (tests/compat/test_flare_peer.py)
+echo "== FLARE 2.9 for the FLARE-jobs suite ($(date +%T))"
+bash bench/compare/setup_peers.sh flare || echo "error: FLARE 2.9 did not install; tests/compat/test_flare_peer.py will fail under CI=true" >&2
 echo "== running the suite ($(date +%T))"
 .venv/bin/pytest -q -ra --durations=15 "$@"

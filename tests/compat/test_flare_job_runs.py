@@ -85,3 +85,47 @@ def test_flare_meta_spellings_and_cross_site_eval(federation, tmp_path):  # noqa
     for model in ("global_final", "site-1", "site-2"):  # each model, evaluated at each site
         assert set(cross["table"][model]) == {"site-1", "site-2"}
         assert all(set(m) == {"accuracy"} for m in cross["table"][model].values())
+
+
+def test_flare_recipe_export_of_hello_numpy_cse_runs_on_a_federation(federation, tmp_path):  # noqa: F811
+    """The job FLARE 2.9's NumpyFedAvgRecipe + add_cross_site_evaluation exported
+    (flare_jobs/hello-numpy-cse, one app deployed to @ALL): the NumPy persistor's array is the
+    first round's model, and the script answers cross-site evaluation's validate tasks."""
+    source = Path(__file__).parent / "flare_jobs" / "hello-numpy-cse"
+    out = tmp_path / "hello-numpy-cse-atoll"
+    subprocess.run([sys.executable, "-m", "atoll", "job", "import-flare", str(source),
+                    str(out)], check=True, capture_output=True, timeout=120)
+    with federation.session(ADMIN) as s:
+        job = s.submit(out, wait=True, timeout=240)
+        status = s.status(job["job_id"])
+    assert status["state"] == "FINISHED:COMPLETED", status
+    rounds = [e for e in status["progress"] if e.get("event") == "round"]
+    assert [e["round"] for e in rounds] == [1, 2]
+    # zeros from the persistor, one step up per round
+    assert [e["sites"]["site-1"]["train"]["weight_mean"] for e in rounds] == [1.0, 2.0]
+    cross = next(e for e in status["progress"] if e.get("event") == "cross_site_eval")
+    assert cross["failures"] == {}
+    for model in ("global_final", "site-1", "site-2"):
+        assert cross["table"][model] == {"site-1": {"weight_mean": 2.0},
+                                         "site-2": {"weight_mean": 2.0}}
+
+
+def test_flare_recipe_exports_with_tracking_run_on_a_federation(federation, tmp_path):  # noqa: F811
+    """hello-numpy (NumpyFedAvgRecipe, TensorBoard tracking) and hello-pt-recipe (PyTorch
+    FedAvgRecipe, tracking, cross-site evaluation) as FLARE 2.9 exported them: the scripts'
+    SummaryWriter values reach the job's status through real site workers."""
+    jobs = Path(__file__).parent / "flare_jobs"
+    for name, rounds in (("hello-numpy", 3), ("hello-pt-recipe", 2)):
+        out = tmp_path / f"{name}-atoll"
+        subprocess.run([sys.executable, "-m", "atoll", "job", "import-flare", str(jobs / name),
+                        str(out)], check=True, capture_output=True, timeout=120)
+        with federation.session(ADMIN) as s:
+            job = s.submit(out, wait=True, timeout=240)
+            status = s.status(job["job_id"])
+        assert status["state"] == "FINISHED:COMPLETED", (name, status)
+        assert [e["round"] for e in status["progress"] if e.get("event") == "round"] == list(
+            range(1, rounds + 1))
+        logged = [e for e in status["progress"] if e.get("event") == "site_metrics"]
+        tag = "weight_mean" if name == "hello-numpy" else "train_loss"
+        assert sorted((e["site"], e["step"]) for e in logged if tag in e["metrics"]) == [
+            (site, step) for site in ("site-1", "site-2") for step in range(rounds)], name

@@ -64,12 +64,37 @@ def test_initial_model_file_makes_the_persistors_model(flare_job, tmp_path):
     assert model.params["fc3.weight"].shape == (10, 84)
 
 
-def test_other_nvflare_imports_are_reported_and_left_alone(flare_job, tmp_path):
+def test_client_api_imports_are_rewritten_and_the_rest_listed(flare_job, tmp_path):
     script = flare_job / "app_site-1" / "custom" / "client.py"
-    script.write_text("from nvflare.client.tracking import SummaryWriter\n" + script.read_text())
+    head = [
+        "from nvflare.client.tracking import SummaryWriter, MLflowWriter",
+        "from nvflare.app_common.np.constants import NPConstants  # the key",
+        "from nvflare.app_common.abstract.fl_model import FLModel, ParamsType as PT",
+        "from nvflare.client import tracking",
+        "from nvflare.app_common.app_constant import AppConstants, ModelName",
+        "from nvflare.client.lightning import patch",
+        "from nvflare.client.tracking import SummaryWriter, NoSuchWriter",
+        "import nvflare.client",
+        "from nvflare.client import (",
+    ]
+    script.write_text("\n".join(head) + "\n" + script.read_text())
     report = import_flare_job(flare_job, tmp_path / "out")
-    assert any(line.startswith("app_site-1/client.py:1: from nvflare.client.tracking")
-               for line in report.not_translated)
+    lines = (tmp_path / "out" / "app_site-1" / "client.py").read_text().splitlines()
+    assert lines[:5] == [
+        "from atoll.compat.flare_tracking import SummaryWriter, MLflowWriter",
+        "from atoll.compat.flare_constants import NPConstants  # the key",
+        "from atoll.compat.flare_client import FLModel, ParamsType as PT",
+        "import atoll.compat.flare_tracking as tracking",
+        "from atoll.compat.flare_constants import AppConstants, ModelName",
+    ]
+    assert lines[5:9] == head[5:]  # left as they are, and listed
+    listed = {line.split(":")[1]: line for line in report.not_translated
+              if line.startswith("app_site-1/client.py:")}
+    assert sorted(listed) == ["6", "7", "8", "9"]
+    assert "nvflare.client.lightning has no atoll counterpart" in listed["6"]
+    assert "NoSuchWriter of nvflare.client.tracking: not in atoll's" in listed["7"]
+    assert "import it with a name" in listed["8"] and "several lines" in listed["9"]
+    assert len([r for r in report.rewritten if r.startswith("app_site-1/")]) == 6
 
 
 def test_external_process_and_unknown_executor_args_are_reported(flare_job, tmp_path):
@@ -160,3 +185,89 @@ def test_cross_site_model_eval_becomes_cross_site_eval_all(flare_job, tmp_path):
     _, args = load_app_config(tmp_path / "out" / "app_server")
     assert args.cross_site_eval == "all"
     assert not any("CrossSiteModelEval" in line for line in report.not_translated)
+
+
+def test_numpy_persistors_checkpoint_wins_over_its_array_and_a_missing_one_is_listed(tmp_path):
+    import numpy as np
+
+    from atoll.fl.runner import load_initial_model
+
+    job = Path(shutil.copytree(HELLO_PT.parent / "hello-numpy", tmp_path / "hello-numpy"))
+    np.save(tmp_path / "pre.npy", np.full((2, 2), 7.0))
+    np.savez(tmp_path / "pre.npz", np.full((2, 2), 7.0))
+    config = job / "app" / "config" / "config_fed_server.json"
+    for ckpt, out in ((str(tmp_path / "pre.npy"), "a"), (str(tmp_path / "pre.npz"), "a2"),
+                      ("/server/missing.npy", "b")):
+        edit(config, lambda d, c=ckpt: next(x for x in d["components"] if x["id"] == "persistor")[
+            "args"].update(source_ckpt_file_full_name=c))
+        report = import_flare_job(job, tmp_path / out)
+        model = load_initial_model(tmp_path / out / "app", "flare_initial_model.py:make_model")
+        listed = [line for line in report.not_translated if "source_ckpt" in line]
+        if out.startswith("a"):
+            np.testing.assert_array_equal(model.params["numpy_key"], np.full((2, 2), 7.0))
+            assert listed == []
+        else:  # the recipe's array, float32 as FLARE loads it
+            np.testing.assert_array_equal(model.params["numpy_key"],
+                                          np.arange(1, 10, dtype=np.float32).reshape(3, 3))
+            assert len(listed) == 1 and "/server/missing.npy" in listed[0]
+
+
+def test_the_persistors_array_is_read_as_json_by_the_written_file(tmp_path):
+    """JSON's null and strings reach numpy as values (its error names them), not as Python
+    source (where null would be a NameError and text could be an expression)."""
+    from atoll.fl.runner import load_initial_model
+
+    job = Path(shutil.copytree(HELLO_PT.parent / "hello-numpy", tmp_path / "hello-numpy"))
+    config = job / "app" / "config" / "config_fed_server.json"
+    edit(config, lambda d: next(x for x in d["components"] if x["id"] == "persistor")[
+        "args"].update(model=[1, "__import__('os')", None]))
+    import_flare_job(job, tmp_path / "out")
+    with pytest.raises(ValueError, match="could not convert string to float"):
+        load_initial_model(tmp_path / "out" / "app", "flare_initial_model.py:make_model")
+
+
+def test_a_star_import_is_listed_with_why(flare_job, tmp_path):
+    script = flare_job / "app_site-1" / "custom" / "client.py"
+    script.write_text("from nvflare.client.tracking import *\n" + script.read_text())
+    report = import_flare_job(flare_job, tmp_path / "out")
+    assert any(line.startswith("app_site-1/client.py:1:") and "a star import" in line
+               for line in report.not_translated)
+
+
+def test_pytorch_persistors_checkpoint_wins_over_its_model_class(flare_job, tmp_path):
+    import importlib.util
+
+    import numpy as np
+    import torch
+
+    from atoll.fl.runner import load_initial_model
+
+    spec = importlib.util.spec_from_file_location(
+        "flare_model", flare_job / "app_server" / "custom" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    weights = {k: torch.full_like(v, 0.5) for k, v in module.SimpleNetwork().state_dict().items()}
+    torch.save({"model": weights, "optimizer": {"lr": torch.tensor(0.1)}}, tmp_path / "pre.pt")
+    config = flare_job / "app_server" / "config" / "config_fed_server.json"
+    edit(config, lambda d: next(x for x in d["components"] if x["id"] == "persistor")[
+        "args"].update(source_ckpt_file_full_name=str(tmp_path / "pre.pt"), load_device="cpu"))
+    report = import_flare_job(flare_job, tmp_path / "out")
+    assert (tmp_path / "out" / "app_server" / "flare_initial_ckpt.pt").is_file()
+    model = load_initial_model(tmp_path / "out" / "app_server", "flare_initial_model.py:make_model")
+    assert set(model.params) == set(weights)
+    np.testing.assert_array_equal(model.params["fc3.weight"], np.full((10, 84), 0.5, np.float32))
+    assert any("components.persistor.args.load_device" in line for line in report.not_translated)
+
+
+def test_a_relative_checkpoint_outside_custom_is_listed_not_read(flare_job, tmp_path):
+    config = flare_job / "app_server" / "config" / "config_fed_server.json"
+    (flare_job / "secret.pt").write_bytes(b"x")
+    edit(config, lambda d: next(x for x in d["components"] if x["id"] == "persistor")[
+        "args"].update(source_ckpt_file_full_name="../../secret.pt"))
+    report = import_flare_job(flare_job, tmp_path / "out")
+    assert not (tmp_path / "out" / "app_server" / "flare_initial_ckpt.pt").exists()
+    assert any("../../secret.pt is not a .pt/.pth/.ckpt file" in line
+               for line in report.not_translated)
+    # the model class stays the initial model
+    assert (tmp_path / "out" / "app_server" / "flare_initial_model.py").read_text().count(
+        "SimpleNetwork") >= 1

@@ -19,8 +19,9 @@ def import_flare_command(flare_job_dir: Path, out_dir: Path, fmt: str) -> None:
     """Translate a FLARE job folder (FedAvg recipe, Client API script) into OUT_DIR.
 
     Reads meta.json, each app's config_fed_server.json / config_fed_client.json and custom/
-    folder; points the script's `import nvflare.client` line at atoll.compat.flare_client; lists
-    everything it could not translate. Exits 2 when the job cannot be translated.
+    folder; points the scripts' Client API import lines (nvflare.client, its tracking writers,
+    NPConstants, FLModel) at atoll.compat; lists everything it could not translate. Exits 2
+    when the job cannot be translated.
     """
     from atoll.compat.flare_job import import_flare_job
 

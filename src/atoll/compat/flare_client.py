@@ -26,27 +26,64 @@ How FLARE's terms map to atoll's (``atoll.client``):
 - ``is_train()``, ``is_evaluate()`` and ``is_submit_model()`` read the task's topic (``train``,
   ``validate``, ``submit_model``).
 - ``meta`` travels as JSON: values that are not JSON are dropped on send.
+- ``log()`` and the writers of ``atoll.compat.flare_tracking`` (FLARE's
+  ``nvflare.client.tracking``) record numbers with ``fl.log_metrics``: in the job's status and
+  metrics files and the site's experiment tracker. Text, parameters and tags have no place in
+  atoll's metrics and are dropped (one warning per kind).
+- The ``@train``/``@evaluate`` decorators behave as FLARE's: the first argument is the received
+  model; ``@evaluate``'s metrics ride with the next ``@train`` result, or answer a validate
+  task on their own.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+import logging
+import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any
 
 import atoll.client as _atoll
+from atoll.compat.flare_constants import FLModelConst, MetaKey
 from atoll.fl.model import Model
 
 NUM_STEPS_CURRENT_ROUND = "NUM_STEPS_CURRENT_ROUND"
 FORMAT_KEY = "nvflare_params_exchange_format"
 SUBMIT_MODEL = "submit_model"
 
+log_ = logging.getLogger(__name__)
+
 __all__ = [
-    "FLModel", "ParamsType", "get_config", "get_job_id", "get_site_name", "init",
-    "is_evaluate", "is_running", "is_submit_model", "is_train", "log", "receive", "send",
-    "shutdown", "system_info",
+    "AnalyticsDataType", "FLModel", "FLModelConst", "MetaKey", "ParamsType", "evaluate", "get_config", "get_job_id",
+    "get_site_name", "get_task_name", "init", "is_evaluate", "is_running", "is_submit_model",
+    "is_train", "log", "receive", "send", "shutdown", "system_info", "train",
 ]
+
+
+class AnalyticsDataType(Enum):
+    """FLARE's kinds of tracked data (``nvflare.apis.analytix``); atoll records the numbers."""
+
+    SCALARS = "SCALARS"
+    SCALAR = "SCALAR"
+    IMAGE = "IMAGE"
+    TEXT = "TEXT"
+    LOG_RECORD = "LOG_RECORD"
+    PARAMETER = "PARAMETER"
+    PARAMETERS = "PARAMETERS"
+    METRIC = "METRIC"
+    METRICS = "METRICS"
+    MODEL = "MODEL"
+    TAG = "TAG"
+    TAGS = "TAGS"
+    INIT_DATA = "INIT_DATA"
+
+
+NUMBER_KINDS = {"SCALAR", "METRIC"}
+MAPPING_KINDS = {"SCALARS", "METRICS"}
 
 
 class ParamsType(StrEnum):
@@ -176,10 +213,91 @@ def get_config() -> dict[str, Any]:
     return _atoll.job_args()
 
 
-def log(key: str, value: Any, data_type: Any = None, **kwargs: Any) -> None:
-    """A metric, sent to the job's status (numbers only; ``global_step`` is the step)."""
-    step = kwargs.get("global_step")
-    _atoll.log_metrics({key: value}, step=step if isinstance(step, int) else None)
+def get_task_name() -> str | None:
+    """The current task's name: ``train``, ``validate`` or ``submit_model``."""
+    return _atoll.task_name()
+
+
+_dropped: set[str] = set()
+
+
+def log(key: str, value: Any, data_type: AnalyticsDataType | str | None = None,
+        **kwargs: Any) -> None:
+    """FLARE's ``flare.log``: numbers (SCALAR/METRIC, or a mapping for SCALARS/METRICS) become
+    ``fl.log_metrics`` values; ``global_step`` or ``step`` is the step. Other kinds are
+    dropped with one warning per kind: atoll's metrics are numbers."""
+    kind = data_type.value if isinstance(data_type, AnalyticsDataType) else str(
+        data_type or "SCALAR").upper()
+    step = kwargs.get("global_step", kwargs.get("step"))
+    if kind in MAPPING_KINDS and isinstance(value, dict):
+        values = {f"{key}/{k}" if kind == "SCALARS" and key else str(k): v
+                  for k, v in value.items()}
+    elif kind in NUMBER_KINDS:
+        values = {key: value}
+    else:
+        _drop(kind)
+        return
+    numeric = {k: float(v) for k, v in values.items()
+               if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+    if len(numeric) < len(values):
+        _drop("non-numeric " + kind)
+    if numeric:
+        _atoll.log_metrics(numeric, step=int(step) if isinstance(step, numbers.Integral)
+                           and not isinstance(step, bool) else None)
+
+
+def _drop(kind: str) -> None:
+    if kind not in _dropped:
+        _dropped.add(kind)
+        log_.warning("flare.log: %s values are not recorded (atoll tracks numbers only)", kind)
+
+
+# @evaluate's metrics waiting for @train, per site: `job simulate` runs every site in one process
+_held: dict[str, Any] = {}
+
+
+def _first_argument(fn: Callable, kwargs: dict[str, Any], model: FLModel | None) -> None:
+    first = next(iter(inspect.signature(fn).parameters.values()))
+    kwargs[first.name] = model
+
+
+def train(_func: Callable | None = None, **_options: Any) -> Callable:
+    """FLARE's ``@flare.train``: receives the model into the first argument and sends the
+    FLModel the function returns."""
+    def decorator(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> FLModel:
+            _first_argument(fn, kwargs, receive())
+            result = fn(**kwargs)
+            if not isinstance(result, FLModel):
+                raise TypeError(f"@flare.train: {fn.__name__} must return an FLModel, not "
+                                f"{type(result).__name__}")
+            held = _held.pop(get_site_name(), None)
+            if held is not None:
+                result.metrics = held
+            send(result)
+            return result
+        return wrapper
+    return decorator if _func is None else decorator(_func)
+
+
+def evaluate(_func: Callable | None = None, **_options: Any) -> Callable:
+    """FLARE's ``@flare.evaluate``: receives the model into the first argument; the metrics
+    returned answer a validate task, or ride with the next ``@flare.train`` result."""
+    def decorator(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            _first_argument(fn, kwargs, receive())
+            result = fn(**kwargs)
+            if result is None:
+                raise TypeError(f"@flare.evaluate: {fn.__name__} returned None, not metrics")
+            if is_train():
+                _held[get_site_name()] = result
+            else:
+                send(FLModel(metrics=result))
+            return result
+        return wrapper
+    return decorator if _func is None else decorator(_func)
 
 
 def shutdown() -> None:

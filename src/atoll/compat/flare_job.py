@@ -7,13 +7,16 @@ Client API script:
   ``launcher_spec``, in any spelling FLARE 2.9 accepts (``spec.meta`` reads them);
 - per app, ``config/config_fed_server.json``: the ``FedAvg`` workflow's ``num_rounds`` and
   ``num_clients``/``min_clients``, a ``CrossSiteModelEval`` workflow after it (atoll's
-  ``cross_site_eval: all``), and the persistor's model class (``model.SimpleNetwork``), which
-  becomes the app's ``server.initial_model``;
+  ``cross_site_eval: all``; its model locators need nothing more), and the persistor's
+  initial model, which becomes the app's ``server.initial_model``: a PyTorch persistor's model
+  class (``model.SimpleNetwork``) or checkpoint, a NumPy persistor's array or checkpoint;
 - per app, ``config/config_fed_client.json``: the Client API executor's script
   (``task_script_path``), its arguments (``task_script_args``) and exchange format;
-- per app, ``custom/``: the script and the modules it imports, copied into the atoll app; the
-  script's ``import nvflare.client as flare`` becomes ``import atoll.compat.flare_client as
-  flare`` (its one change; atoll installs nothing under FLARE's name, which would shadow it).
+- per app, ``custom/``: the script and the modules it imports, copied into the atoll app; in
+  each ``.py`` file the import lines of FLARE's Client API (``FLARE_MODULES``: ``import
+  nvflare.client as flare``, ``from nvflare.client.tracking import SummaryWriter``...) are
+  pointed at ``atoll.compat`` (their one change; atoll installs nothing under FLARE's name,
+  which would shadow it).
 
 Everything else (other components, filters, executor options such as an external process) is
 listed in the report as not translated, with the file and the path it came from. A workflow
@@ -23,6 +26,7 @@ import with an error naming the file and the field.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shlex
@@ -44,14 +48,37 @@ CLIENT_API_EXECUTORS = ("ClientAPIExecutor", "InProcessClientAPIExecutor",
                         "PTInProcessClientAPIExecutor", "ClientAPILauncherExecutor",
                         "PTClientAPILauncherExecutor")
 PERSISTORS = ("PTFileModelPersistor", "PTModelPersistor")
+NP_PERSISTORS = ("NPModelPersistor",)
+NP_VALIDATORS = ("NPValidator",)
+MODEL_LOCATORS = ("NPModelLocator", "PTFileModelLocator")
+NUMPY_KEY = "numpy_key"  # FLARE's NPConstants.NUMPY_KEY: the NumPy persistor's one array
+INITIAL_CKPT_STEM = "flare_initial_ckpt"  # + the checkpoint's own suffix
+PT_CHECKPOINTS = (".pt", ".pth", ".ckpt")
+NP_CHECKPOINTS = (".npy", ".npz")
 CROSS_SITE_EVAL = ("CrossSiteModelEval", "CrossSiteEval")
 INITIAL_MODEL_FILE = "flare_initial_model.py"
 FLARE_FEDAVG_ROUNDS = 5  # FLARE's FedAvg default
 SCRIPT_PREFIXES = ("/local/custom/", "local/custom/", "custom/", "/")
 ATOLL_CLIENT = "atoll.compat.flare_client"
-CLIENT_IMPORT = re.compile(
-    r"^(?P<indent>\s*)(?:import nvflare\.client|from nvflare import client) as (?P<alias>\w+)\s*$"
-)
+# FLARE's modules a Client API script imports, and the atoll module that serves each
+FLARE_MODULES = {
+    "nvflare.client": ATOLL_CLIENT,
+    "nvflare.client.api": ATOLL_CLIENT,
+    "nvflare.client.decorator": ATOLL_CLIENT,
+    "nvflare.app_common.abstract.fl_model": ATOLL_CLIENT,
+    "nvflare.apis.analytix": ATOLL_CLIENT,
+    "nvflare.client.tracking": "atoll.compat.flare_tracking",
+    "nvflare.app_common.np.constants": "atoll.compat.flare_constants",
+    "nvflare.app_common.app_constant": "atoll.compat.flare_constants",
+    "nvflare.apis.fl_constant": "atoll.compat.flare_constants",
+}
+_NAME = r"[A-Za-z_]\w*"
+_DOTTED = rf"{_NAME}(?:\.{_NAME})*"
+_TAIL = r"\s*(?P<comment>#.*)?$"
+IMPORT_AS = re.compile(rf"^(?P<indent>\s*)import (?P<module>{_DOTTED}) as (?P<alias>{_NAME}){_TAIL}")
+FROM_IMPORT = re.compile(
+    rf"^(?P<indent>\s*)from (?P<module>{_DOTTED}) import (?P<names>{_NAME}(?: as {_NAME})?"
+    rf"(?:\s*,\s*{_NAME}(?: as {_NAME})?)*)\s*,?{_TAIL}")
 NVFLARE_IMPORT = re.compile(r"^\s*(?:import|from)\s+nvflare\b")
 
 
@@ -100,6 +127,12 @@ def import_flare_job(source: Path, out_dir: Path) -> ImportReport:
     for app, config in apps.items():
         _copy_custom(source / app, out_dir / app, report)
         initial = config.get("server", {}).pop("_initial_model", None)
+        checkpoint = config.get("server", {}).pop("_initial_ckpt", None)
+        if checkpoint is not None:
+            (out_dir / app).mkdir(parents=True, exist_ok=True)
+            name = INITIAL_CKPT_STEM + checkpoint.suffix
+            shutil.copyfile(checkpoint, out_dir / app / name)
+            report.files.append(f"{app}/{name}")
         if initial is not None:
             _write(out_dir / app / INITIAL_MODEL_FILE, initial, report)
         _write(out_dir / app / "app.yaml", yaml.safe_dump(config, sort_keys=False), report)
@@ -189,17 +222,23 @@ def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None
     if isinstance(clients, int):
         server_args["min_clients"] = clients
     persistor_id = args.pop("persistor_id", "persistor")
+    if args.get("aggregation_weights") == {}:
+        args.pop("aggregation_weights")  # the recipe's default: every site weighs alike
     for key in sorted(args):
         report.not_translated.append(f"{file} workflows[{index}].args.{key}: not a FedAvg "
                                      "argument atoll has")
+    components = {c.get("id"): c for c in config.get("components") or [] if isinstance(c, dict)}
+    used: set[Any] = set()
     for i, other in enumerate(workflows):
         if i != index and _short(other.get("path")) in CROSS_SITE_EVAL:
             server_args["cross_site_eval"] = "all"  # the global and every site's last model
+            # the model locator (NPModelLocator, PTFileModelLocator) finds the global model,
+            # which atoll's cross-site evaluation holds itself
+            used.update(cid for cid, c in components.items()
+                        if _short(c.get("path")) in MODEL_LOCATORS)
         elif i != index:
             report.not_translated.append(f"{file} workflows[{i}]: {other.get('path')}")
     section: dict[str, Any] = {"workflow": "fedavg", "args": server_args}
-    components = {c.get("id"): c for c in config.get("components") or [] if isinstance(c, dict)}
-    used: set[Any] = set()
     persistor = components.get(persistor_id)
     if persistor is not None and _short(persistor.get("path")) in PERSISTORS:
         used.add(persistor_id)
@@ -207,13 +246,28 @@ def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None
         if isinstance(model, str) and model in components:  # a reference to another component
             used.add(model)
             model = components[model]
-        if isinstance(model, dict) and isinstance(model.get("path"), str):
+        pt_args = persistor.get("args") or {}
+        checkpoint = _checkpoint(app_dir, pt_args.get("source_ckpt_file_full_name"),
+                                 PT_CHECKPOINTS, report, f"{file} components.{persistor_id}")
+        for key in sorted(set(pt_args) - {"model", "source_ckpt_file_full_name"}):
+            report.not_translated.append(f"{file} components.{persistor_id}.args.{key}: the "
+                                         "server keeps its own models")
+        if checkpoint is not None:  # FLARE's first choice, before the model class
+            section["initial_model"] = f"{INITIAL_MODEL_FILE}:make_model"
+            section["_initial_ckpt"] = checkpoint
+            section["_initial_model"] = _pt_checkpoint_source(checkpoint)
+        elif isinstance(model, dict) and isinstance(model.get("path"), str):
             section["initial_model"] = f"{INITIAL_MODEL_FILE}:make_model"
             section["_initial_model"] = _initial_model_source(model["path"],
                                                               model.get("args") or {})
+    elif persistor is not None and _short(persistor.get("path")) in NP_PERSISTORS:
+        used.add(persistor_id)
+        _numpy_initial_model(app_dir, persistor.get("args") or {}, section, report,
+                             f"{file} components.{persistor_id}")
     if "initial_model" not in section:
-        report.not_translated.append(f"{file}: no PyTorch persistor with a model class; the "
-                                     "first round starts from the sites' own weights")
+        report.not_translated.append(f"{file}: no persistor with a model (PyTorch model class "
+                                     "or NumPy array); the first round starts from the "
+                                     "sites' own weights")
     for cid, component in components.items():
         if cid not in used:
             report.not_translated.append(f"{file} components.{cid}: {component.get('path')}")
@@ -221,6 +275,73 @@ def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None
         if config.get(key):
             report.not_translated.append(f"{file} {key}: filters are not translated")
     return section
+
+
+def _numpy_initial_model(app_dir: Path, args: dict[str, Any], section: dict[str, Any],
+                         report: ImportReport, at: str) -> None:
+    """FLARE's NPModelPersistor: its checkpoint (``initial_ckpt``) when the file is on this
+    machine, else its ``model`` array, as float32 under ``numpy_key`` as FLARE loads it."""
+    model = args.get("model")
+    checkpoint = _checkpoint(app_dir, args.get("source_ckpt_file_full_name"), NP_CHECKPOINTS,
+                             report, at)
+    for key in sorted(set(args) - {"model", "source_ckpt_file_full_name"}):
+        report.not_translated.append(f"{at}.args.{key}: the server keeps its own models")
+    if checkpoint is None and model is None:
+        return
+    section["initial_model"] = f"{INITIAL_MODEL_FILE}:make_model"
+    if checkpoint is not None:
+        section["_initial_ckpt"] = checkpoint
+        load = (f"    data = numpy.load({INITIAL_CKPT_STEM + checkpoint.suffix!r}, "
+                "allow_pickle=False)\n"
+                "    if hasattr(data, 'files'):  # an .npz: its first array\n"
+                "        data = data[data.files[0]]\n")
+        origin = f"its checkpoint {checkpoint.name}"
+    else:
+        # the array as JSON text, parsed when the model is made: never code from the config
+        load = (f"    data = numpy.array(json.loads({json.dumps(model)!r}), "
+                "dtype=numpy.float32)\n")
+        origin = "its model array"
+    section["_initial_model"] = (
+        f'"""Written by atoll job import-flare: the initial model of FLARE\'s NPModelPersistor, '
+        f'{origin}, under NPConstants.NUMPY_KEY."""\n\n'
+        "import json\n\nimport numpy\n\n\n"
+        "def make_model():\n"
+        f"{load}"
+        f"    return {{{NUMPY_KEY!r}: data}}\n"
+    )
+
+
+def _checkpoint(app_dir: Path, ckpt: Any, suffixes: tuple[str, ...], report: ImportReport,
+                at: str) -> Path | None:
+    """The persistor's ``source_ckpt_file_full_name`` (the recipe's ``initial_ckpt``) when it is
+    a file of one of ``suffixes`` on this machine (absolute, or under the app's custom/, where
+    FLARE looks for a relative one); else it is listed and None."""
+    if not isinstance(ckpt, str) or not ckpt:
+        return None
+    where = Path(ckpt) if Path(ckpt).is_absolute() else app_dir / "custom" / ckpt
+    if where.suffix in suffixes and where.is_file() and ".." not in Path(ckpt).parts:
+        return where
+    report.not_translated.append(
+        f"{at}.args.source_ckpt_file_full_name: {ckpt} is not a {'/'.join(suffixes)} file on "
+        "this machine (FLARE reads it on its server; atoll carries it in the job): copy it "
+        "here and import again")
+    return None
+
+
+def _pt_checkpoint_source(checkpoint: Path) -> str:
+    name = INITIAL_CKPT_STEM + checkpoint.suffix
+    return (
+        f'"""Written by atoll job import-flare: the initial model of FLARE\'s PyTorch persistor, '
+        f'its checkpoint {checkpoint.name}."""\n\n'
+        "import torch\n\n\n"
+        "def make_model():\n"
+        "    # weights only: a checkpoint is data, never code to run\n"
+        f"    data = torch.load({name!r}, map_location='cpu', weights_only=True)\n"
+        "    # FLARE's checkpoints keep the weights under 'model', beside optimizer state\n"
+        "    if isinstance(data, dict) and isinstance(data.get('model'), dict):\n"
+        "        return data['model']\n"
+        "    return data\n"
+    )
 
 
 def _initial_model_source(class_path: str, args: dict[str, Any]) -> str:
@@ -272,9 +393,16 @@ def _site_section(app_dir: Path, report: ImportReport) -> dict[str, Any]:
                                      "runs it inside the site worker")
     for key in sorted(args):
         report.not_translated.append(f"{at}.{key}: no atoll equivalent")
-    for i, _ in enumerate(executors):
-        if i != index:
-            report.not_translated.append(f"{file} executors[{i}]: not translated")
+    for i, other in enumerate(executors):
+        if i == index:
+            continue
+        path = (other.get("executor") or {}).get("path") if isinstance(other, dict) else None
+        if _short(path) in NP_VALIDATORS:  # add_cross_site_evaluation's dummy validator
+            report.not_translated.append(
+                f"{file} executors[{i}]: {path} (its validate tasks go to the script, which "
+                "answers them in its flare.is_evaluate() branch)")
+        else:
+            report.not_translated.append(f"{file} executors[{i}]: {path}: not translated")
     for component in config.get("components") or []:
         if isinstance(component, dict):
             report.not_translated.append(
@@ -317,19 +445,60 @@ def _copy_custom(app_dir: Path, out_app: Path, report: ImportReport) -> None:
 
 
 def _point_at_atoll(path: Path, name: str, report: ImportReport) -> None:
-    """The Client API import line is the one change a script needs; other nvflare imports
-    have no atoll counterpart and are reported."""
+    """The import lines of FLARE's Client API (``FLARE_MODULES``) are the one change a script
+    needs; every other nvflare import is listed, naming what atoll lacks."""
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     changed = False
     for number, line in enumerate(lines, 1):
-        match = CLIENT_IMPORT.match(line)
-        if match:
-            lines[number - 1] = f"{match['indent']}import {ATOLL_CLIENT} as {match['alias']}\n"
-            report.rewritten.append(f"{name}:{number}: {line.strip()} -> "
-                                    f"{lines[number - 1].strip()}")
+        if not NVFLARE_IMPORT.match(line):
+            continue
+        new, problem = _translate_import(line.rstrip("\r\n"))
+        if new is not None:
+            lines[number - 1] = new + "\n"
+            report.rewritten.append(f"{name}:{number}: {line.strip()} -> {new.strip()}")
             changed = True
-        elif NVFLARE_IMPORT.match(line):
-            report.not_translated.append(f"{name}:{number}: {line.strip()}: only the Client "
-                                         "API (nvflare.client) has an atoll counterpart")
+        else:
+            report.not_translated.append(f"{name}:{number}: {line.strip()}: {problem}")
     if changed:
         path.write_text("".join(lines), encoding="utf-8")
+
+
+def _translate_import(line: str) -> tuple[str | None, str]:
+    """atoll's line for one nvflare import line, or None and why not."""
+    match = IMPORT_AS.match(line)
+    if match:
+        target = FLARE_MODULES.get(match["module"])
+        if target is None:
+            return None, _no_counterpart(match["module"])
+        return _with_comment(f"{match['indent']}import {target} as {match['alias']}", match), ""
+    match = FROM_IMPORT.match(line)
+    if not match and re.match(r"^\s*from\s+\S+\s+import\s+\*", line):
+        return None, "a star import; name what the script uses to translate it"
+    if not match:
+        if line.rstrip().endswith(("(", "\\")):
+            return None, "an import over several lines; write it on one line to translate it"
+        return None, ("import it with a name (import nvflare.client as flare); the module's "
+                      "own name cannot be served without shadowing FLARE")
+    module = match["module"]
+    names = [part.split(" as ") for part in re.split(r"\s*,\s*", match["names"].strip())]
+    if all(f"{module}.{n[0]}" in FLARE_MODULES for n in names):  # from nvflare import client
+        return _with_comment(match["indent"] + "; ".join(
+            f"import {FLARE_MODULES[f'{module}.{n[0]}']} as {n[-1]}" for n in names), match), ""
+    target = FLARE_MODULES.get(module)
+    if target is None:
+        return None, _no_counterpart(module)
+    provided = set(getattr(importlib.import_module(target), "__all__", ()))
+    missing = [n[0] for n in names if n[0] not in provided]
+    if missing:
+        return None, f"{', '.join(missing)} of {module}: not in atoll's {target}"
+    return _with_comment(f"{match['indent']}from {target} import {match['names'].strip()}",
+                         match), ""
+
+
+def _with_comment(line: str, match: re.Match) -> str:
+    return f"{line}  {match['comment']}" if match["comment"] else line
+
+
+def _no_counterpart(module: str) -> str:
+    return (f"{module} has no atoll counterpart (atoll serves "
+            f"{', '.join(sorted(FLARE_MODULES))})")

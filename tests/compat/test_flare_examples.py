@@ -1,0 +1,217 @@
+"""The FLARE-jobs suite: jobs in the shapes of FLARE 2.9's hello-world examples (scripts of our
+own writing in flare_examples/), exported by FLARE's own recipe classes
+(``flare_examples/job.py export``, run with FLARE's Python) into flare_jobs/, then translated
+with ``atoll job import-flare`` and run with ``atoll job simulate --sites 2``: hello-numpy
+(NumpyFedAvgRecipe with TensorBoard tracking), hello-numpy-cse (the same with
+add_cross_site_evaluation) and hello-pt-recipe (FLARE's PyTorch FedAvgRecipe, tracking and
+cross-site evaluation; synthetic images).
+
+Each example's note: import-flare changes the scripts' import lines only, and what it lists
+as not translated is FLARE's server widgets (result files, model selection, the TensorBoard
+receiver and its event converter: atoll writes its own metrics, plot and best model) and, for
+cross-site evaluation, NPValidator's dummy validation, whose validate tasks the script answers.
+
+hello-numpy's final model is compared with FLARE's own simulator's (same rounds, same initial
+model): flare_examples/hello-numpy/flare_final_model.json is what ``job.py simulate`` left in
+FLARE's server workspace.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atoll.fl.serde import load_file
+
+HERE = Path(__file__).parent
+JOBS = HERE / "flare_jobs"
+SERVER_WIDGETS = [
+    "components.json_generator: nvflare.app_common.widgets.validation_json_generator."
+    "ValidationJsonGenerator",
+    "components.model_selector: nvflare.app_common.widgets.intime_model_selector."
+    "IntimeModelSelector",
+    "components.metrics_artifact_writer: nvflare.app_common.widgets.metrics_artifact_writer."
+    "MetricsArtifactWriter",
+]
+EVENT_TO_FED = ("app/config/config_fed_client.json components.event_to_fed: "
+                "nvflare.app_common.widgets.convert_to_fed_event.ConvertToFedEvent")
+EXPECTED = {
+    "hello-numpy": {
+        "rewritten": [
+            "app/client.py:8: import nvflare.client as flare -> "
+            "import atoll.compat.flare_client as flare",
+            "app/client.py:9: from nvflare.app_common.np.constants import NPConstants -> "
+            "from atoll.compat.flare_constants import NPConstants",
+            "app/client.py:10: from nvflare.client.tracking import SummaryWriter -> "
+            "from atoll.compat.flare_tracking import SummaryWriter",
+        ],
+        "not_translated": [f"app/config/config_fed_server.json {w}" for w in SERVER_WIDGETS] + [
+            "app/config/config_fed_server.json components.receiver: "
+            "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver", EVENT_TO_FED],
+    },
+    "hello-pt-recipe": {
+        "rewritten": [
+            "app/client.py:8: import nvflare.client as flare -> "
+            "import atoll.compat.flare_client as flare",
+            "app/client.py:11: from nvflare.client.tracking import SummaryWriter -> "
+            "from atoll.compat.flare_tracking import SummaryWriter",
+        ],
+        "not_translated": [f"app/config/config_fed_server.json {w}" for w in SERVER_WIDGETS] + [
+            "app/config/config_fed_server.json components.receiver: "
+            "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver",
+            "app/config/config_fed_server.json components.component1: "
+            "nvflare.app_common.widgets.validation_json_generator.ValidationJsonGenerator",
+            EVENT_TO_FED],
+    },
+    "hello-numpy-cse": {
+        "rewritten": [
+            "app/client.py:6: import nvflare.client as flare -> "
+            "import atoll.compat.flare_client as flare",
+            "app/client.py:7: from nvflare.app_common.abstract.fl_model import ParamsType -> "
+            "from atoll.compat.flare_client import ParamsType",
+            "app/client.py:8: from nvflare.app_common.np.constants import NPConstants -> "
+            "from atoll.compat.flare_constants import NPConstants",
+        ],
+        "not_translated": [f"app/config/config_fed_server.json {w}" for w in SERVER_WIDGETS] + [
+            "app/config/config_fed_server.json components.component1: "
+            "nvflare.app_common.widgets.validation_json_generator.ValidationJsonGenerator",
+            "app/config/config_fed_client.json executors[1]: "
+            "nvflare.app_common.np.np_validator.NPValidator (its validate tasks go to the "
+            "script, which answers them in its flare.is_evaluate() branch)", EVENT_TO_FED],
+    },
+}
+
+
+def atoll(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "atoll", *args], capture_output=True,
+                          text=True, timeout=600, cwd=cwd)
+
+
+def import_and_simulate(name: str, tmp_path: Path) -> tuple[dict, Path]:
+    out = tmp_path / f"{name}-atoll"
+    done = atoll("job", "import-flare", str(JOBS / name), str(out), "--format", "json",
+                 cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    original = (JOBS / name / "app" / "custom" / "client.py").read_text().splitlines()
+    imported = (out / "app" / "client.py").read_text().splitlines()
+    changed = [(a, b) for a, b in zip(original, imported, strict=True) if a != b]
+    assert all(a.lstrip().startswith(("import nvflare", "from nvflare")) and
+               b.lstrip().startswith(("import atoll.compat", "from atoll.compat"))
+               for a, b in changed)
+    assert len(changed) == len(EXPECTED[name]["rewritten"])
+    results = tmp_path / "results"
+    done = atoll("job", "simulate", str(out), "--sites", "2", "--out", str(results),
+                 cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "FINISHED:COMPLETED" in done.stdout
+    (run,) = results.iterdir()
+    return report, run / "results"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_import_changes_import_lines_only_and_lists_the_rest(name, tmp_path):
+    out = tmp_path / "out"
+    done = atoll("job", "import-flare", str(JOBS / name), str(out), "--format", "json",
+                 cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["rewritten"] == EXPECTED[name]["rewritten"]
+    assert sorted(report["not_translated"]) == sorted(EXPECTED[name]["not_translated"])
+
+
+def test_hello_numpy_gives_flares_final_model(tmp_path):
+    _, results = import_and_simulate("hello-numpy", tmp_path)
+    final = load_file(results / "global_model_final.safetensors").params["numpy_key"]
+    flare = json.loads((HERE / "flare_examples" / "hello-numpy" /
+                        "flare_final_model.json").read_text())
+    assert final.dtype == np.dtype(flare["dtype"])
+    np.testing.assert_array_equal(final, np.array(flare["array"], dtype=flare["dtype"]))
+    # the recipe's model plus one per round, as the script trains
+    np.testing.assert_array_equal(final, np.arange(1, 10, dtype=np.float32).reshape(3, 3) + 3)
+    # SummaryWriter.add_scalar: the site's log values, FLARE's 0-based round as the step
+    logged = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines()]
+    steps = sorted((r["site"], r["step"], r["metrics"]["weight_mean"])
+                   for r in logged if r["phase"] == "log")
+    assert steps == sorted((site, step, 6.0 + step) for site in ("site-1", "site-2")
+                           for step in range(3))
+
+
+def test_hello_numpy_cross_site_evaluation(tmp_path):
+    _, results = import_and_simulate("hello-numpy-cse", tmp_path)
+    summary = json.loads((results / "summary.json").read_text())
+    # two rounds from zeros, one step up each; every site's last model is the same
+    assert summary["cross_site_eval"] == {
+        model: {"site-1": {"weight_mean": 2.0}, "site-2": {"weight_mean": 2.0}}
+        for model in ("global_final", "site-1", "site-2")}
+
+
+DECORATED = '''
+import numpy as np
+
+import atoll.compat.flare_client as flare
+from atoll.compat.flare_constants import NPConstants
+from atoll.compat.flare_tracking import MLflowWriter, WandBWriter
+
+
+@flare.evaluate
+def check(model):
+    return {"before": float(np.mean(model.params[NPConstants.NUMPY_KEY]))}
+
+
+@flare.train
+def step(model):
+    assert flare.get_task_name() == "train"
+    MLflowWriter().log_metric("m", 1.5, step=model.current_round)
+    MLflowWriter().log_param("lr", "text")  # not a number: dropped
+    WandBWriter().log({"w": 2.5}, step=model.current_round)
+    flare.log("s", {"a": 1, "b": 2}, flare.AnalyticsDataType.SCALARS, global_step=0)
+    return flare.FLModel(params={NPConstants.NUMPY_KEY: model.params[NPConstants.NUMPY_KEY] * 2})
+
+
+flare.init()
+while flare.is_running():
+    check()
+    step()
+'''
+
+
+def test_decorators_and_writers_of_the_client_api(tmp_path):
+    """FLARE's @train/@evaluate and the MLflow and W&B writers, in a translated job."""
+    out = tmp_path / "job"
+    assert atoll("job", "import-flare", str(JOBS / "hello-numpy"), str(out),
+                 cwd=tmp_path).returncode == 0
+    (out / "app" / "client.py").write_text(DECORATED)
+    results = tmp_path / "results"
+    done = atoll("job", "simulate", str(out), "--sites", "2", "--set", "num_rounds=2",
+                 "--out", str(results), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = results.iterdir()
+    records = [json.loads(line) for line in
+               (run / "results" / "metrics.jsonl").read_text().splitlines()]
+    train = [r["metrics"] for r in records if r["phase"] == "train" and r["site"] == "site-1"]
+    assert train == [{"before": 5.0}, {"before": 10.0}]  # @evaluate's metrics ride with @train
+    logged = {(k, r.get("step")) for r in records if r["phase"] == "log"
+              and r["site"] == "site-1" for k in r["metrics"]}
+    assert logged == {("m", 0), ("m", 1), ("w", 0), ("w", 1), ("s/a", 0), ("s/b", 0)}
+    final = load_file(run / "results" / "global_model_final.safetensors").params["numpy_key"]
+    np.testing.assert_array_equal(final, np.arange(1, 10, dtype=np.float32).reshape(3, 3) * 4)
+
+
+def test_hello_pt_recipe_trains_tracks_and_evaluates_across_sites(tmp_path):
+    """The PyTorch persistor's model class is round one's model (the script loads the server's
+    state_dict); SummaryWriter's losses are logged; cross-site evaluation fills its table."""
+    _, results = import_and_simulate("hello-pt-recipe", tmp_path)
+    final = load_file(results / "global_model_final.safetensors").params
+    assert final["fc3.weight"].shape == (10, 84)
+    records = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines()]
+    assert sorted((r["site"], r["step"]) for r in records if r["phase"] == "log") == [
+        (site, step) for site in ("site-1", "site-2") for step in (0, 1)]
+    summary = json.loads((results / "summary.json").read_text())
+    assert {model: set(row) for model, row in summary["cross_site_eval"].items()} == {
+        model: {"site-1", "site-2"} for model in ("global_final", "site-1", "site-2")}
