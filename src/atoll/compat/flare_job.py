@@ -319,7 +319,10 @@ def _checkpoint(app_dir: Path, ckpt: Any, suffixes: tuple[str, ...], report: Imp
     if not isinstance(ckpt, str) or not ckpt:
         return None
     where = Path(ckpt) if Path(ckpt).is_absolute() else app_dir / "custom" / ckpt
-    if where.suffix in suffixes and where.is_file() and ".." not in Path(ckpt).parts:
+    # a relative name stays in custom/, links resolved: the folder came from someone else
+    inside = Path(ckpt).is_absolute() or where.resolve().is_relative_to(
+        (app_dir / "custom").resolve())
+    if where.suffix in suffixes and where.is_file() and ".." not in Path(ckpt).parts and inside:
         return where
     report.not_translated.append(
         f"{at}.args.source_ckpt_file_full_name: {ckpt} is not a {'/'.join(suffixes)} file on "
