@@ -253,3 +253,42 @@ def test_verification_reads_the_record_as_bytes_only(kits, bundle, ca, tmp_path:
     path = tmp_path / "record.json"
     path.write_bytes(dump(build(kits, bundle)))
     assert verify(path.read_bytes(), ca).job_id == JOB
+
+
+# -- the command an auditor runs ------------------------------------------------------------
+def run_verify(*args):
+    from click.testing import CliRunner
+
+    from atoll.cli.main import cli
+
+    return CliRunner().invoke(cli, ["provenance", "verify", *map(str, args)])
+
+
+def test_the_verify_command_checks_a_record_and_a_model_file(kits, bundle, ca, tmp_path,
+                                                             provisioned):
+    record = build(kits, bundle)
+    final = json.loads(record["entries"][7]["entry"])["body"]["model_digest"]
+    model = tmp_path / "global_model_final.safetensors"
+    model.write_bytes(b"final model bytes")
+    assert final == MODEL
+    path = tmp_path / "provenance.json"
+    path.write_bytes(dump(record))
+    ca_file = provisioned.ca_dir / "rootCA.pem"
+    result = run_verify(path, "--ca", ca_file, "--model", model)
+    assert result.exit_code == 0, result.output
+    assert "8 entries verify" in result.output and "is the final model" in result.output
+    model.write_bytes(b"final model bytes!")
+    result = run_verify(path, "--ca", ca_file, "--model", model)
+    assert result.exit_code == 2
+    assert "entry 7 (job.final by server server): the model file's digest" in result.output
+
+
+def test_the_verify_command_exits_2_naming_a_tampered_entry(kits, bundle, tmp_path,
+                                                            provisioned):
+    data = dump(build(kits, bundle)).replace(b"hospital-b", b"hospital-c", 1)
+    path = tmp_path / "provenance.json"
+    path.write_bytes(data)
+    result = run_verify(path, "--ca", provisioned.ca_dir / "rootCA.pem", "--format", "json")
+    assert result.exit_code == 2
+    error = json.loads(result.output)["error"]
+    assert error["code"] == "INVALID" and error["message"].startswith("entry 4 (site.decision")
