@@ -1,26 +1,31 @@
 """A job's provenance record: an append-only hash chain of signed entries, each stated and
 signed by the party it speaks for, verifiable offline against the project's root CA alone.
 
-An *entry* is canonical JSON (sorted keys, no spaces, ASCII)::
+An *entry* is canonical JSON (sorted keys, no spaces, ASCII) signed by the party in ``by``::
 
-    {"format": "atoll-provenance-entry/1", "job_id": J, "seq": N, "prev": DIGEST_OF_N-1,
-     "kind": KIND, "by": {"kind": "server"|"site", "name": NAME}, "at": UNIX_SECONDS,
-     "body": {...}}
+    {"format": "atoll-provenance-entry/1", "job_id": J, "kind": KIND,
+     "by": {"kind": "server"|"site", "name": NAME}, "at": UNIX_SECONDS, "body": {...},
+     server entries: "seq": N, "prev": DIGEST_OF_ITEM_N-1,
+     site entries:   "job_statement": STATEMENT_DIGEST}
 
-Its *digest* is ``sha256:<hex>`` of that text; entry N carries the digest of entry N-1 in
-``prev`` (entry 0 carries ""), so no entry can be changed, dropped, inserted or reordered
-without breaking every link after it. Each entry travels with the ECDSA-SHA256 signature of
-its text by ``by``'s own key and names the certificate that signed it by its SHA-256
-fingerprint. ``by`` must be the identity in that certificate: the server holds no site's key
-and so cannot state anything in a site's name, and a site's signed entry is appended verbatim.
-The *head* (signed by the server) names the number of entries and the last digest, so a
-record cut short is refused too.
+The record keeps each entry as an *item* ``{"seq", "prev", "entry", "signature", "signer"}``
+whose *digest* is ``sha256:<hex>`` of the canonical item; item N carries the digest of item
+N-1 in ``prev`` (item 0 carries ""), so no entry can be changed, dropped, inserted or
+reordered without breaking every link after it. A server entry signs its own link; a site
+signs its entry where it runs the job, without waiting for the server's chain (the sites of a
+job state things at once), binding it instead to the job's signed statement it verified
+itself (``job_statement``); the server appends it verbatim and the links after it, and the
+head, cover it. ``signer`` is the SHA-256 fingerprint of the certificate whose key signed the
+entry, and ``by`` must be the identity in that certificate: the server holds no site's key
+and so cannot state anything in a site's name. The *head* (signed by the server) names the
+number of items and the last digest, so a record cut short is refused too.
 
 The exported record (``atoll job provenance``) is one JSON file::
 
     {"format": "atoll-provenance/1", "project": P, "job_id": J,
      "certificates": {"sha256:<fingerprint>": PEM, ...},
-     "entries": [{"entry": TEXT, "signature": BASE64_DER, "signer": FINGERPRINT}, ...],
+     "entries": [{"seq": N, "prev": D, "entry": TEXT, "signature": BASE64_DER,
+                  "signer": FINGERPRINT}, ...],
      "head": {"entry": TEXT, "signature": ..., "signer": ...}}
 
 ``verify`` checks every certificate against the root CA, every entry's link, signer and
@@ -109,15 +114,30 @@ def fingerprint(cert_pem: bytes) -> str:
 
 
 # -- writing --------------------------------------------------------------------------------
-def entry_text(job_id: str, seq: int, prev: str, kind: str, by: tuple[str, str], at: int,
-               body: dict[str, Any]) -> bytes:
+def entry_text(job_id: str, kind: str, by: tuple[str, str], at: int, body: dict[str, Any],
+               link: dict[str, Any]) -> bytes:
+    """An entry's text; ``link`` is ``{"seq", "prev"}`` for the server's own entries and
+    ``{"job_statement": STATEMENT_DIGEST}`` for a site's."""
     if kind not in KINDS:
         raise ProvenanceError(f"unknown provenance entry kind {kind!r}")
     if KINDS[kind] != by[0]:
         raise ProvenanceError(f"a {by[0]} cannot state a {kind} entry (only a {KINDS[kind]})")
-    return canonical({"format": ENTRY_FORMAT, "job_id": job_id, "seq": seq, "prev": prev,
-                      "kind": kind, "by": {"kind": by[0], "name": by[1]}, "at": int(at),
-                      "body": body})
+    return canonical({"format": ENTRY_FORMAT, "job_id": job_id, "kind": kind,
+                      "by": {"kind": by[0], "name": by[1]}, "at": int(at), "body": body,
+                      **link})
+
+
+def site_entry(job_id: str, job_statement: str, kind: str, site: str, body: dict[str, Any],
+               key_pem: bytes, cert_pem: bytes, at: int) -> dict[str, str]:
+    """What a site sends the server: its entry about the job whose signed statement it
+    verified (``job_statement``), signed with its own key."""
+    return sign(entry_text(job_id, kind, ("site", site), at, body,
+                           {"job_statement": job_statement}), key_pem, cert_pem)
+
+
+def item_digest(item: dict[str, Any]) -> str:
+    return digest_of(canonical({k: item[k] for k in ("seq", "prev", "entry", "signature",
+                                                     "signer")}))
 
 
 def sign(text: bytes, key_pem: bytes, cert_pem: bytes) -> dict[str, str]:
@@ -141,7 +161,7 @@ class Chain:
 
     def __init__(self, project: str, job_id: str) -> None:
         self.project, self.job_id = project, job_id
-        self.entries: list[dict[str, str]] = []
+        self.entries: list[dict[str, Any]] = []
         self.certificates: dict[str, str] = {}
         self.head_digest = ""
 
@@ -155,30 +175,31 @@ class Chain:
         return fp
 
     def append(self, kind: str, by: tuple[str, str], body: dict[str, Any], key_pem: bytes,
-               cert_pem: bytes, at: int) -> dict[str, str]:
-        """Sign and append an entry stated by the holder of ``key_pem``."""
-        text = entry_text(self.job_id, self.next_seq, self.head_digest, kind, by, at, body)
-        item = sign(text, key_pem, cert_pem)
+               cert_pem: bytes, at: int) -> dict[str, Any]:
+        """Sign and append an entry stated by the holder of ``key_pem`` (the server)."""
+        link = {"seq": self.next_seq, "prev": self.head_digest}
+        item = sign(entry_text(self.job_id, kind, by, at, body, link), key_pem, cert_pem)
         self.add_certificate(cert_pem)
-        return self._keep(item)
+        return self._keep({**link, **item})
 
-    def append_signed(self, item: dict[str, str], cert_pem: bytes) -> dict[str, str]:
-        """Append an entry another party signed (a site's), verbatim, once it links here."""
+    def append_signed(self, item: dict[str, str], cert_pem: bytes,
+                      job_statement: str) -> dict[str, Any]:
+        """Append an entry a site signed, verbatim, once it names this job's statement."""
         try:
             doc = json.loads(item["entry"])
-            seq, prev = doc["seq"], doc["prev"]
+            kept = {k: str(item[k]) for k in ("entry", "signature", "signer")}
         except (ValueError, KeyError, TypeError) as exc:
             raise ProvenanceError(f"a signed provenance entry is malformed ({exc})") from None
-        if doc.get("job_id") != self.job_id or seq != self.next_seq or prev != self.head_digest:
-            raise ProvenanceError(f"a signed provenance entry does not link to job "
-                                  f"{self.job_id}'s chain (entry {seq}, expected "
-                                  f"{self.next_seq})")
+        if (not isinstance(doc, dict) or doc.get("job_id") != self.job_id
+                or doc.get("job_statement") != job_statement):
+            raise ProvenanceError(f"a signed provenance entry is not about job {self.job_id} "
+                                  "as it was signed")
         self.add_certificate(cert_pem)
-        return self._keep(dict(item))
+        return self._keep({"seq": self.next_seq, "prev": self.head_digest, **kept})
 
-    def _keep(self, item: dict[str, str]) -> dict[str, str]:
+    def _keep(self, item: dict[str, Any]) -> dict[str, Any]:
         self.entries.append(item)
-        self.head_digest = digest_of(item["entry"].encode("ascii"))
+        self.head_digest = item_digest(item)
         return item
 
     def record(self, key_pem: bytes, cert_pem: bytes, at: int) -> dict[str, Any]:
@@ -226,14 +247,15 @@ def verify(data: bytes, ca_pem: bytes, model_digest: str | None = None) -> Verif
         raise ProvenanceError(f"the provenance record is malformed ({exc})") from None
     signers = _signers(certificates, ca_pem)
     entries: list[Entry] = []
-    prev = ""
+    prev, statement = "", ""
     for seq, item in enumerate(items):
-        entry = _entry(item, seq, job_id, prev, signers)
+        entry = _entry(item, seq, job_id, prev, statement, signers)
         if seq == 0:
             if entry.kind != "job.signed":
                 raise ProvenanceError(f"entry 0 is a {entry.kind} entry; a record starts with "
                                       "the signed job (job.signed)")
             _check_job_signature(entry, ca_pem)
+            statement = str(entry.body.get("statement_digest"))
         elif entry.kind == "job.signed":
             raise ProvenanceError(f"entry {seq} (job.signed) repeats the signed job; only "
                                   "entry 0 states it")
@@ -335,20 +357,22 @@ def _check_signed_by(what: str, text: bytes, signature: bytes, fp: str,
                               "entry; it was changed after it was signed") from None
 
 
-def _entry(item: Any, seq: int, job_id: str, prev: str, signers: dict[str, _Signer]) -> Entry:
+def _entry(item: Any, seq: int, job_id: str, prev: str, statement: str,
+           signers: dict[str, _Signer]) -> Entry:
     text, signature, fp, doc = _parse(item, f"entry {seq}")
     try:
         kind, by, body = str(doc["kind"]), dict(doc["by"]), dict(doc["body"])
         by_kind, by_name, at = str(by["kind"]), str(by["name"]), int(doc["at"])
         if doc.get("format") != ENTRY_FORMAT:
             raise ValueError(f"format {doc.get('format')!r}")
+        digest = item_digest(item)
     except (ValueError, KeyError, TypeError) as exc:
         raise ProvenanceError(f"entry {seq} is malformed ({exc})") from None
     what = f"entry {seq} ({kind} by {by_kind} {by_name})"
-    if doc.get("seq") != seq:
-        raise ProvenanceError(f"{what} says it is entry {doc.get('seq')}: the entries were "
+    if item.get("seq") != seq:
+        raise ProvenanceError(f"{what} says it is entry {item.get('seq')}: the entries were "
                               "reordered, or one was dropped or inserted")
-    if doc.get("prev") != prev:
+    if item.get("prev") != prev:
         raise ProvenanceError(f"{what} does not link to the entry before it (its prev is not "
                               "that entry's digest): an entry before it was changed, dropped "
                               "or reordered")
@@ -356,8 +380,13 @@ def _entry(item: Any, seq: int, job_id: str, prev: str, signers: dict[str, _Sign
         raise ProvenanceError(f"{what} is of job {doc.get('job_id')!r}, not {job_id}")
     if KINDS.get(kind) != by_kind:
         raise ProvenanceError(f"{what}: a {by_kind} cannot state a {kind} entry")
+    if by_kind == "server" and (doc.get("seq"), doc.get("prev")) != (seq, prev):
+        raise ProvenanceError(f"{what}: the link it signed is not its place in the record")
+    if by_kind == "site" and doc.get("job_statement") != statement:
+        raise ProvenanceError(f"{what} is about another submission of the job (its "
+                              "job_statement is not the signed job's statement digest)")
     _check_signed_by(what, text, signature, fp, signers, by_kind, by_name, at)
-    return Entry(seq, kind, by_kind, by_name, at, body, digest_of(text))
+    return Entry(seq, kind, by_kind, by_name, at, body, digest)
 
 
 def _check_job_signature(entry: Entry, ca_pem: bytes) -> None:

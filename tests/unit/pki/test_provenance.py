@@ -19,8 +19,10 @@ from atoll.pki.provenance import (
     ProvenanceError,
     digest_of,
     entry_text,
+    item_digest,
     job_signed_body,
     sign,
+    site_entry,
     verify,
 )
 from atoll.pki.provision import ProvisionResult
@@ -60,11 +62,13 @@ def bundle(tmp_path_factory, kits) -> bytes:
         return zf.read(SIGNATURE_FILE)
 
 
-def site_entry(chain: Chain, kit, kind: str, body: dict) -> dict[str, str]:
-    """What a site does: sign its entry against the chain's head, with its own key."""
-    text = entry_text(chain.job_id, chain.next_seq, chain.head_digest, kind, ("site", kit.name),
-                      AT + chain.next_seq, body)
-    return sign(text, *keys(kit))
+def statement_of(bundle: bytes) -> str:
+    return job_signed_body(bundle)["statement_digest"]
+
+
+def by_site(kit, bundle: bytes, kind: str, body: dict) -> dict[str, str]:
+    """What a site does: sign its entry about the job it verified, with its own key."""
+    return site_entry(JOB, statement_of(bundle), kind, kit.name, body, *keys(kit), at=AT + 1)
 
 
 def build(kits, bundle: bytes, *, final: bool = True) -> dict:
@@ -76,12 +80,13 @@ def build(kits, bundle: bytes, *, final: bool = True) -> dict:
                  *keys(server), at=AT)
     for name, rule in (("hospital-a", {"approval": "sha256:ab"}), ("hospital-b", {})):
         kit = kits[name]
-        chain.append_signed(site_entry(chain, kit, "site.decision",
-                                       {"decision": "accepted", "rule": rule}), kit.cert.read_bytes())
-        chain.append_signed(site_entry(chain, kit, "site.launch",
-                                       {"render_digest": "sha256:cd",
-                                        "datasets": [{"name": "train", "mode": "ro"}]}),
-                            kit.cert.read_bytes())
+        chain.append_signed(by_site(kit, bundle, "site.decision",
+                                    {"decision": "accepted", "rule": rule}),
+                            kit.cert.read_bytes(), statement_of(bundle))
+        chain.append_signed(by_site(kit, bundle, "site.launch",
+                                    {"render_digest": "sha256:cd",
+                                     "datasets": [{"name": "train", "mode": "ro"}]}),
+                            kit.cert.read_bytes(), statement_of(bundle))
     chain.append("round.model", srv, {"round": 1, "digest": digest_of(b"r1")}, *keys(server),
                  at=AT + 10)
     if final:
@@ -154,11 +159,9 @@ def test_a_record_cut_short_is_refused_by_its_head(kits, bundle, ca):
 def test_the_server_cannot_sign_an_entry_in_a_sites_name(kits, bundle, ca):
     record = build(kits, bundle, final=False)
     server = kits["server"]
-    doc = json.loads(record["entries"][-1]["entry"])
-    forged = entry_text(JOB, 7, digest_of(record["entries"][-1]["entry"].encode()),
-                        "site.decision", ("site", "hospital-b"), AT, {"decision": "accepted"})
-    record["entries"].append(sign(forged, *keys(server)))
-    assert doc["seq"] == 6
+    forged = site_entry(JOB, statement_of(bundle), "site.decision", "hospital-b",
+                        {"decision": "accepted"}, *keys(server), at=AT)
+    record["entries"].append({"seq": 7, "prev": item_digest(record["entries"][-1]), **forged})
     with pytest.raises(ProvenanceError, match=r"^entry 7 \(site.decision by site hospital-b\) "
                                               "is stated in the name of site hospital-b but "
                                               "signed by server server"):
@@ -167,13 +170,14 @@ def test_the_server_cannot_sign_an_entry_in_a_sites_name(kits, bundle, ca):
 
 def test_a_site_cannot_state_a_servers_entry(kits, bundle, ca):
     with pytest.raises(ProvenanceError, match="a site cannot state a job.final entry"):
-        entry_text(JOB, 0, "", "job.final", ("site", "hospital-a"), AT, {})
+        entry_text(JOB, "job.final", ("site", "hospital-a"), AT, {}, {})
     record = build(kits, bundle)
     kit = kits["hospital-a"]
     doc = json.loads(record["entries"][7]["entry"])
     doc["by"] = {"kind": "site", "name": "hospital-a"}
     text = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    record["entries"][7] = sign(text, *keys(kit))
+    record["entries"][7] = {"seq": 7, "prev": record["entries"][7]["prev"],
+                            **sign(text, *keys(kit))}
     with pytest.raises(ProvenanceError, match=r"^entry 7 \(job.final by site hospital-a\): a "
                                               "site cannot state a job.final entry"):
         verify(dump(record), ca)
@@ -211,10 +215,10 @@ def test_a_certificate_of_another_ca_under_a_sites_name_is_refused(kits, bundle,
     record = build(kits, bundle, final=False)
     impostor = issue_cert(create_ca("pathology-consortium"), "hospital-b", "hospital-b", "site")
     impostor.write(tmp_path / "c.crt", tmp_path / "c.key")
-    text = entry_text(JOB, 7, digest_of(record["entries"][-1]["entry"].encode()), "site.note",
-                      ("site", "hospital-b"), AT, {"data_fingerprint": "sha256:aa"})
-    item = sign(text, (tmp_path / "c.key").read_bytes(), (tmp_path / "c.crt").read_bytes())
-    record["entries"].append(item)
+    item = site_entry(JOB, statement_of(bundle), "site.note", "hospital-b",
+                      {"data_fingerprint": "sha256:aa"}, (tmp_path / "c.key").read_bytes(),
+                      (tmp_path / "c.crt").read_bytes(), at=AT)
+    record["entries"].append({"seq": 7, "prev": item_digest(record["entries"][-1]), **item})
     record["certificates"][item["signer"]] = (tmp_path / "c.crt").read_text()
     with pytest.raises(ProvenanceError, match=r"^entry 7 \(site.note by site hospital-b\) is "
                                               "signed with a certificate this project's CA did "
@@ -231,15 +235,35 @@ def test_a_forged_signature_value_is_named(kits, bundle, ca):
         verify(dump(record), ca)
 
 
-def test_a_site_entry_that_does_not_link_is_not_appended(kits, bundle):
+def test_a_site_entry_about_another_submission_is_not_appended(kits, bundle):
     chain = Chain("pathology-consortium", JOB)
     chain.append("job.signed", ("server", "server"), job_signed_body(bundle),
                  *keys(kits["server"]), at=AT)
     kit = kits["hospital-a"]
-    stale = sign(entry_text(JOB, 0, "", "site.decision", ("site", kit.name), AT, {}), *keys(kit))
-    with pytest.raises(ProvenanceError, match="does not link to job"):
-        chain.append_signed(stale, kit.cert.read_bytes())
+    other = site_entry(JOB, "sha256:" + "0" * 64, "site.decision", kit.name, {}, *keys(kit),
+                       at=AT)
+    with pytest.raises(ProvenanceError, match="is not about job"):
+        chain.append_signed(other, kit.cert.read_bytes(), statement_of(bundle))
     assert chain.next_seq == 1
+
+
+def test_a_site_entry_moved_into_another_submissions_record_is_named(kits, bundle, ca):
+    record = build(kits, bundle, final=False)
+    kit = kits["hospital-b"]
+    stale = site_entry(JOB, "sha256:" + "1" * 64, "site.launch", kit.name, {}, *keys(kit),
+                       at=AT)  # signed for an earlier submission under the same id
+    record["entries"].append({"seq": 7, "prev": item_digest(record["entries"][-1]), **stale})
+    with pytest.raises(ProvenanceError, match=r"^entry 7 \(site.launch by site hospital-b\) is "
+                                              "about another submission"):
+        verify(dump(record), ca)
+
+
+def test_a_changed_link_of_a_site_entry_breaks_the_next_one(kits, bundle, ca):
+    record = build(kits, bundle)
+    record["entries"][3]["prev"] = "sha256:" + "0" * 64
+    with pytest.raises(ProvenanceError, match=r"^entry 3 \(site.launch by site hospital-a\) "
+                                              "does not link"):
+        verify(dump(record), ca)
 
 
 def test_a_malformed_record_is_refused_plainly(ca):
