@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.pki.files import PRIVATE, private_dir
+from atoll.site.job_log import JobLog
 from atoll.site.signed_jobs import Replayed, SignedJobs
 from atoll.spec.admission import asked_at, fits
 from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError
@@ -123,6 +124,7 @@ class Supervisor:
         self.tokens = tokens
         self.jobs: dict[str, SiteJob] = {}
         self.signed_jobs = SignedJobs(kit.workspace)  # each signed statement under one job id
+        self.job_log = JobLog(kit.workspace)  # every job run or refused here (site jobs KIT)
         self._lock = threading.Lock()
 
     def running_jobs(self) -> list[str]:
@@ -200,15 +202,21 @@ class Supervisor:
             self._report(job_id, "STARTING", f"launching through {self.host.launcher.name}")
             job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
+            self.job_log.record(job_id, study, "launched", job.signed)
         except (NotAdmitted, JobRefused, Replayed, SpecError, LaunchError, IntakeError, OSError,
                 IdentifierError, zipfile.BadZipFile) as exc:
             reason = (str(exc) if isinstance(exc, NotAdmitted | JobRefused | Replayed)
                       else f"{site} refused the job: {exc}")
+            self.job_log.record(job_id, str(body.get("study")), "refused",
+                                job.signed if job else None, reason,
+                                str(body.get("submitter", "")))
             self._report(job_id, "FINISHED:FAILED", reason)
             self._forget(job_id, job)
             return
         except Exception as exc:  # noqa: BLE001 - report rather than die silently
             log.exception("job %s failed to start", job_id)
+            self.job_log.record(job_id, str(body.get("study")), "refused",
+                                job.signed if job else None, f"could not start: {exc}")
             self._report(job_id, "FINISHED:FAILED", f"{site} could not start the job: {exc}")
             self._forget(job_id, job)
             return
@@ -273,6 +281,7 @@ class Supervisor:
         else:
             state = "FAILED"
             reason = job.report[1] if job.report and job.report[1] else exit.reason
+        self.job_log.record(job.job_id, job.study, f"finished:{state}", job.signed, reason)
         self._report(job.job_id, f"FINISHED:{state}", reason, log_tail=self._tail(job))
         self._forget(job.job_id, job)
 
