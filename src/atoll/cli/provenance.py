@@ -42,7 +42,8 @@ def verify_command(record: Path, ca: Path, model: Path | None, fmt: str) -> None
              "digest": e.digest} for e in verified.entries]
     lines = [f"provenance of job {printable(verified.job_id)}: {len(rows)} entries verify "
              f"against {ca.name}"]
-    lines += [f"  {r['seq']:>3}  {r['kind']:<14} {printable(r['by'])}" for r in rows]
+    lines += [f"  {e.seq:>3}  {printable(e.kind):<14} {printable(e.by_kind)} "
+              f"{printable(e.by_name)}" for e in verified.entries]
     if model is not None:
         lines.append(f"model {printable(model.name)} is the final model ({verified.model_digest})")
     emit({"job_id": verified.job_id, "verified": True, "entries": rows,

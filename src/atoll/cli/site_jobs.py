@@ -30,8 +30,8 @@ def jobs_command(kit: Path, fmt: str) -> None:
              f"({site.workspace / 'jobs.log'})"]
     for r in rows:
         at = dt.datetime.fromtimestamp(int(r.get("at", 0)), dt.UTC)
-        who = r.get("submitter") or (f"({r['server_submitter']}, unverified)"
-                                     if r.get("server_submitter") else "-")
+        named = r.get("server_submitter")
+        who = r.get("submitter") or (f"({printable(named)}, unverified)" if named else "-")
         lines.append(f"  {at:%Y-%m-%d %H:%M:%S}  {printable(r.get('job_id', '?')):<36} "
                      f"{printable(r.get('decision', '?')):<20} {printable(r.get('study', '')):<16}"
                      f" {printable(who)}  {printable(r.get('job_digest') or '-')}")

@@ -105,12 +105,17 @@ def file_digest(path: Any) -> str:
 
 
 def fingerprint(cert_pem: bytes) -> str:
-    """The name of a certificate in a record: SHA-256 of its DER."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-
-    cert = x509.load_pem_x509_certificate(cert_pem)
-    return digest_of(cert.public_bytes(serialization.Encoding.DER))
+    """The name of a certificate in a record: SHA-256 of its DER (the PEM's base64 body, read
+    without cryptography: the server appends a site's entry without loading it)."""
+    text = cert_pem.decode("ascii")
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    if begin not in text or end not in text:
+        raise ProvenanceError("not a PEM certificate")
+    body = text.split(begin, 1)[1].split(end, 1)[0]
+    try:
+        return digest_of(base64.b64decode("".join(body.split()), validate=True))
+    except ValueError:
+        raise ProvenanceError("not a PEM certificate") from None
 
 
 # -- writing --------------------------------------------------------------------------------

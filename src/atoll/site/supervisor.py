@@ -203,6 +203,8 @@ class Supervisor:
             job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
             self.job_log.record(job_id, study, "launched", job.signed)
+            self._report(job_id, "STARTING", f"launched through {self.host.launcher.name}",
+                         **self._provenance(job, job.handle.extra))
         except (NotAdmitted, JobRefused, Replayed, SpecError, LaunchError, IntakeError, OSError,
                 IdentifierError, zipfile.BadZipFile) as exc:
             reason = (str(exc) if isinstance(exc, NotAdmitted | JobRefused | Replayed)
@@ -223,6 +225,22 @@ class Supervisor:
         if job.aborting:
             self.host.launcher.cancel(job.handle)
         self._finish(job, self.host.launcher.wait(job.handle))
+
+    def _provenance(self, job: SiteJob, extra: dict[str, Any]) -> dict[str, Any]:
+        """This site's signed entries for the job's provenance record (site/provenance.py)."""
+        from atoll import __version__
+        from atoll.site.provenance import decision_body, launch_body, sign_entries
+
+        if job.signed is None:
+            return {}
+        try:
+            bodies = [("site.decision", decision_body(self.kit, job.study, job.signed)),
+                      ("site.launch", launch_body(self.host.launcher.name, job.entry, extra,
+                                                  __version__))]
+        except (OSError, SpecError) as exc:  # the policy changed under the job: say so
+            log.error("job %s: its provenance entries were not made: %s", job.job_id, exc)
+            return {}
+        return sign_entries(self.kit, job.job_id, job.signed, bodies)
 
     def _fetch(self, job: SiteJob, body: dict[str, Any], dispatched: JobMeta) -> Accepted:
         """Fetch this site's app and check it (its signature, content and policy, and that its
