@@ -267,10 +267,12 @@ class JobManager:
         live = self.live.get(job_id)
         if live is None or site not in live.members or site in live.site_states:
             return
+        if state == "PROVENANCE":  # the site's signed entries, not a state of its part
+            if self.provenance is not None:
+                self.provenance.site_items(job_id, site, body)
+            return
         if body.get("log_tail"):
             self._keep_tail(live, site, str(body["log_tail"]))
-        if body.get("provenance") and self.provenance is not None:
-            self.provenance.site_items(job_id, site, body)
         self.store.set_part_state(job_id, site, state, reason)
         if state == "RUNNING" and live.record.state == "DISPATCHED":
             live.record.state = "RUNNING"

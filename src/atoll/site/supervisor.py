@@ -203,8 +203,9 @@ class Supervisor:
             job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
             self.job_log.record(job_id, study, "launched", job.signed)
-            self._report(job_id, "STARTING", f"launched through {self.host.launcher.name}",
-                         **self._provenance(job, job.handle.extra))
+            entries = self._provenance(job, job.handle.extra)
+            if entries:  # a report of its own: never a state after the worker's RUNNING
+                self.link.send_state(job_id, "PROVENANCE", "", **entries)
         except (NotAdmitted, JobRefused, Replayed, SpecError, LaunchError, IntakeError, OSError,
                 IdentifierError, zipfile.BadZipFile) as exc:
             reason = (str(exc) if isinstance(exc, NotAdmitted | JobRefused | Replayed)
