@@ -93,6 +93,11 @@ def test_the_record_verifies_offline_with_the_ca_and_the_model(finished):
     kinds = [(e["kind"], e["by"]) for e in doc["entries"]]
     assert kinds[:2] == [("job.signed", "server server"), ("server.intake", "server server")]
     assert kinds[-1] == ("job.final", "server server")
+    rounds = [e for e in json.loads(record.read_text())["entries"]
+              if '"kind":"round.model"' in e["entry"]]
+    assert [json.loads(e["entry"])["body"]["round"] for e in rounds] == [1, 2]
+    final = json.loads(json.loads(record.read_text())["entries"][-1]["entry"])["body"]
+    assert json.loads(rounds[-1]["entry"])["body"]["digest"] == final["model_digest"]
     for site in SITES:  # each site's own two entries, signed with its key
         assert ("site.decision", f"site {site}") in kinds
         assert ("site.launch", f"site {site}") in kinds
