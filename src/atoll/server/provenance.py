@@ -46,12 +46,14 @@ METRICS = "metrics.jsonl"
 ROUND_DIGESTS = "model_digests.jsonl"
 RESULTS = "run/server/results"
 MAX_ROUNDS = 100_000
+MAX_CACHED = 1000  # chains kept in memory
 
 
 class ServerProvenance:
     def __init__(self, kit: Kit, jobs_dir: Path, version: str):
         self.kit, self.jobs_dir, self.version = kit, jobs_dir, version
         self._lock = threading.Lock()  # one chain per job; appends are rare and small
+        self._chains: dict[str, Chain] = {}  # the running jobs', read once from their files
 
     # -- what happens to a job ------------------------------------------------------------------
     def taken_in(self, job_id: str, study: str, submitter: str, digest: str) -> None:
@@ -81,6 +83,7 @@ class ServerProvenance:
                     self._append(job_id, chain.append_signed(
                         item, cert.encode("ascii"), self._statement(chain)), cert)
             except (ProvenanceError, ValueError, UnicodeEncodeError, OSError) as exc:
+                self._forget(job_id)  # read again from its file, which has what was kept
                 log.warning("job %s: a provenance entry of %s was left out: %s", job_id, site,
                             exc)
 
@@ -102,11 +105,13 @@ class ServerProvenance:
         if epsilon is not None:
             body["dp_epsilon"] = epsilon
         self._state(job_id, "job.final", body)
+        with self._lock:
+            self._chains.pop(job_id, None)  # its file has it all: an export reads it again
 
     def export(self, job_id: str) -> bytes:
         """The record, its head signed now."""
         with self._lock:
-            chain = self._load(job_id)
+            chain = self._chains.get(job_id) or self._read(job_id)
             if not chain.entries:
                 raise ProvenanceError(f"job {job_id} has no provenance record (it was taken in "
                                       "before this server kept them)")
@@ -132,12 +137,25 @@ class ServerProvenance:
                                     self.kit.key.read_bytes(), cert, int(time.time()))
                 self._append(job_id, item, cert.decode("ascii"))
         except (ProvenanceError, OSError, ValueError) as exc:  # the job goes on; say why
+            self._forget(job_id)
             log.error("job %s: its provenance entry %s was not kept: %s", job_id, kind, exc)
 
     def _folder(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
 
     def _load(self, job_id: str) -> Chain:
+        chain = self._chains.get(job_id)
+        if chain is None:
+            if len(self._chains) >= MAX_CACHED:  # jobs cancelled in the queue never finish
+                self._chains.clear()
+            chain = self._chains[job_id] = self._read(job_id)
+        return chain
+
+    def _forget(self, job_id: str) -> None:
+        with self._lock:
+            self._chains.pop(job_id, None)
+
+    def _read(self, job_id: str) -> Chain:
         chain = Chain(self.kit.project, job_id)
         for line in _lines(self._folder(job_id) / ITEMS_FILE):
             chain.certificates.setdefault(line["signer_fp"], line["certificate"])
