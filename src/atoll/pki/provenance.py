@@ -199,6 +199,8 @@ class Chain:
                 or doc.get("job_statement") != job_statement):
             raise ProvenanceError(f"a signed provenance entry is not about job {self.job_id} "
                                   "as it was signed")
+        if any(e["entry"] == kept["entry"] for e in self.entries):
+            raise ProvenanceError("a signed provenance entry the record holds already")
         self.add_certificate(cert_pem)
         return self._keep({"seq": self.next_seq, "prev": self.head_digest, **kept})
 
@@ -252,9 +254,14 @@ def verify(data: bytes, ca_pem: bytes, model_digest: str | None = None) -> Verif
         raise ProvenanceError(f"the provenance record is malformed ({exc})") from None
     signers = _signers(certificates, ca_pem)
     entries: list[Entry] = []
-    prev, statement = "", ""
+    prev, statement, seen = "", "", {}
     for seq, item in enumerate(items):
         entry = _entry(item, seq, job_id, prev, statement, signers)
+        text = str(item["entry"])
+        if text in seen:  # a site's entry carries no link of its own: a copy would verify
+            raise ProvenanceError(f"entry {seq} ({entry.kind} by {entry.by_kind} "
+                                  f"{entry.by_name}) repeats entry {seen[text]}")
+        seen[text] = seq
         if seq == 0:
             if entry.kind != "job.signed":
                 raise ProvenanceError(f"entry 0 is a {entry.kind} entry; a record starts with "
@@ -280,6 +287,20 @@ def verify(data: bytes, ca_pem: bytes, model_digest: str | None = None) -> Verif
                                   f"file's digest {model_digest} is not the final model's "
                                   f"{model}")
     return Verified(job_id, entries, model)
+
+
+def check_site_item(item: dict[str, Any], cert_pem: bytes, ca_pem: bytes, site: str,
+                    job_id: str, job_statement: str, seq: int, prev: str) -> None:
+    """What the server checks before it appends a site's entry at ``seq``: that it would pass
+    verification there (the CA's certificate of ``site``, a site's kind of entry, about this
+    submission, signed by that site), so that no site can make the record fail for all."""
+    fp = fingerprint(cert_pem)
+    signers = _signers({fp: cert_pem.decode("ascii")}, ca_pem)
+    placed = {"seq": seq, "prev": prev, **{k: item.get(k) for k in ("entry", "signature",
+                                                                     "signer")}}
+    entry = _entry(placed, seq, job_id, prev, job_statement, signers)
+    if (entry.by_kind, entry.by_name) != ("site", site):
+        raise ProvenanceError(f"entry {seq} ({entry.kind}) is not in {site}'s own name")
 
 
 @dataclass(frozen=True)

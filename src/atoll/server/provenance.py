@@ -9,9 +9,11 @@ download``'s results).
 
 The server's entries are signed in the server parent: cryptography is loaded by the first
 job's first entry, never by a parent at rest (pki/job_signature.py says why parents avoid it),
-and the server's key does not leave the process that already holds it. A site's entry is only
-checked to be in that site's name (the name its mutual-TLS certificate gave its link) and about
-this job's signed statement; its signature is checked by whoever verifies the record.
+and the server's key does not leave the process that already holds it. A site's entry is
+checked to be in that site's name (the name its mutual-TLS certificate gave its link), about
+this job's signed statement, and to pass verification where it is placed (the CA's
+certificate of that site, a site's kind of entry, its signature), so that no site can make the
+record fail for everyone; whoever verifies the record checks it all again.
 
 What the server states about a round's and the final model is read from the server worker's
 results folder (job code writes it): the final model's and the metrics' digests are of the
@@ -30,7 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atoll.pki.files import PRIVATE
-from atoll.pki.provenance import Chain, ProvenanceError, item_digest, job_signed_body
+from atoll.pki.provenance import (
+    Chain,
+    ProvenanceError,
+    check_site_item,
+    item_digest,
+    job_signed_body,
+)
 
 if TYPE_CHECKING:
     from atoll.pki.kit import Kit
@@ -39,7 +47,7 @@ log = logging.getLogger("atoll.server.provenance")
 
 ITEMS_FILE = "provenance.jsonl"
 RECORD_FILE = "provenance.json"
-MAX_SITE_ITEMS = 16  # per report: a site states a few things per job
+MAX_SITE_ITEMS = 16  # per job: a site states a few things (two, today)
 MAX_ITEM_BYTES = 64 * 1024
 FINAL_MODEL = "global_model_final.safetensors"
 METRICS = "metrics.jsonl"
@@ -65,9 +73,9 @@ class ServerProvenance:
             "content_digest": digest, "atoll_version": self.version})
 
     def site_items(self, job_id: str, site: str, body: dict[str, Any]) -> None:
-        """A site's signed entries from its state report, appended verbatim; a malformed or
-        foreign one is logged and left out (the record then lacks it: the site's own log
-        still has the decision)."""
+        """A site's signed entries from its state report, appended verbatim; one that would
+        not verify, or in another's name, is logged and left out (the record then lacks it:
+        the site's own log still has the decision)."""
         items, cert = body.get("provenance"), body.get("certificate")
         if not isinstance(items, list) or not isinstance(cert, str):
             return
@@ -80,8 +88,14 @@ class ServerProvenance:
                     raise ProvenanceError(f"an entry not in {site}'s own name")
                 with self._lock:
                     chain = self._load(job_id)
+                    if sum(f'"name":"{site}"' in e["entry"] for e in chain.entries) \
+                            >= MAX_SITE_ITEMS:
+                        raise ProvenanceError(f"{site} stated {MAX_SITE_ITEMS} entries already")
+                    statement = self._statement(chain)
+                    check_site_item(item, cert.encode("ascii"), self.kit.ca.read_bytes(), site,
+                                    job_id, statement, chain.next_seq, chain.head_digest)
                     self._append(job_id, chain.append_signed(
-                        item, cert.encode("ascii"), self._statement(chain)), cert)
+                        item, cert.encode("ascii"), statement), cert)
             except (ProvenanceError, ValueError, UnicodeEncodeError, OSError) as exc:
                 self._forget(job_id)  # read again from its file, which has what was kept
                 log.warning("job %s: a provenance entry of %s was left out: %s", job_id, site,

@@ -316,3 +316,12 @@ def test_the_verify_command_exits_2_naming_a_tampered_entry(kits, bundle, tmp_pa
     assert result.exit_code == 2
     error = json.loads(result.output)["error"]
     assert error["code"] == "INVALID" and error["message"].startswith("entry 4 (site.decision")
+
+
+def test_a_repeated_site_entry_is_named(kits, bundle, ca):
+    record = build(kits, bundle, final=False)
+    copy = {k: record["entries"][2][k] for k in ("entry", "signature", "signer")}
+    record["entries"].append({"seq": 7, "prev": item_digest(record["entries"][-1]), **copy})
+    with pytest.raises(ProvenanceError, match=r"^entry 7 \(site.decision by site hospital-a\) "
+                                              "repeats entry 2"):
+        verify(dump(record), ca)

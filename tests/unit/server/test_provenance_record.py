@@ -13,7 +13,7 @@ import pytest
 from atoll.pki.job_signature import SIGNATURE_FILE, sign_archive
 from atoll.pki.kit import load_kit
 from atoll.pki.project import parse_project
-from atoll.pki.provenance import ProvenanceError, site_entry, verify
+from atoll.pki.provenance import ProvenanceError, item_digest, site_entry, verify
 from atoll.pki.provision import provision
 from atoll.server.provenance import ITEMS_FILE, ServerProvenance
 from atoll.wire.job_archive import zip_folder
@@ -86,12 +86,51 @@ def test_an_entry_in_another_sites_name_is_left_out(kits, jobs_dir, caplog):
 def test_an_entry_the_server_signed_in_a_sites_name_fails_verification(kits, jobs_dir):
     prov = ServerProvenance(kits["server"], jobs_dir, "9.9")
     prov.taken_in(JOB, "alpha", "lead@a.org", "sha256:x")
-    # the server appends a site.decision for site-a, signed with its own key
-    prov.site_items(JOB, "site-a", report(kits["site-a"], jobs_dir, signer=kits["server"]))
+    record = json.loads(prov.export(JOB))
+    # whoever holds the server's key writes a site.decision for site-a into the record
+    item = report(kits["site-a"], jobs_dir, signer=kits["server"])["provenance"][0]
+    record["entries"].append({"seq": 2, "prev": item_digest(record["entries"][-1]), **item})
     with pytest.raises(ProvenanceError, match=r"^entry 2 \(site.decision by site site-a\) is "
                                               "stated in the name of site site-a but signed by "
                                               "server server"):
-        verify(prov.export(JOB), kits["server"].ca.read_bytes())
+        verify(json.dumps(record).encode(), kits["server"].ca.read_bytes())
+
+
+@pytest.mark.parametrize("bad", ["server key", "server kind", "other submission", "repeated",
+                                 "too many"])
+def test_a_site_entry_that_would_not_verify_is_left_out(kits, jobs_dir, caplog, bad):
+    """No site can make the record fail for everyone: what would fail is not appended."""
+    prov = ServerProvenance(kits["server"], jobs_dir, "9.9")
+    prov.taken_in(JOB, "alpha", "lead@a.org", "sha256:x")
+    site = kits["site-a"]
+    if bad == "server key":
+        body = report(site, jobs_dir, signer=kits["server"])
+    elif bad == "server kind":  # a site's own key, on a kind only the server states
+        text = json.loads(report(site, jobs_dir)["provenance"][0]["entry"])
+        text["kind"] = "job.final"
+        from atoll.pki.provenance import sign
+
+        item = sign(json.dumps(text, sort_keys=True, separators=(",", ":")).encode(),
+                    site.key.read_bytes(), site.cert.read_bytes())
+        body = {"provenance": [item], "certificate": site.cert.read_text()}
+    elif bad == "other submission":
+        item = site_entry(JOB, "sha256:" + "0" * 64, "site.decision", "site-a", {},
+                          site.key.read_bytes(), site.cert.read_bytes(), at=1_800_000_000)
+        body = {"provenance": [item], "certificate": site.cert.read_text()}
+    elif bad == "repeated":
+        body = report(site, jobs_dir)
+        prov.site_items(JOB, "site-a", body)  # the first is kept
+    else:  # 17 entries of its own, in two reports
+        items = [site_entry(JOB, statement(jobs_dir), "site.note", "site-a", {"n": n},
+                            site.key.read_bytes(), site.cert.read_bytes(), at=1_800_000_000)
+                 for n in range(17)]
+        prov.site_items(JOB, "site-a", {"provenance": items[:16],
+                                         "certificate": site.cert.read_text()})
+        body = {"provenance": items[16:], "certificate": site.cert.read_text()}
+    prov.site_items(JOB, "site-a", body)
+    assert "was left out" in caplog.text
+    verified = verify(prov.export(JOB), kits["server"].ca.read_bytes())
+    assert len(verified.entries) == {"too many": 18, "repeated": 3}.get(bad, 2)
 
 
 def test_a_job_without_a_record_says_so(kits, jobs_dir):
