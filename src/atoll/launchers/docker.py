@@ -184,7 +184,7 @@ class DockerLauncher(Launcher):
             extra={
                 "name": kwargs["name"],
                 "image": image,
-                "image_id": str((container.attrs or {}).get("Image", "")),  # its content digest
+                "image_id": str((getattr(container, "attrs", None) or {}).get("Image", "")),
                 "memory": request.resources.memory,
                 "workdir": str(request.workdir),
                 "gpu_key": key,
