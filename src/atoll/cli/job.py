@@ -344,16 +344,7 @@ def provenance(job_id: str, kit: Path | None, study: str | None, out: Path, fmt:
     it, the server's head signed now. Check it offline with `atoll provenance verify OUT --ca
     rootCA.pem [--model FILE]` (docs/provenance.md). The record is also provenance.json in
     `job download`'s results, which this command fetches."""
-    import shutil
-    import tempfile
-
-    from atoll.spec.errors import AtollError
-
-    with tempfile.TemporaryDirectory() as tmp, open_session(kit) as session:
-        path = session.download(job_id, tmp, study) / "provenance.json"
-        if not path.is_file():
-            raise AtollError(f"the server sent no provenance record for job {job_id} (a job "
-                             "taken in before the server kept them has none)")
-        shutil.copyfile(path, out)
+    with open_session(kit) as session:
+        session.provenance(job_id, out, study)
     emit({"job_id": job_id, "path": str(out.resolve())}, fmt,
          f"provenance of job {printable(job_id)} in {printable(out)}")
