@@ -210,9 +210,11 @@ class Supervisor:
                 IdentifierError, zipfile.BadZipFile) as exc:
             reason = (str(exc) if isinstance(exc, NotAdmitted | JobRefused | Replayed)
                       else f"{site} refused the job: {exc}")
-            self.job_log.record(job_id, str(body.get("study")), "refused",
-                                job.signed if job else None, reason,
+            signed = (job.signed if job else None) or getattr(exc, "signed", None)
+            self.job_log.record(job_id, str(body.get("study")), "refused", signed, reason,
                                 str(body.get("submitter", "")))
+            if signed is not None:  # a decision of this site about a job it verified
+                self._refused_entry(job_id, signed, reason)
             self._report(job_id, "FINISHED:FAILED", reason)
             self._forget(job_id, job)
             return
@@ -234,14 +236,29 @@ class Supervisor:
 
         if job.signed is None:
             return {}
-        try:
+        try:  # the job runs already: nothing here may fail it
             bodies = [("site.decision", decision_body(self.kit, job.study, job.signed)),
                       ("site.launch", launch_body(self.host.launcher.name, job.entry, extra,
                                                   __version__))]
-        except (OSError, SpecError) as exc:  # the policy changed under the job: say so
-            log.error("job %s: its provenance entries were not made: %s", job.job_id, exc)
+            return sign_entries(self.kit, job.job_id, job.signed, bodies)
+        except Exception:  # noqa: BLE001 - the record lacks them; the site's log has the job
+            log.exception("job %s: its provenance entries were not made", job.job_id)
             return {}
-        return sign_entries(self.kit, job.job_id, job.signed, bodies)
+
+    def _refused_entry(self, job_id: str, signed: Signed, reason: str) -> None:
+        from atoll.site.provenance import sign_entries
+
+        try:  # a refusal stays a refusal, whatever happens here
+            workdir = self.host.runs_root() / JOBS / job_id  # as _report: no path of the site
+            body = {"decision": "refused", "study": signed.statement.study,
+                    "submitter": signed.signer.name, "content_digest": signed.digest,
+                    "reason": public(reason, [workdir], self.kit.workspace)[:2000]}
+            entries = sign_entries(self.kit, job_id, signed, [("site.decision", body)])
+        except Exception:  # noqa: BLE001
+            log.exception("job %s: the provenance entry of its refusal was not made", job_id)
+            return
+        if entries:
+            self.link.send_state(job_id, "PROVENANCE", "", **entries)
 
     def _fetch(self, job: SiteJob, body: dict[str, Any], dispatched: JobMeta) -> Accepted:
         """Fetch this site's app and check it (its signature, content and policy, and that its

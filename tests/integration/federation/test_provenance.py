@@ -160,3 +160,29 @@ def test_each_site_keeps_its_own_log_of_the_job(fed, finished):
         decisions = [r["decision"] for r in json.loads(done.stdout)["jobs"]
                      if r["job_id"] == job_id]
         assert decisions == ["launched", "finished:COMPLETED"], done.stdout
+
+
+def test_a_sites_refusal_is_its_own_signed_entry_and_in_its_log(fed, finished, tmp_path):
+    """site-2 (code_approval: required) refuses code it did not approve: its refusal, signed
+    with its key, is in the record, which still verifies; its log names the signed job."""
+    folder = job_folder(tmp_path / "unreviewed", {"name": "unreviewed",
+                                                  "deploy_map": {"app": ["@ALL"]},
+                                                  "min_clients": 1},
+                        APP, {"train.py": TRAIN + "\n# not reviewed\n", "model.py": MODEL})
+    with fed.session(ADMIN) as s:
+        job = s.submit(folder, wait=True, timeout=300)
+        assert job["parts"]["site-2"]["state"] == "FINISHED:FAILED", job
+    record = tmp_path / "refused.json"
+    atoll("job", "provenance", job["job_id"], "--out", record, "--kit", fed.kit(ADMIN))
+    done = verify(record, finished[4])
+    assert done.returncode == 0, done.stdout + done.stderr
+    entries = [json.loads(e["entry"]) for e in json.loads(record.read_text())["entries"]]
+    refusal = next(e for e in entries if e["kind"] == "site.decision"
+                   and e["by"]["name"] == "site-2")
+    assert refusal["body"]["decision"] == "refused"
+    assert "runs only jobs its operator approved" in refusal["body"]["reason"]
+    assert not any(e["kind"] == "site.launch" and e["by"]["name"] == "site-2" for e in entries)
+    log = json.loads(atoll("site", "jobs", fed.kit("site-2"), "--format", "json").stdout)
+    line = next(r for r in log["jobs"] if r["job_id"] == job["job_id"])
+    assert line["decision"] == "refused"
+    assert line["job_digest"] == entries[0]["body"]["content_digest"]
