@@ -1,7 +1,8 @@
 """The site's own log of every job it ran or refused, kept by the site whatever the server says.
 
-One JSON line per decision in ``<workspace>/jobs.log`` (0600, opened for appending only and
-fsynced per line, so it survives restarts and crashes)::
+One JSON line per decision in ``<workspace>/jobs.log`` (0600, opened for appending only, so
+it survives restarts of the parent; a machine crash may lose the last lines, which the chain
+then simply lacks)::
 
     {"at": UNIX_SECONDS, "job_id": ID, "study": S, "decision": "launched"|"refused"|
      "finished:COMPLETED"|..., "submitter": NAME, "job_digest": sha256:..,
@@ -80,8 +81,7 @@ class JobLog:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
                          PRIVATE)
             try:
-                os.write(fd, data)
-                os.fsync(fd)
+                os.write(fd, data)  # no fsync: 5-10 ms on the launch path; see the top
             finally:
                 os.close(fd)
             self._last = _digest(data.rstrip(b"\n"))
