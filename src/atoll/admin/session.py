@@ -173,6 +173,21 @@ class Session:
         archive.unlink()
         return out
 
+    def provenance(self, job_id: str, out: str | Path, study: str | None = None) -> Path:
+        """The job's provenance record (docs/provenance.md), written to ``out``: it comes with
+        the job's results, fetched into a scratch folder that is gone afterwards."""
+        import shutil
+        import tempfile
+
+        out = Path(out)
+        with tempfile.TemporaryDirectory() as tmp:
+            record = self.download(job_id, tmp, study) / "provenance.json"
+            if not record.is_file():
+                raise AtollError(f"the server sent no provenance record for job {job_id} (a "
+                                 "job taken in before the server kept them has none)")
+            shutil.copyfile(record, out)
+        return out
+
 
 def _folder_bytes(folder: Path, enough: int) -> int:
     """The size of the files under ``folder``, counted until it reaches ``enough``."""

@@ -329,3 +329,22 @@ def download(job_id: str, kit: Path | None, study: str | None, out: Path, fmt: s
         path = session.download(job_id, out, study)
     emit({"job_id": job_id, "path": str(path.resolve())}, fmt,
          f"results of job {printable(job_id)} in {printable(path)}")
+
+
+@job_group.command("provenance")
+@job_arg
+@kit_option
+@study_option
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The file to write the record to (JSON).")
+@format_option
+@handle_errors
+def provenance(job_id: str, kit: Path | None, study: str | None, out: Path, fmt: str) -> None:
+    """Write the job's provenance record to OUT: every entry with the certificates that signed
+    it, the server's head signed now. Check it offline with `atoll provenance verify OUT --ca
+    rootCA.pem [--model FILE]` (docs/provenance.md). The record is also provenance.json in
+    `job download`'s results, which this command fetches."""
+    with open_session(kit) as session:
+        session.provenance(job_id, out, study)
+    emit({"job_id": job_id, "path": str(out.resolve())}, fmt,
+         f"provenance of job {printable(job_id)} in {printable(out)}")

@@ -25,6 +25,8 @@ COMMANDS = {
     "audit": ("atoll.cli.study", "audit_command", "Read the audit log (project admins)."),
     "crl": ("atoll.cli.crl", "crl_group",
             "Push the project's certificate revocation list to the server; show it."),
+    "provenance": ("atoll.cli.provenance", "provenance_group",
+                   "Verify a job's provenance record offline, against the project's CA."),
     "poc": ("atoll.cli.poc", "poc_group", "Run a local federation: a server and N sites."),
 }
 

@@ -24,7 +24,8 @@ kit_arg = click.argument("kit", type=click.Path(exists=True, file_okay=False, pa
 @click.group("site", cls=LazyCommands, lazy={
     "render": ("atoll.cli.site_render", "render_command"),
     "validate": ("atoll.cli.site_render", "validate_command"),
-    "approve": ("atoll.cli.site_policy", "approve_command")})
+    "approve": ("atoll.cli.site_policy", "approve_command"),
+    "jobs": ("atoll.cli.site_jobs", "jobs_command")})
 def site_group() -> None:
     """A site parent: dials the server, starts this site's job workers through its launcher."""
 

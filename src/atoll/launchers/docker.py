@@ -184,6 +184,7 @@ class DockerLauncher(Launcher):
             extra={
                 "name": kwargs["name"],
                 "image": image,
+                "image_id": str((getattr(container, "attrs", None) or {}).get("Image", "")),
                 "memory": request.resources.memory,
                 "workdir": str(request.workdir),
                 "gpu_key": key,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from atoll import __version__
 from atoll.launchers.base import JobIdentity, LaunchRequest
 from atoll.parent.local_config import LocalConfig, load_local_config
 from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
@@ -29,6 +30,7 @@ from atoll.server.admin_service import AdminService
 from atoll.server.federation_service import FederationService
 from atoll.server.job_signing import SubmissionCheck
 from atoll.server.jobs import JobManager
+from atoll.server.provenance import ServerProvenance
 from atoll.server.revocation import ServerRevocations
 from atoll.server.scheduler import JobQueue, Scheduler
 from atoll.server.sessions import SessionSigner
@@ -89,7 +91,8 @@ class ServerParent:
             store=self.store, studies=self.studies, links=self.links, queue=self.queue,
             host=self, tokens=self.tokens, limits=self.limits, workspace=self.workspace,
             check=SubmissionCheck(kit.ca, kit.project, self.studies),
-            revocations=self.revocations)
+            revocations=self.revocations,
+            provenance=ServerProvenance(kit, self.workspace / "jobs", __version__))
         self.revocations.on_change = self.jobs.signers_revoked
         self.scheduler = Scheduler(self.queue, self.store, self.studies, self.links, self.jobs)
         self._grpc = None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from atoll.pki.provenance import ProvenanceError
 from atoll.server.job_ops import find_job, require_manager
 from atoll.server.jobs import job_summary
 from atoll.wire import frames
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
     from atoll.server.job_ops import JobOps
     from atoll.server.store import JobRecord
 
+log = logging.getLogger("atoll.server.download")
 
 def authorize(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) -> JobRecord:
     """The job to download: ``who`` is in ``study``, the job in it, and ``who`` may manage it
@@ -34,7 +37,14 @@ def results_frames(deps: JobOps, record: JobRecord, scratch: Path) -> Iterator[A
 
     folder = deps.jobs.jobs_dir / record.id
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-        out = write_results_zip(folder, Path(tmp) / "results.zip", job_summary(record))
+        extra = {}
+        provenance = getattr(deps.jobs, "provenance", None)
+        if provenance is not None:  # the record, its head signed now (server/provenance.py)
+            try:
+                extra["provenance.json"] = provenance.export(record.id)
+            except ProvenanceError as exc:
+                log.warning("job %s: no provenance record in its download: %s", record.id, exc)
+        out = write_results_zip(folder, Path(tmp) / "results.zip", job_summary(record), extra)
         yield frames.header({"job_id": record.id, "size": out.stat().st_size})
         for chunk in frames.file_chunks(out):
             yield frames.data(chunk)

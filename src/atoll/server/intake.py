@@ -24,6 +24,7 @@ from atoll.wire.reasons import clip_details, public
 if TYPE_CHECKING:
     from atoll.pki.identity import Identity
     from atoll.server.job_signing import SubmissionCheck
+    from atoll.server.provenance import ServerProvenance
     from atoll.server.site_links import SiteLink
     from atoll.server.store import JobRecord, Store
     from atoll.server.studies import StudySites
@@ -57,7 +58,7 @@ class OnlineSites(Protocol):
 class Intake:
     def __init__(self, *, store: Store, studies: StudySites, links: OnlineSites,
                  queue: JobQueue, check: SubmissionCheck, limits: IntakeLimits,
-                 workspace: Path, jobs_dir: Path):
+                 workspace: Path, jobs_dir: Path, provenance: ServerProvenance | None = None):
         self.store = store
         self.studies = studies
         self.links = links
@@ -66,6 +67,7 @@ class Intake:
         self.limits = limits
         self.workspace = workspace
         self.jobs_dir = jobs_dir
+        self.provenance = provenance  # the job's record starts with what was taken in
 
     def submit(self, who: Identity, study: str, chunks: Iterator[bytes]) -> JobRecord:
         """Take a job in; any refusal is an IntakeError naming the entry or field, never one of
@@ -102,6 +104,8 @@ class Intake:
             incoming.keep(private_dir(self.jobs_dir / job_id) / "job")
         record_meta: dict[str, Any] = meta.model_dump(mode="json")
         self.store.add_job(job_id, meta.name, study, who.name, who.org, record_meta, targets)
+        if self.provenance is not None:
+            self.provenance.taken_in(job_id, study, who.name, digest)
         log.info("job %s submitted by %s in %s, signed, content %s", job_id, who.name, study,
                  digest)
         self.queue.submitted(job_id, meta)  # validated here: the scheduler does not parse it again

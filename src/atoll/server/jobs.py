@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from atoll.pki.identity import Identity
     from atoll.pki.revocation import RevocationList
     from atoll.server.job_signing import SubmissionCheck
+    from atoll.server.provenance import ServerProvenance
     from atoll.server.site_links import SiteLink
     from atoll.server.store import Store
     from atoll.server.studies import StudySites
@@ -113,7 +114,7 @@ class JobManager:
     def __init__(self, *, store: Store, studies: StudySites, links: SiteCommands,
                  queue: JobQueue, host: WorkerHost, tokens: WorkerTokens,
                  check: SubmissionCheck, limits: IntakeLimits, workspace: Path,
-                 revocations: HeldRevocations):
+                 revocations: HeldRevocations, provenance: ServerProvenance | None = None):
         self.store = store
         self.studies = studies
         self.links = links
@@ -124,6 +125,7 @@ class JobManager:
         self.limits = limits
         self.workspace = workspace
         self.revocations = revocations
+        self.provenance = provenance  # each job's signed record (server/provenance.py)
         self.jobs_dir: Path = workspace / "jobs"
         private_dir(self.jobs_dir)
         self.live: dict[str, LiveJob] = {}
@@ -131,7 +133,7 @@ class JobManager:
         self.relay_budget = Budget(RELAY_MEMORY)
         self.intake = Intake(store=store, studies=studies, links=links, queue=queue,
                              check=check, limits=limits, workspace=workspace,
-                             jobs_dir=self.jobs_dir)
+                             jobs_dir=self.jobs_dir, provenance=provenance)
         self.app_zips = AppZips(self.jobs_dir)
 
     # -- intake and the apps' zips (server/intake.py, server/app_zips.py) ----------------------
@@ -265,6 +267,10 @@ class JobManager:
         live = self.live.get(job_id)
         if live is None or site not in live.members or site in live.site_states:
             return
+        if state == "PROVENANCE":  # the site's signed entries, not a state of its part
+            if self.provenance is not None:
+                self.provenance.site_items(job_id, site, body)
+            return
         if body.get("log_tail"):
             self._keep_tail(live, site, str(body["log_tail"]))
         self.store.set_part_state(job_id, site, state, reason)
@@ -308,6 +314,8 @@ class JobManager:
         reason = live.server_reason
         if live.server_state == "COMPLETED" and failed:
             reason = "sites that dropped out: " + "; ".join(failed)
+        if self.provenance is not None:  # before the state: a download then has job.final
+            self.provenance.finished(live.id, live.server_state, reason)
         self.store.set_job_state(live.id, f"FINISHED:{live.server_state}", reason)
         self.tokens.revoke(live.id)
         live.relay.close()

@@ -25,9 +25,11 @@ from atoll.wire.job_archive import STORE_FROM_BYTES
 SKIPPED = "skipped.txt"
 
 
-def write_results_zip(folder: Path, out: Path, summary: dict[str, Any]) -> Path:
+def write_results_zip(folder: Path, out: Path, summary: dict[str, Any],
+                      extra: dict[str, bytes] | None = None) -> Path:
     """``out``: the job's results, the sites' log tails and the server worker's logs, plus
-    job.json (``summary``). ``folder`` is the job's folder on the server."""
+    job.json (``summary``) and the server's own ``extra`` files (provenance.json).
+    ``folder`` is the job's folder on the server."""
     # run/server is the server worker's run folder; walked from the job's folder, so that not
     # even `run` or `server` is followed if it were a link.
     sources = [("run/server/results", "results"), ("logs", "logs"),
@@ -41,6 +43,8 @@ def write_results_zip(folder: Path, out: Path, summary: dict[str, Any]) -> Path:
             except JobFileError as exc:  # the folder itself is a link, or holds too much
                 skipped.append(str(exc))
         archive.writestr("job.json", json.dumps(summary, indent=2))
+        for name, data in (extra or {}).items():
+            archive.writestr(name, data)
         if skipped:
             note = "Not in this download (the server never follows what a job left there):\n"
             archive.writestr(SKIPPED, note + "".join(f"- {line}\n" for line in skipped))

@@ -44,6 +44,7 @@ class JobRefused(AtollError):
     """This site will not run the job; the message is the reason its status shows."""
 
     exit_code = EXIT_INVALID
+    signed: Signed | None = None  # set when the job was verified as signed, then refused
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,14 @@ def check_job(tree: Path, body: dict[str, Any], kit: Kit,
                          "signed (on the wire, in the server's store or by the server), or was "
                          "never signed by a user of this project; nothing of it ran here; "
                          "the submitter should submit the job folder again") from None
-    check_revoked(site, signed)
-    _check_policy(kit, study, signed)
-    if app is not None:
-        check_privacy(site, kit.local_dir, tree / app)
+    try:
+        check_revoked(site, signed)
+        _check_policy(kit, study, signed)
+        if app is not None:
+            check_privacy(site, kit.local_dir, tree / app)
+    except JobRefused as exc:  # refused by this site's own rules: its log and record name it
+        exc.signed = signed
+        raise
     return Accepted(signed, meta)
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.pki.files import PRIVATE, private_dir
+from atoll.site.job_log import JobLog
 from atoll.site.signed_jobs import Replayed, SignedJobs
 from atoll.spec.admission import asked_at, fits
 from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError
@@ -123,6 +124,7 @@ class Supervisor:
         self.tokens = tokens
         self.jobs: dict[str, SiteJob] = {}
         self.signed_jobs = SignedJobs(kit.workspace)  # each signed statement under one job id
+        self.job_log = JobLog(kit.workspace)  # every job run or refused here (site jobs KIT)
         self._lock = threading.Lock()
 
     def running_jobs(self) -> list[str]:
@@ -200,21 +202,63 @@ class Supervisor:
             self._report(job_id, "STARTING", f"launching through {self.host.launcher.name}")
             job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
+            self.job_log.record(job_id, study, "launched", job.signed)
+            entries = self._provenance(job, job.handle.extra)
+            if entries:  # a report of its own: never a state after the worker's RUNNING
+                self.link.send_state(job_id, "PROVENANCE", "", **entries)
         except (NotAdmitted, JobRefused, Replayed, SpecError, LaunchError, IntakeError, OSError,
                 IdentifierError, zipfile.BadZipFile) as exc:
             reason = (str(exc) if isinstance(exc, NotAdmitted | JobRefused | Replayed)
                       else f"{site} refused the job: {exc}")
+            signed = (job.signed if job else None) or getattr(exc, "signed", None)
+            self.job_log.record(job_id, str(body.get("study")), "refused", signed, reason,
+                                str(body.get("submitter", "")))
+            if signed is not None:  # a decision of this site about a job it verified
+                self._refused_entry(job_id, signed, reason)
             self._report(job_id, "FINISHED:FAILED", reason)
             self._forget(job_id, job)
             return
         except Exception as exc:  # noqa: BLE001 - report rather than die silently
             log.exception("job %s failed to start", job_id)
+            self.job_log.record(job_id, str(body.get("study")), "refused",
+                                job.signed if job else None, f"could not start: {exc}")
             self._report(job_id, "FINISHED:FAILED", f"{site} could not start the job: {exc}")
             self._forget(job_id, job)
             return
         if job.aborting:
             self.host.launcher.cancel(job.handle)
         self._finish(job, self.host.launcher.wait(job.handle))
+
+    def _provenance(self, job: SiteJob, extra: dict[str, Any]) -> dict[str, Any]:
+        """This site's signed entries for the job's provenance record (site/provenance.py)."""
+        from atoll import __version__
+        from atoll.site.provenance import decision_body, launch_body, sign_entries
+
+        if job.signed is None:
+            return {}
+        try:  # the job runs already: nothing here may fail it
+            bodies = [("site.decision", decision_body(self.kit, job.study, job.signed)),
+                      ("site.launch", launch_body(self.host.launcher.name, job.entry, extra,
+                                                  __version__))]
+            return sign_entries(self.kit, job.job_id, job.signed, bodies)
+        except Exception:  # noqa: BLE001 - the record lacks them; the site's log has the job
+            log.exception("job %s: its provenance entries were not made", job.job_id)
+            return {}
+
+    def _refused_entry(self, job_id: str, signed: Signed, reason: str) -> None:
+        from atoll.site.provenance import sign_entries
+
+        try:  # a refusal stays a refusal, whatever happens here
+            workdir = self.host.runs_root() / JOBS / job_id  # as _report: no path of the site
+            body = {"decision": "refused", "study": signed.statement.study,
+                    "submitter": signed.signer.name, "content_digest": signed.digest,
+                    "reason": public(reason, [workdir], self.kit.workspace)[:2000]}
+            entries = sign_entries(self.kit, job_id, signed, [("site.decision", body)])
+        except Exception:  # noqa: BLE001
+            log.exception("job %s: the provenance entry of its refusal was not made", job_id)
+            return
+        if entries:
+            self.link.send_state(job_id, "PROVENANCE", "", **entries)
 
     def _fetch(self, job: SiteJob, body: dict[str, Any], dispatched: JobMeta) -> Accepted:
         """Fetch this site's app and check it (its signature, content and policy, and that its
@@ -273,6 +317,7 @@ class Supervisor:
         else:
             state = "FAILED"
             reason = job.report[1] if job.report and job.report[1] else exit.reason
+        self.job_log.record(job.job_id, job.study, f"finished:{state}", job.signed, reason)
         self._report(job.job_id, f"FINISHED:{state}", reason, log_tail=self._tail(job))
         self._forget(job.job_id, job)
 

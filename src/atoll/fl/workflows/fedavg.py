@@ -21,7 +21,8 @@ or evaluation with fewer than ``min_clients`` usable answers fails the workflow 
 
 Results in ``ctx.results_dir``: ``global_model_final.safetensors``,
 ``global_model_best.safetensors``, ``metrics.jsonl``, ``metrics.csv``, ``training_curves.png``,
-``cross_site_eval.json``, ``summary.json`` (and ``site_models/`` with ``cross_site_eval: all``).
+``cross_site_eval.json``, ``summary.json`` (and ``site_models/`` with ``cross_site_eval: all``),
+``model_digests.jsonl`` (each round's global model's SHA-256, for the provenance record).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from atoll.fl.aggregators import CoordinateMedian, TrimmedMean, WeightedAverage
 from atoll.fl.app_config import FedAvgArgs
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
-from atoll.fl.serde import ModelStream, save_file
+from atoll.fl.serde import ModelStream, encode, save_file
 from atoll.fl.workflows.api import Aggregator, Context, Workflow
 from atoll.fl.workflows.evaluation import cross_site_table, evaluate, format_table, save_table
 from atoll.fl.workflows.round_report import report_round
@@ -255,9 +256,23 @@ class FedAvgRun:
         if spent:  # the job's privacy budget, through the metrics files like any metric
             self.metrics.record(round_, "privacy", "global", spent)
         validation = self.validate(round_) if self._evaluation_due(round_) else None
+        self._note_digest(round_)
         report_round(self.ctx, round_, self.args, train, global_train, validation,
                      {**outcome.failed, **(validation["failed"] if validation else {})},
                      list(self.active), self.best, spent)
+
+    def _note_digest(self, round_: int) -> None:
+        """The round's global model's SHA-256, as its .safetensors file would have it (the last
+        round's is the final model's): the job's provenance record states each one
+        (server/provenance.py, docs/provenance.md). One pass over the model's buffers."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for chunk in encode(self._global_model(round_)):
+            digest.update(chunk)
+        with open(self.results / "model_digests.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"round": round_, "digest": "sha256:" + digest.hexdigest()})
+                     + "\n")
 
     def _evaluation_due(self, round_: int) -> bool:
         every = self.args.evaluate_every

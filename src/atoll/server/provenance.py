@@ -1,0 +1,251 @@
+"""The server's side of each job's provenance record (pki/provenance.py): the entries it
+states, signed with its own key, and the sites' signed entries, appended verbatim.
+
+Each job's items are kept one JSON line each in ``jobs/<id>/provenance.jsonl`` (0600, opened
+for appending only; fsynced once, with the job's last entry), with the certificate that signed
+each item, so a restarted server (or a resumed job) continues the same chain. A machine that
+crashes mid-job may lose the last lines: the chain kept is still whole (a torn line is
+skipped, and the next entry links to the last one kept). The record is exported with
+its head signed at that moment (``atoll job provenance``, and ``provenance.json`` in ``job
+download``'s results).
+
+The server's entries are signed in the server parent: cryptography is loaded by the first
+job's first entry, never by a parent at rest (pki/job_signature.py says why parents avoid it),
+and the server's key does not leave the process that already holds it. A site's entry is
+checked to be in that site's name (the name its mutual-TLS certificate gave its link), about
+this job's signed statement, and to pass verification where it is placed (the CA's
+certificate of that site, a site's kind of entry, its signature), so that no site can make the
+record fail for everyone; whoever verifies the record checks it all again.
+
+What the server states about a round's and the final model is read from the server worker's
+results folder (job code writes it): the final model's and the metrics' digests are of the
+files the download holds; ``round.model`` digests are the workflow's own statement (from
+``results/model_digests.jsonl``, when the workflow writes one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from atoll.pki.files import PRIVATE
+from atoll.pki.provenance import (
+    Chain,
+    ProvenanceError,
+    check_site_item,
+    item_digest,
+    job_signed_body,
+)
+
+if TYPE_CHECKING:
+    from atoll.pki.kit import Kit
+
+log = logging.getLogger("atoll.server.provenance")
+
+ITEMS_FILE = "provenance.jsonl"
+RECORD_FILE = "provenance.json"
+MAX_SITE_ITEMS = 16  # per job: a site states a few things (two, today)
+MAX_ITEM_BYTES = 64 * 1024
+FINAL_MODEL = "global_model_final.safetensors"
+METRICS = "metrics.jsonl"
+ROUND_DIGESTS = "model_digests.jsonl"
+RESULTS = "run/server/results"
+MAX_ROUNDS = 100_000
+MAX_CACHED = 1000  # chains kept in memory
+
+
+class ServerProvenance:
+    def __init__(self, kit: Kit, jobs_dir: Path, version: str):
+        self.kit, self.jobs_dir, self.version = kit, jobs_dir, version
+        self._lock = threading.Lock()  # one chain per job; appends are rare and small
+        self._chains: dict[str, Chain] = {}  # the running jobs', read once from their files
+
+    # -- what happens to a job ------------------------------------------------------------------
+    def taken_in(self, job_id: str, study: str, submitter: str, digest: str) -> None:
+        """The signed job as the server took it in, and its intake decision."""
+        bundle = (self._folder(job_id) / "job" / ".atoll-signature.json").read_bytes()
+        self._state(job_id, "job.signed", job_signed_body(bundle))
+        self._state(job_id, "server.intake", {
+            "decision": "accepted", "study": study, "submitted_by": submitter,
+            "content_digest": digest, "atoll_version": self.version})
+
+    def site_items(self, job_id: str, site: str, body: dict[str, Any]) -> None:
+        """A site's signed entries from its state report, appended verbatim; one that would
+        not verify, or in another's name, is logged and left out (the record then lacks it:
+        the site's own log still has the decision)."""
+        items, cert = body.get("provenance"), body.get("certificate")
+        if not isinstance(items, list) or not isinstance(cert, str):
+            return
+        for item in items[:MAX_SITE_ITEMS]:
+            try:
+                if not isinstance(item, dict) or len(json.dumps(item)) > MAX_ITEM_BYTES:
+                    raise ProvenanceError("an entry that is not a small JSON object")
+                doc = json.loads(str(item.get("entry")))
+                if not isinstance(doc, dict) or doc.get("by") != {"kind": "site", "name": site}:
+                    raise ProvenanceError(f"an entry not in {site}'s own name")
+                with self._lock:
+                    chain = self._load(job_id)
+                    if sum(f'"name":"{site}"' in e["entry"] for e in chain.entries) \
+                            >= MAX_SITE_ITEMS:
+                        raise ProvenanceError(f"{site} stated {MAX_SITE_ITEMS} entries already")
+                    statement = self._statement(chain)
+                    check_site_item(item, cert.encode("ascii"), self.kit.ca.read_bytes(), site,
+                                    job_id, statement, chain.next_seq, chain.head_digest)
+                    self._append(job_id, chain.append_signed(
+                        item, cert.encode("ascii"), statement), cert)
+            except (ProvenanceError, ValueError, UnicodeEncodeError, OSError) as exc:
+                self._forget(job_id)  # read again from its file, which has what was kept
+                log.warning("job %s: a provenance entry of %s was left out: %s", job_id, site,
+                            exc)
+
+    def finished(self, job_id: str, state: str, reason: str) -> None:
+        """The round models the workflow named, the final model's and the metrics' digests and
+        the DP epsilon spent, from the server worker's results."""
+        folder = self._folder(job_id)  # job code wrote its results: read as the job's files
+        for line in _parsed(_job_bytes(folder, ROUND_DIGESTS, 4 << 20))[:MAX_ROUNDS]:
+            if isinstance(line.get("round"), int) and isinstance(line.get("digest"), str):
+                self._state(job_id, "round.model", {"round": line["round"],
+                                                    "digest": line["digest"][:80],
+                                                    "stated_by": "the server worker"})
+        body: dict[str, Any] = {"state": state, "reason": reason[:2000]}
+        for key, name in (("model_digest", FINAL_MODEL), ("metrics_digest", METRICS)):
+            digest = _job_file_digest(folder, name)
+            if digest is not None:
+                body[key], body[key.replace("digest", "file")] = digest, name
+        epsilon = _epsilon(_job_bytes(folder, "summary.json", 4 << 20))
+        if epsilon is not None:
+            body["dp_epsilon"] = epsilon
+        self._state(job_id, "job.final", body, sync=True)
+        with self._lock:
+            self._chains.pop(job_id, None)  # its file has it all: an export reads it again
+
+    def export(self, job_id: str) -> bytes:
+        """The record, its head signed now."""
+        with self._lock:
+            chain = self._chains.get(job_id) or self._read(job_id)
+            if not chain.entries:
+                raise ProvenanceError(f"job {job_id} has no provenance record (it was taken in "
+                                      "before this server kept them)")
+            record = chain.record(self.kit.key.read_bytes(), self.kit.cert.read_bytes(),
+                                  int(time.time()))
+        return json.dumps(record, indent=1).encode()
+
+    def write_record(self, job_id: str, out: Path) -> bool:
+        try:
+            out.write_bytes(self.export(job_id))
+        except (ProvenanceError, OSError) as exc:
+            log.warning("job %s: its provenance record was not written: %s", job_id, exc)
+            return False
+        return True
+
+    # -- the chain ------------------------------------------------------------------------------
+    def _state(self, job_id: str, kind: str, body: dict[str, Any], sync: bool = False) -> None:
+        try:
+            with self._lock:
+                chain = self._load(job_id)
+                cert = self.kit.cert.read_bytes()
+                item = chain.append(kind, ("server", self.kit.name), body,
+                                    self.kit.key.read_bytes(), cert, int(time.time()))
+                self._append(job_id, item, cert.decode("ascii"), sync)
+        except (ProvenanceError, OSError, ValueError) as exc:  # the job goes on; say why
+            self._forget(job_id)
+            log.error("job %s: its provenance entry %s was not kept: %s", job_id, kind, exc)
+
+    def _folder(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id
+
+    def _load(self, job_id: str) -> Chain:
+        chain = self._chains.get(job_id)
+        if chain is None:
+            if len(self._chains) >= MAX_CACHED:  # jobs cancelled in the queue never finish
+                self._chains.clear()
+            chain = self._chains[job_id] = self._read(job_id)
+        return chain
+
+    def _forget(self, job_id: str) -> None:
+        with self._lock:
+            self._chains.pop(job_id, None)
+
+    def _read(self, job_id: str) -> Chain:
+        chain = Chain(self.kit.project, job_id)
+        for line in _lines(self._folder(job_id) / ITEMS_FILE):
+            chain.certificates.setdefault(line["signer_fp"], line["certificate"])
+            chain.entries.append(line["item"])
+            chain.head_digest = item_digest(line["item"])
+        return chain
+
+    @staticmethod
+    def _statement(chain: Chain) -> str:
+        if not chain.entries:
+            raise ProvenanceError("the job's record has no signed job entry yet")
+        return str(json.loads(chain.entries[0]["entry"])["body"]["statement_digest"])
+
+    def _append(self, job_id: str, item: dict[str, Any], cert: str, sync: bool = False) -> None:
+        line = json.dumps({"item": item, "signer_fp": item["signer"], "certificate": cert},
+                          sort_keys=True).encode() + b"\n"
+        fd = os.open(self._folder(job_id) / ITEMS_FILE,
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, PRIVATE)
+        try:
+            os.write(fd, line)
+            if sync:  # once per job, at its end: an fsync per entry cost 5-10 ms each
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return _parsed(data)
+
+
+def _job_bytes(folder: Path, name: str, limit: int) -> bytes:
+    """A results file, read as the job's file (no link followed); b"" when it is not there."""
+    from atoll.launchers.job_files import JobFileError, read_job_file
+
+    try:
+        return read_job_file(folder, f"{RESULTS}/{name}", limit)
+    except (OSError, JobFileError):
+        return b""
+
+
+def _job_file_digest(folder: Path, name: str) -> str | None:
+    import hashlib
+
+    from atoll.launchers.job_files import JobFileError, open_job_file
+
+    try:
+        with open_job_file(folder, f"{RESULTS}/{name}", max_bytes=None) as handle:
+            h = hashlib.sha256()
+            while chunk := handle.read(1 << 20):
+                h.update(chunk)
+    except (OSError, JobFileError):
+        return None
+    return "sha256:" + h.hexdigest()
+
+
+def _parsed(data: bytes) -> list[dict[str, Any]]:
+    out = []
+    for raw in data.splitlines():
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out
+
+
+def _epsilon(summary: bytes) -> float | None:
+    try:
+        value = json.loads(summary).get("privacy", {}).get("epsilon")
+    except (ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
