@@ -89,7 +89,8 @@ TASK_HEAD_TESTS = ["tests/unit/site/test_task_headers.py"]
 WORKER_ENDPOINT = "src/atoll/parent/worker_endpoint.py"
 WORKER_ENDPOINT_TESTS = ["tests/unit/parent/test_worker_endpoint.py"]
 FEDERATION = "src/atoll/server/federation_service.py"
-FEDERATION_TESTS = ["tests/unit/server/test_site_identifiers.py"]
+BODIES = "src/atoll/wire/bodies.py"
+FEDERATION_TESTS = ["tests/unit/server/test_site_identifiers.py", "tests/unit/wire/test_bodies.py"]
 SIGNED_JOBS = "src/atoll/site/signed_jobs.py"
 SIGNED_JOBS_TESTS = ["tests/unit/site/test_signed_jobs.py"]
 LAUNCH_BASE = "src/atoll/launchers/base.py"
@@ -604,11 +605,11 @@ MUTATIONS: list[Mutation] = [
     Mutation("landing: a worker's x-atoll-task header checked", WORKER_ENDPOINT,
              '_checked(context, check_task_id, task_id, "the x-atoll-task header")', "pass",
              WORKER_ENDPOINT_TESTS),
-    Mutation("landing: a site's running_jobs checked by the server", FEDERATION,
+    Mutation("landing: a site's running_jobs checked by the server", BODIES,
              'return [check_job_id(j, f"{what}\'s running_jobs entry") for j in value]',
              "return list(value)", FEDERATION_TESTS),
-    Mutation("landing: a site's job_state job id checked by the server", FEDERATION,
-             'check_job_id(body.get("job_id"), "job_state\'s job_id")', "pass",
+    Mutation("landing: a site's job_state job id checked by the server", BODIES,
+             'check_job_id(doc.get("job_id"), "job_state\'s job_id")', 'doc.get("job_id")',
              FEDERATION_TESTS),
     Mutation("landing: a site's reply task id checked by the server", FEDERATION,
              'await _checked_id(context, head.get("task_id"), check_task_id, "task_id")',
@@ -616,9 +617,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("landing: a site's reply job id checked by the server", FEDERATION,
              "        await _checked_id(context, job_id)\n        await _checked_id(context, "
              "head.get", "        await _checked_id(context, head.get", FEDERATION_TESTS),
-    Mutation("landing: a site's report job id checked by the server", FEDERATION,
-             '        job_id = body.get("job_id")\n        await _checked_id(context, job_id)\n',
-             '        job_id = body.get("job_id")\n', FEDERATION_TESTS),
+    Mutation("landing: a site's report job id checked by the server", BODIES,
+             'return cls(check_job_id(doc.get("job_id"), "job_id"), event)',
+             'return cls(doc.get("job_id"), event)', FEDERATION_TESTS),
     Mutation("launchers: the job id and participant checked before a render", LAUNCH_BASE,
              '        check_job_id(job_id, "the job id")\n        check_site_name(site, "the '
              'participant")\n', "        pass\n", RENDER_ID_TESTS),
@@ -847,7 +848,7 @@ MUTATIONS: list[Mutation] = [
              "    if False:", ["tests/unit/server/test_backup.py"]),
     Mutation("version policy: the server refuses a site of another version at connect",
              "src/atoll/server/federation_service.py",
-             'if why := version_refusal(hello.get("version"), __version__):',
+             "if why := site_ops.hello_refusal(hello, __version__):",
              "if why := None:", ["tests/integration/federation/test_versions.py"], timeout=180),
     Mutation("forget: a site checks the job id before it names a folder", "src/atoll/site/app.py",
              "            job_id = check_job_id(job_id)\n", "            job_id = str(job_id)\n",
