@@ -60,7 +60,9 @@ STUDY_TESTS = ["tests/unit/server/test_study_checks.py"]
 GUARD = "src/atoll/wire/guard.py"
 GUARD_TESTS = ["tests/unit/wire/test_guard.py"]
 SERVER_INTAKE = "src/atoll/server/intake.py"
-SERVER_JOBS = "src/atoll/server/jobs.py"
+SERVER_LIFECYCLE = "src/atoll/server/lifecycle.py"
+SERVER_DISPATCH = "src/atoll/server/dispatch.py"
+SERVER_WORKER_LAUNCH = "src/atoll/server/server_worker.py"
 ADMISSION = "src/atoll/spec/admission.py"  # the study's rules, for the CLI and the server's intake
 JOB_SIGNING = "src/atoll/server/job_signing.py"
 FL_CHECK_TESTS = ["tests/unit/fl/test_job_folder_check.py::test_min_clients_and_sites_against_the_study"]
@@ -806,20 +808,23 @@ MUTATIONS: list[Mutation] = [
              "        return None and (f\"the job's signature in the server's store cannot be read",
              REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server, a new list cancels waiting jobs of a revoked signer",
-             SERVER_JOBS,
+             SERVER_LIFECYCLE,
              "                    self._cancel(record.id, f\"cancelled: {why}\")\n"
              "                    ended.append(record.id)",
              "                    pass", REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server, a new list aborts running jobs of a revoked signer",
-             SERVER_JOBS,
+             SERVER_LIFECYCLE,
              "                self.abort(live.id, f\"aborted: {why}\")\n"
              "                ended.append(live.id)",
              "                pass", REVOKED_SIGNERS_TESTS),
-    Mutation("revoked signer: server, checked again at dispatch", SERVER_JOBS,
-             "            why = revoked_signer(folder / \"job\", self.revocations.current)",
+    Mutation("lifecycle: the job is RUNNING with its first running part, in one place",
+             SERVER_LIFECYCLE, "        if live.record.state == \"DISPATCHED\":\n",
+             "        if False:\n", ["tests/unit/server/test_lifecycle.py"]),
+    Mutation("revoked signer: server, checked again at dispatch", SERVER_DISPATCH,
+             "            why = self._revoked(folder / \"job\")",
              "            why = None", REVOKED_SIGNERS_TESTS),
-    Mutation("revoked signer: server, checked again before the server worker starts", SERVER_JOBS,
-             "            why = revoked_signer(live.folder / \"job\", self.revocations.current)",
+    Mutation("revoked signer: server, checked again before the server worker starts",
+             SERVER_WORKER_LAUNCH, "            why = self._revoked(live.folder / \"job\")",
              "            why = None", REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server worker, the server worker checks the list it is given", WORKER_SIGNED,
              "revoked=lambda cert: revoked.get(cert.serial_number))",
