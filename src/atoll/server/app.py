@@ -35,7 +35,9 @@ from atoll.server.sessions import SessionSigner
 from atoll.server.site_links import SiteLinks
 from atoll.server.store import JobRecord, Store, open_store
 from atoll.server.studies import Studies
+from atoll.server.study_ops import study_ops
 from atoll.server.worker_backend import ServerWorkerBackend
+from atoll.spec import worker_env
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
@@ -117,7 +119,7 @@ class ServerParent:
             meta=meta,
             identity=JobIdentity(record.id, record.name, record.study, "server", "server"),
             site_config=self.local.site_config, study_runtime=None, workdir=run_dir,
-            parent_address=self.worker_address, credentials={"ATOLL_JOB_TOKEN": token},
+            parent_address=self.worker_address, credentials={worker_env.JOB_TOKEN: token},
             parent_cert=self._endpoint.cert_pem, check_capacity=False, shared_folders=shared,
             parent_socket=self._endpoint.socket_path)
 
@@ -182,12 +184,7 @@ class ServerParent:
 
 def _study_ops(studies: Studies, store: Store, ca: Path,
                revocations: ServerRevocations) -> dict[str, Any]:
-    """The admin operations on studies (server/study_ops.py), where that module is present."""
-    try:
-        from atoll.server.study_ops import study_ops
-    except ImportError:
-        return {}
-
+    """The admin operations on studies (server/study_ops.py)."""
     def certified(pem: bytes) -> Identity:
         from atoll.pki.identity import issued_identity
 

@@ -30,6 +30,7 @@ from atoll.site.revocation import SiteRevocations
 from atoll.site.server_channel import CurrentStub, ServerChannel
 from atoll.site.supervisor import SiteJob, Supervisor
 from atoll.site.worker_backend import SiteWorkerBackend
+from atoll.spec import worker_env
 from atoll.spec.authorization import load_policy
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class SiteParent:
         # at most.
         if issues := unconfined_issues(self.local.site_config, job.runtime):
             raise SpecError(issues, source=f"local/{RUNTIME_FILE}")
-        credentials = {"ATOLL_JOB_TOKEN": token, **secret_env_values(job.entry, os.environ)}
+        credentials = {worker_env.JOB_TOKEN: token, **secret_env_values(job.entry, os.environ)}
         request = build_request(
             meta=meta, identity=JobIdentity(job.job_id, name, job.study, self.name, "site"),
             site_config=self.local.site_config, study_runtime=job.runtime,
