@@ -27,8 +27,8 @@ SANDBOX_GOLDEN = ["tests/unit/launchers/test_process_render.py::test_seed_hospit
 JOB_FILES = "src/atoll/launchers/job_files.py"
 JOB_FILES_TESTS = ["tests/unit/launchers/test_job_files.py"]
 JOB_FILES_RACE = ["tests/unit/launchers/test_job_files_checks.py"]
-PKI_FILES = "src/atoll/pki/files.py"
-PKI_FILES_TESTS = ["tests/unit/pki/test_files.py"]
+PKI_FILES = "src/atoll/base/files.py"
+PKI_FILES_TESTS = ["tests/unit/base/test_files.py"]
 ARCHIVE = "src/atoll/wire/job_archive.py"
 ARCHIVE_TESTS = ["tests/unit/wire/test_job_archive.py"]
 SIGNATURE = "src/atoll/pki/job_signature.py"
@@ -187,7 +187,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("job files: written files are 0600", JOB_FILES,
              "os.fchmod(fd, 0o600)  # O_CREAT", "os.fchmod(fd, 0o644)  # O_CREAT",
              JOB_FILES_TESTS),
-    # -- private files (pki/files.py) ----------------------------------------------------------
+    # -- private files (base/files.py) ----------------------------------------------------------
     Mutation("private files: created with their mode (never readable meanwhile)", PKI_FILES,
              "fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)",
              "fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)", PKI_FILES_TESTS),

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from atoll.pki.files import private_dir
+from atoll.base.files import private_dir
 from atoll.server.scheduler import never_fits
 from atoll.spec.admission import reachable_sites, study_issues
 from atoll.spec.errors import SpecError

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from atoll.pki.files import private_dir
+from atoll.base.files import private_dir
 from atoll.server.app_zips import AppZips
 from atoll.server.dispatch import Dispatch
 from atoll.server.intake import Intake, IntakeLimits, JobQueue

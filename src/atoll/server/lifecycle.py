@@ -13,9 +13,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from atoll.base.files import private_dir
 from atoll.launchers.base import Outcome, WorkerExit
 from atoll.launchers.job_files import create_job_file
-from atoll.pki.files import private_dir
 from atoll.wire.reasons import clip, public
 
 if TYPE_CHECKING:

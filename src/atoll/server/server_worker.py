@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from atoll.base.files import private_dir
 from atoll.launchers.base import LaunchError, Outcome, WorkerExit
-from atoll.pki.files import private_dir
 from atoll.pki.job_signature import SIGNATURE_FILE
 from atoll.spec.errors import SpecError
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atoll import __version__
+from atoll.base.files import private_dir
 from atoll.launchers.base import JobIdentity, LaunchRequest
 from atoll.parent.local_config import LocalConfig, load_local_config
 from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
-from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
 from atoll.site.connection import ServerLink
 from atoll.site.privacy_ledger import SitePrivacyLedger
@@ -215,7 +215,7 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
                 local: LocalConfig | None = None) -> int:
     import signal
 
-    from atoll.parent.malloc_tuning import tune_for_streaming
+    from atoll.base.malloc_tuning import tune_for_streaming
 
     tune_for_streaming()
 

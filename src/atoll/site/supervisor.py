@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from atoll.base.files import PRIVATE, private_dir
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
-from atoll.pki.files import PRIVATE, private_dir
 from atoll.site.signed_jobs import Replayed, SignedJobs
 from atoll.spec.admission import asked_at, fits
 from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError

@@ -197,7 +197,7 @@ def main() -> int:
 
     tie_to_parent(int(parent_pid) if parent_pid else None)
 
-    from atoll.parent.malloc_tuning import tune_for_streaming
+    from atoll.base.malloc_tuning import tune_for_streaming
 
     tune_for_streaming()
 

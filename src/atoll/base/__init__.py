@@ -1,0 +1,3 @@
+"""The bottom layer every parent, the PKI and the worker share: files read and written safely
+(files.py: private folders, atomic writes) and the allocator's tuning for streaming
+(malloc_tuning.py). It imports no other atoll layer, so any layer may import it."""
