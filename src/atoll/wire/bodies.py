@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from atoll.spec.errors import EXIT_INVALID, AtollError
 from atoll.spec.names import check_job_id
 from atoll.spec.quantity import is_memory
 
@@ -25,8 +26,10 @@ MAX_RUNNING = 10_000  # job ids one hello or heartbeat may list
 MAX_WORKER_BODY = 64 * 1024  # a worker's report or finish note: job code's text, kept and shown
 
 
-class BodyError(ValueError):
+class BodyError(AtollError, ValueError):
     """A body a peer sent is not of its definition; the message names the body and field."""
+
+    exit_code = EXIT_INVALID
 
 
 def json_object(text: str | None, what: str, max_bytes: int | None = None) -> dict[str, Any]:
