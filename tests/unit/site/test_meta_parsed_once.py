@@ -64,8 +64,11 @@ class Launcher:
 
 
 class Host:
-    def __init__(self, local: Path):
-        self.local, self.launcher = local, Launcher()
+    def __init__(self, local: Path, workspace: Path):
+        self.local, self.workspace, self.launcher = local, workspace, Launcher()
+
+    def runs_root(self) -> Path:  # site.yaml's default: the workspace (spec/run_folders.py)
+        return self.workspace
 
     def study_runtime(self):
         return load_study_runtime(self.local, "process")
@@ -113,7 +116,7 @@ def signed_zip(tmp_path) -> tuple[Path, Path, dict]:
 def test_a_site_validates_the_jobs_meta_once_per_document(signed_zip, monkeypatch):
     site, site_zip, served = signed_zip
     kit = load_kit(site)
-    host, link = Host(kit.local_dir), Link()
+    host, link = Host(kit.local_dir, kit.workspace), Link()
     supervisor = Supervisor(kit, host=host, link=link, server=Server(site_zip),
                             tokens=WorkerTokens())
     validated = []
