@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atoll.base.files import private_dir
+from atoll.base.reasons import clip, public
 from atoll.launchers.base import Outcome, WorkerExit
 from atoll.launchers.job_files import create_job_file
-from atoll.wire.reasons import clip, public
 
 if TYPE_CHECKING:
     from atoll.parent.worker_endpoint import WorkerTokens

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from atoll.base.reasons import clip
 from atoll.parent.worker_endpoint import BackendError
 from atoll.server.live_jobs import LiveJob, RunningJobs
 from atoll.server.relay import RelayError
 from atoll.spec.names import IdentifierError, check_task_name
 from atoll.wire import frames, handoff
-from atoll.wire.reasons import clip
 
 if TYPE_CHECKING:
     from atoll.server.store import Store

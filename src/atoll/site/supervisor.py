@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from atoll.base.files import PRIVATE, private_dir
+from atoll.base.reasons import public
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.site.signed_jobs import Replayed, SignedJobs
@@ -35,7 +36,6 @@ from atoll.spec.names import IdentifierError, check_job_id, check_study_name
 from atoll.spec.run_folders import FETCH_SCRATCH, JOBS
 from atoll.wire import frames
 from atoll.wire import messages as msg
-from atoll.wire.reasons import public
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher, LaunchRequest
