@@ -43,6 +43,11 @@ class Jobs:
 class Links:
     def __init__(self, online=None):
         self._online = online or {}
+        self.sent = []
+
+    def send(self, site, kind, body):
+        self.sent.append((site, kind, body))
+        return site in self._online
 
     def online(self):
         return dict(self._online)
@@ -125,6 +130,8 @@ def test_delete_only_a_finished_job_and_its_folder(deps):
                                                                     "name": "fedavg"}
     assert deps.store.get_job(job) is None and not (deps.jobs.jobs_dir / job).exists()
     assert "submitter=lead@a.org state=FINISHED:COMPLETED" in deps.store.audit_log()[-1]["detail"]
+    # each site of the job is told to forget it (an offline one: retention removes the rest)
+    assert deps.links.sent == [("site-a", "forget", {"job_id": job})]
 
 
 def test_logs_read_only_inside_the_jobs_folder(deps):
