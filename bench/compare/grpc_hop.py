@@ -218,7 +218,7 @@ def main() -> None:
     parser.add_argument("--variant", default="base", help=argparse.SUPPRESS)
     parser.add_argument("--index", default="0", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from atoll.parent.malloc_tuning import tune_for_streaming
+    from atoll.base.malloc_tuning import tune_for_streaming
 
     tune_for_streaming()  # as every parent does
     if args.serve:

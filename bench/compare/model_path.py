@@ -238,7 +238,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=100, help="model size in MiB")
     args = parser.parse_args()
-    from atoll.parent.malloc_tuning import tune_for_streaming
+    from atoll.base.malloc_tuning import tune_for_streaming
 
     tune_for_streaming()  # as every parent and worker does
     nbytes = args.mib * 1024 * 1024

@@ -27,8 +27,8 @@ SANDBOX_GOLDEN = ["tests/unit/launchers/test_process_render.py::test_seed_hospit
 JOB_FILES = "src/atoll/launchers/job_files.py"
 JOB_FILES_TESTS = ["tests/unit/launchers/test_job_files.py"]
 JOB_FILES_RACE = ["tests/unit/launchers/test_job_files_checks.py"]
-PKI_FILES = "src/atoll/pki/files.py"
-PKI_FILES_TESTS = ["tests/unit/pki/test_files.py"]
+PKI_FILES = "src/atoll/base/files.py"
+PKI_FILES_TESTS = ["tests/unit/base/test_files.py"]
 ARCHIVE = "src/atoll/wire/job_archive.py"
 ARCHIVE_TESTS = ["tests/unit/wire/test_job_archive.py"]
 SIGNATURE = "src/atoll/pki/job_signature.py"
@@ -60,7 +60,9 @@ STUDY_TESTS = ["tests/unit/server/test_study_checks.py"]
 GUARD = "src/atoll/wire/guard.py"
 GUARD_TESTS = ["tests/unit/wire/test_guard.py"]
 SERVER_INTAKE = "src/atoll/server/intake.py"
-SERVER_JOBS = "src/atoll/server/jobs.py"
+SERVER_LIFECYCLE = "src/atoll/server/lifecycle.py"
+SERVER_DISPATCH = "src/atoll/server/dispatch.py"
+SERVER_WORKER_LAUNCH = "src/atoll/server/server_worker.py"
 ADMISSION = "src/atoll/spec/admission.py"  # the study's rules, for the CLI and the server's intake
 JOB_SIGNING = "src/atoll/server/job_signing.py"
 FL_CHECK_TESTS = ["tests/unit/fl/test_job_folder_check.py::test_min_clients_and_sites_against_the_study"]
@@ -89,7 +91,8 @@ TASK_HEAD_TESTS = ["tests/unit/site/test_task_headers.py"]
 WORKER_ENDPOINT = "src/atoll/parent/worker_endpoint.py"
 WORKER_ENDPOINT_TESTS = ["tests/unit/parent/test_worker_endpoint.py"]
 FEDERATION = "src/atoll/server/federation_service.py"
-FEDERATION_TESTS = ["tests/unit/server/test_site_identifiers.py"]
+BODIES = "src/atoll/wire/bodies.py"
+FEDERATION_TESTS = ["tests/unit/server/test_site_identifiers.py", "tests/unit/wire/test_bodies.py"]
 SIGNED_JOBS = "src/atoll/site/signed_jobs.py"
 SIGNED_JOBS_TESTS = ["tests/unit/site/test_signed_jobs.py"]
 LAUNCH_BASE = "src/atoll/launchers/base.py"
@@ -184,7 +187,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("job files: written files are 0600", JOB_FILES,
              "os.fchmod(fd, 0o600)  # O_CREAT", "os.fchmod(fd, 0o644)  # O_CREAT",
              JOB_FILES_TESTS),
-    # -- private files (pki/files.py) ----------------------------------------------------------
+    # -- private files (base/files.py) ----------------------------------------------------------
     Mutation("private files: created with their mode (never readable meanwhile)", PKI_FILES,
              "fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)",
              "fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)", PKI_FILES_TESTS),
@@ -604,11 +607,11 @@ MUTATIONS: list[Mutation] = [
     Mutation("landing: a worker's x-atoll-task header checked", WORKER_ENDPOINT,
              '_checked(context, check_task_id, task_id, "the x-atoll-task header")', "pass",
              WORKER_ENDPOINT_TESTS),
-    Mutation("landing: a site's running_jobs checked by the server", FEDERATION,
+    Mutation("landing: a site's running_jobs checked by the server", BODIES,
              'return [check_job_id(j, f"{what}\'s running_jobs entry") for j in value]',
              "return list(value)", FEDERATION_TESTS),
-    Mutation("landing: a site's job_state job id checked by the server", FEDERATION,
-             'check_job_id(body.get("job_id"), "job_state\'s job_id")', "pass",
+    Mutation("landing: a site's job_state job id checked by the server", BODIES,
+             'check_job_id(doc.get("job_id"), "job_state\'s job_id")', 'doc.get("job_id")',
              FEDERATION_TESTS),
     Mutation("landing: a site's reply task id checked by the server", FEDERATION,
              'await _checked_id(context, head.get("task_id"), check_task_id, "task_id")',
@@ -616,9 +619,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("landing: a site's reply job id checked by the server", FEDERATION,
              "        await _checked_id(context, job_id)\n        await _checked_id(context, "
              "head.get", "        await _checked_id(context, head.get", FEDERATION_TESTS),
-    Mutation("landing: a site's report job id checked by the server", FEDERATION,
-             '        job_id = body.get("job_id")\n        await _checked_id(context, job_id)\n',
-             '        job_id = body.get("job_id")\n', FEDERATION_TESTS),
+    Mutation("landing: a site's report job id checked by the server", BODIES,
+             'return cls(check_job_id(doc.get("job_id"), "job_id"), event)',
+             'return cls(doc.get("job_id"), event)', FEDERATION_TESTS),
     Mutation("launchers: the job id and participant checked before a render", LAUNCH_BASE,
              '        check_job_id(job_id, "the job id")\n        check_site_name(site, "the '
              'participant")\n', "        pass\n", RENDER_ID_TESTS),
@@ -805,20 +808,23 @@ MUTATIONS: list[Mutation] = [
              "        return None and (f\"the job's signature in the server's store cannot be read",
              REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server, a new list cancels waiting jobs of a revoked signer",
-             SERVER_JOBS,
+             SERVER_LIFECYCLE,
              "                    self._cancel(record.id, f\"cancelled: {why}\")\n"
              "                    ended.append(record.id)",
              "                    pass", REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server, a new list aborts running jobs of a revoked signer",
-             SERVER_JOBS,
+             SERVER_LIFECYCLE,
              "                self.abort(live.id, f\"aborted: {why}\")\n"
              "                ended.append(live.id)",
              "                pass", REVOKED_SIGNERS_TESTS),
-    Mutation("revoked signer: server, checked again at dispatch", SERVER_JOBS,
-             "            why = revoked_signer(folder / \"job\", self.revocations.current)",
+    Mutation("lifecycle: the job is RUNNING with its first running part, in one place",
+             SERVER_LIFECYCLE, "        if live.record.state == \"DISPATCHED\":\n",
+             "        if False:\n", ["tests/unit/server/test_lifecycle.py"]),
+    Mutation("revoked signer: server, checked again at dispatch", SERVER_DISPATCH,
+             "            why = self._revoked(folder / \"job\")",
              "            why = None", REVOKED_SIGNERS_TESTS),
-    Mutation("revoked signer: server, checked again before the server worker starts", SERVER_JOBS,
-             "            why = revoked_signer(live.folder / \"job\", self.revocations.current)",
+    Mutation("revoked signer: server, checked again before the server worker starts",
+             SERVER_WORKER_LAUNCH, "            why = self._revoked(live.folder / \"job\")",
              "            why = None", REVOKED_SIGNERS_TESTS),
     Mutation("revoked signer: server worker, the server worker checks the list it is given", WORKER_SIGNED,
              "revoked=lambda cert: revoked.get(cert.serial_number))",
@@ -847,7 +853,7 @@ MUTATIONS: list[Mutation] = [
              "    if False:", ["tests/unit/server/test_backup.py"]),
     Mutation("version policy: the server refuses a site of another version at connect",
              "src/atoll/server/federation_service.py",
-             'if why := version_refusal(hello.get("version"), __version__):',
+             "if why := site_ops.hello_refusal(hello, __version__):",
              "if why := None:", ["tests/integration/federation/test_versions.py"], timeout=180),
     Mutation("forget: a site checks the job id before it names a folder", "src/atoll/site/app.py",
              "            job_id = check_job_id(job_id)\n", "            job_id = str(job_id)\n",

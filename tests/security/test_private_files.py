@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from atoll.base.files import append_private, private_dir
 from atoll.parent import detach
-from atoll.pki.files import append_private, private_dir
 from atoll.server.relay import JobRelay
 from atoll.server.spool import Budget, SpillFiles
 from atoll.server.sqlite_store import SqliteStore

@@ -24,6 +24,7 @@ from atoll.fl.metrics_log import LOGGED_KEY, MAX_LOGGED
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, encode
 from atoll.fl.tracking import LOGGED, Record, Streamer
+from atoll.spec import worker_env
 from atoll.spec.errors import AtollError
 
 if TYPE_CHECKING:  # made by the runner only when app.yaml has a privacy section
@@ -183,16 +184,16 @@ class ClientSession:
 
     def dataset_path(self, name: str) -> Path:
         mapped = dict(self.datasets)
-        if not mapped and os.environ.get("ATOLL_DATASETS"):
+        if not mapped and os.environ.get(worker_env.DATASETS):
             try:
-                mapped = json.loads(os.environ["ATOLL_DATASETS"])
+                mapped = json.loads(os.environ[worker_env.DATASETS])
             except json.JSONDecodeError:
                 raise ClientError(
                     "ATOLL_DATASETS is not valid JSON (set by the site's launcher)"
                 ) from None
         if name in mapped:
             return Path(mapped[name])
-        root = os.environ.get("ATOLL_DATA_ROOT")
+        root = os.environ.get(worker_env.DATA_ROOT)
         if root and (Path(root) / name).exists():
             return Path(root) / name
         known = sorted(mapped) or (

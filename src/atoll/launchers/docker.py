@@ -41,6 +41,7 @@ from atoll.launchers.job_files import create_job_file
 from atoll.launchers.process_allocation import GpuAllocator
 from atoll.launchers.request import launch_credentials
 from atoll.launchers.socket_relay import UnixRelay
+from atoll.spec import worker_env
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class DockerLauncher(Launcher):
             )
         if request.parent_socket:
             target = f"unix:{request.parent_socket}"
-        elif "ATOLL_PARENT_CERT" in request.worker_env:
+        elif worker_env.PARENT_CERT in request.worker_env:
             raise LaunchError(
                 f"the parent's worker endpoint {request.parent_address} speaks TLS and has no "
                 "unix socket, so a worker without a network cannot reach it: set docker.network "

@@ -50,6 +50,7 @@ from atoll.launchers.images import choose_image
 from atoll.launchers.lent_folders import refuse_parent_folders
 from atoll.launchers.ranks import container_rank_env
 from atoll.launchers.socket_relay import SOCKET_NAME as RELAY_SOCKET_NAME
+from atoll.spec import worker_env
 from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.names import address_host, is_loopback
 from atoll.spec.quantity import docker_size_to_bytes, memory_to_bytes
@@ -107,8 +108,8 @@ def render_docker(
     mounts = _mounts(request, engine_socket)
     environment = _environment(request)
     if plan.relay:  # the job's relay socket, in its run folder (launchers/socket_relay.py)
-        environment["ATOLL_PARENT"] = f"unix:{PARENT_SOCKET}"
-        environment.pop("ATOLL_PARENT_CERT", None)  # no TLS on a unix socket
+        environment[worker_env.PARENT] = f"unix:{PARENT_SOCKET}"
+        environment.pop(worker_env.PARENT_CERT, None)  # no TLS on a unix socket
     if gpu_ids is None:
         gpu_ids = site_gpu_ids(request.site_config)[: resources.num_of_gpus]
     if len(gpu_ids) != resources.num_of_gpus:
@@ -174,12 +175,12 @@ def _environment(request: LaunchRequest) -> dict[str, str]:
     entry, study = request.study_runtime, request.identity.study
     env = dict(entry.env) if entry is not None else {}
     env.update(request.worker_env)
-    env.pop("ATOLL_PARENT_PID", None)  # another PID namespace: meaningless in a container
+    env.pop(worker_env.PARENT_PID, None)  # another PID namespace: meaningless in a container
     env.update(ATOLL_WORKDIR=CONTAINER_WORKDIR, ATOLL_DATA_ROOT=data_root(study))
     # The same {name: path} map the process launcher passes, with the paths inside the container.
     datasets = {name: dataset_mount_path(study, name) for name in (entry.datasets if entry else {})}
-    env["ATOLL_DATASETS"] = json.dumps(datasets, sort_keys=True)
-    env["ATOLL_PARENT"] = request.parent_address
+    env[worker_env.DATASETS] = json.dumps(datasets, sort_keys=True)
+    env[worker_env.PARENT] = request.parent_address
     if not request.resources.num_of_gpus:
         env["NVIDIA_VISIBLE_DEVICES"] = NO_GPU
     env.update(container_rank_env(request))  # several ranks: all in this one container

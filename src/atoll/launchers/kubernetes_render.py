@@ -30,6 +30,7 @@ from typing import Any
 from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest, check_ids
 from atoll.launchers.images import choose_image
 from atoll.launchers.ranks import container_rank_env
+from atoll.spec import worker_env
 from atoll.spec.errors import Issue
 from atoll.spec.names import address_host, is_loopback
 from atoll.spec.pod_template import (  # noqa: F401  (LOCKED: re-exported, the documented list)
@@ -217,7 +218,7 @@ def _env(request: LaunchRequest, secret: str) -> list[dict[str, Any]]:
     )
     # The emptyDir goes with the Pod: its results/ travel to the parent (wire/results_archive.py)
     atoll_env[RESULTS_HOME_VAR] = SEND_RESULTS
-    atoll_env.pop("ATOLL_PARENT_PID", None)  # the parent's PID means nothing in another pod
+    atoll_env.pop(worker_env.PARENT_PID, None)  # the parent's PID means nothing in another pod
     if not request.resources.num_of_gpus:
         atoll_env["NVIDIA_VISIBLE_DEVICES"] = NO_GPU
     atoll_env.update(container_rank_env(request))  # several ranks: all in this one pod

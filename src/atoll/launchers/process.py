@@ -77,11 +77,12 @@ from atoll.launchers.process_sandbox import (
     sandbox_argv,
 )
 from atoll.launchers.ranks import processes_per_node, single_node_rendezvous
+from atoll.spec import worker_env
 from atoll.spec.site_config import ProcessSettings
 
 LOG_FILE = Path("logs") / "worker.log"
 MemoryMode = Literal["auto", "cgroup", "rlimit"]
-CREDENTIALS_FD_ENV = "ATOLL_CREDENTIALS_FD"
+CREDENTIALS_FD_ENV = worker_env.CREDENTIALS_FD
 # What a render shows before the parent has its socket and relays (atoll site render).
 PARENT_SOCKET_PREVIEW = "<the parent's worker socket>"
 RELAY_FOLDER_PREVIEW = "<the parent's relay folder>"
@@ -106,7 +107,7 @@ def credential_names(request: LaunchRequest) -> list[str]:
     """Names (never values) the child gets from the parent's secret channel at launch."""
     entry = request.study_runtime
     secret = [n for n, ref in entry.secret_env.items() if ref.source == "env"] if entry else []
-    return sorted({*request.credentials, "ATOLL_JOB_TOKEN", *secret})
+    return sorted({*request.credentials, worker_env.JOB_TOKEN, *secret})
 
 
 class ProcessLauncher(Launcher):
@@ -175,11 +176,11 @@ class ProcessLauncher(Launcher):
         entry = request.study_runtime
         env = dict(request.worker_env)
         env.update(entry.env if entry is not None else {})
-        env["ATOLL_WORKDIR"] = str(request.workdir)
+        env[worker_env.WORKDIR] = str(request.workdir)
         if self.sandboxed:  # its own /tmp and home; bwrap ties it to its parent's life
             env["HOME"] = env["TMPDIR"] = SANDBOX_TMP
         else:
-            env["ATOLL_PARENT_PID"] = str(self._parent_pid)
+            env[worker_env.PARENT_PID] = str(self._parent_pid)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         processes = processes_per_node(request, res.num_of_gpus)
         env.update(single_node_rendezvous(processes))
@@ -194,7 +195,7 @@ class ProcessLauncher(Launcher):
             if self.sandboxed:
                 datasets = {name: m.target for name, m in zip(sorted(entry.datasets), mounts,
                                                                strict=True)}
-            env["ATOLL_DATASETS"] = json.dumps(datasets, sort_keys=True)
+            env[worker_env.DATASETS] = json.dumps(datasets, sort_keys=True)
         network = self._network(request, env)
         argv = [self._python, *request.worker_args]
         if self.sandboxed:
@@ -225,8 +226,8 @@ class ProcessLauncher(Launcher):
         if not self.isolated:
             return None
         parent = request.parent_socket or PARENT_SOCKET_PREVIEW
-        env["ATOLL_PARENT"] = f"unix:{parent}"
-        env.pop("ATOLL_PARENT_CERT", None)
+        env[worker_env.PARENT] = f"unix:{parent}"
+        env.pop(worker_env.PARENT_CERT, None)
         sockets = [parent]
         hosts = None
         if self._destinations:

@@ -30,7 +30,9 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-FORWARD_ENV = "ATOLL_NETWORK_FORWARD"  # JSON [[listen address, port, unix socket], ...]
+from atoll.spec import worker_env
+
+FORWARD_ENV = worker_env.NETWORK_FORWARD  # JSON [[listen address, port, unix socket], ...]
 HOSTS_FILE = "hosts"
 CHUNK = 64 * 1024
 # A unix socket's path is at most 107 bytes: the private folder goes where paths are short.

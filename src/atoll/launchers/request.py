@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest
+from atoll.spec import worker_env as contract  # (worker_env below is this module's)
 from atoll.spec.admission import asked_at, capacity_issues
 from atoll.spec.errors import Issue, SpecError
 from atoll.spec.launcher_spec import resolve_launcher_spec
@@ -24,17 +25,17 @@ from atoll.spec.statistics_rules import RULES_ENV
 from atoll.spec.study_runtime import StudyEntry, StudyRuntime
 
 WORKER_ARGS = ("-m", "atoll.worker")
-TOKEN_VAR = "ATOLL_JOB_TOKEN"
+TOKEN_VAR = contract.JOB_TOKEN
 
 
 def worker_env(identity: JobIdentity, parent_address: str) -> dict[str, str]:
     """The variables every backend gives the worker (backends add ATOLL_WORKDIR and data)."""
     return {
-        "ATOLL_JOB_ID": identity.job_id,
-        "ATOLL_ROLE": identity.role,
-        "ATOLL_SITE": identity.site,
-        "ATOLL_STUDY": identity.study,
-        "ATOLL_PARENT": parent_address,
+        contract.JOB_ID: identity.job_id,
+        contract.ROLE: identity.role,
+        contract.SITE: identity.site,
+        contract.STUDY: identity.study,
+        contract.PARENT: parent_address,
     }
 
 
@@ -151,7 +152,7 @@ def build_request(
         parent_address=parent_address,
         worker_env={**worker_env(identity, parent_address),
                     # The parent's endpoint certificate (public) when it speaks TLS.
-                    **({"ATOLL_PARENT_CERT": parent_cert} if parent_cert else {}),
+                    **({contract.PARENT_CERT: parent_cert} if parent_cert else {}),
                     **rules},
         credentials=dict(credentials or {}),
         worker_args=tuple(worker_args),

@@ -51,6 +51,7 @@ from typing import Any
 from atoll.launchers.base import LaunchError, LaunchRequest, check_identity
 from atoll.launchers.ranks import processes_per_node
 from atoll.launchers.request import TOKEN_VAR
+from atoll.spec import worker_env
 from atoll.spec.names import is_env_name
 from atoll.spec.quantity import memory_to_mib, slurm_mem_to_mib
 from atoll.spec.study_runtime import data_root, dataset_mount_path
@@ -236,19 +237,19 @@ def _worker_env(request: LaunchRequest, contained: bool) -> dict[str, str]:
     entry, study = request.study_runtime, request.identity.study
     env = dict(entry.env) if entry is not None else {}
     env.update(request.worker_env)
-    env.pop("ATOLL_PARENT_PID", None)  # the parent is on another host
-    env["ATOLL_PARENT"] = request.parent_address
+    env.pop(worker_env.PARENT_PID, None)  # the parent is on another host
+    env[worker_env.PARENT] = request.parent_address
     datasets = dict(sorted(entry.datasets.items())) if entry is not None else {}
     if contained:
-        env["ATOLL_WORKDIR"] = CONTAINER_WORKDIR
-        env["ATOLL_DATA_ROOT"] = data_root(study)
-        env["ATOLL_DATASETS"] = json.dumps(
+        env[worker_env.WORKDIR] = CONTAINER_WORKDIR
+        env[worker_env.DATA_ROOT] = data_root(study)
+        env[worker_env.DATASETS] = json.dumps(
             {name: dataset_mount_path(study, name) for name in datasets}, sort_keys=True
         )
     else:
-        env["ATOLL_WORKDIR"] = str(request.workdir)
+        env[worker_env.WORKDIR] = str(request.workdir)
         if datasets:
-            env["ATOLL_DATASETS"] = json.dumps(
+            env[worker_env.DATASETS] = json.dumps(
                 {name: d.source for name, d in datasets.items()}, sort_keys=True
             )
     return dict(sorted(env.items()))

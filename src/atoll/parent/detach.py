@@ -15,8 +15,8 @@ from atoll.parent.pidfile import alive, read_pid, recorded_pid, remove_own
 def start_detached(role: str, kit: Path, workspace: Path, timeout: float = 30.0) -> int:
     """Start the `role` parent of `kit` (atoll.parent.run) in its own session; wait until it
     is ready."""
+    from atoll.base.files import append_private, private_dir
     from atoll.parent.run import command  # the parent's own entry; it imports none of this
-    from atoll.pki.files import append_private, private_dir
 
     private_dir(workspace)
     ready = workspace / f"{role}.ready"

@@ -65,7 +65,7 @@ def read_record(workspace: Path, print_: str) -> dict[str, Any] | None:
 def write_record(workspace: Path, print_: str, values: dict[str, Any]) -> None:
     """Record that the contents with fingerprint ``print_`` passed the check. Best effort: a
     parent that cannot write its workspace checks in full at the next start."""
-    from atoll.pki.files import PRIVATE, write_atomic
+    from atoll.base.files import PRIVATE, write_atomic
 
     text = json.dumps({"fingerprint": print_, "values": values}, indent=2) + "\n"
     try:

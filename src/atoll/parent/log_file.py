@@ -13,7 +13,7 @@ import logging.handlers
 import os
 from pathlib import Path
 
-from atoll.pki.files import append_private
+from atoll.base.files import append_private
 
 
 class ParentLog(logging.handlers.RotatingFileHandler):

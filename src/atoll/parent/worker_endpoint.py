@@ -30,6 +30,7 @@ from atoll.spec.errors import EXIT_INVALID, AtollError
 from atoll.spec.names import IdentifierError, check_job_id, check_task_id
 from atoll.wire import frames, rpc
 from atoll.wire import messages as msg
+from atoll.wire.bodies import BodyError, WorkerNote
 from atoll.wire.grpc_setup import new_server
 from atoll.wire.worker_link import HANDOFF_KEY, MANY_REPLIES_KEY, SESSION_KEY
 
@@ -99,24 +100,14 @@ class WorkerTokens:
                 del self._sessions[session]
 
 
-# A worker's own report or finish note: job code's text, kept and shown to people.
-MAX_BODY_BYTES = 64 * 1024
-
-
 def _body(request, context) -> dict[str, Any]:
-    """A worker's JSON body: an object of at most MAX_BODY_BYTES, else INVALID_ARGUMENT (the
-    worker runs the job's code: it is as trusted as that code)."""
-    text = request.body or "{}"
-    if len(text) > MAX_BODY_BYTES:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"body of {len(text)} bytes; at most {MAX_BODY_BYTES} are taken")
+    """A worker's JSON body, parsed by its one definition (wire/bodies.py: at most
+    MAX_WORKER_BODY bytes; the worker runs the job's code: it is as trusted as that code), else
+    INVALID_ARGUMENT."""
     try:
-        body = json.loads(text)
-    except (ValueError, RecursionError):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "body is not JSON")
-    if not isinstance(body, dict):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "body must be a JSON object")
-    return body
+        return WorkerNote.parse(request.body).doc
+    except BodyError as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 def link_security(context: grpc.ServicerContext) -> str:

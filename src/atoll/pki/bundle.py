@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from atoll.pki.files import PUBLIC, write_atomic
+from atoll.base.files import PUBLIC, write_atomic
 from atoll.pki.state import ProvisionError
 
 FORMAT = "atoll-signed-request"

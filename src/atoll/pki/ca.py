@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from atoll.pki.files import PRIVATE, PUBLIC, write_atomic
+from atoll.base.files import PRIVATE, PUBLIC, write_atomic
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from atoll.base.files import PRIVATE, PUBLIC, write_atomic
 from atoll.pki.ca import CertificateAuthority, new_key, private_key_pem, utcnow
-from atoll.pki.files import PRIVATE, PUBLIC, write_atomic
 from atoll.pki.identity import KINDS
 
 if TYPE_CHECKING:

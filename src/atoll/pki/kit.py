@@ -141,7 +141,7 @@ def edit_kit_yaml(kit_dir: Path, **changes: Any) -> None:
     write its kit.json again so that load_kit keeps sparing the YAML parse."""
     import yaml
 
-    from atoll.pki.files import PUBLIC, write_atomic
+    from atoll.base.files import PUBLIC, write_atomic
 
     kit_file = kit_dir / "startup" / KIT_FILE
     doc = _parse_yaml(kit_file, kit_file.read_bytes())

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from atoll.base.files import PUBLIC, write_atomic
 from atoll.pki.ca import CertificateAuthority, create_ca, load_ca, save_ca
 from atoll.pki.certs import Kind, issue_cert
-from atoll.pki.files import PUBLIC, write_atomic
 from atoll.pki.kit import (
     CA_FILE,
     KIT_CACHE_FILE,

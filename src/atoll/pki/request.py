@@ -17,10 +17,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from atoll.base.files import PRIVATE, PUBLIC, private_dir, write_atomic
 from atoll.pki.bundle import load_bundle
 from atoll.pki.ca import fingerprint, new_key, private_key_pem
 from atoll.pki.certs import subject_name
-from atoll.pki.files import PRIVATE, PUBLIC, private_dir, write_atomic
 from atoll.pki.kit import cert_file_names
 from atoll.pki.project import ProjectError
 from atoll.pki.provision import Target, site_local_files, write_local, write_startup

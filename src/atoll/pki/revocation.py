@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from atoll.pki.files import PRIVATE, write_atomic
+from atoll.base.files import PRIVATE, write_atomic
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
 CRL_FILE = "crl.pem"

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from atoll.base.files import PUBLIC, write_atomic
 from atoll.pki.ca import load_ca, utcnow
 from atoll.pki.crl import CRL_FILE, REASONS, Entry, build_crl, read_crl
-from atoll.pki.files import PUBLIC, write_atomic
 from atoll.pki.state import ProvisionError, find, locked, write_state
 
 

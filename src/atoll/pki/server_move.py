@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atoll.base.files import PUBLIC, write_atomic
 from atoll.pki.ca import load_ca
 from atoll.pki.certs import LOOPBACK_HOSTS, issue_cert
-from atoll.pki.files import PUBLIC, write_atomic
 from atoll.pki.kit import cert_file_names, edit_kit_yaml, load_kit
 from atoll.pki.project import ProjectError, check_host, default_listen_host
 from atoll.pki.provision import SERVER_DIR

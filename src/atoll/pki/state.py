@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atoll.pki.files import PRIVATE, write_atomic
+from atoll.base.files import PRIVATE, write_atomic
 from atoll.pki.project import (
     ProjectError,
     check_org,

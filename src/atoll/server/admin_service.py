@@ -49,6 +49,7 @@ from atoll.server.studies import DEFAULT, SUBMIT_ROLES, Denied, Members
 from atoll.server.waiters import StoreChanges
 from atoll.wire import frames
 from atoll.wire import messages as msg
+from atoll.wire.bodies import AdminCall, BodyError
 from atoll.wire.job_archive import IntakeError
 
 if TYPE_CHECKING:
@@ -131,15 +132,11 @@ class AdminService:
 
     @staticmethod
     def _body(request) -> dict[str, Any]:
+        """The call's body, parsed by its one definition (wire/bodies.py)."""
         try:
-            body = json.loads(request.body or "{}")
-        except (ValueError, RecursionError):
-            raise PeerRefused(grpc.StatusCode.INVALID_ARGUMENT,
-                              "request body is not JSON") from None
-        if not isinstance(body, dict) or not isinstance(body.get("op", ""), str):
-            raise PeerRefused(grpc.StatusCode.INVALID_ARGUMENT, 'request body must be a JSON '
-                              'object such as {"op": "list_jobs"}')
-        return body
+            return AdminCall.parse(request.body).doc
+        except BodyError as exc:
+            raise PeerRefused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
     def _remember(self, who: Identity) -> None:
         if who not in self._known:  # once per certificate, not a write on every call

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atoll import __version__
+from atoll.base.files import private_dir
 from atoll.launchers.base import JobIdentity, LaunchRequest
 from atoll.parent.local_config import LocalConfig, load_local_config
 from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
-from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
 from atoll.pki.tls import server_credentials
 from atoll.server.admin_service import AdminService
@@ -37,7 +37,9 @@ from atoll.server.sessions import SessionSigner
 from atoll.server.site_links import SiteLinks
 from atoll.server.store import JobRecord, Store, open_store
 from atoll.server.studies import Studies
+from atoll.server.study_ops import study_ops
 from atoll.server.worker_backend import ServerWorkerBackend
+from atoll.spec import worker_env
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
@@ -120,7 +122,7 @@ class ServerParent:
             meta=meta,
             identity=JobIdentity(record.id, record.name, record.study, "server", "server"),
             site_config=self.local.site_config, study_runtime=None, workdir=run_dir,
-            parent_address=self.worker_address, credentials={"ATOLL_JOB_TOKEN": token},
+            parent_address=self.worker_address, credentials={worker_env.JOB_TOKEN: token},
             parent_cert=self._endpoint.cert_pem, check_capacity=False, shared_folders=shared,
             parent_socket=self._endpoint.socket_path)
 
@@ -185,12 +187,7 @@ class ServerParent:
 
 def _study_ops(studies: Studies, store: Store, ca: Path,
                revocations: ServerRevocations) -> dict[str, Any]:
-    """The admin operations on studies (server/study_ops.py), where that module is present."""
-    try:
-        from atoll.server.study_ops import study_ops
-    except ImportError:
-        return {}
-
+    """The admin operations on studies (server/study_ops.py)."""
     def certified(pem: bytes) -> Identity:
         from atoll.pki.identity import issued_identity
 
@@ -207,7 +204,7 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
                 local: LocalConfig | None = None) -> int:
     import signal
 
-    from atoll.parent.malloc_tuning import tune_for_streaming
+    from atoll.base.malloc_tuning import tune_for_streaming
 
     tune_for_streaming()
 

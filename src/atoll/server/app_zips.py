@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from atoll.pki.files import PRIVATE, private_dir
+from atoll.base.files import PRIVATE, private_dir
 from atoll.pki.job_signature import SIGNATURE_FILE
 from atoll.wire.job_archive import zip_folder
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atoll import __version__
-from atoll.pki.files import PRIVATE, private_dir, write_atomic
+from atoll.base.files import PRIVATE, private_dir, write_atomic
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
 DB = "atoll.db"

@@ -19,41 +19,28 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from atoll import __version__
+from atoll.server import site_ops
 from atoll.server.auth import Gate, peer_identity_async
 from atoll.server.relay import END, RelayError
 from atoll.server.site_links import HEARTBEAT_S, SiteLink, SiteLinks
+from atoll.server.site_ops import SiteJobs
 from atoll.server.spool import SpoolError
 from atoll.spec.names import IdentifierError, check_job_id, check_task_id
-from atoll.spec.quantity import is_memory
-from atoll.spec.versions import version_refusal
 from atoll.wire import frames
 from atoll.wire import messages as msg
+from atoll.wire.bodies import Heartbeat, Hello, JobState, SiteReport
 from atoll.wire.guard import Stalled
 
 if TYPE_CHECKING:
-    from atoll.server.jobs import LiveJob
     from atoll.server.store import Store
 
 log = logging.getLogger("atoll.server.federation")
-
-
-class SiteJobs(Protocol):
-    """What the sites' calls do to the jobs (server/jobs.py)."""
-
-    def running_at(self, job_id: str, site: str) -> LiveJob | None: ...
-
-    def app_zip(self, job_id: str, target: str) -> Path: ...
-
-    def site_state(self, site: str, body: dict[str, Any]) -> None: ...
-
-    def site_offline(self, site: str) -> None: ...
 
 
 class SiteRegistry(Protocol):
@@ -66,57 +53,6 @@ class RevocationPush(Protocol):
     """The project's revocation list, sent to a site after its welcome (server/revocation.py)."""
 
     def on_connect(self, link: SiteLink, context: Any) -> None: ...
-
-
-def _object(text: str, what: str) -> dict[str, Any]:
-    """A JSON object a site sent; ValueError (with what it was) otherwise."""
-    try:
-        value = json.loads(text or "{}")
-    except (ValueError, RecursionError):
-        raise ValueError(f"{what} is not JSON") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{what} must be a JSON object")
-    return value
-
-
-MAX_RUNNING = 10_000  # job ids one hello or heartbeat may list
-
-
-def _job_ids(value: Any, what: str) -> list[str]:
-    if not isinstance(value, list) or len(value) > MAX_RUNNING:
-        raise ValueError(f"{what}'s running_jobs must be a list of at most {MAX_RUNNING:,} "
-                         "job ids")
-    return [check_job_id(j, f"{what}'s running_jobs entry") for j in value]
-
-
-def _job_state(text: str) -> dict[str, Any]:
-    """A site's job state: its job id of the grammar, its state a short text."""
-    body = _object(text, "job_state")
-    check_job_id(body.get("job_id"), "job_state's job_id")
-    state = body.get("state")
-    if not isinstance(state, str) or not 0 < len(state) <= 64:
-        raise ValueError("job_state's state must be a state name")
-    return body
-
-
-def _hello(text: str) -> dict[str, Any]:
-    """A site's hello, checked where the server relies on it: its capacity goes to the
-    scheduler, which must never meet a value it cannot compare."""
-    hello = _object(text, "hello")
-    _job_ids(hello.get("running_jobs", []), "hello")
-    capacity = hello.get("capacity") or {}
-    if not isinstance(capacity, dict):
-        raise ValueError("hello's capacity must be a JSON object")
-    for key in ("gpus", "cpus"):
-        value = capacity.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or value < 0):
-            raise ValueError(f"hello's capacity.{key} must be a whole number of at least 0")
-    if capacity.get("memory") is not None and not is_memory(capacity["memory"]):
-        raise ValueError("hello's capacity.memory must be a size such as 512Gi")
-    if not isinstance(hello.get("launcher", ""), str | None):
-        raise ValueError("hello's launcher must be a name")
-    return hello
 
 
 class FederationService:
@@ -133,9 +69,6 @@ class FederationService:
         self.gate = Gate("Federation", "site", store)
         self.admit = self.gate.admit  # wire/guard.py: before a request is read
 
-    def _running(self, job_id: str, site: str) -> LiveJob | None:
-        return self.jobs.running_at(job_id, site)
-
     async def Connect(self, request_iterator, context):
         who = await peer_identity_async(context, "site")
         events = request_iterator.__aiter__()
@@ -146,14 +79,14 @@ class FederationService:
         if first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a site must start with hello")
         try:
-            hello = _hello(first.hello)
+            hello = Hello.parse(first.hello)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if why := version_refusal(hello.get("version"), __version__):  # spec/versions.py
+        if why := site_ops.hello_refusal(hello, __version__):  # spec/versions.py
             log.warning("refused site %s: %s", who.name, why)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         loop = asyncio.get_running_loop()
-        link = SiteLink(who.name, who.org, hello, loop)
+        link = SiteLink(who.name, who.org, hello.doc, loop)
         await loop.run_in_executor(None, self.studies.remember_site, who.name, who.org)
         self.links.attach(link)
         self.revocations.on_connect(link, context)  # the CRL follows the welcome
@@ -162,10 +95,9 @@ class FederationService:
         try:
             yield msg.ServerCommand(welcome=json.dumps({"heartbeat_s": HEARTBEAT_S,
                                                        "server_time": time.time()}))
-            for job_id in link.running_jobs:  # reconcile after a reconnect
-                if self._running(job_id, who.name) is None:
-                    link.send("abort", {"job_id": job_id,
-                                        "reason": "the server no longer runs this job"})
+            # reconcile after a reconnect
+            for job_id in site_ops.stale_jobs(self.jobs, who.name, hello.running_jobs):
+                link.send("abort", {"job_id": job_id, "reason": site_ops.GONE})
             self.wake()
             while (command := await link.outbox.get()) is not None:
                 yield command
@@ -174,13 +106,7 @@ class FederationService:
             # (a server that is stopping has stopped its jobs and closes its store)
             if self.links.detach(link) and not self.stopping():
                 log.info("site %s disconnected", who.name)
-                loop.run_in_executor(None, self._offline, who.name)
-
-    def _offline(self, site: str) -> None:
-        try:
-            self.jobs.site_offline(site)
-        except Exception:  # noqa: BLE001 - nobody awaits this; say what went wrong
-            log.exception("could not mark the jobs of %s as failed", site)
+                loop.run_in_executor(None, site_ops.offline, self.jobs, who.name)
 
     async def _read(self, link: SiteLink, events) -> None:
         loop = asyncio.get_running_loop()
@@ -189,12 +115,11 @@ class FederationService:
                 link.last_seen = time.monotonic()
                 kind = event.WhichOneof("kind")
                 if kind == "heartbeat":
-                    running = _object(event.heartbeat, "heartbeat").get("running_jobs", [])
-                    link.hello["running_jobs"] = _job_ids(running, "heartbeat")
+                    site_ops.heartbeat(link, Heartbeat.parse(event.heartbeat))
                 elif kind == "job_state":
                     # one site's states stay in order: the next waits for this one
-                    await loop.run_in_executor(None, self.jobs.site_state, link.name,
-                                               _job_state(event.job_state))
+                    await loop.run_in_executor(None, site_ops.job_state, self.jobs, link.name,
+                                               JobState.parse(event.job_state))
         except (grpc.RpcError, asyncio.CancelledError):
             pass
         except (Stalled, ValueError) as exc:  # the site reconnects; say why it was dropped
@@ -207,12 +132,10 @@ class FederationService:
     async def FetchJob(self, request, context):
         site = (await peer_identity_async(context, "site")).name
         await _checked_id(context, request.job_id)
-        if self._running(request.job_id, site) is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"job {request.job_id} is not running at {site}")
         loop = asyncio.get_running_loop()
         # the first fetch builds the zip; the rest find it (a page-cache read, chunk by chunk)
-        path = await loop.run_in_executor(None, self.jobs.app_zip, request.job_id, site)
+        path = await _mapped(context, loop.run_in_executor(None, site_ops.app_zip, self.jobs,
+                                                           site, request.job_id))
         yield frames.header({"size": path.stat().st_size})
         for raw in frames.file_frames(path):
             yield raw
@@ -220,7 +143,7 @@ class FederationService:
     async def PullTask(self, request, context):
         site = (await peer_identity_async(context, "site")).name
         await _checked_id(context, request.job_id)
-        live = self._running(request.job_id, site)
+        live = self.jobs.running_at(request.job_id, site)
         if live is None:
             yield frames.header({"end": True})
             return
@@ -259,9 +182,7 @@ class FederationService:
         if not isinstance(headers, dict):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "the reply's headers must be a JSON object")
-        live = self._running(job_id, site)
-        if live is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} is not running at {site}")
+        live = await _mapped(context, _now(site_ops.running, self.jobs, job_id, site))
         try:
             reply = live.relay.open_reply(site, head["task_id"], headers)
         except RelayError as exc:
@@ -280,20 +201,25 @@ class FederationService:
 
     async def Report(self, request, context):
         site = (await peer_identity_async(context, "site")).name
-        try:
-            body = _object(request.body, "the report")
-            event = body.get("event") or {}
-            if not isinstance(event, dict):
-                raise ValueError("the report's event must be a JSON object")
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        job_id = body.get("job_id")
-        await _checked_id(context, job_id)
-        if self._running(job_id, site) is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} is not running at {site}")
-        await asyncio.get_running_loop().run_in_executor(
-            None, self.store.add_event, job_id, site, event)
+        body = await _mapped(context, _now(SiteReport.parse, request.body))
+        await _mapped(context, asyncio.get_running_loop().run_in_executor(
+            None, site_ops.report, self.store, self.jobs, site, body))
         return msg.Json(body="{}")
+
+
+async def _now(call: Callable[..., Any], *args: Any) -> Any:
+    """A plain call as an awaitable, for `_mapped`."""
+    return call(*args)
+
+
+async def _mapped(context, work: Awaitable[Any]) -> Any:
+    """``work``'s result; what a handler raises, as its status code (site_ops.py)."""
+    try:
+        return await work
+    except site_ops.NotRunning as exc:
+        await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+    except ValueError as exc:  # a body or an id out of its grammar (wire/bodies.py)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 async def _checked_id(context, value: Any, check: Callable[..., str] = check_job_id,

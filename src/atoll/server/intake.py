@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from atoll.pki.files import private_dir
+from atoll.base.files import private_dir
+from atoll.base.reasons import clip_details, public
 from atoll.server.scheduler import never_fits
 from atoll.spec.admission import reachable_sites, study_issues
 from atoll.spec.errors import SpecError
 from atoll.wire.job_archive import Incoming, IntakeError
-from atoll.wire.reasons import clip_details, public
 
 if TYPE_CHECKING:
     from atoll.pki.identity import Identity

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atoll.pki.files import PRIVATE
+from atoll.base.files import PRIVATE
 from atoll.pki.provenance import (
     Chain,
     ProvenanceError,

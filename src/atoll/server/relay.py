@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atoll.pki.files import private_dir
+from atoll.base.files import private_dir
 from atoll.server.spool import Budget, SpillFiles, Spool
 from atoll.server.waiters import AsyncWaiters, until
 from atoll.spec.errors import EXIT_INVALID, AtollError

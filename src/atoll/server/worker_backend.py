@@ -1,17 +1,19 @@
 """What the server's own worker (the workflow) can do through the server parent's endpoint:
-send tasks to sites, take their replies, report and finish (the site's side: site/worker_backend.py)."""
+send tasks to sites, take their replies, report and finish (the site's side: site/worker_backend.py).
+
+It sees the jobs through `RunningJobs` (server/live_jobs.py), never the job manager's table."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from atoll.base.reasons import clip
 from atoll.parent.worker_endpoint import BackendError
-from atoll.server.jobs import JobManager, LiveJob
+from atoll.server.live_jobs import LiveJob, RunningJobs
 from atoll.server.relay import RelayError
 from atoll.spec.names import IdentifierError, check_task_name
 from atoll.wire import frames, handoff
-from atoll.wire.reasons import clip
 
 if TYPE_CHECKING:
     from atoll.server.store import Store
@@ -20,23 +22,20 @@ if TYPE_CHECKING:
 class ServerWorkerBackend:
     """What the server worker (the workflow) can do through the server parent's endpoint."""
 
-    def __init__(self, jobs: JobManager, store: Store, ca_file: Path):
+    def __init__(self, jobs: RunningJobs, store: Store, ca_file: Path):
         self.jobs = jobs
         self.store = store
         self.ca_pem = ca_file.read_text(encoding="ascii")
 
     def _live(self, job_id: str) -> LiveJob:
-        live = self.jobs.live.get(job_id)
+        live = self.jobs.running(job_id)
         if live is None:
             raise BackendError(f"job {job_id} is not running")
         return live
 
     def on_register(self, job_id: str) -> dict[str, Any]:
         live = self._live(job_id)
-        self.store.set_part_state(job_id, "server", "RUNNING")
-        if live.record.state == "DISPATCHED":
-            live.record.state = "RUNNING"
-            self.store.set_job_state(job_id, "RUNNING")
+        self.jobs.part_running(live, "server")  # server/lifecycle.py
         info = {"sites": live.sites,
                 "job_args": {"min_clients": live.meta.min_clients, "name": live.meta.name}}
         if live.relay.handoff is not None:

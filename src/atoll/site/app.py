@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atoll import __version__
+from atoll.base.files import private_dir
 from atoll.launchers.base import JobIdentity, LaunchRequest
 from atoll.parent.local_config import LocalConfig, load_local_config
 from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
-from atoll.pki.files import private_dir
 from atoll.pki.kit import Kit
 from atoll.site.connection import ServerLink
 from atoll.site.privacy_ledger import SitePrivacyLedger
@@ -30,6 +30,7 @@ from atoll.site.revocation import SiteRevocations
 from atoll.site.server_channel import CurrentStub, ServerChannel
 from atoll.site.supervisor import SiteJob, Supervisor
 from atoll.site.worker_backend import SiteWorkerBackend
+from atoll.spec import worker_env
 from atoll.spec.authorization import load_policy
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class SiteParent:
         # at most.
         if issues := unconfined_issues(self.local.site_config, job.runtime):
             raise SpecError(issues, source=f"local/{RUNTIME_FILE}")
-        credentials = {"ATOLL_JOB_TOKEN": token, **secret_env_values(job.entry, os.environ)}
+        credentials = {worker_env.JOB_TOKEN: token, **secret_env_values(job.entry, os.environ)}
         request = build_request(
             meta=meta, identity=JobIdentity(job.job_id, name, job.study, self.name, "site"),
             site_config=self.local.site_config, study_runtime=job.runtime,
@@ -213,7 +214,7 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
                 local: LocalConfig | None = None) -> int:
     import signal
 
-    from atoll.parent.malloc_tuning import tune_for_streaming
+    from atoll.base.malloc_tuning import tune_for_streaming
 
     tune_for_streaming()
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from atoll.pki.files import PUBLIC, write_atomic
+from atoll.base.files import PUBLIC, write_atomic
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
 APPROVALS_FILE = "approved_jobs.json"

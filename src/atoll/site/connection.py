@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
+from atoll.base.reasons import clip
 from atoll.wire import messages as msg
-from atoll.wire.reasons import clip
 
 log = logging.getLogger("atoll.site.connection")
 

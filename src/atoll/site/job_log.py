@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atoll.pki.files import PRIVATE
+from atoll.base.files import PRIVATE
 
 if TYPE_CHECKING:
     from atoll.pki.job_signature import Signed

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from atoll.pki.files import PRIVATE, private_dir, write_atomic
+from atoll.base.files import PRIVATE, private_dir, write_atomic
 from atoll.spec.budget_ledger import LedgerRefused, StudyBudget, StudyLedger
 from atoll.spec.errors import SpecError
 from atoll.spec.names import is_site_name

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from atoll.pki.files import PRIVATE
+from atoll.base.files import PRIVATE
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
 RECORD_FILE = "signed_jobs.json"

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from atoll.base.files import PRIVATE, private_dir
+from atoll.base.reasons import public
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
-from atoll.pki.files import PRIVATE, private_dir
 from atoll.site.job_log import JobLog
 from atoll.site.signed_jobs import Replayed, SignedJobs
 from atoll.spec.admission import asked_at, fits
@@ -36,7 +37,6 @@ from atoll.spec.names import IdentifierError, check_job_id, check_study_name
 from atoll.spec.run_folders import FETCH_SCRATCH, JOBS
 from atoll.wire import frames
 from atoll.wire import messages as msg
-from atoll.wire.reasons import public
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher, LaunchRequest

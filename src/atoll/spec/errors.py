@@ -23,6 +23,31 @@ with when it ends on that error. The CLI prints every error through one renderer
     70    PARENT_DIED  a worker: its parent died, so it stopped
     130   INTERRUPTED  interrupted (Ctrl-C)
 
+The tree, drawn once: every class atoll defines, under the exit code it ends a command or
+parent with, and what to do then (a subclass in brackets after its base; each also keeps the
+stdlib base its callers catch; tests/unit/spec/test_error_root.py checks the drawing):
+
+    AtollError
+    ├── 1 FAILED: the job's own code or a protocol step failed; its log says why
+    │   AggregateCorrupted, BudgetExhausted, ClientError, CredentialError,
+    │   CredentialNotIssued, EncodingError, LedgerRefused, PeerNotAuthenticated,
+    │   PrivacyRefused, RankError, ResultRejected, SecAggRefused, ShareDecryptError,
+    │   SiteScriptError, StatisticsError, StatisticsRefused, TrackingError, WorkflowError
+    ├── 2 INVALID: change the input or request the message names, then retry
+    │   AppConfigError, ApprovalsError, BackendError, BackupError, BadMessage, BodyError,
+    │   CAError, ControlTooLarge, CredentialsTooLarge, CRLError, DecodeError,
+    │   Denied[NoSuchStudy], FrameError[HandoffError], IdentifierError, IdentityError,
+    │   IntakeError, IssuesError, JobFileError, JobRefused, KitError, LaunchError,
+    │   NotAdmitted, NotTrusted, ProvisionError, Refused, RelayError, Replayed,
+    │   SandboxUnavailable, SerdeError, SignatureError, SimulationError,
+    │   SpecError[ProjectError]
+    ├── 3 CONNECTION: check the peer runs and is reachable, then retry
+    │   ConnectionFailed, SpoolError, Stalled
+    ├── 4 AUTH: run `atoll login`, or renew the certificate
+    │   AuthError, PeerRefused
+    └── 5 NOT_FOUND: check the job id and the study
+        NoSuchJob, NotFound, NotRunning
+
 Validation errors of the contract layer: every problem of a document, each with its path.
 
 ``SpecError`` is the one exception the spec loaders raise. It carries every ``Issue`` found in a

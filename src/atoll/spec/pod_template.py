@@ -24,6 +24,7 @@ from typing import Any
 
 from atoll.spec.errors import Issue, IssuesError, SpecError, describe, join_path
 from atoll.spec.site_config import read_yaml
+from atoll.spec.worker_env import RESERVED_ENV, RESERVED_ENV_PREFIX
 
 MAIN_CONTAINER = "atoll-worker"
 # The worker's container in a template: atoll's name or NVIDIA FLARE's sentinel, else the only
@@ -196,8 +197,6 @@ def main_container_index(containers: Any) -> int | None:
 
 
 def _main_container_issues(at: str, container: dict[str, Any]) -> list[Issue]:
-    from atoll.spec.study_runtime import RESERVED_ENV, RESERVED_ENV_PREFIX  # (imports this)
-
     issues = [Issue(f"{at}.{k}", f"{_OWNED} (the job and the study choose it)")
               for k in ("image", "command", "args", "resources") if k in container]
     for j, env in _items(container.get("env")):

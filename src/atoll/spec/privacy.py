@@ -47,10 +47,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from atoll.spec import worker_env
 from atoll.spec.errors import Issue, SpecError, issues_from_validation_error
 
 POLICY_FILE = "privacy.yaml"
-POLICY_ENV = "ATOLL_PRIVACY_POLICY"  # how a site parent hands its policy to its workers
+POLICY_ENV = worker_env.PRIVACY_POLICY  # how a site parent hands its policy to its workers
 
 
 class _Strict(BaseModel):

@@ -17,8 +17,10 @@ import base64
 import json
 from typing import Any
 
+from atoll.spec import worker_env
+
 FORMAT = "atoll-secagg-worker/1"
-CREDENTIAL_VAR = "ATOLL_SECAGG_CREDENTIAL"
+CREDENTIAL_VAR = worker_env.SECAGG_CREDENTIAL
 
 
 def canonical(doc: dict[str, Any]) -> bytes:

@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator, model_validator
 
+from atoll.spec import worker_env
 from atoll.spec.model import NoNullModel
 
 if TYPE_CHECKING:
     from atoll.spec.study_runtime import StudyRuntime
 
-RULES_ENV = "ATOLL_STATISTICS_RULES"
+RULES_ENV = worker_env.STATISTICS_RULES
 DEFAULT_MIN_COUNT = 10  # when a site sets no rules: secure by default
 DEFAULT_PRECISION = 1.0
 DEFAULT_MAX_QUERIES = 2  # one summary and one spread per column is what the template asks

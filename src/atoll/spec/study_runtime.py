@@ -35,14 +35,11 @@ from atoll.spec.pod_template import dataset_claims, load_pod_template, pod_templ
 from atoll.spec.site_config import read_yaml, slurm_directive
 from atoll.spec.statistics_rules import StatisticsRules
 from atoll.spec.study_runtime_rules import cross_issues
+from atoll.spec.worker_env import RESERVED_ENV, RESERVED_ENV_PREFIX
 
 RUNTIME_FILE = "study_runtime.yaml"
 FORMAT_VERSION = 2
 DATA_ROOT = "/data"
-RESERVED_ENV = frozenset(
-    {"PYTHONPATH", "PYTHONHOME", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
-)
-RESERVED_ENV_PREFIX = "ATOLL_"
 # Which launchers read each launcher-specific field; a field of another launcher is an error.
 _FIELD_LAUNCHERS = {
     "container": ("docker", "k8s", "slurm"),

@@ -15,6 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from atoll.spec import worker_env
 from atoll.spec.errors import EXIT_CONNECTION, EXIT_FAILED, EXIT_INVALID
 from atoll.spec.worker_env import RESULTS_HOME_VAR, SEND_RESULTS
 from atoll.worker.local_ranks import (
@@ -26,8 +27,8 @@ from atoll.worker.local_ranks import (
 )
 
 EXIT_CONFIG, EXIT_REFUSED = EXIT_INVALID, EXIT_CONNECTION  # what those rows mean for a worker
-TOKEN_VAR = "ATOLL_JOB_TOKEN"
-SECAGG_VAR = "ATOLL_SECAGG_CREDENTIAL"  # atoll.pki.worker_credential.CREDENTIAL_VAR
+TOKEN_VAR = worker_env.JOB_TOKEN
+SECAGG_VAR = worker_env.SECAGG_CREDENTIAL  # atoll.pki.worker_credential.CREDENTIAL_VAR
 
 
 class RankFailed(Exception):
@@ -62,7 +63,7 @@ def _other_rank(job_id: str, role: str) -> int:
     """A rank other than 0: no token, no link to the parent; it runs the site's script with
     every task broadcast by rank 0 (atoll.fl.distributed)."""
     os.environ.pop(TOKEN_VAR, None)
-    fd = os.environ.pop("ATOLL_CREDENTIALS_FD", "")
+    fd = os.environ.pop(worker_env.CREDENTIALS_FD, "")
     if fd:  # never for this rank; close it unread if a launcher passed one anyway
         os.close(int(fd))
     if role != "site":
@@ -70,10 +71,10 @@ def _other_rank(job_id: str, role: str) -> int:
         return EXIT_CONFIG
     from atoll.worker.lifeline import tie_to_parent
 
-    parent_pid = os.environ.get("ATOLL_PARENT_PID")
+    parent_pid = os.environ.get(worker_env.PARENT_PID)
     tie_to_parent(int(parent_pid) if parent_pid else None)
-    workdir = Path(os.environ.get("ATOLL_WORKDIR", os.getcwd()))
-    site = _env("ATOLL_SITE")
+    workdir = Path(os.environ.get(worker_env.WORKDIR, os.getcwd()))
+    site = _env(worker_env.SITE)
     rank = int(os.environ["RANK"])
     if not (workdir / "app").is_dir():
         print(f"atoll worker: rank {rank} finds no app in {workdir}: the nodes of a multi-node "
@@ -83,7 +84,7 @@ def _other_rank(job_id: str, role: str) -> int:
         from atoll.fl.distributed import NoLink, Ranks
         from atoll.fl.runner import run_site_app
 
-        datasets = json.loads(os.environ.get("ATOLL_DATASETS", "{}") or "{}")
+        datasets = json.loads(os.environ.get(worker_env.DATASETS, "{}") or "{}")
         run_site_app(NoLink(job_id, site), workdir / "app", site, datasets,
                      ranks=Ranks.from_env())
     except BaseException as exc:  # noqa: BLE001 - rank 0 reports it for the site
@@ -138,7 +139,7 @@ def _credentials() -> dict[str, str]:
     """The job token and secret values: from the pipe the process launcher hands over (read
     once, then closed: never in an environment block that /proc shows), else from the
     environment (containers, pods and batch jobs get them through their own secret channel)."""
-    fd = os.environ.pop("ATOLL_CREDENTIALS_FD", "")
+    fd = os.environ.pop(worker_env.CREDENTIALS_FD, "")
     if not fd:
         return {}
     chunks = []
@@ -164,7 +165,7 @@ def _forward_allowed_destinations() -> None:
 
 
 def main() -> int:
-    job_id, role, parent = _env("ATOLL_JOB_ID"), _env("ATOLL_ROLE"), _env("ATOLL_PARENT")
+    job_id, role, parent = _env(worker_env.JOB_ID), _env(worker_env.ROLE), _env(worker_env.PARENT)
     starts_peers = role == "site" and starts_local_ranks(os.environ)
     if os.environ.get("RANK", "0") == "0":  # before the rendezvous port is chosen
         _forward_allowed_destinations()
@@ -184,8 +185,8 @@ def main() -> int:
                          or os.environ.pop(SECAGG_VAR, "") or None)
     os.environ.pop(SECAGG_VAR, None)
     os.environ.update(secret_values)  # the study's secret_env, for the job's own code
-    parent_pid = os.environ.get("ATOLL_PARENT_PID")
-    workdir = Path(os.environ.get("ATOLL_WORKDIR", os.getcwd()))
+    parent_pid = os.environ.get(worker_env.PARENT_PID)
+    workdir = Path(os.environ.get(worker_env.WORKDIR, os.getcwd()))
 
     import logging
 
@@ -196,7 +197,7 @@ def main() -> int:
 
     tie_to_parent(int(parent_pid) if parent_pid else None)
 
-    from atoll.parent.malloc_tuning import tune_for_streaming
+    from atoll.base.malloc_tuning import tune_for_streaming
 
     tune_for_streaming()
 
@@ -206,7 +207,7 @@ def main() -> int:
     from atoll.wire import rpc
     from atoll.wire.worker_link import worker_channel
 
-    stub = rpc.stub(worker_channel(parent, os.environ.get("ATOLL_PARENT_CERT")), "WorkerLink")
+    stub = rpc.stub(worker_channel(parent, os.environ.get(worker_env.PARENT_CERT)), "WorkerLink")
     try:
         answer = stub.Register(msg.Json(body=json.dumps({"job_id": job_id, "token": token})),
                                timeout=30)
@@ -221,7 +222,7 @@ def main() -> int:
     ok, error, peers = True, "", None
     try:
         if not (workdir / "app").is_dir():  # a container, pod or compute node: fetch the app
-            _fetch_app(stub, meta, workdir, os.environ.get("ATOLL_SITE", role))
+            _fetch_app(stub, meta, workdir, os.environ.get(worker_env.SITE, role))
         if role == "server":
             from atoll.worker import signed_job
 
@@ -241,10 +242,10 @@ def main() -> int:
             from atoll.fl.runner import run_site_app
             from atoll.worker.grpc_channels import GrpcSiteChannel
 
-            site = _env("ATOLL_SITE")
-            datasets = json.loads(os.environ.get("ATOLL_DATASETS", "{}") or "{}")
+            site = _env(worker_env.SITE)
+            datasets = json.loads(os.environ.get(worker_env.DATASETS, "{}") or "{}")
             # The site's statistics rules, taken before the job's code runs (atoll.fl.statistics)
-            rules = os.environ.pop("ATOLL_STATISTICS_RULES", "")
+            rules = os.environ.pop(worker_env.STATISTICS_RULES, "")
             channel = GrpcSiteChannel(stub, session, job_id, site, _handoff(info))
             ranks = Ranks.from_env()
             if starts_peers:  # after the app is here: the other ranks run it from the run folder

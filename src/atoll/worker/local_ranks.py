@@ -29,6 +29,7 @@ from pathlib import Path
 from atoll.launchers.rank_names import MAX_RANK_ERROR_BYTES as MAX_ERROR_CHARS
 from atoll.launchers.rank_names import RANK_ERROR_FILE as ERROR_FILE
 from atoll.launchers.rank_names import WITHHELD_ENV
+from atoll.spec import worker_env
 
 POLL_S = 0.2  # how often rank 0 looks at its children
 FINISH_GRACE_S = 60.0
@@ -108,7 +109,7 @@ class LocalRanks:
     def start(self) -> None:
         for local_rank in range(1, self.count):
             env = {**self._base, "RANK": str(local_rank), "LOCAL_RANK": str(local_rank),
-                   "ATOLL_PARENT_PID": str(os.getpid())}  # their lifeline is rank 0
+                   worker_env.PARENT_PID: str(os.getpid())}  # their lifeline is rank 0
             if self.gpus[local_rank] is not None:
                 env["CUDA_VISIBLE_DEVICES"] = self.gpus[local_rank]
             self._children[local_rank] = subprocess.Popen(

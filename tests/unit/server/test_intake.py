@@ -71,3 +71,30 @@ def test_an_invalid_meta_is_refused_naming_the_file(tmp_path):
     with pytest.raises(IntakeError, match="meta.json is invalid"):
         _intake(tmp_path, open_store(None)).submit(
             LEAD, "s", iter(_upload(tmp_path, {"deploy_map": {"app": ["server"]}})))
+
+
+class Signed:
+    """The signature check, passed: what the intake's own parsing costs is what is counted."""
+
+    def verify(self, tree, who, study):
+        return "sha256:stand-in"
+
+
+def test_the_intake_validates_the_jobs_meta_once_and_queues_that_object(tmp_path, monkeypatch):
+    """The count of meta.json parses at the server's intake: one (the instrumentation of
+    tests/unit/site/test_meta_parsed_once.py: every meta validation is spec/meta.py's
+    ``_validate``); the scheduler gets the parsed object, never the text."""
+    from atoll.spec import meta as meta_module
+
+    validated, queued = [], []
+    original = meta_module._validate
+    monkeypatch.setattr(meta_module, "_validate",
+                        lambda data, label: validated.append(label) or original(data, label))
+    intake = _intake(tmp_path, open_store(None))
+    intake.check = Signed()
+    intake.queue = SimpleNamespace(submitted=lambda job_id, meta: queued.append(meta))
+    upload = _upload(tmp_path, {"name": "j", "deploy_map": {"app": ["server", "site-a"]}})
+    record = intake.submit(LEAD, "s", iter(upload))
+    assert record.state == "SUBMITTED" and record.meta["study"] == "s"
+    assert [m.name for m in queued] == ["j"]
+    assert len(validated) == 1, validated

@@ -47,6 +47,7 @@ class Links:
 
     def send(self, site, kind, body):
         self.sent.append((site, kind, body))
+        return site in self._online
 
     def online(self):
         return dict(self._online)
@@ -129,7 +130,7 @@ def test_delete_only_a_finished_job_and_its_folder(deps):
                                                                     "name": "fedavg"}
     assert deps.store.get_job(job) is None and not (deps.jobs.jobs_dir / job).exists()
     assert "submitter=lead@a.org state=FINISHED:COMPLETED" in deps.store.audit_log()[-1]["detail"]
-    # each site of the job is told to remove its run folder (the server's own part is not a site)
+    # each site of the job is told to forget it (an offline one: retention removes the rest)
     assert deps.links.sent == [("site-a", "forget", {"job_id": job})]
 
 

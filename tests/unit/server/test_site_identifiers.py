@@ -1,4 +1,5 @@
-"""What a site sends the server names jobs by ids of their grammar (server/federation_service.py)."""
+"""What a site sends the server names jobs by ids of their grammar (wire/bodies.py, parsed by
+server/federation_service.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import json
 
 import pytest
 
-from atoll.server.federation_service import _hello, _job_ids, _job_state
+from atoll.wire.bodies import Hello, JobState
+from atoll.wire.bodies import job_ids as _job_ids
 
 BAD = ["../x", "a/b", "x\n", "", "a\0b", 7, None, "x" * 65]
 
@@ -14,7 +16,7 @@ BAD = ["../x", "a/b", "x\n", "", "a\0b", 7, None, "x" * 65]
 @pytest.mark.parametrize("job_id", BAD)
 def test_a_hello_or_heartbeat_listing_a_crafted_job_id_is_refused(job_id):
     with pytest.raises(ValueError, match="running_jobs"):
-        _hello(json.dumps({"running_jobs": ["ok", job_id]}))
+        Hello.parse(json.dumps({"running_jobs": ["ok", job_id]}))
     with pytest.raises(ValueError, match="running_jobs"):
         _job_ids([job_id], "heartbeat")
 
@@ -29,13 +31,13 @@ def test_running_jobs_are_bounded():
 @pytest.mark.parametrize("job_id", BAD)
 def test_a_job_state_of_a_crafted_job_id_is_refused(job_id):
     with pytest.raises(ValueError, match="job_state's job_id"):
-        _job_state(json.dumps({"job_id": job_id, "state": "RUNNING"}))
+        JobState.parse(json.dumps({"job_id": job_id, "state": "RUNNING"}))
 
 
 @pytest.mark.parametrize("state", [None, "", "x" * 65, 3])
 def test_a_job_state_without_a_state_name_is_refused(state):
     with pytest.raises(ValueError, match="state name"):
-        _job_state(json.dumps({"job_id": "j1", "state": state}))
+        JobState.parse(json.dumps({"job_id": "j1", "state": state}))
 
 
 # -- the handlers themselves: an id out of its grammar is refused before any lookup --------------

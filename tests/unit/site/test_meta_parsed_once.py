@@ -64,17 +64,17 @@ class Launcher:
 
 
 class Host:
-    def __init__(self, local: Path):
-        self.local, self.launcher = local, Launcher()
+    def __init__(self, local: Path, workspace: Path):
+        self.local, self.workspace, self.launcher = local, workspace, Launcher()
+
+    def runs_root(self) -> Path:  # site.yaml's default: the workspace (spec/run_folders.py)
+        return self.workspace
 
     def study_runtime(self):
         return load_study_runtime(self.local, "process")
 
     def capacity(self):
         return {}
-
-    def runs_root(self):  # no workdir setting: the kit's workspace holds jobs/
-        return self.local.parent / "workspace"
 
     def launch_request(self, job, name, meta, token):
         return SimpleNamespace(name=name, meta=meta, resources=job.resources)
@@ -116,7 +116,7 @@ def signed_zip(tmp_path) -> tuple[Path, Path, dict]:
 def test_a_site_validates_the_jobs_meta_once_per_document(signed_zip, monkeypatch):
     site, site_zip, served = signed_zip
     kit = load_kit(site)
-    host, link = Host(kit.local_dir), Link()
+    host, link = Host(kit.local_dir, kit.workspace), Link()
     supervisor = Supervisor(kit, host=host, link=link, server=Server(site_zip),
                             tokens=WorkerTokens())
     validated = []

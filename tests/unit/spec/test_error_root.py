@@ -87,3 +87,21 @@ def test_pki_imports_no_admin_for_its_errors() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_tree_in_the_docstring_is_the_tree_in_the_code() -> None:
+    """spec/errors.py draws every class under its exit code once; the drawing and the classes
+    agree both ways (a new class must be drawn, a removed one erased)."""
+    doc = errors.__doc__.split("\n    AtollError\n", 1)[1].split("\n\n", 1)[0]
+    drawn: dict[str, int] = {}
+    code = None
+    for line in doc.splitlines():
+        head = re.match(r"\s+[├└]── (\d+) [A-Z_]+: \S", line)
+        if head:
+            code = int(head.group(1))
+            continue
+        for name in re.findall(r"[A-Za-z]+", line):
+            drawn[name] = code
+    real = {cls.__name__: cls.exit_code for cls in atoll_exceptions().values()
+            if cls is not AtollError and issubclass(cls, AtollError)}
+    assert drawn == real

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -16,10 +16,24 @@ from atoll.fl.model import Model
 from atoll.fl.workflows.rounds import Outcome, WorkflowError
 
 if TYPE_CHECKING:
+    from atoll.fl.channels import ServerChannel
     from atoll.fl.privacy.server_privacy import PrivateRound, ServerPrivacy
-    from atoll.fl.workflows.api import Context
 
 Params = dict[str, np.ndarray]
+
+
+class RoundContext(Protocol):
+    """What a private round reads of the job's context (fl/workflows/api.py's ``Context``
+    is one): declared here so that this module never imports the one that imports it."""
+
+    sites: list[str]
+    active: list[str]
+    min_clients: int
+
+    @property
+    def channel(self) -> ServerChannel: ...
+
+    def note_dropouts(self, outcome: Outcome) -> None: ...
 
 
 @dataclass
@@ -62,7 +76,7 @@ def server_privacy(job_args: dict[str, Any]) -> ServerPrivacy | None:
 
 
 def private_round(
-    ctx: Context,
+    ctx: RoundContext,
     privacy: ServerPrivacy,
     model: Model,
     *,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.parse
 from pathlib import Path
 
-from atoll.wire.reasons import MAX_DETAILS_BYTES, MAX_REASON_CHARS, clip, clip_details, public
+from atoll.base.reasons import MAX_DETAILS_BYTES, MAX_REASON_CHARS, clip, clip_details, public
 
 
 def test_a_long_reason_is_clipped_saying_how_much_went():

@@ -1,4 +1,4 @@
-"""pki/files.py: a private file is never readable by others, not even while it is written, and
+"""base/files.py: a private file is never readable by others, not even while it is written, and
 modes are set explicitly, whatever the umask."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import stat
 from pathlib import Path
 
-from atoll.pki import files
-from atoll.pki.files import PRIVATE, PUBLIC, append_private, make_private, write_atomic
+from atoll.base import files
+from atoll.base.files import PRIVATE, PUBLIC, append_private, make_private, write_atomic
 
 
 @contextlib.contextmanager

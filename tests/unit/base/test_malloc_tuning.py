@@ -1,4 +1,4 @@
-"""Parents and job workers keep free memory at the top of their heap (parent/malloc_tuning.py):
+"""Parents and job workers keep free memory at the top of their heap (base/malloc_tuning.py):
 a process that frees a 1 MiB frame and takes the next one reuses the pages instead of faulting
 them in again."""
 
@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from atoll.parent.malloc_tuning import TOP_PAD_BYTES
+from atoll.base.malloc_tuning import TOP_PAD_BYTES
 
 PROBE = r"""
 import resource, sys
-from atoll.parent.malloc_tuning import tune_for_streaming
+from atoll.base.malloc_tuning import tune_for_streaming
 if not tune_for_streaming(top_pad=int(sys.argv[1])):
     print("no-mallopt")
     raise SystemExit

@@ -1,0 +1,221 @@
+"""The job's state machine on the server: each part's states, the server worker's end, the
+job's end once every part has ended, abort, cancel, a newer revocation list, and recovery after
+a restart (see server/jobs.py for the states and their order).
+
+After a failure, sites are aborted only after a short grace: one about to fail on its own
+reports its own reason, not a copy of the server's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from atoll.base.files import private_dir
+from atoll.base.reasons import clip, public
+from atoll.launchers.base import Outcome, WorkerExit
+from atoll.launchers.job_files import create_job_file
+
+if TYPE_CHECKING:
+    from atoll.parent.worker_endpoint import WorkerTokens
+    from atoll.pki.revocation import RevocationList
+    from atoll.server.intake import JobQueue
+    from atoll.server.jobs import SiteCommands, WorkerHost
+    from atoll.server.live_jobs import LiveJob
+    from atoll.server.provenance import ServerProvenance
+    from atoll.server.store import Store
+
+log = logging.getLogger("atoll.server.jobs")
+
+END_GRACE_S = 60.0  # how long sites get to wrap up after the workflow completed
+FAILED_GRACE_S = 5.0  # ... and after it failed: to report their own reason
+
+
+class Lifecycle:
+    """The state machine, part of the job manager (server/jobs.py composes it)."""
+
+    store: Store
+    links: SiteCommands
+    host: WorkerHost
+    tokens: WorkerTokens
+    queue: JobQueue
+    workspace: Path
+    jobs_dir: Path
+    live: dict[str, LiveJob]
+    provenance: ServerProvenance | None
+    _lock: threading.RLock
+
+    # (`_revoked(tree, held)`, the signer check, is server/jobs.py's: see JobManager)
+
+    def _server_ended(self, live: LiveJob, exit: WorkerExit) -> None:
+        if live.aborting:
+            state, reason = "ABORTED", live.aborting
+        elif exit.outcome is Outcome.COMPLETED and live.report and live.report[0]:
+            state, reason = "COMPLETED", ""
+        else:
+            state = "FAILED"
+            reason = (live.report[1] if live.report and live.report[1] else exit.reason)
+        reason = self._public(live, reason)
+        live.server_state, live.server_reason = state, reason
+        self.store.set_part_state(live.id, "server", f"FINISHED:{state}", reason)
+        live.relay.end()
+        # After a failure, sites are aborted only after a short grace: one about to fail on
+        # its own reports its own reason, not a copy of the server's.
+        for site in self._unfinished_sites(live):
+            if state == "ABORTED":
+                self.links.send(site, "abort", {"job_id": live.id, "reason": reason})
+            elif state == "COMPLETED":
+                self.links.send(site, "end", {"job_id": live.id})
+        if state != "ABORTED" and self._unfinished_sites(live):
+            grace = END_GRACE_S if state == "COMPLETED" else FAILED_GRACE_S
+            why = (f"did not finish within {grace:.0f} s of the workflow's end"
+                   if state == "COMPLETED" else "stopped: the job failed on the server")
+            timer = threading.Timer(grace, self._end_stragglers, args=(live, why))
+            timer.daemon = True
+            timer.start()
+        self._maybe_finish(live)
+
+    def _public(self, live: LiveJob, reason: str) -> str:
+        """A reason as users see it: paths relative to the job, none of the server's own."""
+        run = live.folder / "run" / "server"
+        return public(reason, [run, live.folder / "job", live.folder], self.workspace)
+
+    def _end_stragglers(self, live: LiveJob, reason: str) -> None:
+        for site in self._unfinished_sites(live):
+            self.links.send(site, "abort", {"job_id": live.id, "reason": reason})
+
+    # -- the parts' states -----------------------------------------------------------------------
+    def part_running(self, live: LiveJob, part: str, reason: str = "") -> None:
+        """A part (the server's, at its worker's registration, or a site's) is RUNNING; the job
+        is RUNNING with its first. The one place either becomes RUNNING."""
+        self.store.set_part_state(live.id, part, "RUNNING", reason)
+        if live.record.state == "DISPATCHED":
+            live.record.state = "RUNNING"
+            self.store.set_job_state(live.id, "RUNNING")
+
+    def site_state(self, site: str, body: dict[str, Any]) -> None:
+        job_id, state = str(body.get("job_id")), str(body.get("state"))
+        reason = clip(str(body.get("reason", "")))  # a careless site's reason stays bounded
+        live = self.live.get(job_id)
+        if live is None or site not in live.members or site in live.site_states:
+            return
+        if state == "PROVENANCE":  # the site's signed entries, not a state of its part
+            if self.provenance is not None:
+                self.provenance.site_items(job_id, site, body)
+            return
+        if body.get("log_tail"):
+            self._keep_tail(live, site, str(body["log_tail"]))
+        if state == "RUNNING":
+            self.part_running(live, site, reason)
+        else:
+            self.store.set_part_state(job_id, site, state, reason)
+        if state.startswith("FINISHED:"):
+            live.site_states[site] = (state, reason)
+            if state != "FINISHED:COMPLETED" or not live.relay.ended:
+                # its reason is its own part's; the workflow's names the site and its state
+                live.relay.drop_site(site, f"{site} dropped out ({state.removeprefix('FINISHED:')})")
+            self._maybe_finish(live)
+
+    @staticmethod
+    def _keep_tail(live: LiveJob, site: str, tail: str) -> None:
+        """A site's log tail, 0600 in the job's folder; never written through a link there."""
+        private_dir(live.folder / "logs")
+        try:
+            with create_job_file(live.folder, f"logs/{site}.log") as out:
+                out.write(tail.encode("utf-8", "replace"))
+        except OSError as exc:
+            log.warning("job %s: the log tail of %s was not kept: %s", live.id, site, exc)
+
+    def site_offline(self, site: str) -> None:
+        for live in list(self.live.values()):
+            if site in live.members and site not in live.site_states:
+                self.site_state(site, {"job_id": live.id, "state": "FINISHED:FAILED",
+                                       "reason": "site parent disconnected"})
+
+    def _unfinished_sites(self, live: LiveJob) -> list[str]:
+        return [s for s in live.sites if s not in live.site_states]
+
+    def _maybe_finish(self, live: LiveJob) -> None:
+        with self._lock:
+            if live.server_state is None or self._unfinished_sites(live):
+                return
+            if self.live.pop(live.id, None) is None:
+                return
+        failed = [f"{s}: {r or st}" for s, (st, r) in live.site_states.items()
+                  if st != "FINISHED:COMPLETED"]
+        reason = live.server_reason
+        if live.server_state == "COMPLETED" and failed:
+            reason = "sites that dropped out: " + "; ".join(failed)
+        if self.provenance is not None:  # before the state: a download then has job.final
+            self.provenance.finished(live.id, live.server_state, reason)
+        self.store.set_job_state(live.id, f"FINISHED:{live.server_state}", reason)
+        self.tokens.revoke(live.id)
+        live.relay.close()
+        import shutil
+
+        shutil.rmtree(live.relay.folder, ignore_errors=True)
+        self.queue.wake()  # what the job held at its sites is free
+        log.info("job %s finished: %s %s", live.id, live.server_state, reason)
+
+    # -- abort ----------------------------------------------------------------------------------
+    def _cancel(self, job_id: str, reason: str) -> None:
+        """A job that never left the queue ends ABORTED, each of its parts with the reason."""
+        record = self.store.get_job(job_id)
+        if record is not None and record.state == "SUBMITTED":
+            for part in record.parts:
+                self.store.set_part_state(job_id, part, "FINISHED:ABORTED", reason)
+            self.store.set_job_state(job_id, "FINISHED:ABORTED", reason)
+
+    def abort(self, job_id: str, reason: str) -> None:
+        with self._lock:
+            live = self.live.get(job_id)
+            if live is None:
+                self._cancel(job_id, reason)
+                return
+        if live.aborting:
+            return
+        live.aborting = reason
+        live.relay.end()
+        for site in self._unfinished_sites(live):
+            if not self.links.send(site, "abort", {"job_id": job_id, "reason": reason}):
+                self.site_state(site, {"job_id": job_id, "state": "FINISHED:ABORTED",
+                                       "reason": f"{reason} (site offline)"})
+        if live.handle is not None:  # in the background: the admin's call returns at once
+            threading.Thread(target=self.host.launcher.cancel, args=(live.handle,),
+                             name=f"cancel-{job_id[:8]}", daemon=True).start()
+
+    def signers_revoked(self, held: RevocationList) -> list[str]:
+        """A newer revocation list is in force: cancel every waiting job and abort every
+        running one whose signer it revokes, each with the reason; the ids of those jobs."""
+        ended = []
+        with self._lock:  # no dispatch between the two lists (see `dispatch`)
+            for record in self.store.list_jobs(states=["SUBMITTED"]):
+                why = self._revoked(self.jobs_dir / record.id / "job", held)
+                if why is not None:
+                    self._cancel(record.id, f"cancelled: {why}")
+                    ended.append(record.id)
+            running = list(self.live.values())
+        for live in running:
+            why = self._revoked(live.folder / "job", held)
+            if why is not None:
+                self.abort(live.id, f"aborted: {why}")
+                ended.append(live.id)
+        for job_id in ended:
+            log.warning("job %s ended: its submitter's certificate is revoked", job_id)
+        return ended
+
+    def recover(self) -> None:
+        """After a restart: jobs that were running lost their server worker with the parent."""
+        for record in self.store.list_jobs(states=["DISPATCHED", "RUNNING"]):
+            reason = "the server restarted while the job ran; resubmit it"
+            for part, info in record.parts.items():
+                if not info["state"].startswith("FINISHED"):
+                    self.store.set_part_state(record.id, part, "FINISHED:FAILED", reason)
+            self.store.set_job_state(record.id, "FINISHED:FAILED", reason)
+
+    def stop_all(self) -> None:
+        for live in list(self.live.values()):
+            if live.handle is not None:
+                self.host.launcher.cancel(live.handle)

@@ -1,0 +1,185 @@
+"""A job's life on the server (server/dispatch.py, server/lifecycle.py, composed by
+server/jobs.py) on the in-memory store: dispatch, parts becoming RUNNING, the job's end, abort,
+cancel, a site going offline, recovery. No process: the sites' control streams are recorded and
+the server worker's launch is left to the test (its own tests: test_revoked_signers.py)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from atoll.launchers.base import Outcome, WorkerExit
+from atoll.parent.worker_endpoint import WorkerTokens
+from atoll.pki.ca import create_ca
+from atoll.pki.certs import issue_cert
+from atoll.pki.job_signature import SIGNATURE_FILE
+from atoll.pki.revocation import RevocationList
+from atoll.server.jobs import JobManager
+from atoll.server.store import open_store
+from atoll.server.worker_backend import ServerWorkerBackend
+from atoll.spec.meta import load_meta
+
+META = {"name": "job", "deploy_map": {"app": ["@ALL"]}}
+JOB = "a" * 32
+
+
+@pytest.fixture(scope="module")
+def cert():
+    return issue_cert(create_ca("p"), "lead", "o", "admin", "lead")
+
+
+class Links:
+    def __init__(self, offline=()):
+        self.sent, self.offline = [], set(offline)
+
+    def send(self, site, kind, body):
+        self.sent.append((site, kind, body.get("job_id")))
+        return site not in self.offline
+
+    def online(self):
+        return {}
+
+
+@pytest.fixture
+def jobs(tmp_path, cert):
+    woken = []
+    manager = JobManager(
+        store=open_store(None), studies=None, links=Links(),
+        queue=SimpleNamespace(wake=lambda: woken.append(1)),
+        host=SimpleNamespace(launcher=SimpleNamespace(shares_host=False)),
+        tokens=WorkerTokens(), check=None, limits=None, workspace=tmp_path / "ws",
+        revocations=SimpleNamespace(current=RevocationList()))
+    manager._run_server_worker = lambda live: None  # the server worker is the test's
+    manager.woken = woken
+    tree = manager.jobs_dir / JOB / "job"
+    (tree / "app").mkdir(parents=True)
+    (tree / SIGNATURE_FILE).write_text(json.dumps({"certificate": cert.cert_pem().decode()}))
+    manager.store.add_job(JOB, "job", "default", "lead", "o", META,
+                          ["server", "site-1", "site-2"])
+    return manager
+
+
+def _dispatch(jobs, sites=("site-1", "site-2")):
+    jobs.dispatch(jobs.store.get_job(JOB), load_meta(META), list(sites), {}, {})
+    return jobs.live[JOB]
+
+
+def _parts(jobs):
+    record = jobs.store.get_job(JOB)
+    return record.state, {p: (i["state"], i["reason"]) for p, i in record.parts.items()}
+
+
+def test_a_dispatch_makes_the_job_live_and_tells_each_site(jobs):
+    live = _dispatch(jobs)
+    assert jobs.running(JOB) is live and jobs.running_at(JOB, "site-1") is live
+    assert jobs.running_at(JOB, "site-3") is None
+    assert jobs.links.sent == [("site-1", "dispatch", JOB), ("site-2", "dispatch", JOB)]
+    state, parts = _parts(jobs)
+    assert state == "DISPATCHED"
+    assert parts["site-1"][0] == parts["site-2"][0] == "DISPATCHED"
+
+
+def test_the_job_is_running_with_its_first_running_part_whichever_it_is(jobs, tmp_path):
+    live = _dispatch(jobs)
+    backend = ServerWorkerBackend(jobs, jobs.store, _ca(tmp_path))
+    info = backend.on_register(JOB)  # the server worker registered
+    assert info["sites"] == ["site-1", "site-2"]
+    assert _parts(jobs)[0] == "RUNNING" and live.record.state == "RUNNING"
+    jobs.site_state("site-1", {"job_id": JOB, "state": "RUNNING"})
+    state, parts = _parts(jobs)
+    assert state == "RUNNING"
+    assert parts["server"][0] == parts["site-1"][0] == "RUNNING"
+    assert parts["site-2"][0] == "DISPATCHED"
+
+
+def _ca(tmp_path):
+    path = tmp_path / "ca.pem"
+    path.write_text("-----BEGIN CERTIFICATE-----\n", encoding="ascii")
+    return path
+
+
+def test_the_job_ends_once_the_server_and_every_site_have_ended(jobs):
+    live = _dispatch(jobs)
+    token = jobs.tokens.issue(JOB)
+    for site in ("site-1", "site-2"):
+        jobs.site_state(site, {"job_id": JOB, "state": "FINISHED:COMPLETED"})
+    assert _parts(jobs)[0] == "DISPATCHED" and jobs.running(JOB) is live  # the server runs on
+    live.report = (True, "")
+    jobs._server_ended(live, WorkerExit(Outcome.COMPLETED, ""))
+    state, parts = _parts(jobs)
+    assert state == "FINISHED:COMPLETED" and parts["server"] == ("FINISHED:COMPLETED", "")
+    assert jobs.running(JOB) is None and jobs.woken
+    assert jobs.tokens.exchange(JOB, token) is None  # its worker's token is spent with it
+
+
+def test_a_site_that_dropped_out_of_a_completed_workflow_is_named(jobs):
+    live = _dispatch(jobs)
+    jobs.site_state("site-2", {"job_id": JOB, "state": "FINISHED:FAILED", "reason": "oom"})
+    jobs.site_state("site-1", {"job_id": JOB, "state": "FINISHED:COMPLETED"})
+    live.report = (True, "")
+    jobs._server_ended(live, WorkerExit(Outcome.COMPLETED, ""))
+    record = jobs.store.get_job(JOB)
+    assert (record.state, record.reason) == ("FINISHED:COMPLETED",
+                                             "sites that dropped out: site-2: oom")
+
+
+def test_a_state_from_a_site_not_in_the_job_or_already_ended_is_ignored(jobs):
+    _dispatch(jobs, ["site-1"])
+    jobs.site_state("site-2", {"job_id": JOB, "state": "RUNNING"})
+    jobs.site_state("site-1", {"job_id": JOB, "state": "FINISHED:FAILED", "reason": "first"})
+    jobs.site_state("site-1", {"job_id": JOB, "state": "FINISHED:COMPLETED"})
+    _, parts = _parts(jobs)
+    assert parts["site-2"][0] == "SUBMITTED"
+    assert parts["site-1"] == ("FINISHED:FAILED", "first")
+
+
+def test_an_abort_reaches_each_site_and_an_offline_one_ends_at_once(jobs):
+    live = _dispatch(jobs)
+    jobs.links.offline.add("site-2")
+    jobs.links.sent.clear()
+    jobs.abort(JOB, "stopped by lead")
+    assert live.aborting == "stopped by lead" and live.relay.ended
+    assert jobs.links.sent == [("site-1", "abort", JOB), ("site-2", "abort", JOB)]
+    _, parts = _parts(jobs)
+    assert parts["site-2"] == ("FINISHED:ABORTED", "stopped by lead (site offline)")
+    jobs.abort(JOB, "again")  # a second abort changes nothing
+    assert live.aborting == "stopped by lead" and len(jobs.links.sent) == 2
+    jobs.site_state("site-1", {"job_id": JOB, "state": "FINISHED:ABORTED"})
+    jobs._server_ended(live, WorkerExit(Outcome.FAILED, "cancelled"))
+    record = jobs.store.get_job(JOB)
+    assert (record.state, record.reason) == ("FINISHED:ABORTED", "stopped by lead")
+
+
+def test_an_abort_of_a_waiting_job_cancels_every_part(jobs):
+    jobs.abort(JOB, "not now")
+    state, parts = _parts(jobs)
+    assert state == "FINISHED:ABORTED" and set(parts.values()) == {("FINISHED:ABORTED",
+                                                                     "not now")}
+    assert jobs.links.sent == []
+
+
+def test_a_site_going_offline_fails_its_unfinished_parts(jobs):
+    _dispatch(jobs)
+    jobs.site_state("site-2", {"job_id": JOB, "state": "FINISHED:COMPLETED"})
+    jobs.site_offline("site-1")
+    jobs.site_offline("site-2")
+    _, parts = _parts(jobs)
+    assert parts["site-1"] == ("FINISHED:FAILED", "site parent disconnected")
+    assert parts["site-2"][0] == "FINISHED:COMPLETED"
+
+
+def test_recovery_fails_what_ran_and_leaves_the_rest(jobs):
+    _dispatch(jobs)
+    jobs.site_state("site-1", {"job_id": JOB, "state": "RUNNING"})
+    jobs.site_state("site-2", {"job_id": JOB, "state": "FINISHED:COMPLETED"})
+    other = "b" * 32
+    jobs.store.add_job(other, "waits", "default", "lead", "o", META, ["server", "site-1"])
+    jobs.recover()
+    record = jobs.store.get_job(JOB)
+    why = "the server restarted while the job ran; resubmit it"
+    assert (record.state, record.reason) == ("FINISHED:FAILED", why)
+    assert record.parts["site-1"] == {**record.parts["site-1"], "state": "FINISHED:FAILED"}
+    assert record.parts["site-2"]["state"] == "FINISHED:COMPLETED"
+    assert jobs.store.get_job(other).state == "SUBMITTED"
