@@ -29,7 +29,7 @@ stdlib base its callers catch; tests/unit/spec/test_error_root.py checks the dra
 
     AtollError
     ├── 1 FAILED: the job's own code or a protocol step failed; its log says why
-    │   AggregateCorrupted, BudgetExhausted, ClientError, CredentialError,
+    │   AggregateCorrupted, BudgetExhausted, CheckTimeout, ClientError, CredentialError,
     │   CredentialNotIssued, EncodingError, LedgerRefused, PeerNotAuthenticated,
     │   PrivacyRefused, RankError, ResultRejected, SecAggRefused, ShareDecryptError,
     │   SiteScriptError, StatisticsError, StatisticsRefused, TrackingError, WorkflowError
@@ -38,7 +38,8 @@ stdlib base its callers catch; tests/unit/spec/test_error_root.py checks the dra
     │   CAError, ControlTooLarge, CredentialsTooLarge, CRLError, DecodeError,
     │   Denied[NoSuchStudy], FrameError[HandoffError], IdentifierError, IdentityError,
     │   IntakeError, IssuesError, JobFileError, JobRefused, KitError, LaunchError,
-    │   NotAdmitted, NotTrusted, ProvisionError, Refused, RelayError, Replayed,
+    │   NotAdmitted, NotTrusted, ProvenanceError, ProvisionError, Refused, RelayError,
+    │   Replayed,
     │   SandboxUnavailable, SerdeError, SignatureError, SimulationError,
     │   SpecError[ProjectError]
     ├── 3 CONNECTION: check the peer runs and is reachable, then retry

@@ -15,6 +15,7 @@ import yaml
 from tests.integration.federation.harness import Federation
 from tests.integration.federation.jobs import make_job
 from tests.integration.k8s.conftest import Cluster, pod_template
+from tests.integration.k8s.helm_support import job_image_tag
 
 ADMIN = "admin@k8s.test"
 USERS = [{"name": ADMIN, "org": "test", "role": "project_admin"}]
@@ -54,8 +55,10 @@ def test_the_server_workers_results_come_home_from_its_pod(cluster: Cluster, tmp
     """The server's own workers as Pods too (the chart's default): the workflow's results,
     written into the Pod's emptyDir, reach `atoll job download` (issue 36)."""
     fed = Federation.provisioned(tmp_path / "fed", ["site-k"], USERS)
+    # a version tag, as released images have: the server's Pod has no template, so Kubernetes'
+    # default pull policy applies (IfNotPresent; ":latest" would be pulled, and nothing can be)
     k8s = {"kubeconfig": cluster.kubeconfig, "namespace": cluster.namespace,
-           "host_network": True, "default_image": cluster.job_image, "python": "python3",
+           "host_network": True, "default_image": job_image_tag(cluster), "python": "python3",
            "pending_timeout": 120}
     for name in ("server", "site-k"):
         (fed.kit(name) / "local" / "site.yaml").write_text(
