@@ -249,7 +249,7 @@ def _site_privacy(config: AppConfig | PlainApp, site: str, job_id: str,
     (handed over by its parent); None when neither asks for anything. ``secagg_credential``:
     the site-certified key its parent made for this worker (atoll.pki.worker_credential);
     "simulated" in the simulator, whose sites share one throwaway CA."""
-    from atoll.spec.privacy import POLICY_ENV
+    from atoll.spec.worker_env import POLICY_ENV  # imports nothing: spec.privacy is pydantic
 
     if config.privacy is None and not os.environ.get(POLICY_ENV):
         return None  # nothing asked: the privacy machinery (and cryptography) stays unloaded

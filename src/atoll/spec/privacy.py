@@ -50,7 +50,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from atoll.spec.errors import Issue, SpecError, issues_from_validation_error
 
 POLICY_FILE = "privacy.yaml"
-POLICY_ENV = "ATOLL_PRIVACY_POLICY"  # how a site parent hands its policy to its workers
 
 
 class _Strict(BaseModel):

@@ -7,3 +7,7 @@ Read by the worker before anything heavy is imported: this module imports nothin
 # the parent over the worker link before it finishes (wire/results_archive.py).
 RESULTS_HOME_VAR = "ATOLL_RESULTS_HOME"
 SEND_RESULTS = "send"
+
+# The site's privacy policy (local/privacy.yaml, as JSON), when the site has one: set by the
+# site parent (site/app.py), read by the worker (fl/runner.py, fl/privacy/site_privacy.py).
+POLICY_ENV = "ATOLL_PRIVACY_POLICY"

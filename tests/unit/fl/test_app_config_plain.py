@@ -227,8 +227,10 @@ def test_a_site_worker_reads_a_common_app_yaml_without_pydantic(tmp_path):
         "import sys, json\n"
         "from pathlib import Path\n"
         "import atoll.client, atoll.fl.distributed, atoll.worker.grpc_channels\n"
-        "from atoll.fl.runner import _site_config\n"
-        f"site = _site_config(Path({str(app)!r})).site\n"
+        "from atoll.fl.runner import _site_config, _site_privacy\n"
+        f"config = _site_config(Path({str(app)!r}))\n"
+        "assert _site_privacy(config, 'site-1', 'j' * 32, None) is None\n"
+        "site = config.site\n"
         "print(json.dumps({'pydantic': 'pydantic' in sys.modules,\n"
         "                  'site': [site.script, site.args, site.config]}))\n"
     )
