@@ -20,13 +20,7 @@ from atoll.cli.common import (
     printable,
     study_option,
 )
-from atoll.cli.job_validate import (
-    check_or_fail,
-    job_to_run,
-    load_check_meanwhile,
-    set_option,
-    study_sites,
-)
+from atoll.cli.job_validate import check_or_fail, job_to_run, set_option, study_sites
 
 job_arg = click.argument("job_id")
 
@@ -112,10 +106,8 @@ def submit(job_dir: Path, kit: Path | None, study: str | None, wait: bool,
         render_error(f"{job_dir} is an NVIDIA FLARE job folder ({', '.join(apps)} have "
                      "config/config_fed_* and no app.yaml): translate it first with "
                      f"`atoll job import-flare {job_dir} OUT_DIR`, then submit OUT_DIR", fmt)
-    loading = load_check_meanwhile()
     with open_session(kit) as session:
         where, sites = study_sites(session, study)
-        loading.join()
         overrides = check_or_fail(job_dir, sets, where, sites)
         with job_to_run(job_dir, overrides) as folder:
             job = session.submit(folder, study=study)

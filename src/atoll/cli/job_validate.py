@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,21 +33,6 @@ def study_sites(session, study: str | None) -> tuple[str, list[str]]:
     """The study a command acts in and its sites, as the server knows them."""
     answer = session.sites(study)
     return answer["study"], [site["name"] for site in answer["sites"]]
-
-
-def load_check_meanwhile() -> threading.Thread:
-    """Import the check's models (pydantic: most of the check's CPU) in a thread while this one
-    connects and asks the server for the study's sites: the import runs while the call waits
-    on the network and the server. The check itself still runs, whole, before anything is
-    sent (check_or_fail); a failed import here is left for it to raise."""
-
-    def load() -> None:
-        with contextlib.suppress(Exception):
-            import atoll.fl.job_folder_check  # noqa: F401
-
-    thread = threading.Thread(target=load, name="load-check", daemon=True)
-    thread.start()
-    return thread
 
 
 def check_or_fail(job_dir: Path, sets: tuple[str, ...], study: str | None = None,
