@@ -21,6 +21,7 @@ import functools
 import os
 import runpy
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -270,8 +271,18 @@ def _site_privacy(config: AppConfig | PlainApp, site: str, job_id: str,
                        identity=identity)
 
 
-@functools.cache
+_AUTHORITY_LOCK = threading.Lock()
+
+
 def _simulated_authority() -> LocalAuthority:
+    # The simulator's sites call this from their threads at once: functools.cache alone let
+    # two of them make an authority each, and a site certified by the other one was refused.
+    with _AUTHORITY_LOCK:
+        return _one_authority()
+
+
+@functools.cache
+def _one_authority() -> LocalAuthority:
     from atoll.fl.privacy.secagg.identity import LocalAuthority
 
     return LocalAuthority()
