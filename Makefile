@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: bytecode demo test mutation stability lint proto proto-check unit fuzz bench bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox bench-secagg demo-privacy clean
+.PHONY: bytecode demo test mutation stability lint proto proto-check unit fuzz bench bench-load bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox bench-secagg demo-privacy clean
 
 $(STAMP): pyproject.toml tests/requirements-helm.txt
 	$(PY) -m venv $(VENV)
@@ -72,6 +72,10 @@ bench: $(STAMP) bytecode
 bench-compare: $(STAMP) bytecode
 	bash bench/compare/setup_peers.sh
 	$(BIN)/python bench/compare/run.py
+
+# 100 jobs from two studies on sites with room for two, every defence on (issue 35 item 4).
+bench-load: $(STAMP) bytecode
+	$(BIN)/python -m bench.load
 
 bench-scale: $(STAMP) bytecode
 	$(BIN)/python -m bench.scale --sites 100,300,1000

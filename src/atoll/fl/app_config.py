@@ -23,17 +23,17 @@ is reported at once, each naming its field (``server.args.num_rounds``).
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from atoll.spec.errors import EXIT_INVALID, AtollError
+# shared with the site worker's plain check (fl/app_config_plain.py), which needs no pydantic
+from atoll.fl.app_config_plain import APP_FILE, AppConfigError, custom_workflow
+from atoll.fl.app_config_plain import relative_file as _relative_file
 from atoll.spec.privacy import PrivacySettings
-
-APP_FILE = "app.yaml"
 
 
 class _Strict(BaseModel):
@@ -107,21 +107,6 @@ WORKFLOW_ARGS: dict[str, type[RoundArgs]] = {
 
 
 # --- app.yaml ---------------------------------------------------------------------------------
-
-
-def _relative_file(value: str, suffixes: tuple[str, ...]) -> str:
-    path = PurePosixPath(value)
-    if not value or path.is_absolute() or ".." in path.parts or "\\" in value:
-        raise ValueError(f"must be a relative path inside the app folder, got {value!r}")
-    if path.suffix not in suffixes:
-        raise ValueError(f"must end with {' or '.join(suffixes)}, got {value!r}")
-    return value
-
-
-def custom_workflow(value: str) -> tuple[str, str] | None:
-    """``(file, class)`` of a job's own workflow (``FILE.py:CLASS``); None for a built-in name."""
-    file, colon, name = value.partition(":")
-    return (file, name) if colon else None
 
 
 class MlflowTracking(_Strict):
@@ -227,19 +212,6 @@ class AppConfig(_Strict):
     site: SiteSection | None = None
     # filters, differential privacy, secure aggregation (atoll.spec.privacy; docs/privacy.md)
     privacy: PrivacySettings | None = None
-
-
-class AppConfigError(AtollError, ValueError):
-    """Every problem of one app.yaml, each naming its field."""
-
-    exit_code = EXIT_INVALID
-
-    def __init__(self, source: str, errors: list[str]):
-        self.source = source
-        self.errors = errors
-        super().__init__(
-            f"{source}: " + ("\n  ".join([""] + errors) if len(errors) > 1 else errors[0])
-        )
 
 
 def _model_at(owner: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseModel]:

@@ -21,19 +21,22 @@ import functools
 import os
 import runpy
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atoll.fl.app_config import (
+# app_config's models (pydantic) load where they are needed: the server's path, and a site's
+# only for an app.yaml its plain check does not vouch for (fl/app_config_plain.py)
+from atoll.fl.app_config_plain import (
     APP_FILE,
-    AppConfig,
     AppConfigError,
-    SiteSection,
+    PlainApp,
+    PlainSite,
     custom_workflow,
-    load_app_config,
+    vouch,
 )
 from atoll.fl.channels import ServerChannel, SiteChannel
 from atoll.fl.client_runtime import ClientSession, bind, unbind
@@ -41,9 +44,9 @@ from atoll.fl.distributed import Ranks
 from atoll.fl.model import Model
 from atoll.fl.serde import SerdeError, dtype_name, load_file
 from atoll.spec.errors import AtollError
-from atoll.spec.privacy import PrivacySettings
 
 if TYPE_CHECKING:
+    from atoll.fl.app_config import AppConfig, SiteSection
     from atoll.fl.privacy.secagg.identity import LocalAuthority
     from atoll.fl.privacy.site_privacy import SitePrivacy
 
@@ -132,6 +135,8 @@ def _as_model(made: Any, reference: str, source: str) -> Model:
 
 
 def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, Any]) -> None:
+    from atoll.fl.app_config import load_app_config
+
     app_dir = Path(app_dir)
     config, args = load_app_config(app_dir)
     source = str(app_dir / APP_FILE)
@@ -207,8 +212,14 @@ def _workflow_args(workflow_class: type, raw: dict[str, Any], source: str) -> An
         raise AppConfigError(source, errors) from None
 
 
-def _site_config(app_dir: Path) -> AppConfig:
-    config, _ = load_app_config(app_dir)
+def _site_config(app_dir: Path) -> AppConfig | PlainApp:
+    """The app.yaml a site runs, checked whole: in plain Python when that check vouches for it,
+    else by the models (which accept it or raise, naming each problem)."""
+    config = _plain_config(app_dir)
+    if config is None:
+        from atoll.fl.app_config import load_app_config
+
+        config, _ = load_app_config(app_dir)
     if config.site is None:
         raise AppConfigError(
             str(app_dir / APP_FILE),
@@ -217,24 +228,37 @@ def _site_config(app_dir: Path) -> AppConfig:
     return config
 
 
-def _site_section(app_dir: Path) -> SiteSection:
+def _plain_config(app_dir: Path) -> PlainApp | None:
+    import yaml
+
+    try:
+        data = yaml.safe_load((app_dir / APP_FILE).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None  # the models' loader says what is wrong
+    return vouch(data)
+
+
+def _site_section(app_dir: Path) -> SiteSection | PlainSite:
     section = _site_config(app_dir).site
     assert section is not None
     return section
 
 
-def _site_privacy(config: AppConfig, site: str, job_id: str,
+def _site_privacy(config: AppConfig | PlainApp, site: str, job_id: str,
                   secagg_credential: str | None) -> SitePrivacy | None:
     """The site's side of app.yaml's privacy section, checked against the site's own policy
     (handed over by its parent); None when neither asks for anything. ``secagg_credential``:
     the site-certified key its parent made for this worker (atoll.pki.worker_credential);
     "simulated" in the simulator, whose sites share one throwaway CA."""
-    from atoll.spec.privacy import POLICY_ENV
+    from atoll.spec.worker_env import (
+        PRIVACY_POLICY as POLICY_ENV,  # imports nothing: spec.privacy is pydantic
+    )
 
     if config.privacy is None and not os.environ.get(POLICY_ENV):
         return None  # nothing asked: the privacy machinery (and cryptography) stays unloaded
     from atoll.fl.privacy.secagg.identity import SiteIdentity
     from atoll.fl.privacy.site_privacy import SitePrivacy, policy_from_env
+    from atoll.spec.privacy import PrivacySettings
 
     policy = policy_from_env()
     if config.privacy is None and policy is None:
@@ -249,8 +273,18 @@ def _site_privacy(config: AppConfig, site: str, job_id: str,
                        identity=identity)
 
 
-@functools.cache
+_AUTHORITY_LOCK = threading.Lock()
+
+
 def _simulated_authority() -> LocalAuthority:
+    # The simulator's sites call this from their threads at once: functools.cache alone let
+    # two of them make an authority each, and a site certified by the other one was refused.
+    with _AUTHORITY_LOCK:
+        return _one_authority()
+
+
+@functools.cache
+def _one_authority() -> LocalAuthority:
     from atoll.fl.privacy.secagg.identity import LocalAuthority
 
     return LocalAuthority()

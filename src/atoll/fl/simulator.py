@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The app.yaml models, loaded here once: the sites' threads would each import them at their
+# first app.yaml the plain check leaves to them (fl/runner.py), all at once.
+import atoll.fl.app_config  # noqa: F401
 from atoll.fl.channels import Chunk, Reply, Task
 from atoll.spec.budget_ledger import LedgerRefused, StudyBudget, StudyLedger
 from atoll.spec.errors import EXIT_INVALID, AtollError

@@ -255,7 +255,8 @@ def _with_privacy_policy(request: LaunchRequest, local_dir: Path) -> LaunchReque
     and the worker checks the job against it again before the job's script runs."""
     import dataclasses
 
-    from atoll.spec.privacy import POLICY_ENV, load_site_policy
+    from atoll.spec.privacy import load_site_policy
+    from atoll.spec.worker_env import PRIVACY_POLICY as POLICY_ENV
 
     policy = load_site_policy(local_dir)
     if policy is None:

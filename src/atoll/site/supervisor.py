@@ -193,8 +193,8 @@ class Supervisor:
             meta, job.signed = accepted.meta, accepted.signed  # what the submitter signed
             check_revoked(site, accepted.signed)  # with the newest list, just before launch
             if job.aborting:  # aborted while it was fetched and checked: it never starts
-                self._report(job_id, "FINISHED:ABORTED", job.aborting)
                 self._forget(job_id, job)
+                self._report(job_id, "FINISHED:ABORTED", job.aborting)
                 return
             token = self.tokens.issue(job_id)
             # the signed meta's name, not the server's word for it
@@ -215,15 +215,15 @@ class Supervisor:
                                 str(body.get("submitter", "")))
             if signed is not None:  # a decision of this site about a job it verified
                 self._refused_entry(job_id, signed, reason)
-            self._report(job_id, "FINISHED:FAILED", reason)
             self._forget(job_id, job)
+            self._report(job_id, "FINISHED:FAILED", reason)
             return
         except Exception as exc:  # noqa: BLE001 - report rather than die silently
             log.exception("job %s failed to start", job_id)
             self.job_log.record(job_id, str(body.get("study")), "refused",
                                 job.signed if job else None, f"could not start: {exc}")
-            self._report(job_id, "FINISHED:FAILED", f"{site} could not start the job: {exc}")
             self._forget(job_id, job)
+            self._report(job_id, "FINISHED:FAILED", f"{site} could not start the job: {exc}")
             return
         if job.aborting:
             self.host.launcher.cancel(job.handle)
@@ -318,10 +318,14 @@ class Supervisor:
             state = "FAILED"
             reason = job.report[1] if job.report and job.report[1] else exit.reason
         self.job_log.record(job.job_id, job.study, f"finished:{state}", job.signed, reason)
-        self._report(job.job_id, f"FINISHED:{state}", reason, log_tail=self._tail(job))
+        tail = self._tail(job)
         self._forget(job.job_id, job)
+        self._report(job.job_id, f"FINISHED:{state}", reason, log_tail=tail)
 
     def _forget(self, job_id: str, job: SiteJob | None) -> None:
+        """Free what the job held here (its room, token, app zip, handoff folder): before its
+        FINISHED goes out, which may bring the next job at once (the server's scheduler is
+        woken by it) that must find the room."""
         self.tokens.revoke(job_id)
         with self._lock:
             if job is not None and self.jobs.get(job_id) is job:

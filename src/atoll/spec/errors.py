@@ -41,7 +41,7 @@ stdlib base its callers catch; tests/unit/spec/test_error_root.py checks the dra
     │   NotAdmitted, NotTrusted, ProvenanceError, ProvisionError, Refused, RelayError,
     │   Replayed,
     │   SandboxUnavailable, SerdeError, SignatureError, SimulationError,
-    │   SpecError[ProjectError]
+    │   SpecError[ProjectError], Unvouched
     ├── 3 CONNECTION: check the peer runs and is reachable, then retry
     │   ConnectionFailed, SpoolError, Stalled
     ├── 4 AUTH: run `atoll login`, or renew the certificate

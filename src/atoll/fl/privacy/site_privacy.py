@@ -36,7 +36,6 @@ from atoll.fl.privacy.secagg.client import TOPICS, SecAggClient
 from atoll.fl.privacy.secagg.identity import SiteIdentity
 from atoll.spec.errors import AtollError
 from atoll.spec.privacy import (
-    POLICY_ENV,
     ExcludeFilter,
     PrivacySettings,
     SitePrivacyPolicy,
@@ -44,6 +43,7 @@ from atoll.spec.privacy import (
     policy_violations,
     reply_noise,
 )
+from atoll.spec.worker_env import PRIVACY_POLICY as POLICY_ENV
 
 SECAGG_META = "secagg"  # the key of a train task's model.meta that carries the shares
 DP_KIND = "dp"  # the ledger's kind for client-level DP and DP-SGD (site/privacy_ledger.py)

@@ -13,12 +13,12 @@ from atoll.fl.privacy.site_privacy import PrivacyRefused, SitePrivacy, policy_fr
 from atoll.site.job_acceptance import JobRefused, check_privacy
 from atoll.spec.errors import SpecError
 from atoll.spec.privacy import (
-    POLICY_ENV,
     PrivacySettings,
     load_site_policy,
     parse_site_policy,
     policy_violations,
 )
+from atoll.spec.worker_env import PRIVACY_POLICY as POLICY_ENV
 
 from .sites import adds, run_private
 
