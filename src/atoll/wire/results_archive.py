@@ -60,9 +60,7 @@ def unpack_results(chunks: Iterable[bytes], run_folder: Path,
     scratch = run_folder / "tmp"
     scratch.mkdir(parents=True, exist_ok=True)
     destination = run_folder / RESULTS
-    if destination.is_symlink():
-        raise IntakeError(f"{destination} is a link; the results are not unpacked through it")
-    destination.mkdir(exist_ok=True)
+    _private_dir(destination)
     files = size = 0
     with Incoming(scratch) as incoming:
         incoming.receive(chunks, max_bytes)
