@@ -59,6 +59,8 @@ class HostileServer:
         self.states: list[dict[str, Any]] = []
         self.connected = threading.Event()
         self._changed = threading.Condition()
+        self._stream = 0  # the newest Connect: only it takes commands (a restarted site's old
+        # stream may look active for a moment, and a command it took would be lost)
 
     # -- what the test does ----------------------------------------------------------------------
     def send(self, kind: str, body: Any) -> None:
@@ -96,13 +98,19 @@ class HostileServer:
                             self._changed.notify_all()
 
         threading.Thread(target=read, daemon=True).start()
+        with self._changed:
+            self._stream += 1
+            stream = self._stream
         yield msg.ServerCommand(welcome=json.dumps({"heartbeat_s": 5, "server_time": time.time()}))
         self.connected.set()
-        while context.is_active():
+        while context.is_active() and stream == self._stream:
             try:
                 command = self.commands.get(timeout=0.5)
             except queue.Empty:
                 continue
+            if stream != self._stream:  # a newer stream came meanwhile: it is the site's now
+                self.commands.put(command)
+                return
             if command is None:
                 return
             yield command
@@ -142,8 +150,12 @@ def _signed_job(root: Path, name: str, fed: Federation) -> tuple[Path, dict[str,
     return archive, meta
 
 
+JOB_LOG = "workspace/jobs.log"  # the site's own record of what it refused (site/job_log.py)
+
+
 def _snapshot(root: Path) -> dict[str, str]:
-    """Every folder and file under ``root``: its kind, and a file's content digest."""
+    """Every folder and file under ``root``: its kind, and a file's content digest; the site's
+    job log is left out (it records each refusal: ``_refusals_logged`` checks that instead)."""
     seen = {}
     for folder, dirs, files in os.walk(root):
         for d in dirs:
@@ -152,7 +164,13 @@ def _snapshot(root: Path) -> dict[str, str]:
             path = Path(folder, f)
             seen[str(path.relative_to(root))] = (
                 "link" if path.is_symlink() else hashlib.sha256(path.read_bytes()).hexdigest())
+    seen.pop(JOB_LOG, None)
     return seen
+
+
+def _log_lines(root: Path) -> list[dict]:
+    path = root / JOB_LOG
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +251,9 @@ def test_job_ids_that_are_paths_or_commands_touch_nothing(fed, hostile, signed):
             assert state["state"] == "FINISHED:FAILED"
             assert "is not a valid job id" in state["reason"], state
     assert _snapshot(fed.kit(SITE)) == before  # local/, startup/ and the workspace as they were
+    # refused by the grammar before anything, the site's own job log included, saw them
+    bad = {raw.format(m=marker) for raw in BAD_JOB_IDS if isinstance(raw, str)}
+    assert not [line for line in _log_lines(fed.kit(SITE)) if line["job_id"] in bad]
     assert not marker.exists()
     assert not any(j for j in hostile.fetched if not j.startswith("sentinel")), hostile.fetched
 

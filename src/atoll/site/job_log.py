@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from atoll.pki.job_signature import Signed
 
 LOG_FILE = "jobs.log"
+MAX_ID = 256  # characters of a job id or study kept in a line (valid ones are far shorter)
 log = logging.getLogger("atoll.site.job_log")
 
 
@@ -58,13 +59,15 @@ class JobLog:
         """Append one decision. Never raises: a disk error is logged, and must not turn a
         refusal into a crash or stop a job already checked."""
         line: dict[str, Any] = {
-            "at": int(time.time()), "job_id": job_id, "study": study, "decision": decision,
+            # the ids as the server sent them, bounded: a refused one may be anything it chose
+            "at": int(time.time()), "job_id": str(job_id)[:MAX_ID], "study": str(study)[:MAX_ID],
+            "decision": decision,
             "submitter": signed.signer.name if signed else "",
             "job_digest": signed.digest if signed else "",
             "statement_digest": signed.statement_digest if signed else "",
             "reason": reason[:2000]}
         if server_submitter and not signed:
-            line["server_submitter"] = server_submitter
+            line["server_submitter"] = str(server_submitter)[:MAX_ID]
         try:
             self._append(line)
         except OSError as exc:
