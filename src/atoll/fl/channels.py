@@ -37,6 +37,9 @@ class Reply:
     headers: dict[str, Any] = field(default_factory=dict)
     chunks: Iterator[bytes] | None = None  # None when error is set
     error: str | None = None  # e.g. "site-1 dropped out: worker killed by signal 9"
+    # The site's part restarted (its site parent came back, or a stalled worker was replaced):
+    # it is back and takes the task again if it is sent again (rounds.gather does).
+    retry: bool = False
 
 
 class ServerChannel(Protocol):

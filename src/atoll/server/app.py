@@ -127,6 +127,8 @@ class ServerParent:
             parent_socket=self._endpoint.socket_path)
 
     def start(self) -> None:
+        # site.yaml's supervision.rejoin_s: how long a site's parts wait for their site parent
+        self.jobs.rejoin_s = self.local.supervision[2]
         self.jobs.recover()
         from atoll.wire.aio_server import LoopServer
 

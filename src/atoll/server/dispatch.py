@@ -68,8 +68,7 @@ class Dispatch:
         self.store.set_job_state(record.id, "DISPATCHED")
         for site, reason in skipped.items():
             self.store.set_part_state(record.id, site, "FINISHED:FAILED", reason)
-        body = {"job_id": record.id, "name": record.name, "study": record.study,
-                "meta": record.meta}
+        body = dispatch_body(record)
         for site in sites:
             self.store.set_part_state(record.id, site, "DISPATCHED")
             try:
@@ -79,3 +78,9 @@ class Dispatch:
                                        "reason": f"the job could not be sent to {site}: {exc}"})
         threading.Thread(target=self._run_server_worker, args=(live,),
                          name=f"server-worker-{record.id[:8]}", daemon=True).start()
+
+
+def dispatch_body(record: JobRecord) -> dict:
+    """What a site is sent to run its part: again after its site parent restarted."""
+    return {"job_id": record.id, "name": record.name, "study": record.study,
+            "meta": record.meta}

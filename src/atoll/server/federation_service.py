@@ -88,6 +88,8 @@ class FederationService:
         loop = asyncio.get_running_loop()
         link = SiteLink(who.name, who.org, hello.doc, loop)
         await loop.run_in_executor(None, self.studies.remember_site, who.name, who.org)
+        # its parts that had not ended before this link: dispatched on an earlier one
+        known = self.jobs.parts_at(who.name)
         self.links.attach(link)
         self.revocations.on_connect(link, context)  # the CRL follows the welcome
         log.info("site %s connected (%s)", who.name, link.hello.get("launcher", "?"))
@@ -98,6 +100,9 @@ class FederationService:
             # reconcile after a reconnect
             for job_id in site_ops.stale_jobs(self.jobs, who.name, hello.running_jobs):
                 link.send("abort", {"job_id": job_id, "reason": site_ops.GONE})
+            if known:  # a restarted site parent is sent its parts again
+                await loop.run_in_executor(None, site_ops.back, self.jobs, who.name,
+                                           hello.running_jobs, known)
             self.wake()
             while (command := await link.outbox.get()) is not None:
                 yield command

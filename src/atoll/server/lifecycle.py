@@ -2,6 +2,11 @@
 job's end once every part has ended, abort, cancel, a newer revocation list, and recovery after
 a restart (see server/jobs.py for the states and their order).
 
+A site parent that disconnects does not fail its parts at once: they wait up to `rejoin_s`
+(site.yaml's supervision.rejoin_s) for it to come back. A site that comes back still running
+the job (its link only broke) goes on; one that no longer runs it (its parent restarted) is sent
+the job again, and each task its old part took is retried for it (server/relay.py `requeue`).
+
 After a failure, sites are aborted only after a short grace: one about to fail on its own
 reports its own reason, not a copy of the server's.
 """
@@ -46,6 +51,7 @@ class Lifecycle:
     live: dict[str, LiveJob]
     provenance: ServerProvenance | None
     _lock: threading.RLock
+    rejoin_s: float = 300.0  # how long a site's parts wait for a disconnected site parent
 
     # (`_revoked(tree, held)`, the signer check, is server/jobs.py's: see JobManager)
 
@@ -107,6 +113,10 @@ class Lifecycle:
             return
         if body.get("log_tail"):
             self._keep_tail(live, site, str(body["log_tail"]))
+        if state == "RESTARTING":  # the site replaces its part's worker (a stall)
+            live.relay.requeue(site, f"{site}'s part restarted: {reason}")
+            self.store.set_part_state(job_id, site, "STARTING", reason)
+            return
         if state == "RUNNING":
             self.part_running(live, site, reason)
         else:
@@ -129,10 +139,64 @@ class Lifecycle:
             log.warning("job %s: the log tail of %s was not kept: %s", live.id, site, exc)
 
     def site_offline(self, site: str) -> None:
+        """The site's link closed: each of its parts waits up to rejoin_s for it to return."""
         for live in list(self.live.values()):
-            if site in live.members and site not in live.site_states:
-                self.site_state(site, {"job_id": live.id, "state": "FINISHED:FAILED",
-                                       "reason": "site parent disconnected"})
+            if site not in live.members or site in live.site_states or site in live.away:
+                continue
+            if self.rejoin_s <= 0:
+                self._site_gone(live, site, "site parent disconnected")
+                continue
+            timer = threading.Timer(self.rejoin_s, self._rejoin_overdue, args=(live, site))
+            timer.daemon = True
+            live.away[site] = timer
+            self._part_reason(live, site, f"site parent disconnected; waiting up to "
+                                          f"{self.rejoin_s:g} s for it to come back")
+            timer.start()
+
+    def parts_at(self, site: str) -> list[str]:
+        """The running jobs whose part at ``site`` has not ended."""
+        return [live.id for live in list(self.live.values())
+                if site in live.members and site not in live.site_states]
+
+    def site_back(self, site: str, running: list[str], known: list[str]) -> None:
+        """The site connected again, running ``running``. Of the jobs whose part there had not
+        ended before it connected (``known``), one it no longer runs (its parent restarted) is
+        sent to it again, and the tasks its old part took are retried for it."""
+        from atoll.server.dispatch import dispatch_body
+
+        for job_id in known:
+            live = self.live.get(job_id)
+            if live is None or site in live.site_states:
+                continue
+            timer = live.away.pop(site, None)
+            if timer is not None:
+                timer.cancel()
+            if job_id in running:  # its worker lives on: only the link broke
+                self._part_reason(live, site, "site parent reconnected")
+                continue
+            reason = f"{site}'s site parent restarted; its part starts again"
+            live.relay.requeue(site, reason)
+            self.store.set_part_state(job_id, site, "DISPATCHED", reason)
+            log.warning("job %s: %s", job_id, reason)
+            self.links.send(site, "dispatch", dispatch_body(live.record))
+
+    def _part_reason(self, live: LiveJob, site: str, reason: str) -> None:
+        record = self.store.get_job(live.id)
+        part = record.parts.get(site) if record is not None else None
+        if part is not None and not part["state"].startswith("FINISHED"):
+            self.store.set_part_state(live.id, site, part["state"], reason)
+
+    def _rejoin_overdue(self, live: LiveJob, site: str) -> None:
+        with self._lock:
+            if live.away.pop(site, None) is None:
+                return
+        at = live.relay.round_of(site)
+        self._site_gone(live, site, f"{site}'s site parent was disconnected for more than "
+                                    f"{self.rejoin_s:g} s"
+                                    + (f" during round {at}" if at is not None else ""))
+
+    def _site_gone(self, live: LiveJob, site: str, reason: str) -> None:
+        self.site_state(site, {"job_id": live.id, "state": "FINISHED:FAILED", "reason": reason})
 
     def _unfinished_sites(self, live: LiveJob) -> list[str]:
         return [s for s in live.sites if s not in live.site_states]

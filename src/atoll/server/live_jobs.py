@@ -8,6 +8,7 @@ and the revocation list held now. It never reaches into the job manager's own ta
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -36,6 +37,8 @@ class LiveJob:
     aborting: str | None = None
     site_states: dict[str, tuple[str, str]] = field(default_factory=dict)
     resources: dict[str, Resources] = field(default_factory=dict)
+    # sites whose parent disconnected: the timer that fails their part unless it comes back
+    away: dict[str, threading.Timer] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.members = frozenset(self.sites)  # `site in live.sites` on every relay call

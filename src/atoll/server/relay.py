@@ -5,6 +5,10 @@ it arrives, without touching the disk; a reply reaches the workflow once complet
 bounded by the server's budget, the rest spills to the job's folder. A site that drops out gets
 an error reply on each task it still owed, so the workflow never waits on a site that cannot
 answer.
+A site whose part restarts mid-round (its site parent restarted, or its stalled worker was
+replaced) gets a *retry* error on each task its old part took and did not answer (`requeue`):
+the workflow sends that task to it again (fl/workflows/rounds.py), rather than the relay
+keeping every task's frames for a replay.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ class TaskEntry:
     spool: Spool
     targets: set[str]
     replied: set[str] = field(default_factory=set)
+    # sites whose part restarted while their reply was on its way in: if that reply breaks
+    # off, the task is owed a retry error rather than a second reply from the old part
+    restarted: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -44,6 +51,7 @@ class ReplyEntry:
     headers: dict[str, Any]
     spool: Spool | None
     error: str | None = None
+    retry: bool = False  # the site's part restarted: the workflow may send the task again
 
 
 class RelayError(AtollError):
@@ -74,6 +82,7 @@ class JobRelay:
         self._queues: dict[str, deque[str]] = {s: deque() for s in self.sites}
         self._replies: dict[str, deque[ReplyEntry]] = {}
         self._dropped: dict[str, str] = {}
+        self._rounds: dict[str, Any] = {}  # the round of the last task each site took
         self._ended = False
 
     # -- server worker side ---------------------------------------------------------------
@@ -132,8 +141,34 @@ class JobRelay:
         if self._ended or site in self._dropped:
             return END
         if self._queues[site]:
-            return self._tasks[self._queues[site].popleft()]
+            entry = self._tasks[self._queues[site].popleft()]
+            self._rounds[site] = entry.headers.get("round")
+            return entry
         return None
+
+    def round_of(self, site: str) -> Any:
+        """The round of the last task the site took (None: none yet, or a task of no round)."""
+        return self._rounds.get(site)
+
+    def requeue(self, site: str, reason: str) -> list[str]:
+        """The site's part restarted: each task its old part took and has not answered is owed
+        a retry error (the workflow sends it again); those it had not taken yet wait for the
+        new part as they are. The ids of the tasks owed a retry."""
+        owed = []
+        with self._cond:
+            if site not in self._queues or site in self._dropped or self._ended:
+                return owed
+            waiting = set(self._queues[site])
+            for entry in self._tasks.values():
+                if site not in entry.targets or entry.task_id in waiting:
+                    continue
+                if site in entry.replied:  # answered, or its answer is on its way in
+                    entry.restarted.add(site)
+                    continue
+                entry.spool.drop(site)
+                self._owe_error(entry, site, reason, retry=True)
+                owed.append(entry.task_id)
+        return owed
 
     def open_reply(self, site: str, task_id: str, headers: dict[str, Any]) -> ReplyWriter:
         """Start taking a site's reply; the workflow sees it once committed."""
@@ -157,6 +192,9 @@ class JobRelay:
     def _take_back(self, entry: TaskEntry, site: str) -> None:
         with self._cond:
             entry.replied.discard(site)
+            if site in entry.restarted:  # the old part's reply broke off: the new one retries
+                entry.restarted.discard(site)
+                self._owe_error(entry, site, f"{site}'s part restarted", retry=True)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def drop_site(self, site: str, reason: str) -> None:
@@ -198,9 +236,10 @@ class JobRelay:
         """Something for the site to pick up (lock held)."""
         self._site_tasks[site].wake()
 
-    def _owe_error(self, entry: TaskEntry, site: str, reason: str) -> None:
+    def _owe_error(self, entry: TaskEntry, site: str, reason: str, retry: bool = False) -> None:
         entry.replied.add(site)
-        self._replies[entry.task_id].append(ReplyEntry(entry.task_id, site, {}, None, reason))
+        self._replies[entry.task_id].append(ReplyEntry(entry.task_id, site, {}, None, reason,
+                                                       retry))
         self._reply_ready.notify_all()
 
 

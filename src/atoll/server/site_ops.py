@@ -38,6 +38,10 @@ class SiteJobs(Protocol):
 
     def site_offline(self, site: str) -> None: ...
 
+    def parts_at(self, site: str) -> list[str]: ...
+
+    def site_back(self, site: str, running: list[str], known: list[str]) -> None: ...
+
 
 class NotRunning(AtollError):
     """The job a site named does not run at that site (or at all): NOT_FOUND."""
@@ -88,9 +92,17 @@ def app_zip(jobs: SiteJobs, site: str, job_id: str) -> Path:
     return jobs.app_zip(job_id, site)
 
 
+def back(jobs: SiteJobs, site: str, running: list[str], known: list[str]) -> None:
+    """A site connected again: its parts that had not ended go on, or start again there."""
+    try:
+        jobs.site_back(site, running, known)
+    except Exception:  # noqa: BLE001
+        log.exception("could not take back the parts of %s", site)
+
+
 def offline(jobs: SiteJobs, site: str) -> None:
-    """A site's link closed: its parts of running jobs fail. Nobody awaits this: say what went
-    wrong rather than raise."""
+    """A site's link closed: its parts of running jobs wait for it (supervision.rejoin_s),
+    then fail. Nobody awaits this: say what went wrong rather than raise."""
     try:
         jobs.site_offline(site)
     except Exception:  # noqa: BLE001

@@ -74,7 +74,8 @@ class ServerWorkerBackend:
             yield frames.header({"none": True})
         while entry is not None:
             if entry.error is not None:
-                yield frames.header({"site": entry.site, "error": entry.error})
+                yield frames.header({"site": entry.site, "error": entry.error,
+                                     **({"retry": True} if entry.retry else {})})
             elif as_files:  # the worker reads the reply's own file (wire/handoff.py)
                 yield frames.header({"site": entry.site, "headers": entry.headers,
                                      handoff.KEY: entry.spool.hand_over()})

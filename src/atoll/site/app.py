@@ -100,6 +100,8 @@ class SiteParent:
                        token: str) -> LaunchRequest:
         """The request of an admitted job: the resources it was admitted with, the
         study_runtime.yaml and study entry read then, and the secrets that entry names."""
+        import dataclasses
+
         from atoll.launchers.request import build_request, secret_env_values
         from atoll.spec.errors import SpecError
         from atoll.spec.study_runtime import RUNTIME_FILE, unconfined_issues
@@ -116,6 +118,9 @@ class SiteParent:
             credentials=credentials, parent_cert=self._endpoint.cert_pem,
             parent_socket=self._endpoint.socket_path)
         request = _with_privacy_policy(request, self.kit.local_dir)
+        heartbeat_s = self.local.supervision[0]  # the worker beats; the supervisor watches
+        request = dataclasses.replace(request, worker_env={
+            **request.worker_env, worker_env.HEARTBEAT_S: f"{heartbeat_s:g}"})
         return _with_secagg_credential(request, self.kit, job.job_id, job.workdir / "app")
 
     def _hello(self) -> dict[str, Any]:
@@ -183,6 +188,7 @@ class SiteParent:
             endpoint.dial_host, endpoint.uses_tls)
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         self._serving.set()
+        self.supervisor.watch(self.local.supervision[1], self._stopped)  # stalled workers
         log.info("site %s started; workers dial %s", self.name, self.worker_address)
         if self.local.unconfined_warning:
             log.warning(self.local.unconfined_warning)

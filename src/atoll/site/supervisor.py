@@ -14,12 +14,20 @@ verified in scratch folders (the site's tmp/ for the zip, .fetching/ beside the 
 its files: spec/run_folders.py), and only an accepted job becomes a run folder
 (jobs/<job id>) and a kept app (apps/<job id>.zip). A refused job leaves nothing and removes
 nothing. The signed statement is bound to the job id it first ran under (site/signed_jobs.py).
+
+A registered worker is watched (`watch`): one that made no call to this parent (its heartbeat
+included, every supervision.heartbeat_s) for supervision.stall_s is stopped; its part starts
+again once, for the round in flight (the server is told RESTARTING and retries that round's task
+for it), and a second stall fails the part with the reason ("site-2's part sent no heartbeat for
+120 s during round 3"). A dispatch of a job that already runs here is the server taking back a
+restarted site: it is ignored.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +62,7 @@ log = logging.getLogger("atoll.site.supervisor")
 WORKER_LOG = Path("logs") / "worker.log"
 END_GRACE_S = 30.0  # after the workflow ends, how long a worker may take to wrap up
 LOG_TAIL = 64 * 1024
+STALL_RESTARTS = 1  # times a stalled part starts again before a stall fails it
 
 
 @dataclass
@@ -75,6 +84,11 @@ class SiteJob:
     # folder: what the job can write there (a link in place of app.zip) is never served.
     app_zip: Path | None = None
     signed: Signed | None = None  # who signed the job, once it passed the site's checks
+    last_beat: float | None = None  # the worker's last call (monotonic); None: not registered
+    round: Any = None  # the round of the last task its worker took
+    restart: str | None = None  # why its worker is being replaced (a stall), while it is
+    restarts: int = 0
+    stalled: str | None = None  # why the parent stopped its worker for good (a second stall)
 
 
 class NotAdmitted(AtollError):
@@ -142,6 +156,9 @@ class Supervisor:
             if isinstance(body.get("job_id"), str):  # the server hears why, if it can match it
                 self.link.send_state(body["job_id"], "FINISHED:FAILED",
                                      f"{self.kit.name} refused the job: {exc}")
+            return
+        if job_id in self.jobs:  # the server taking back a site whose link broke: it runs
+            log.info("job %s: dispatched again, and runs here already", job_id)
             return
         threading.Thread(target=self._run, args=(body,), daemon=True,
                          name=f"job-{job_id[:8]}").start()
@@ -227,7 +244,57 @@ class Supervisor:
             return
         if job.aborting:
             self.host.launcher.cancel(job.handle)
-        self._finish(job, self.host.launcher.wait(job.handle))
+        while True:
+            exit = self.host.launcher.wait(job.handle)
+            if job.restart is None or job.aborting or not self._relaunch(job, meta):
+                break
+        self._finish(job, exit)
+
+    def _relaunch(self, job: SiteJob, meta: JobMeta) -> bool:
+        """Start the part of a job whose worker was stopped (a stall) again; False, with its
+        report set, if it cannot be."""
+        why, job.restart = job.restart, None
+        job.last_beat, job.report = None, None
+        try:
+            self.tokens.revoke(job.job_id)  # the old worker's session ends with it
+            token = self.tokens.issue(job.job_id)
+            request = self.host.launch_request(job, meta.name, meta, token)
+            self._report(job.job_id, "RESTARTING", f"{why}; its part starts again")
+            job.handle = self.host.launcher.launch(
+                request, on_progress=lambda text: self._report(job.job_id, "STARTING", text))
+        except Exception as exc:  # noqa: BLE001 - the part fails with both reasons
+            log.exception("job %s could not start again", job.job_id)
+            job.report = (False, f"{why}; it could not start again: {exc}")
+            return False
+        log.warning("job %s: %s; its part starts again", job.job_id, why)
+        return True
+
+    # -- stalls ----------------------------------------------------------------------------------
+    def watch(self, stall_s: float, stopped: threading.Event) -> None:
+        """Stop each worker that went stall_s without a call to this parent (a thread)."""
+        def run() -> None:
+            while not stopped.wait(min(1.0, stall_s / 4)):
+                now = time.monotonic()
+                for job in list(self.jobs.values()):
+                    beat = job.last_beat
+                    if (beat is not None and now - beat > stall_s and job.handle is not None
+                            and not job.aborting and job.restart is None
+                            and not job.ended.is_set()):
+                        self._stalled(job, stall_s)
+
+        threading.Thread(target=run, name="stall-watch", daemon=True).start()
+
+    def _stalled(self, job: SiteJob, stall_s: float) -> None:
+        why = f"{self.kit.name}'s part sent no heartbeat for {stall_s:g} s" + (
+            f" during round {job.round}" if job.round is not None else "")
+        log.warning("job %s: %s", job.job_id, why)
+        job.last_beat = None
+        if job.restarts < STALL_RESTARTS:
+            job.restarts += 1
+            job.restart = why
+        else:
+            job.stalled = why
+        self.host.launcher.cancel(job.handle)
 
     def _provenance(self, job: SiteJob, extra: dict[str, Any]) -> dict[str, Any]:
         """This site's signed entries for the job's provenance record (site/provenance.py)."""
@@ -312,6 +379,8 @@ class Supervisor:
     def _finish(self, job: SiteJob, exit: WorkerExit) -> None:
         if job.aborting:
             state, reason = "ABORTED", job.aborting
+        elif job.stalled:  # whatever the stopped worker said as it went
+            state, reason = "FAILED", job.stalled
         elif exit.outcome is Outcome.COMPLETED and (job.report is None or job.report[0]):
             state, reason = "COMPLETED", ""
         else:

@@ -9,6 +9,7 @@ once whole, and a reply is read from its file as it goes up to the server.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -65,10 +66,13 @@ class SiteWorkerBackend:
         job = self.jobs.job(job_id)
         if job is None:
             raise BackendError(f"job {job_id} is not running at this site")
+        if job.last_beat is not None:  # every call of its worker is a sign of life
+            job.last_beat = time.monotonic()
         return job
 
     def on_register(self, job_id: str) -> dict[str, Any]:
         job = self._job(job_id)
+        job.last_beat = time.monotonic()  # watched from now on (site/supervisor.py)
         self.link.send_state(job_id, "RUNNING", "worker connected")
         info: dict[str, Any] = {"site": self.site}
         if self.host.launcher.shares_host:
@@ -93,9 +97,9 @@ class SiteWorkerBackend:
                 msg.PullRequest(job_id=job_id, wait_s=min(max(wait_s, 0.0), 30.0)),
                 timeout=max(wait_s, 0.0) + 600)
             if as_files and job.handoff is not None:
-                yield from _as_file(iter(stream), job.handoff)
+                yield from _as_file(iter(stream), job.handoff, job)
             else:
-                yield from _checked_stream(iter(stream))
+                yield from _checked_stream(iter(stream), job)
         except grpc.RpcError as exc:
             raise BackendError(f"the server did not deliver the task: {exc.details()}") from None
         except IdentifierError as exc:  # the server's header, refused before the worker sees it
@@ -136,6 +140,8 @@ class SiteWorkerBackend:
 
     def report(self, job_id: str, body: dict[str, Any]) -> None:
         self._job(job_id)
+        if body == {"kind": "heartbeat"}:  # for this parent alone (site/supervisor.py)
+            return
         try:
             self.server.Report(msg.Json(body=json.dumps({"job_id": job_id, "event": body})))
         except grpc.RpcError as exc:
@@ -181,22 +187,31 @@ def check_task_head(head: dict[str, Any]) -> dict[str, Any]:
             "headers": headers}
 
 
-def _checked_stream(stream: Iterator[bytes]) -> Iterator[bytes]:
+def _checked_stream(stream: Iterator[bytes], job: SiteJob | None = None) -> Iterator[bytes]:
     """A task from the server as it goes to its worker over the link: its header checked."""
     first = next(stream, None)
     if first is None:
         raise frames.FrameError("the server sent an empty task stream")
-    yield frames.header(check_task_head(frames.read_header(first)))
+    head = check_task_head(frames.read_header(first))
+    _note_round(job, head)
+    yield frames.header(head)
     yield from stream
 
 
-def _as_file(stream: Iterator[bytes], folder: HandoffDir) -> Iterator[bytes]:
+def _note_round(job: SiteJob | None, head: dict[str, Any]) -> None:
+    """The round the job's part works on now: a stall's reason names it."""
+    if job is not None and "task_id" in head and head["headers"].get("round") is not None:
+        job.round = head["headers"]["round"]
+
+
+def _as_file(stream: Iterator[bytes], folder: HandoffDir, job: SiteJob | None = None) -> Iterator[bytes]:
     """A task from the server as its worker takes it from the handoff folder: the data frames
     written to a new file as they arrive, then the header alone, naming the file."""
     first = next(stream, None)
     if first is None:
         raise frames.FrameError("the server sent an empty task stream")
     head = check_task_head(frames.read_header(first))
+    _note_round(job, head)
     if "task_id" not in head:  # nothing to carry: "none" (no task yet) or "end"
         yield frames.header(head)
         return

@@ -1,9 +1,10 @@
 """A parent's own housekeeping in ``local/site.yaml`` (docs/operations.md): the rotation of
-its log file when it runs detached, and how long a site keeps finished jobs' run folders."""
+its log file when it runs detached, how long a site keeps finished jobs' run folders, and how
+long a part may go without a sign of life (``supervision``)."""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from atoll.spec.model import NoNullModel
 from atoll.spec.quantity import check_memory, memory_to_bytes
@@ -28,3 +29,25 @@ class Retention(NoNullModel):
     run_folders_days: float | None = Field(
         None, gt=0, description="Remove the run folders of jobs finished more than this many "
                                 "days ago; default: keep them")
+
+
+class Supervision(NoNullModel):
+    """``supervision``: how long a job's part may go without a sign of life (docs/federation.md,
+    Restarts and stalls). A site reads ``heartbeat_s`` and ``stall_s``; the server
+    ``rejoin_s``."""
+
+    heartbeat_s: float = Field(10.0, gt=0, le=3600,
+                               description="How often a site's worker tells its parent it lives")
+    stall_s: float = Field(120.0, gt=0, description=(
+        "A site's worker that sent no heartbeat for this long is stopped and its part "
+        "restarted once for the round in flight, then failed, with the reason"))
+    rejoin_s: float = Field(300.0, ge=0, description=(
+        "Server: how long a site's parts wait for a site parent that disconnected to come back "
+        "before they fail (0: at once)"))
+
+    @model_validator(mode="after")
+    def _beats_within_stall(self) -> Supervision:
+        if self.heartbeat_s >= self.stall_s:
+            raise ValueError(f"supervision.heartbeat_s ({self.heartbeat_s:g}) must be below "
+                             f"stall_s ({self.stall_s:g}): a live worker would count as stalled")
+        return self

@@ -104,6 +104,36 @@ def _env(name: str) -> str:
     return value
 
 
+def _beat(stub, metadata, every: str) -> None:
+    """Tell the parent now and then that this worker lives, whatever the job's code does: a
+    worker that stops (frozen, swapped out, a hung node) stops beating, and its parent stops it
+    after supervision.stall_s (site/supervisor.py)."""
+    import threading
+    import time
+
+    import grpc
+
+    from atoll.wire import messages as msg
+
+    try:
+        period = float(every)
+    except ValueError:
+        return  # a parent that watches no heartbeats
+    if not 0 < period <= 3600:
+        return
+    beat = msg.Json(body=json.dumps({"kind": "heartbeat"}))
+
+    def run() -> None:
+        while True:
+            time.sleep(period)
+            try:
+                stub.Report(beat, metadata=metadata, timeout=max(period, 5.0))
+            except grpc.RpcError:
+                pass  # the parent is away: the channel's own errors end the job if it stays so
+
+    threading.Thread(target=run, name="heartbeat", daemon=True).start()
+
+
 def _fetch_app(stub, metadata, workdir: Path, target: str) -> None:
     from atoll.wire import frames
     from atoll.wire import messages as msg
@@ -218,6 +248,8 @@ def main() -> int:
     session = info["session"]
     meta = (("x-atoll-worker", session),)
     print(f"atoll worker: job {job_id} role {role} registered with {parent}", flush=True)
+    if role == "site":
+        _beat(stub, meta, os.environ.get(worker_env.HEARTBEAT_S, ""))
 
     ok, error, peers = True, "", None
     try:

@@ -66,7 +66,8 @@ class GrpcServerChannel(_Link):
                         break
                     left_to_get -= 1
                     if head.get("error"):
-                        yield Reply(site=head["site"], error=head["error"])
+                        yield Reply(site=head["site"], error=head["error"],
+                                    retry=head.get("retry") is True)
                     else:
                         if KEY in head and self.handoff is not None:
                             chunks = frames.Payload(self.handoff.read(head[KEY]))

@@ -5,6 +5,8 @@ the server worker's launch is left to the test (its own tests: test_revoked_sign
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 from types import SimpleNamespace
 
@@ -160,7 +162,8 @@ def test_an_abort_of_a_waiting_job_cancels_every_part(jobs):
     assert jobs.links.sent == []
 
 
-def test_a_site_going_offline_fails_its_unfinished_parts(jobs):
+def test_a_site_going_offline_fails_its_unfinished_parts_at_once_without_a_rejoin_time(jobs):
+    jobs.rejoin_s = 0
     _dispatch(jobs)
     jobs.site_state("site-2", {"job_id": JOB, "state": "FINISHED:COMPLETED"})
     jobs.site_offline("site-1")
@@ -168,6 +171,42 @@ def test_a_site_going_offline_fails_its_unfinished_parts(jobs):
     _, parts = _parts(jobs)
     assert parts["site-1"] == ("FINISHED:FAILED", "site parent disconnected")
     assert parts["site-2"][0] == "FINISHED:COMPLETED"
+
+
+def test_a_disconnected_site_parent_is_waited_for_then_fails_with_the_round(jobs):
+    live = _dispatch(jobs)
+    jobs.site_state("site-1", {"job_id": JOB, "state": "RUNNING"})
+    task = live.relay.add_task(["site-1"], "train", {"round": 3}, [])
+    asyncio.run(live.relay.wait_task("site-1", 1))  # its worker took round 3's task
+    jobs.site_offline("site-1")
+    _, parts = _parts(jobs)
+    assert parts["site-1"] == ("RUNNING", "site parent disconnected; waiting up to 300 s for "
+                                          "it to come back")
+    assert "site-1" in live.away and live.relay.next_reply(task, 0) is None  # no failure yet
+    jobs._rejoin_overdue(live, "site-1")  # what its timer does after rejoin_s
+    _, parts = _parts(jobs)
+    assert parts["site-1"] == ("FINISHED:FAILED", "site-1's site parent was disconnected for "
+                                                 "more than 300 s during round 3")
+    assert live.relay.next_reply(task, 0).error == "site-1 dropped out (FAILED)"
+
+
+def test_a_restarted_site_parent_gets_its_part_again_and_its_task_is_retried(jobs):
+    live = _dispatch(jobs)
+    task = live.relay.add_task(["site-1", "site-2"], "train", {"round": 2}, [])
+    asyncio.run(live.relay.wait_task("site-1", 1))
+    asyncio.run(live.relay.wait_task("site-2", 1))
+    jobs.site_offline("site-1")
+    known = jobs.parts_at("site-1")
+    jobs.links.sent.clear()
+    jobs.site_back("site-1", [], known)  # it came back running nothing: its parent restarted
+    assert not live.away and jobs.links.sent == [("site-1", "dispatch", JOB)]
+    reply = live.relay.next_reply(task, 0)
+    assert (reply.site, reply.retry) == ("site-1", True)
+    assert reply.error == "site-1's site parent restarted; its part starts again"
+    assert _parts(jobs)[1]["site-1"][0] == "DISPATCHED"
+    jobs.links.sent.clear()
+    jobs.site_back("site-2", [JOB], jobs.parts_at("site-2"))  # still runs it: nothing resent
+    assert jobs.links.sent == [] and live.relay.next_reply(task, 0) is None
 
 
 def test_recovery_fails_what_ran_and_leaves_the_rest(jobs):

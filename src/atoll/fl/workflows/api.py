@@ -93,6 +93,8 @@ class Sent:
     task: str
     targets: tuple[str, ...]
     round: int | None
+    # Sends the same task to one site again (its part restarted mid-round): gather calls it.
+    resend: Callable[[str], str] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -197,14 +199,16 @@ class Context:
         if "total_rounds" in meta:
             headers["total_rounds"] = meta["total_rounds"]
         task_id = self._channel.send(chosen, task, headers, encode(outgoing))
-        return Sent(task_id, task, tuple(chosen), outgoing.round)
+        return Sent(task_id, task, tuple(chosen), outgoing.round,
+                    lambda site: self._channel.send([site], task, headers, encode(outgoing)))
 
     def send_file(self, task: str, path: Path, targets: Sequence[str], headers: dict) -> Sent:
         """Send a saved model file as it is, streamed (cross-site evaluation of saved models)."""
         from atoll.fl.serde import iter_file
 
         task_id = self._channel.send(list(targets), task, headers, iter_file(path))
-        return Sent(task_id, task, tuple(targets), headers.get("round"))
+        return Sent(task_id, task, tuple(targets), headers.get("round"),
+                    lambda site: self._channel.send([site], task, headers, iter_file(path)))
 
     def gather(
         self,
@@ -252,7 +256,7 @@ class Context:
             gathered.results[site] = model
 
         gathered.outcome = gather(
-            self._channel, sent.task_id, sent.targets, timeout, take, wanted
+            self._channel, sent.task_id, sent.targets, timeout, take, wanted, sent.resend
         )
         self.note_dropouts(gathered.outcome)
         if what is None:

@@ -42,6 +42,9 @@ class Outcome:
         return {**self.dropped, **self.rejected, **self.late}
 
 
+MAX_RETRIES = 3  # times one site is sent one task again after its part restarted
+
+
 def gather(
     channel: ServerChannel,
     task_id: str,
@@ -49,6 +52,7 @@ def gather(
     timeout: float | None,
     on_result: Callable[[str, ModelStream], None],
     min_clients: int = 0,
+    resend: Callable[[str], str] | None = None,
 ) -> Outcome:
     """Open each reply and hand it to ``on_result`` as it arrives.
 
@@ -57,22 +61,41 @@ def gather(
     becomes a ``WorkflowError`` naming the site; any other exception (a bug) propagates.
     Once so many sites failed that ``min_clients`` is out of reach, the round stops waiting:
     a stalled site must not hold up a round that has failed already.
+
+    A site whose part restarted mid-task (``Reply.retry``) is sent the task again through
+    ``resend(site)`` (a new task id, whose reply is waited for in turn), at most MAX_RETRIES
+    times; without ``resend`` it counts as dropped out.
     """
+    import time
+
     outcome = Outcome()
     pending = set(targets)
-    for reply in channel.replies(task_id, timeout=timeout):
-        site = reply.site
-        if site not in pending:
-            log.warning(
-                "ignoring an unexpected or repeated reply from %s to task %s", site, task_id
-            )
-            continue
-        pending.discard(site)
-        _take(outcome, site, reply, on_result)
-        if len(outcome.ok) + len(pending) < min_clients:
-            for other in sorted(pending):  # the round has failed already: stop waiting
-                outcome.late[other] = "not waited for: the round could no longer reach min_clients"
-            return outcome
+    deadline = None if timeout is None else time.monotonic() + timeout
+    tries: dict[str, int] = {}
+    work = [(task_id, set(targets))]
+    while work:
+        current, expected = work.pop(0)
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        for reply in channel.replies(current, timeout=left):
+            site = reply.site
+            if site not in pending or site not in expected:
+                log.warning(
+                    "ignoring an unexpected or repeated reply from %s to task %s", site, current
+                )
+                continue
+            if reply.retry and resend is not None and tries.get(site, 0) < MAX_RETRIES:
+                tries[site] = tries.get(site, 0) + 1
+                log.warning("%s: %s; sending it task %s again", site, reply.error, current)
+                work.append((resend(site), {site}))
+                continue
+            pending.discard(site)
+            _take(outcome, site, reply, on_result)
+            if len(outcome.ok) + len(pending) < min_clients:
+                for other in sorted(pending):  # the round has failed already: stop waiting
+                    outcome.late[other] = (
+                        "not waited for: the round could no longer reach min_clients"
+                    )
+                return outcome
     for site in sorted(pending):
         outcome.late[site] = (
             f"no reply within round_timeout={timeout}s"
