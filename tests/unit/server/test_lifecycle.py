@@ -6,7 +6,6 @@ the server worker's launch is left to the test (its own tests: test_revoked_sign
 from __future__ import annotations
 
 import asyncio
-
 import json
 from types import SimpleNamespace
 
