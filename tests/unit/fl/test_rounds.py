@@ -137,3 +137,50 @@ def test_a_repeated_reply_and_one_from_a_site_not_asked_are_ignored():
     assert taken == [1.0]  # the first answer counts, the repeat is not folded in again
     assert outcome.ok == ["site-1"] and outcome.dropped == {"site-2": "gone"}
     assert "site-9" not in outcome.failed
+
+
+class ScriptedChannel:
+    """Replies per task as scripted: a site whose part restarted answers ``retry`` first."""
+
+    def __init__(self, retries: dict[str, int]):
+        self.retries = dict(retries)  # site: how many times its part restarts
+        self.sent: list[tuple[str, list[str]]] = []
+
+    def send(self, targets, topic, headers, payload):
+        task_id = f"t{len(self.sent) + 1}"
+        self.sent.append((task_id, list(targets)))
+        return task_id
+
+    def replies(self, task_id, timeout=None):
+        targets = dict(self.sent)[task_id]
+        for site in targets:
+            if self.retries.get(site, 0) > 0:
+                self.retries[site] -= 1
+                yield Reply(site=site, error=f"{site}'s part restarted", retry=True)
+            else:
+                yield Reply(site=site, chunks=iter(encode(TASK)))
+
+
+def test_a_site_whose_part_restarted_is_sent_the_task_again_and_counted_once():
+    channel = ScriptedChannel({"site-1": 2})
+    task_id = channel.send(["site-1", "site-2"], "train", {}, None)
+    taken = []
+    outcome = gather(channel, task_id, ["site-1", "site-2"], None,
+                     lambda site, stream: taken.append(site), 2,
+                     resend=lambda site: channel.send([site], "train", {}, None))
+    assert sorted(outcome.ok) == ["site-1", "site-2"] and not outcome.failed
+    assert sorted(taken) == ["site-1", "site-2"]  # each result once
+    assert [t for t, _ in channel.sent] == ["t1", "t2", "t3"]  # sent to site-1 twice more
+
+
+def test_retries_are_bounded_and_without_resend_a_restart_is_a_drop_out():
+    channel = ScriptedChannel({"site-1": 99})
+    task_id = channel.send(["site-1"], "train", {}, None)
+    outcome = gather(channel, task_id, ["site-1"], None, lambda site, stream: None, 0,
+                     resend=lambda site: channel.send([site], "train", {}, None))
+    assert outcome.dropped == {"site-1": "site-1's part restarted"}
+    assert len(channel.sent) == 1 + 3  # MAX_RETRIES
+    channel = ScriptedChannel({"site-1": 1})
+    outcome = gather(channel, channel.send(["site-1"], "train", {}, None), ["site-1"], None,
+                     lambda site, stream: None)
+    assert outcome.dropped == {"site-1": "site-1's part restarted"}
