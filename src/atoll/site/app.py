@@ -175,6 +175,10 @@ class SiteParent:
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:
+        # Workers an earlier parent of this site left (killed, not stopped): stopped before any
+        # dispatch, so that a part sent again starts afresh under its own name.
+        if self.supervisor.parts.left_behind():
+            self.supervisor.parts.stop_left_behind(self.launcher)
         # The link dials at once: its TLS handshake overlaps local/'s check, which its hello
         # (launcher, capacity) and the worker endpoint then wait for.
         threading.Thread(target=self.link.run, name="server-link", daemon=True).start()

@@ -38,6 +38,7 @@ from atoll.base.reasons import public
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.site.job_log import JobLog
+from atoll.site.running_parts import RunningParts
 from atoll.site.signed_jobs import Replayed, SignedJobs
 from atoll.spec.admission import asked_at, fits
 from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError
@@ -139,6 +140,7 @@ class Supervisor:
         self.jobs: dict[str, SiteJob] = {}
         self.signed_jobs = SignedJobs(kit.workspace)  # each signed statement under one job id
         self.job_log = JobLog(kit.workspace)  # every job run or refused here (site jobs KIT)
+        self.parts = RunningParts(kit.workspace)  # its workers' handles, for its successor
         self._lock = threading.Lock()
 
     def running_jobs(self) -> list[str]:
@@ -219,6 +221,7 @@ class Supervisor:
             self._report(job_id, "STARTING", f"launching through {self.host.launcher.name}")
             job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
+            self.parts.launched(job.handle)
             self.job_log.record(job_id, study, "launched", job.signed)
             entries = self._provenance(job, job.handle.extra)
             if entries:  # a report of its own: never a state after the worker's RUNNING
@@ -262,6 +265,7 @@ class Supervisor:
             self._report(job.job_id, "RESTARTING", f"{why}; its part starts again")
             job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job.job_id, "STARTING", text))
+            self.parts.launched(job.handle)
         except Exception as exc:  # noqa: BLE001 - the part fails with both reasons
             log.exception("job %s could not start again", job.job_id)
             job.report = (False, f"{why}; it could not start again: {exc}")
@@ -399,6 +403,8 @@ class Supervisor:
         with self._lock:
             if job is not None and self.jobs.get(job_id) is job:
                 del self.jobs[job_id]
+        if job is not None and job.handle is not None:
+            self.parts.ended(job_id)
         if job is not None and job.app_zip is not None:
             job.app_zip.unlink(missing_ok=True)
         if job is not None and job.handoff is not None:
