@@ -52,29 +52,52 @@ from atoll.fl.torch_bridge import load_params, to_params
 class FederatedHooks:
     """The federated exchange as Lightning hooks; mixed into a Callback class of either package."""
 
-    def __init__(self, num_examples: int | None = None, strict: bool = True) -> None:
+    def __init__(self, num_examples: int | None = None, strict: bool = True,
+                 keep_optimizer_state: bool = False) -> None:
         super().__init__()
         self.num_examples = num_examples
         self.strict = strict
+        # Lightning makes new optimizers at every fit(); keep their state across rounds?
+        self.keep_optimizer_state = keep_optimizer_state
+        self._optimizer_states: list[dict] = []
+        self._scheduler_states: list[dict] = []
         self._epochs_per_round: int | None = None
         self._steps_per_round: int | None = None
         self._global_metrics: dict[str, float] = {}
+        self.start_step = 0  # the trainer's global step when this round's fit began
 
     # --- fit ------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._epochs_per_round is None and self._steps_per_round is None:
             self._epochs_per_round = _positive(trainer.max_epochs)
             self._steps_per_round = _positive(trainer.max_steps)
+        self.start_step = trainer.global_step
         self._load(pl_module)
+        if self.keep_optimizer_state:
+            for optimizer, state in zip(trainer.optimizers, self._optimizer_states, strict=False):
+                optimizer.load_state_dict(state)
+            configs = trainer.lr_scheduler_configs
+            for config, state in zip(configs, self._scheduler_states, strict=False):
+                config.scheduler.load_state_dict(state)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if fl.is_train():
             metrics = {**self._global_metrics, **_numbers(trainer.callback_metrics)}
-            count = self.num_examples if self.num_examples is not None else _dataset_size(
-                trainer.train_dataloader, fallback=trainer.global_step)
-            fl.send(fl.Model(params=to_params(pl_module), num_examples=count, metrics=metrics))
+            count, meta = self.result_weight(trainer, pl_module)
+            fl.send(fl.Model(params=to_params(pl_module), num_examples=count, metrics=metrics,
+                             meta=meta))
+        if self.keep_optimizer_state:
+            self._optimizer_states = [o.state_dict() for o in trainer.optimizers]
+            self._scheduler_states = [c.scheduler.state_dict()
+                                      for c in trainer.lr_scheduler_configs]
         self._global_metrics = {}
         self._next_round(trainer)
+
+    def result_weight(self, trainer: Any, pl_module: Any) -> tuple[int, dict[str, Any]]:
+        """The result's weight in FedAvg and its meta: the training examples, no meta."""
+        if self.num_examples is not None:
+            return self.num_examples, {}
+        return _dataset_size(trainer.train_dataloader, fallback=trainer.global_step), {}
 
     def _next_round(self, trainer: Any) -> None:
         """Let the next ``fit`` train as much as this one did (Lightning counts epochs and steps
@@ -111,24 +134,29 @@ class FederatedCallback(FederatedHooks, pl.Callback):
     """Receive the global model before ``fit``/``validate``, send the result after."""
 
 
-def callback_for(trainer: Any, **options: Any) -> FederatedHooks:
-    """A ``FederatedCallback`` of the package ``trainer`` comes from (``lightning.pytorch``
-    or ``pytorch_lightning``)."""
+def callback_for(trainer: Any, hooks: type[FederatedHooks] = FederatedHooks,
+                 **options: Any) -> FederatedHooks:
+    """A federated callback (``hooks``) of the package ``trainer`` comes from
+    (``lightning.pytorch`` or ``pytorch_lightning``)."""
     if type(trainer).__module__.split(".")[0] == "pytorch_lightning":
         import pytorch_lightning
 
-        cls = type("FederatedCallback", (FederatedHooks, pytorch_lightning.Callback), {})
-        return cls(**options)
-    return FederatedCallback(**options)
+        base: type = pytorch_lightning.Callback
+    else:
+        base = pl.Callback
+    if hooks is FederatedHooks and base is pl.Callback:
+        return FederatedCallback(**options)
+    return type("FederatedCallback", (hooks, base), {})(**options)
 
 
-def add_to(trainer: Any, **options: Any) -> FederatedHooks:
+def add_to(trainer: Any, hooks: type[FederatedHooks] = FederatedHooks,
+           **options: Any) -> FederatedHooks:
     """Give ``trainer`` a federated callback unless it has one; return it."""
     callbacks = trainer.callbacks if isinstance(trainer.callbacks, list) else []
     for callback in callbacks:
         if isinstance(callback, FederatedHooks):
             return callback
-    callback = callback_for(trainer, **options)
+    callback = callback_for(trainer, hooks, **options)
     callbacks.append(callback)
     trainer.callbacks = callbacks
     return callback
