@@ -300,8 +300,9 @@ def preload_imports(script: Path, app_dir: Path) -> None:
                 if spec is None or (origin is not None and origin.is_relative_to(app)):
                     continue
                 module = importlib.import_module(name)
-                for attribute in attributes:
-                    getattr(module, attribute, None)
+                for attribute in attributes:  # a name of the module, or one of its submodules
+                    if not hasattr(module, attribute):
+                        importlib.import_module(f"{name}.{attribute}")
             except Exception:  # noqa: BLE001 - see the docstring: the script reports it
                 continue
 
