@@ -34,7 +34,8 @@ def assert_golden(name: str, obj: Any) -> None:
     path = GOLDEN_DIR / f"{name}.json"
     actual = to_golden_text(obj)
     regen = f"{REGEN_VAR}=1 .venv/bin/pytest '{_current_test()}'"
-    if os.environ.get(REGEN_VAR) == "1":
+    # a golden already equal is left alone, so a test with several reaches the one that changed
+    if os.environ.get(REGEN_VAR) == "1" and not (path.exists() and path.read_text() == actual):
         if os.environ.get("CI") == "true":
             pytest.fail(f"golden files cannot be regenerated under CI ({REGEN_VAR}=1 is set)",
                         pytrace=False)

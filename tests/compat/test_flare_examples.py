@@ -4,7 +4,8 @@ own writing in flare_examples/), exported by FLARE's own recipe classes
 with ``atoll job import-flare`` and run with ``atoll job simulate --sites 2``: hello-numpy
 (NumpyFedAvgRecipe with TensorBoard tracking), hello-numpy-cse (the same with
 add_cross_site_evaluation) and hello-pt-recipe (FLARE's PyTorch FedAvgRecipe, tracking and
-cross-site evaluation; synthetic images).
+cross-site evaluation; synthetic images) and hello-lightning (the same recipe with a
+LightningModule, the script federating its Trainer with ``nvflare.client.lightning.patch``).
 
 Each example's note: import-flare changes the scripts' import lines only, and what it lists
 as not translated is FLARE's server widgets (result files, model selection, the TensorBoard
@@ -67,6 +68,15 @@ EXPECTED = {
             "app/config/config_fed_server.json components.component1: "
             "nvflare.app_common.widgets.validation_json_generator.ValidationJsonGenerator",
             EVENT_TO_FED],
+    },
+    "hello-lightning": {
+        "rewritten": [
+            "app/client.py:9: import nvflare.client.lightning as flare -> "
+            "import atoll.compat.flare_lightning as flare",
+        ],
+        "not_translated": [f"app/config/config_fed_server.json {w}" for w in SERVER_WIDGETS] + [
+            "app/config/config_fed_server.json components.locator: "
+            "nvflare.app_opt.pt.file_model_locator.PTFileModelLocator", EVENT_TO_FED],
     },
     "hello-numpy-cse": {
         "rewritten": [
@@ -215,3 +225,19 @@ def test_hello_pt_recipe_trains_tracks_and_evaluates_across_sites(tmp_path):
     summary = json.loads((results / "summary.json").read_text())
     assert {model: set(row) for model, row in summary["cross_site_eval"].items()} == {
         model: {"site-1", "site-2"} for model in ("global_final", "site-1", "site-2")}
+
+
+def test_hello_lightning_patches_the_trainer_and_federates_it(tmp_path):
+    """FLARE's Lightning Client API (``flare.patch(trainer)``): round one starts from the
+    PyTorch persistor's LitNet, each round's result is the module's weights with the global
+    model's validation metrics and the fit's, weighed by the round's optimizer steps."""
+    _, results = import_and_simulate("hello-lightning", tmp_path)
+    final = load_file(results / "global_model_final.safetensors").params
+    assert sorted(final) == ["model.0.bias", "model.0.weight", "model.2.bias", "model.2.weight"]
+    records = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["phase"] == "train" and r["site"] != "global"]
+    assert sorted((r["site"], r["round"]) for r in train) == [
+        (site, n) for site in ("site-1", "site-2") for n in (1, 2)]
+    # 300 examples in batches of 32 (10 steps), 2 epochs a round: NUM_STEPS_CURRENT_ROUND
+    assert {r["num_examples"] for r in train} == {20}
+    assert all({"val_acc_epoch", "val_loss", "train_loss"} <= set(r["metrics"]) for r in train)

@@ -129,3 +129,21 @@ def test_flare_recipe_exports_with_tracking_run_on_a_federation(federation, tmp_
         tag = "weight_mean" if name == "hello-numpy" else "train_loss"
         assert sorted((e["site"], e["step"]) for e in logged if tag in e["metrics"]) == [
             (site, step) for site in ("site-1", "site-2") for step in range(rounds)], name
+
+
+def test_flare_recipe_export_of_hello_lightning_runs_on_a_federation(federation, tmp_path):  # noqa: F811
+    """hello-lightning as FLARE 2.9's PyTorch FedAvgRecipe exported it (flare_jobs/): the
+    script's ``flare.patch(trainer)`` federates its Lightning Trainer through real workers,
+    round one from the persistor's LitNet."""
+    source = Path(__file__).parent / "flare_jobs" / "hello-lightning"
+    out = tmp_path / "hello-lightning-atoll"
+    subprocess.run([sys.executable, "-m", "atoll", "job", "import-flare", str(source),
+                    str(out)], check=True, capture_output=True, timeout=120)
+    with federation.session(ADMIN) as s:
+        job = s.submit(out, wait=True, timeout=300)
+        status = s.status(job["job_id"])
+    assert status["state"] == "FINISHED:COMPLETED", status
+    rounds = [e for e in status["progress"] if e.get("event") == "round"]
+    assert [e["round"] for e in rounds] == [1, 2]
+    assert all("val_acc_epoch" in e["sites"][site]["train"]
+               for e in rounds for site in ("site-1", "site-2"))

@@ -72,7 +72,7 @@ def test_client_api_imports_are_rewritten_and_the_rest_listed(flare_job, tmp_pat
         "from nvflare.app_common.abstract.fl_model import FLModel, ParamsType as PT",
         "from nvflare.client import tracking",
         "from nvflare.app_common.app_constant import AppConstants, ModelName",
-        "from nvflare.client.lightning import patch",
+        "from nvflare.app_opt.xgboost import histogram_based_v2",
         "from nvflare.client.tracking import SummaryWriter, NoSuchWriter",
         "import nvflare.client",
         "from nvflare.client import (",
@@ -91,10 +91,22 @@ def test_client_api_imports_are_rewritten_and_the_rest_listed(flare_job, tmp_pat
     listed = {line.split(":")[1]: line for line in report.not_translated
               if line.startswith("app_site-1/client.py:")}
     assert sorted(listed) == ["6", "7", "8", "9"]
-    assert "nvflare.client.lightning has no atoll counterpart" in listed["6"]
+    assert "nvflare.app_opt.xgboost has no atoll counterpart" in listed["6"]
     assert "NoSuchWriter of nvflare.client.tracking: not in atoll's" in listed["7"]
     assert "import it with a name" in listed["8"] and "several lines" in listed["9"]
     assert len([r for r in report.rewritten if r.startswith("app_site-1/")]) == 6
+
+
+def test_the_lightning_client_api_is_rewritten(flare_job, tmp_path):
+    """FLARE's Lightning Client API, either spelling, is atoll.compat.flare_lightning."""
+    script = flare_job / "app_site-1" / "custom" / "client.py"
+    head = ["import nvflare.client.lightning as flare",
+            "from nvflare.client.lightning import patch, FLModel"]
+    script.write_text("\n".join(head) + "\n" + script.read_text())
+    import_flare_job(flare_job, tmp_path / "out")
+    lines = (tmp_path / "out" / "app_site-1" / "client.py").read_text().splitlines()
+    assert lines[:2] == ["import atoll.compat.flare_lightning as flare",
+                         "from atoll.compat.flare_lightning import patch, FLModel"]
 
 
 def test_external_process_and_unknown_executor_args_are_reported(flare_job, tmp_path):

@@ -3,7 +3,10 @@
 The folder holds ``meta.json`` (deploy map, min_clients, resources), ``app/app.yaml`` (the
 workflow and its arguments, the site script) and ``app/train.py`` (a numpy or PyTorch training
 loop on synthetic data, with the places to change marked; ``torch-ddp``: several
-processes per site with DistributedDataParallel, docs/distributed.md); a workflow the job
+processes per site with DistributedDataParallel, docs/distributed.md; ``lightning``: a Lightning
+Trainer federated by ``atoll.fl.lightning_callback``; ``hf``: a Transformers Trainer federated
+by ``atoll.fl.hf_trainer``, ``hf-lora`` the same with a PEFT LoRA model that exchanges its
+adapters only; models built from a config, nothing downloaded); a workflow the job
 ships (scaffold, cyclic, stats, custom) adds its class and helpers to ``app/``. Templates live in
 ``atoll/fl/templates``.
 """
@@ -37,7 +40,7 @@ JOB_WORKFLOWS: dict[str, tuple[str, dict[str, str]]] = {
         "statistics_workflow.py": "statistics_workflow.py.tmpl",
         "train.py": "site_statistics.py.tmpl"}),
 }
-FRAMEWORKS = ("numpy", "torch", "torch-ddp")
+FRAMEWORKS = ("numpy", "torch", "torch-ddp", "lightning", "hf", "hf-lora")
 # torch-ddp: several processes per site (DDP); two on CPUs, so the template runs anywhere.
 _DDP_LAUNCHER_SPEC = {"default": {backend: {"processes_per_node": 2}
                                   for backend in ("process", "docker", "k8s", "slurm")}}
@@ -55,21 +58,25 @@ _SERVER_ARGS = {
 
 
 FEDPROX_MARK = "  # fedprox"  # a template line only the fedprox job keeps
+LORA_MARK = "  # lora"  # a template line only the hf-lora job keeps
 
 
 def _template(name: str) -> str:
     return resources.files("atoll.fl").joinpath("templates", name).read_text(encoding="utf-8")
 
 
-def _site_script(name: str, workflow: str) -> str:
+def _site_script(name: str, workflow: str, framework: str = "") -> str:
     """A training template for ``workflow``: FedProx keeps the lines that apply the proximal
-    term (marked ``# fedprox``), every other workflow drops them."""
+    term (marked ``# fedprox``), every other workflow drops them; likewise ``hf-lora`` keeps
+    the lines that make a LoRA model (``# lora``)."""
+    keep = {FEDPROX_MARK: workflow == "fedprox", LORA_MARK: framework == "hf-lora"}
     lines = []
     for line in _template(name).splitlines(keepends=True):
-        code, mark, rest = line.partition(FEDPROX_MARK)
-        if not mark:
+        mark = next((m for m in keep if m in line), None)
+        if mark is None:
             lines.append(line)
-        elif workflow == "fedprox":
+        elif keep[mark]:
+            code, _, rest = line.partition(mark)
             lines.append(code + (f"  #{rest[1:]}" if rest.strip(": \n") else "\n"))
     return "".join(lines)
 
@@ -94,6 +101,8 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str,
         meta["resource_spec"] = {"@default": {"num_of_cpus": 2, "memory": "4Gi"}}
         meta["launcher_spec"] = _DDP_LAUNCHER_SPEC
     args = {**_SERVER_ARGS[workflow]}
+    if framework in ("hf", "hf-lora") and "key_metric" in args:
+        args.update(key_metric="eval_loss", key_metric_mode="min")  # what Trainer.evaluate() gives
     if workflow != "scatter_gather":
         args["round_timeout"] = 600
     server_args = "\n".join(f"    {key}: {json.dumps(value)}" for key, value in args.items())
@@ -101,12 +110,12 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str,
     app_yaml = Template(_template("app.yaml.tmpl")).substitute(
         workflow=shipped, server_args=server_args
     )
-    template = framework.replace("-", "_")
+    template = "hf" if framework == "hf-lora" else framework.replace("-", "_")
     script = "echo.py.tmpl" if workflow == "scatter_gather" else f"train_{template}.py.tmpl"
     files = {
         "meta.json": json.dumps(meta, indent=2) + "\n",
         "app/app.yaml": app_yaml,
-        "app/train.py": _site_script(script, workflow),
+        "app/train.py": _site_script(script, workflow, framework),
     }
     files.update({f"app/{name}": _template(source) for name, source in app_files.items()})
     return files
@@ -134,7 +143,9 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str,
     type=click.Choice(FRAMEWORKS),
     default="numpy",
     show_default=True,
-    help="The training loop written to app/train.py.",
+    help="The training loop written to app/train.py: numpy, torch, torch-ddp (several "
+    "processes per site), lightning (a Lightning Trainer), hf (a Transformers Trainer), "
+    "hf-lora (the same, exchanging LoRA adapters only).",
 )
 @click.option("--name", default=None, help="The job's name; default: the folder's name.")
 @click.option("--force", is_flag=True, help="Write into a folder that is not empty.")

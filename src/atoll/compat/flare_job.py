@@ -68,6 +68,8 @@ FLARE_MODULES = {
     "nvflare.app_common.abstract.fl_model": ATOLL_CLIENT,
     "nvflare.apis.analytix": ATOLL_CLIENT,
     "nvflare.client.tracking": "atoll.compat.flare_tracking",
+    "nvflare.client.lightning": "atoll.compat.flare_lightning",
+    "nvflare.app_opt.lightning": "atoll.compat.flare_lightning",
     "nvflare.app_common.np.constants": "atoll.compat.flare_constants",
     "nvflare.app_common.app_constant": "atoll.compat.flare_constants",
     "nvflare.apis.fl_constant": "atoll.compat.flare_constants",

@@ -19,6 +19,9 @@ error reply for its pending and later tasks. ``Federation`` gives tests the chan
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import json
 import os
 import queue
@@ -272,6 +275,38 @@ def _statistics_budgets(rules: dict[str, dict[str, Any]]) -> dict[str, dict[str,
     return budgets
 
 
+def preload_imports(script: Path, app_dir: Path) -> None:
+    """Import the libraries the site script imports at its top level, once, before the sites'
+    threads start: libraries that import lazily (transformers resolves ``from transformers
+    import Trainer`` on first use) are not safe to first-import from several threads at once,
+    which then see half-made modules. The app folder's own modules are left to the script.
+    A library that fails here is left alone: the script's own import reports it, per site."""
+    try:
+        tree = ast.parse(script.read_bytes(), str(script))
+    except (OSError, SyntaxError):
+        return  # the site's thread reports it
+    app = app_dir.resolve()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            wanted = [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            wanted = [(node.module, [alias.name for alias in node.names])]
+        else:
+            continue
+        for name, attributes in wanted:
+            try:
+                spec = importlib.util.find_spec(name.split(".")[0])
+                origin = Path(spec.origin).resolve() if spec and spec.origin else None
+                if spec is None or (origin is not None and origin.is_relative_to(app)):
+                    continue
+                module = importlib.import_module(name)
+                for attribute in attributes:  # a name of the module, or one of its submodules
+                    if not hasattr(module, attribute):
+                        importlib.import_module(f"{name}.{attribute}")
+            except Exception:  # noqa: BLE001 - see the docstring: the script reports it
+                continue
+
+
 def simulate(
     job_dir: str | os.PathLike[str],
     sites: dict[str, dict[str, str]],
@@ -334,6 +369,7 @@ def simulate(
     sys.argv = site_argv(site_app)
     sys.path.insert(0, str(site_app.resolve()))
     os.chdir(site_app)
+    preload_imports(Path(sys.argv[0]), site_app)
     threads = [
         threading.Thread(target=site_main, args=(s,), name=f"site-{s}", daemon=True) for s in sites
     ]

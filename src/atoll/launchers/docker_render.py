@@ -33,7 +33,7 @@ Rules worth knowing:
 - GPUs: one ``device_requests`` entry with the ``device_ids`` the launcher reserved for this job
   (``docker.gpu_ids``, default 0..capacity.gpus-1; never a ``count``, which always means the
   engine's first N GPUs); 0 renders an empty list.
-- Several processes (N > 1 GPUs, or ``processes_per_node``): all in this one container, started
+- Several processes (``processes_per_node`` > 1; N GPUs alone are one process that sees them): all in this one container, started
   by the worker as rank 0 (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``; launchers/
   ranks.py). One job never spans several containers.
 """

@@ -14,7 +14,7 @@
   its own; the worker dials its parent's unix socket, bound in, and the destinations the site
   allows through relays (process_network.py). ``network: host`` (and ``sandbox: none``) is the
   opt-out: the worker dials its parent on TCP and reaches what the host reaches.
-- Several processes (N > 1 GPUs, or ``processes_per_node``): the worker starts the other
+- Several processes (``processes_per_node`` > 1; N GPUs alone are one process that sees them): the worker starts the other
   ranks in its sandbox, one GPU each (launchers/ranks.py, worker/local_ranks.py).
 - Environment: atoll's variables, the study's ``env``, ``ATOLL_DATASETS`` (JSON name -> path),
   a few harmless variables of the parent (PATH, locale...: ``inherited_env``, the one read of

@@ -1,9 +1,10 @@
 """How many processes a site's worker runs per node, and their rendezvous (PyTorch's names).
 
-A job trains with several processes when it asks for more than one GPU on a node (one process
-per GPU, as ``torchrun --nproc-per-node`` does) or sets ``launcher_spec``
-``processes_per_node``. Only a site's worker ever runs several: the server's workflow is one
-process. Rank 0 alone gets the job's credentials (docs/distributed.md).
+A job trains with several processes only when it asks for them: ``launcher_spec``
+``processes_per_node`` (N > 1; with GPUs, one per GPU of the node, each rank seeing its own, as
+``torchrun --nproc-per-node`` does). A job that asks N GPUs and no ranks gets one process that
+sees all N, as in FLARE: a script not written for several ranks never runs N times. Only a
+site's worker ever runs several: the server's workflow is one process. Rank 0 alone gets the job's credentials (docs/distributed.md).
 
 - Process, Docker, Kubernetes: one worker starts on one host, container or pod with
   ``WORLD_SIZE = LOCAL_WORLD_SIZE = N`` and ``MASTER_ADDR=127.0.0.1``, without ``RANK``; it
@@ -24,7 +25,8 @@ LOCAL_MASTER = "127.0.0.1"
 
 
 def processes_per_node(request: LaunchRequest, gpus_per_node: int) -> int:
-    """The ranks on each node; LaunchError when they cannot each get one GPU."""
+    """The ranks on each node: those the job asks (``processes_per_node``), else one (which
+    sees every GPU of the node); LaunchError when several cannot each get one GPU."""
     if request.identity.role != "site":
         return 1
     asked = request.launcher_spec.get("processes_per_node")
@@ -34,7 +36,7 @@ def processes_per_node(request: LaunchRequest, gpus_per_node: int) -> int:
             "per node: each process gets one GPU (or one process gets them all), so set it to "
             f"{gpus_per_node} or 1 in the job's meta.json"
         )
-    return asked or max(gpus_per_node, 1)
+    return asked or 1
 
 
 def single_node_rendezvous(processes: int) -> dict[str, str]:

@@ -11,9 +11,9 @@ Resources (as NVIDIA FLARE 2.9: ``num_of_cpus`` and ``memory`` are per node, lik
 ``cpus_per_node``/``mem_per_node``; ``num_of_gpus`` is the total; ``--mem`` and ``--gres`` are per
 node in Slurm):
 
-- ``--nodes=N --ntasks=N*T --ntasks-per-node=T``: T tasks (processes, ranks) per node, one per
-  GPU of the node (``gpus_per_node``, else ``num_of_gpus``) or ``processes_per_node``; T is 1
-  without GPUs (launchers/ranks.py).
+- ``--nodes=N --ntasks=N*T --ntasks-per-node=T``: T tasks (processes, ranks) per node: the job's
+  ``processes_per_node`` (one per GPU of the node when it has GPUs), else 1, which gets the
+  node's GPUs, CPUs and memory, as FLARE renders it (launchers/ranks.py).
 - ``--cpus-per-task``: the node's CPUs shared among its T tasks (at least one each); the node's
   CPUs are ``num_of_cpus`` (per node, as in FLARE 2.9), else ``cpus_per_node``; omitted when
   neither is given.

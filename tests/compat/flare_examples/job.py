@@ -43,6 +43,13 @@ def recipe(name):
                                        "--train_size 64 --test_size 32")
         add_experiment_tracking(made, tracking_type="tensorboard")
         add_cross_site_evaluation(made)
+    elif name == "hello-lightning":  # FLARE's PyTorch recipe, as its hello-lightning builds it
+        from nvflare.app_opt.pt.recipes.fedavg import FedAvgRecipe
+
+        made = FedAvgRecipe(name=name, min_clients=2, num_rounds=2,
+                            model={"class_path": "model.LitNet", "args": {}},
+                            train_script=script, train_args="--batch_size 32 --epochs 2",
+                            key_metric="val_acc_epoch")
     elif name == "hello-numpy":
         made = NumpyFedAvgRecipe(name=name, min_clients=2, num_rounds=3, model=HELLO_NUMPY_MODEL,
                                  train_script=script, train_args="--update_type full")
@@ -65,7 +72,7 @@ def record(result, target=None):
 def main(command, where, target=None):
     where = Path(where).resolve()
     if command == "export":
-        for name in ("hello-numpy", "hello-numpy-cse", "hello-pt"):
+        for name in ("hello-numpy", "hello-numpy-cse", "hello-pt", "hello-lightning"):
             staging = where / f".{name}"
             recipe(name).export(str(staging))
             folder = where / FOLDER.get(name, name)

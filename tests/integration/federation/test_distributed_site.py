@@ -22,6 +22,7 @@ from tests.integration.federation.harness import Federation, pids_with_env, wait
 GPU_IDS = ["7", "9"]
 RESOURCES = {"@default": {"num_of_cpus": 1},
              "site-ddp": {"num_of_cpus": 2, "num_of_gpus": 2}}
+RANKS = {"site-ddp": {"process": {"processes_per_node": 2}}}  # one per GPU: the job asks them
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def run_folder(fed: Federation, site: str, job_id: str) -> Path:
 
 def test_a_two_process_site_federates_with_one_gpu_per_rank(ddp_federation, tmp_path):
     job_dir = make_ddp_job(tmp_path / "ddp", ["site-ddp", "site-one"], rounds=3,
-                           resource_spec=RESOURCES)
+                           resource_spec=RESOURCES, launcher_spec=RANKS)
     with ddp_federation.session(ADMIN) as session:
         job = session.submit(job_dir, wait=True, timeout=240)
     assert job["state"] == "FINISHED:COMPLETED", (job, ddp_federation.log("site-ddp"))
@@ -82,7 +83,7 @@ def _rank_pid(job_id: str, rank: int) -> int | None:
 
 def test_a_rank_killed_mid_round_fails_the_site_and_leaves_no_process(ddp_federation, tmp_path):
     job_dir = make_ddp_job(tmp_path / "ddp-kill", ["site-ddp", "site-one"], rounds=2,
-                           resource_spec=RESOURCES, config={"stall_rank": 1})
+                           resource_spec=RESOURCES, launcher_spec=RANKS, config={"stall_rank": 1})
     with ddp_federation.session(ADMIN) as s:
         job_id = s.submit(job_dir)["job_id"]
         folder = run_folder(ddp_federation, "site-ddp", job_id)
@@ -106,7 +107,7 @@ def test_a_rank_killed_mid_round_fails_the_site_and_leaves_no_process(ddp_federa
 
 def test_a_rank_that_raises_fails_the_site_with_its_error(ddp_federation, tmp_path):
     job_dir = make_ddp_job(tmp_path / "ddp-raise", ["site-ddp", "site-one"], rounds=2,
-                           resource_spec=RESOURCES, config={"raise_rank": 1})
+                           resource_spec=RESOURCES, launcher_spec=RANKS, config={"raise_rank": 1})
     with ddp_federation.session(ADMIN) as s:
         job_id = s.submit(job_dir)["job_id"]
         part = wait_for(lambda: (p := s.status(job_id)["parts"]["site-ddp"])["state"]

@@ -100,7 +100,8 @@ def test_two_gpus_on_one_slurm_node_run_two_ranks_with_one_gpu_each(slurm_federa
     """More than one GPU per node: one srun task per GPU (fake GPUs of the test cluster), each
     rank sees only its own."""
     spec = {"resource_spec": {"@default": {"num_of_cpus": 1, "memory": "1Gi"},
-                              "site-s": {"num_of_cpus": 2, "memory": "3Gi", "num_of_gpus": 2}}}
+                              "site-s": {"num_of_cpus": 2, "memory": "3Gi", "num_of_gpus": 2}},
+            "launcher_spec": {"site-s": {"slurm": {"processes_per_node": 2}}}}
     job_dir = make_ddp_job(tmp_path / "slurm-gpus", ["site-p", "site-s"], rounds=2, **spec)
     with slurm_federation.session(ADMIN) as session:
         job = session.submit(job_dir, wait=True, timeout=300)

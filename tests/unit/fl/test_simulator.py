@@ -97,3 +97,28 @@ def test_a_relative_results_dir_is_the_callers(tmp_path, monkeypatch):
     assert result.results_dir == tmp_path / "out"
     assert (tmp_path / "out" / "scatter_gather.json").is_file()
     assert not (job / "app" / "out").exists()
+
+
+def test_the_site_scripts_libraries_are_imported_once_before_the_threads(tmp_path):
+    """Libraries that import lazily (transformers) break when first imported by several site
+    threads at once; the simulator imports a script's top-level libraries first, but leaves
+    the app folder's own modules (and a missing library) to the script."""
+    import sys
+
+    from atoll.fl.simulator import preload_imports
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "helper_mod_xyz.py").write_text(
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    script = app / "train.py"
+    script.write_text("import helper_mod_xyz\nimport no_such_library_xyz\n"
+                      "from email.mime import text\nimport colorsys as c\n")
+    sys.modules.pop("colorsys", None)
+    sys.path.insert(0, str(app))
+    try:
+        preload_imports(script, app)
+    finally:
+        sys.path.remove(str(app))
+    assert "colorsys" in sys.modules and "email.mime.text" in sys.modules
+    assert not (tmp_path / "imported").exists() and "helper_mod_xyz" not in sys.modules

@@ -379,7 +379,9 @@ def test_exit_codes_map_to_outcomes(
 
 
 def test_a_job_of_several_ranks_runs_them_in_one_container() -> None:
-    env = run_kwargs(request_for(resource_spec={"@default": {"num_of_gpus": 4}}))["environment"]
+    ranks = {"default": {"docker": {"processes_per_node": 4}}}
+    env = run_kwargs(request_for(resource_spec={"@default": {"num_of_gpus": 4}},
+                                 launcher_spec=ranks))["environment"]
     assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["MASTER_ADDR"]) == ("4", "4",
                                                                                "127.0.0.1")
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # the container's GPUs, one per rank
@@ -387,3 +389,8 @@ def test_a_job_of_several_ranks_runs_them_in_one_container() -> None:
     assert env["ATOLL_RANK0_ONLY_ENV"] == "ATOLL_JOB_TOKEN,DB_PASSWORD,DB_USER"
     one = run_kwargs(request_for(resource_spec={"@default": {"num_of_gpus": 1}}))["environment"]
     assert "WORLD_SIZE" not in one and "CUDA_VISIBLE_DEVICES" not in one
+    # GPUs without ranks: one process, which sees every GPU the runtime gives the container
+    all4 = run_kwargs(request_for(resource_spec={"@default": {"num_of_gpus": 4}}))
+    assert "WORLD_SIZE" not in all4["environment"]
+    assert "CUDA_VISIBLE_DEVICES" not in all4["environment"]
+    assert len(all4["device_requests"][0]["device_ids"]) == 4

@@ -214,10 +214,21 @@ def _two_gpu_site(tmp_path):
     return load_site_config(local), None
 
 
-def test_a_job_asking_two_gpus_runs_two_ranks_in_one_sandbox(tmp_path):
+def test_a_job_asking_two_gpus_without_ranks_runs_one_process_that_sees_both(tmp_path):
+    site2 = _two_gpu_site(tmp_path)
+    meta = load_meta({"name": "one", "deploy_map": {"app": ["@ALL"]},
+                      "resource_spec": {"@default": {"num_of_gpus": 2, "num_of_cpus": 4}}})
+    launcher = ProcessLauncher(site2[0], parent_pid=1, cpus=[0, 1, 2, 3], share_cpus=False)
+    env = launcher.render(request_for(site2, meta=meta))["env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "3,5"
+    assert "WORLD_SIZE" not in env and env["OMP_NUM_THREADS"] == "4"
+
+
+def test_a_job_asking_two_gpus_and_two_ranks_runs_two_in_one_sandbox(tmp_path):
     site2 = _two_gpu_site(tmp_path)
     meta = load_meta({"name": "ddp", "deploy_map": {"app": ["@ALL"]},
-                      "resource_spec": {"@default": {"num_of_gpus": 2, "num_of_cpus": 4}}})
+                      "resource_spec": {"@default": {"num_of_gpus": 2, "num_of_cpus": 4}},
+                      "launcher_spec": {"default": {"process": {"processes_per_node": 2}}}})
     launcher = ProcessLauncher(site2[0], parent_pid=1, cpus=[0, 1, 2, 3], share_cpus=False)
     env = launcher.render(request_for(site2, meta=meta))["env"]
     assert env["CUDA_VISIBLE_DEVICES"] == "3,5"  # the worker deals them out, one per rank

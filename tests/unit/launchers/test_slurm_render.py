@@ -160,7 +160,8 @@ def test_pyxis_golden() -> None:
 
 def test_multi_node_golden() -> None:
     """The seed's university asks 4 CPUs and 64Gi: per node on 2 nodes (NVIDIA FLARE 2.9)."""
-    launcher_spec = {"university": {"slurm": {"nodes": 2, "gpus_per_node": 4, "time": "30:00"}}}
+    launcher_spec = {"university": {"slurm": {"nodes": 2, "gpus_per_node": 4, "time": "30:00",
+                                              "processes_per_node": 4}}}
     rendered = render_slurm(request_for("university", launcher_spec=launcher_spec))
     assert_golden("slurm/multi_node", golden(rendered))
     # One task (rank) per GPU: 4 on each of 2 nodes, the node's CPUs shared (at least one each).
@@ -194,7 +195,18 @@ def assert_rendezvous(script: str, prefix: str, tasks_per_node: int) -> None:
         withheld)
 
 
-MULTI_NODE = {"university": {"slurm": {"nodes": 2, "gpus_per_node": 4, "time": "30:00"}}}
+MULTI_NODE = {"university": {"slurm": {"nodes": 2, "gpus_per_node": 4, "time": "30:00",
+                                       "processes_per_node": 4}}}
+
+
+def test_gpus_without_ranks_are_one_task_per_node_that_sees_them_all() -> None:
+    """As FLARE renders it: a job asking GPUs but no ranks runs one task per node, with the
+    node's CPUs and GPUs; a script not written for several ranks never runs four times."""
+    launcher_spec = {"university": {"slurm": {"nodes": 2, "gpus_per_node": 4}}}
+    rendered = render_slurm(request_for("university", launcher_spec=launcher_spec))
+    for flag, value in (("nodes", "2"), ("ntasks", "2"), ("ntasks-per-node", "1"),
+                        ("gres", "gpu:4"), ("cpus-per-task", "4")):
+        assert argv_value(rendered, flag) == value, flag
 
 
 def test_apptainer_multi_node_golden() -> None:
