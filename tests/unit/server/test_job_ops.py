@@ -4,7 +4,6 @@ the in-memory store: real studies, a real session signer, no process, no gRPC.""
 from __future__ import annotations
 
 import time
-
 from types import SimpleNamespace
 
 import pytest
