@@ -19,7 +19,12 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-COOKIE = "atoll_dashboard"
+
+def cookie_name(port: int) -> str:
+    """Cookies are kept per host, not per port: two dashboards on one machine need two names."""
+    return f"atoll_dashboard_{port}"
+
+
 CSRF_HEADER = "x-atoll-csrf"
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 # What every answer carries: scripts and styles from this dashboard only (plotly adds inline
@@ -66,6 +71,7 @@ class Access:
 
     def __init__(self, app: ASGIApp, keys: Secrets, port: int, public: bool):
         self.app = app
+        self.cookie = cookie_name(port)
         self.keys = keys
         self.port = port
         self.public = public
@@ -103,10 +109,10 @@ class Access:
                               if k != "token"])
             answer = RedirectResponse(request.url.path + (f"?{rest}" if rest else ""), 303,
                                       headers=HEADERS)
-            answer.set_cookie(COOKIE, self.keys.cookie, httponly=True, samesite="strict",
+            answer.set_cookie(self.cookie, self.keys.cookie, httponly=True, samesite="strict",
                               path="/")
             return answer
-        cookie = request.cookies.get(COOKIE)
+        cookie = request.cookies.get(self.cookie)
         if not cookie:
             return _refuse(401, "open the link `atoll dashboard` printed")
         if not self.keys.cookie_ok(cookie):

@@ -10,7 +10,7 @@ import threading
 import pytest
 import uvicorn
 
-from atoll.dashboard.access import COOKIE, Secrets
+from atoll.dashboard.access import Secrets, cookie_name
 from atoll.dashboard.app import build
 from atoll.dashboard.federation import Federation
 from atoll.dashboard.serve import bind
@@ -64,7 +64,7 @@ def test_without_a_cookie_every_route_is_401_and_with_a_wrong_one_403(dashboard,
     assert status == 401, (status, body)
     assert method == "HEAD" or body.startswith(b"401: open the link")
     assert b"<" not in body and b"token=" not in body  # no page, no secret
-    status, _, body = ask(port, method, path, {"Cookie": f"{COOKIE}=forged"})
+    status, _, body = ask(port, method, path, {"Cookie": f"{cookie_name(port)}=forged"})
     assert status == 403, (status, body)
     status, _, _ = ask(port, method, path + ("&" if "?" in path else "?") + "token=wrong")
     assert status == 403
@@ -77,22 +77,22 @@ def test_the_token_buys_an_httponly_strict_cookie_once(dashboard):
     status, headers, _ = ask(port, "GET", f"/?page=2&token={keys.token}")
     assert status == 303 and headers["location"] == "/?page=2"  # the token leaves the URL
     cookie = headers["set-cookie"]
-    assert cookie.startswith(f"{COOKIE}={keys.cookie};") and keys.token not in cookie
+    assert cookie.startswith(f"{cookie_name(port)}={keys.cookie};") and keys.token not in cookie
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
     status, _, body = ask(port, "GET", f"/?token={keys.token}")  # spent
     assert status == 403 and b"used already" in body
     status, headers, body = ask(port, "GET", "/static/dashboard.js",
-                                {"Cookie": f"{COOKIE}={keys.cookie}"})
+                                {"Cookie": f"{cookie_name(port)}={keys.cookie}"})
     assert status == 200 and b"textContent" in body
     assert "script-src 'self'" in headers["content-security-policy"]
-    status, _, body = ask(port, "GET", "/", {"Cookie": f"{COOKIE}={keys.cookie}"})
+    status, _, body = ask(port, "GET", "/", {"Cookie": f"{cookie_name(port)}={keys.cookie}"})
     assert status == 200 and b'data-page="overview"' in body
     assert keys.token.encode() not in body and keys.cookie.encode() not in body
 
 
 def test_a_change_needs_the_dashboards_origin_and_csrf_token(dashboard):
     port, keys = dashboard
-    cookie = {"Cookie": f"{COOKIE}={keys.cookie}"}
+    cookie = {"Cookie": f"{cookie_name(port)}={keys.cookie}"}
     abort = f"/api/jobs/{JOB}/abort"
     for headers, why in [
             ({}, b"own page"),

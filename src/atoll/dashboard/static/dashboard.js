@@ -206,7 +206,7 @@ function drawCharts() {
     div.dataset.points = String(traces.reduce((n, t) => n + t.x.length, 0));
     Plotly.react(div, traces, {
       title: { text: title }, margin: { l: 48, r: 16, t: 40, b: 36 }, xaxis: { title: { text: "round" } },
-    }, { displaylogo: false, responsive: true });
+    }, { displaylogo: false, displayModeBar: false, responsive: true });
   }
 }
 

@@ -1,0 +1,243 @@
+"""`atoll dashboard` in a real headless Chromium against a real local federation (a server and
+two sites as processes, mutual TLS, SQLite): the sites show online; a FedAvg job's round
+counter and curves advance without a reload; a server restart is survived (the page says it
+reconnected); a lead of another study sees none of it, and that study's job URL answers as an
+unknown id does; abort asks for confirmation, works for the job's lead and is refused for a
+member; no page logs a console error. Each page's screenshot goes to docs/dashboard/."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.integration.federation.dashboard_browser import (
+    browser,
+    console_errors,
+    screenshot,
+    start_dashboard,
+    text,
+    until,
+)
+from tests.integration.federation.harness import Federation, job_folder
+from tests.integration.federation.jobs import STALL, make_job
+
+ADMIN, LEAD_A, MEMBER_A, LEAD_B = ("admin@consortium.org", "lead@a.org", "member@a.org",
+                                   "lead@b.org")
+USERS = [
+    {"name": ADMIN, "org": "consortium", "role": "project_admin"},
+    {"name": LEAD_A, "org": "org-site-1", "role": "lead"},
+    {"name": MEMBER_A, "org": "org-site-1", "role": "member"},
+    {"name": LEAD_B, "org": "org-site-2", "role": "lead"},
+]
+STUDIES = {
+    "alpha": {"sites": ["site-1", "site-2"], "admins": [LEAD_A, MEMBER_A]},
+    "beta": {"sites": ["site-2"], "admins": [LEAD_B]},
+}
+RUNTIME = {"site-1": "format_version: 2\nstudies:\n  alpha: {}\n",
+           "site-2": "format_version: 2\nstudies:\n  alpha: {}\n  beta: {}\n"}
+ROUNDS = 4
+# Each round takes a second or so at each site: the page is watched while they come.
+TRAIN = '''
+import time
+import atoll.client as fl
+
+fl.init()
+while fl.is_running():
+    model = fl.receive()
+    if fl.is_evaluate():
+        fl.send(fl.Model(metrics={"accuracy": 0.5 + 0.1 * (model.round or 0)}, num_examples=5))
+        continue
+    time.sleep(1.0)
+    loss = 1.0 / (1 + (model.round or 0))
+    fl.send(fl.Model(params={k: v + 1 for k, v in model.params.items()}, num_examples=10,
+                     metrics={"loss": loss}))
+'''
+MODEL = '''
+import numpy as np
+
+
+def make():
+    return {"w": np.zeros((2, 2), np.float32)}
+'''
+APP = f"""server:
+  workflow: fedavg
+  args: {{num_rounds: {ROUNDS}, round_timeout: 120}}
+  initial_model: model.py:make
+site:
+  script: train.py
+"""
+UNKNOWN = "0" * 32
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory):
+    fed = Federation.provisioned(tmp_path_factory.mktemp("dash"), ["site-1", "site-2"], USERS,
+                                 STUDIES, runtime=RUNTIME)
+    fed.start_all()
+    fed.wait_online(ADMIN)
+    yield fed
+    fed.stop_all()
+
+
+@pytest.fixture(scope="module")
+def driver():
+    drv = browser()
+    yield drv
+    drv.quit()
+
+
+@pytest.fixture(scope="module")
+def dashboards(fed, tmp_path_factory):
+    home = tmp_path_factory.mktemp("homes")
+    started = {who: start_dashboard(fed.kit(who), study, home / who)
+               for who, study in ((LEAD_A, "alpha"), (MEMBER_A, "alpha"), (LEAD_B, "beta"))}
+    yield started
+    for dash in started.values():
+        dash.stop()
+
+
+def _open(driver, dash) -> None:
+    """The printed link once (it buys this browser the dashboard's cookie)."""
+    driver.get(dash.url)
+    assert "token=" not in driver.current_url  # gone from the address bar and history
+
+
+def _site_states(driver) -> dict[str, str]:
+    rows = driver.find_elements("css selector", "#sites tbody tr")
+    return {r.get_attribute("data-site"): r.find_elements("tag name", "td")[1].text
+            for r in rows}
+
+
+def _chart_points(driver) -> int:
+    return sum(int(c.get_attribute("data-points") or 0)
+               for c in driver.find_elements("css selector", "#charts .chart"))
+
+
+@pytest.fixture(scope="module")
+def opened(driver, dashboards):
+    """Each dashboard's link used once, in this one browser (each has its own cookie)."""
+    for dash in dashboards.values():
+        _open(driver, dash)
+    assert console_errors(driver) == []
+    return dashboards
+
+
+def test_the_overview_lists_both_sites_online(driver, opened):
+    driver.get(opened[LEAD_A].base + "/")
+    until(driver, lambda d: _site_states(d) == {"site-1": "online", "site-2": "online"},
+          "both sites online")
+    assert "lead@a.org (lead) · study alpha" in text(driver, "who")
+    row = driver.find_element("css selector", '#sites tr[data-site="site-1"]').text
+    assert "process" in row and "ago" in row  # launcher, last heartbeat
+    assert console_errors(driver) == []
+
+
+def test_a_jobs_round_counter_and_curves_advance_without_reload(driver, opened, fed, tmp_path):
+    folder = job_folder(tmp_path / "fedavg", {"name": "fedavg-live", "deploy_map":
+                        {"app": ["@ALL"]}}, APP, {"train.py": TRAIN, "model.py": MODEL})
+    with fed.session(LEAD_A, study="alpha") as s:
+        job = s.submit(folder)
+    driver.get(f"{opened[LEAD_A].base}/jobs/{job['job_id']}")
+    until(driver, lambda d: text(d, "name") == "fedavg-live", "the job")
+    driver.execute_script("window.__sameDocument = true")  # a reload would forget it
+    seen_rounds, seen_points = set(), set()
+
+    def progressed(d):
+        seen_rounds.add(text(d, "round"))
+        seen_points.add(_chart_points(d))
+        return text(d, "state") == "FINISHED:COMPLETED"
+
+    until(driver, progressed, "the job completed", timeout=300)
+    until(driver, lambda d: text(d, "round") == str(ROUNDS), f"round {ROUNDS}")
+    assert driver.execute_script("return window.__sameDocument") is True
+    # the counter and the curves grew while the page was open (one snapshot per poll)
+    assert len(seen_rounds - {"–"}) >= 2, seen_rounds
+    assert len(seen_points) >= 3 and max(seen_points) > min(seen_points), seen_points
+    titles = {c.get_attribute("data-chart")
+              for c in driver.find_elements("css selector", "#charts .chart")}
+    assert {"train loss", "validate accuracy"} <= titles, titles
+    assert text(driver, "rounds") == f"of {ROUNDS}"
+    assert "server" in text(driver, "logs")
+    assert not driver.find_element("id", "xsec").get_attribute("hidden")  # cross-site table
+    driver.find_element("id", "provbtn").click()
+    until(driver, lambda d: '"entries"' in text(d, "prov"), "the provenance record")
+    screenshot(driver, "job")
+    assert console_errors(driver) == []
+    driver.get(opened[LEAD_A].base + "/")
+    until(driver, lambda d: job["job_id"] in text(d, "jobs"), "the job in the list")
+    until(driver, lambda d: _site_states(d) == {"site-1": "online", "site-2": "online"},
+          "both sites online")
+    row = driver.find_element("css selector", f'#jobs tr[data-job="{job["job_id"]}"]').text
+    assert "FINISHED:COMPLETED" in row and LEAD_A in row
+    screenshot(driver, "overview")
+    assert console_errors(driver) == []
+
+
+def test_a_server_restart_is_survived_and_the_page_says_so(driver, opened, fed):
+    driver.get(opened[LEAD_A].base + "/")
+    until(driver, lambda d: _site_states(d) == {"site-1": "online", "site-2": "online"},
+          "both sites online")
+    driver.execute_script("window.__sameDocument = true")
+    fed.kill("server", signal.SIGTERM)
+    until(driver, lambda d: "reconnecting" in text(d, "link"), "the server is unreachable")
+    fed.start_server()
+    until(driver, lambda d: "reconnected" in text(d, "link"), "reconnected")
+    until(driver, lambda d: _site_states(d) == {"site-1": "online", "site-2": "online"},
+          "both sites online again", timeout=180)
+    assert driver.execute_script("return window.__sameDocument") is True
+    assert console_errors(driver) == []
+
+
+def _shown_error(driver, dash, job_id: str) -> str:
+    driver.get(f"{dash.base}/jobs/{job_id}")
+    until(driver, lambda d: text(d, "error"), "an error")
+    return text(driver, "error")
+
+
+def test_a_lead_of_another_study_sees_none_of_it(driver, opened, fed):
+    with fed.session(LEAD_A, study="alpha") as s:
+        alpha_jobs = [j["job_id"] for j in s.list_jobs()]
+    assert alpha_jobs
+    driver.get(opened[LEAD_B].base + "/")
+    until(driver, lambda d: _site_states(d) == {"site-2": "online"}, "beta's one site")
+    until(driver, lambda d: text(d, "pageinfo") == "no jobs", "no jobs")
+    assert not any(j in driver.page_source for j in alpha_jobs)
+    assert "fedavg-live" not in driver.page_source
+    forged = _shown_error(driver, opened[LEAD_B], alpha_jobs[0])
+    screenshot(driver, "other-study")
+    unknown = _shown_error(driver, opened[LEAD_B], UNKNOWN)
+    assert forged.replace(alpha_jobs[0], "ID") == unknown.replace(UNKNOWN, "ID")
+    assert forged == f"no such job: {alpha_jobs[0]}"
+    # the page's own 404s for the two fetches, and nothing else
+    assert console_errors(driver, allowed=("status of 404",)) == []
+
+
+def test_abort_asks_works_for_the_lead_and_is_refused_for_a_member(driver, opened, fed,
+                                                                   tmp_path):
+    with fed.session(LEAD_A, study="alpha") as s:
+        job = s.submit(make_job(tmp_path / "stall", script=STALL))
+    page = f"/jobs/{job['job_id']}"
+    driver.get(opened[MEMBER_A].base + page)
+    until(driver, lambda d: d.find_element("id", "abort").is_displayed(), "the abort button")
+    driver.find_element("id", "abort").click()
+    alert = driver.switch_to.alert
+    assert job["job_id"] in alert.text
+    alert.dismiss()  # asked, and said no: nothing is sent
+    assert not driver.find_element("id", "abortmsg").is_displayed()
+    driver.find_element("id", "abort").click()
+    driver.switch_to.alert.accept()
+    until(driver, lambda d: "abort refused" in text(d, "abortmsg"), "the refusal")
+    assert "may not abort" in text(driver, "abortmsg")
+    assert console_errors(driver, allowed=("status of 403",)) == []
+    with fed.session(LEAD_A, study="alpha") as s:
+        assert not s.status(job["job_id"])["state"].startswith("FINISHED")
+    driver.get(opened[LEAD_A].base + page)
+    until(driver, lambda d: d.find_element("id", "abort").is_displayed(), "the abort button")
+    driver.find_element("id", "abort").click()
+    driver.switch_to.alert.accept()
+    until(driver, lambda d: text(d, "state") == "FINISHED:ABORTED", "the job aborted",
+          timeout=180)
+    with fed.session(LEAD_A, study="alpha") as s:
+        assert s.status(job["job_id"])["state"] == "FINISHED:ABORTED"
+    assert console_errors(driver) == []
