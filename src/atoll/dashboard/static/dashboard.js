@@ -149,6 +149,7 @@ function overview() {
     showError("");
     renderSites(event.sites);
     renderJobs(event.jobs);
+    if (!performance.getEntriesByName("atoll:first-render").length) performance.mark("atoll:first-render");
   });
 }
 
@@ -236,12 +237,16 @@ function drawTables() {
   }
 }
 
-function addEvents(events) {
+// When each round event reached the page (read by bench/dashboard.py: round end to page).
+window.atollSeen = [];
+
+function addEvents(events, live) {
   let added = false;
   for (const e of events || []) {
     const key = eventKey(e);
     if (job.seen.has(key)) continue;
     job.seen.add(key);
+    if (live && e.event === "round") window.atollSeen.push({ round: e.round, at: e.at, seen: Date.now() / 1000 });
     job.events.push(e);
     added = true;
   }
@@ -332,8 +337,9 @@ async function jobPage() {
   try {
     const first = await getJSON(`/api/jobs/${encodeURIComponent(job.id)}`);
     renderStatus(first.status);
-    addEvents(first.events);
+    addEvents(first.events, false);
     addLogs(first.logs, true);
+    performance.mark("atoll:first-render");
   } catch (err) {
     showError(err.message);
     linkState("", "");
@@ -342,7 +348,7 @@ async function jobPage() {
   follow(`/api/jobs/${encodeURIComponent(job.id)}/stream`, (event, source) => {
     if (event.type === "job") {
       renderStatus(event.status);
-      addEvents(event.events);
+      addEvents(event.events, true);
       addLogs(event.logs, Boolean(event.first));
     } else if (event.type === "error") {
       showError(event.message);
