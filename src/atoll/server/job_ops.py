@@ -193,8 +193,8 @@ def delete_job(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) ->
 
 def list_sites(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) -> Any:
     """The study's sites: online or not, and for those online their launcher, capacity, atoll
-    version, seconds since their last heartbeat, and what holds them: this study's jobs by id,
-    other studies' only counted (as ``running_jobs`` always counted them)."""
+    version, seconds since their last heartbeat, and what holds them: this study's unfinished
+    jobs by id, other studies' only counted (as ``running_jobs`` always counted them)."""
     import time
 
     online = deps.links.online()
@@ -206,15 +206,17 @@ def list_sites(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) ->
                  "capacity": link.capacity if link else None,
                  "running_jobs": len(link.running_jobs) if link else 0}
         if link is not None:
-            ours = []
-            for job_id in link.running_jobs:
+            ours, others = [], 0
+            for job_id in link.running_jobs:  # as the site last said: a job just ended may linger
                 record = deps.store.get_job(str(job_id))
-                if record is not None and record.study == study:
+                if record is None or record.study != study:
+                    others += 1
+                elif not record.finished:
                     ours.append(record.id)
             version = link.hello.get("version")
             entry.update(version=version if isinstance(version, str) else None,
                          heartbeat_s_ago=round(max(0.0, time.monotonic() - link.last_seen), 1),
-                         study_jobs=ours)
+                         study_jobs=ours, other_study_jobs=others)
         sites.append(entry)
     return {"study": study, "sites": sites}
 

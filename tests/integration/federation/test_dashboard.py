@@ -19,7 +19,7 @@ from tests.integration.federation.dashboard_browser import (
     text,
     until,
 )
-from tests.integration.federation.harness import Federation, job_folder
+from tests.integration.federation.harness import Federation, job_folder, wait_for
 from tests.integration.federation.jobs import STALL, make_job
 
 ADMIN, LEAD_A, MEMBER_A, LEAD_B = ("admin@consortium.org", "lead@a.org", "member@a.org",
@@ -136,11 +136,17 @@ def test_the_overview_lists_both_sites_online(driver, opened):
 def test_a_jobs_round_counter_and_curves_advance_without_reload(driver, opened, fed, tmp_path):
     folder = job_folder(tmp_path / "fedavg", {"name": "fedavg-live", "deploy_map":
                         {"app": ["@ALL"]}}, APP, {"train.py": TRAIN, "model.py": MODEL})
+    # The job waits for site-1 while the page opens: every round runs with the page watching.
+    fed.kill("site-1")
     with fed.session(LEAD_A, study="alpha") as s:
+        wait_for(lambda: not {x["name"]: x for x in s.sites()["sites"]}["site-1"]["online"],
+                 what="site-1 offline")
         job = s.submit(folder)
     driver.get(f"{opened[LEAD_A].base}/jobs/{job['job_id']}")
-    until(driver, lambda d: text(d, "name") == "fedavg-live", "the job")
+    until(driver, lambda d: "waiting for sites" in text(d, "reason"), "why the job waits")
+    assert text(driver, "name") == "fedavg-live" and text(driver, "state") == "SUBMITTED"
     driver.execute_script("window.__sameDocument = true")  # a reload would forget it
+    fed.start_site("site-1")
     seen_rounds, seen_points = set(), set()
 
     def progressed(d):
@@ -170,7 +176,6 @@ def test_a_jobs_round_counter_and_curves_advance_without_reload(driver, opened, 
           "both sites online")
     row = driver.find_element("css selector", f'#jobs tr[data-job="{job["job_id"]}"]').text
     assert "FINISHED:COMPLETED" in row and LEAD_A in row
-    screenshot(driver, "overview")
     assert console_errors(driver) == []
 
 
@@ -186,6 +191,30 @@ def test_a_server_restart_is_survived_and_the_page_says_so(driver, opened, fed):
     until(driver, lambda d: _site_states(d) == {"site-1": "online", "site-2": "online"},
           "both sites online again", timeout=180)
     assert driver.execute_script("return window.__sameDocument") is True
+    assert console_errors(driver) == []
+
+
+def _row(driver, job_id: str) -> str:
+    found = driver.find_elements("css selector", f'#jobs tr[data-job="{job_id}"]')
+    return found[0].text if found else ""
+
+
+def test_the_queue_shows_each_jobs_place_and_why_it_waits(driver, opened, fed, tmp_path):
+    driver.get(opened[LEAD_A].base + "/")
+    fed.kill("site-1")
+    until(driver, lambda d: _site_states(d) == {"site-1": "offline", "site-2": "online"},
+          "site-1 offline")
+    with fed.session(LEAD_A, study="alpha") as s:
+        first = s.submit(make_job(tmp_path / "first"))["job_id"]
+        second = s.submit(make_job(tmp_path / "second"))["job_id"]
+    why = "waiting for sites: 1 of 2 online, 2 needed (min_clients)"
+    until(driver, lambda d: f"#1 in the queue · {why}" in _row(d, first)
+          and f"#2 in the queue · {why}" in _row(d, second), "both jobs queued")
+    screenshot(driver, "overview")
+    fed.start_site("site-1")
+    until(driver, lambda d: "FINISHED:COMPLETED" in _row(d, first)
+          and "FINISHED:COMPLETED" in _row(d, second), "both jobs completed", timeout=300)
+    assert "in the queue" not in text(driver, "jobs")
     assert console_errors(driver) == []
 
 
@@ -241,3 +270,18 @@ def test_abort_asks_works_for_the_lead_and_is_refused_for_a_member(driver, opene
     with fed.session(LEAD_A, study="alpha") as s:
         assert s.status(job["job_id"])["state"] == "FINISHED:ABORTED"
     assert console_errors(driver) == []
+
+
+def test_the_dashboard_is_small_at_rest_and_loads_no_ml_library(driver, opened):
+    """After every page above was served: no numpy or torch in its memory map, and its RSS
+    within the issue's 60 MiB."""
+    from pathlib import Path
+
+    driver.get("about:blank")  # no page open on it: at rest
+    for dash in opened.values():
+        pid = dash.proc.pid
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert "/numpy/" not in maps and "/torch/" not in maps
+        status = Path(f"/proc/{pid}/status").read_text()
+        rss_kib = int(status.split("VmRSS:")[1].split()[0])
+        assert rss_kib <= 60 * 1024, f"{rss_kib / 1024:.1f} MiB"

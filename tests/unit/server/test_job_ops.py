@@ -166,11 +166,15 @@ def test_logs_read_only_inside_the_jobs_folder(deps):
 def test_sites_of_the_study_with_what_the_online_ones_reported(deps):
     _job(deps, "a" * 32, study="s")
     _job(deps, "b" * 32, study="t")  # another study's job: counted, never named
+    _job(deps, "c" * 32, study="s")
+    deps.store.set_job_state("c" * 32, "FINISHED:COMPLETED")  # the site has not said it yet
+    deps.links.get("site-a").running_jobs.append("c" * 32)
     answer = job_ops.list_sites(deps, LEAD, "s", {})
     assert 3 <= answer["sites"][0].pop("heartbeat_s_ago") < 3600
     assert answer == {"study": "s", "sites": [
         {"name": "site-a", "online": True, "launcher": "process", "capacity": {"gpus": 2},
-         "running_jobs": 3, "version": "0.1.0", "study_jobs": ["a" * 32]},
+         "running_jobs": 4, "version": "0.1.0", "study_jobs": ["a" * 32],
+         "other_study_jobs": 2},
         {"name": "site-b", "online": False, "launcher": None, "capacity": None,
          "running_jobs": 0}]}
 

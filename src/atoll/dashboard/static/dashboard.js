@@ -92,14 +92,16 @@ function follow(url, onEvent) {
 // -- the overview ------------------------------------------------------------------------------
 function capacityText(capacity) {
   if (!capacity) return "–";
-  return Object.entries(capacity).map(([k, v]) => `${k} ${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ") || "–";
+  const set = Object.entries(capacity).filter(([, v]) => v !== null && v !== undefined);
+  if (!set.length) return "not limited";
+  return set.map(([k, v]) => `${k} ${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ");
 }
 
 function renderSites(answer) {
   fill($("sites").tBodies[0], answer.sites.map((s) => {
     const state = el("td", s.online ? "online" : "offline", s.online ? "online" : "offline");
     const ours = s.study_jobs || [];
-    const others = Math.max(0, (s.running_jobs || 0) - ours.length);
+    const others = s.other_study_jobs || 0;
     const held = el("td");
     for (const id of ours) {
       const a = el("a", id.slice(0, 8));
@@ -160,6 +162,12 @@ function eventKey(e) {
   return `${e.at}|${e.source}|${JSON.stringify(e)}`;
 }
 
+// Plotly reads a subset of HTML in titles and names (links among them): metric and site names
+// are the job's, so they go in as entities, shown as they are written.
+function plain(text) {
+  return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
 // Each series: chart title -> series name -> [[x, y]...]
 function seriesOf(events) {
   const charts = {};
@@ -202,11 +210,11 @@ function drawCharts() {
       $("charts").appendChild(div);
     }
     const traces = Object.entries(series).map(([name, points]) => ({
-      name, x: points.map((p) => p[0]), y: points.map((p) => p[1]), mode: "lines+markers", type: "scatter",
+      name: plain(name), x: points.map((p) => p[0]), y: points.map((p) => p[1]), mode: "lines+markers", type: "scatter",
     }));
     div.dataset.points = String(traces.reduce((n, t) => n + t.x.length, 0));
     Plotly.react(div, traces, {
-      title: { text: title }, margin: { l: 48, r: 16, t: 40, b: 36 }, xaxis: { title: { text: "round" } },
+      title: { text: plain(title) }, margin: { l: 48, r: 16, t: 40, b: 36 }, xaxis: { title: { text: "round" } },
     }, { displaylogo: false, displayModeBar: false, responsive: true });
   }
 }
