@@ -154,7 +154,7 @@ def test_a_jobs_round_counter_and_curves_advance_without_reload(driver, opened, 
         seen_points.add(_chart_points(d))
         return text(d, "state") == "FINISHED:COMPLETED"
 
-    until(driver, progressed, "the job completed", timeout=300)
+    until(driver, progressed, "the job completed", timeout=200)
     until(driver, lambda d: text(d, "round") == str(ROUNDS), f"round {ROUNDS}")
     assert driver.execute_script("return window.__sameDocument") is True
     # the counter and the curves grew while the page was open (one snapshot per poll)
