@@ -72,6 +72,11 @@ class Federation:
                     yield {"type": "disconnected", "message": str(exc)}
                 await asyncio.sleep(RETRY_S)
                 continue
+            except AtollError as exc:  # e.g. an expired session: said, then tried again
+                yield {"type": "error", "message": str(exc)}
+                last = None
+                await asyncio.sleep(RETRY_S * 4)
+                continue
             if down:
                 down = False
                 yield {"type": "reconnected"}

@@ -147,6 +147,7 @@ function renderJobs(answer) {
 function overview() {
   const page = Number(new URLSearchParams(location.search).get("page") || 0);
   follow(`/api/overview/stream?page=${page}`, (event) => {
+    if (event.type === "error") showError(event.message);
     if (event.type !== "overview") return;
     showError("");
     renderSites(event.sites);
