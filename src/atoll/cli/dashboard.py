@@ -53,6 +53,8 @@ def dashboard_command(kit: Path | None, study: str | None, host: str, port: int,
 
     try:
         serve(session, study, host, port, listen_public, announce, open_browser=not no_browser)
+    except KeyboardInterrupt:  # Ctrl-C is how it stops: not an error
+        click.echo("dashboard stopped", err=True)
     except OSError as exc:
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
     finally:
