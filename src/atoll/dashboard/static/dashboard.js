@@ -202,6 +202,7 @@ function seriesOf(events) {
 function drawCharts() {
   if (typeof Plotly === "undefined") return;
   const charts = seriesOf(job.events);
+  let drawn = 0;
   $("nocharts").hidden = Object.keys(charts).length > 0;
   for (const [title, series] of Object.entries(charts).sort()) {
     let div = job.charts[title];
@@ -214,10 +215,12 @@ function drawCharts() {
       name: plain(name), x: points.map((p) => p[0]), y: points.map((p) => p[1]), mode: "lines+markers", type: "scatter",
     }));
     div.dataset.points = String(traces.reduce((n, t) => n + t.x.length, 0));
+    drawn += traces.reduce((n, t) => n + t.x.length, 0);
     Plotly.react(div, traces, {
       title: { text: plain(title) }, margin: { l: 48, r: 16, t: 40, b: 36 }, xaxis: { title: { text: "round" } },
     }, { displaylogo: false, displayModeBar: false, responsive: true });
   }
+  window.atollDrawn.push(drawn);
 }
 
 function drawTables() {
@@ -248,6 +251,8 @@ function drawTables() {
 
 // When each round event reached the page (read by bench/dashboard.py: round end to page).
 window.atollSeen = [];
+// How many points the charts held after each drawing (read by the browser tests).
+window.atollDrawn = [];
 
 function addEvents(events, live) {
   let added = false;
