@@ -227,15 +227,15 @@ def _shown_error(driver, dash, job_id: str) -> str:
     return text(driver, "error")
 
 
-def test_a_lead_of_another_study_sees_none_of_it(driver, opened, fed):
+def test_a_lead_of_another_study_sees_none_of_it(driver, opened, fed, tmp_path):
     with fed.session(LEAD_A, study="alpha") as s:
+        s.submit(make_job(tmp_path / "alpha-only"))  # in any test order, alpha has a job
         alpha_jobs = [j["job_id"] for j in s.list_jobs()]
-    assert alpha_jobs
     driver.get(opened[LEAD_B].base + "/")
     until(driver, lambda d: _site_states(d) == {"site-2": "online"}, "beta's one site")
     until(driver, lambda d: text(d, "pageinfo") == "no jobs", "no jobs")
     assert not any(j in driver.page_source for j in alpha_jobs)
-    assert "fedavg-live" not in driver.page_source
+    assert "alpha-only" not in driver.page_source and "fedavg-live" not in driver.page_source
     forged = _shown_error(driver, opened[LEAD_B], alpha_jobs[0])
     screenshot(driver, "other-study")
     unknown = _shown_error(driver, opened[LEAD_B], UNKNOWN)
