@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: bytecode demo test mutation stability lint proto proto-check unit fuzz bench bench-load bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox bench-secagg demo-privacy clean
+.PHONY: bytecode demo test mutation stability lint proto proto-check unit fuzz bench bench-load bench-scale bench-compare bench-compare-peers bench-hostile bench-sandbox bench-secagg bench-dashboard demo-privacy clean
 
 $(STAMP): pyproject.toml tests/requirements-helm.txt
 	$(PY) -m venv $(VENV)
@@ -76,6 +76,10 @@ bench-compare: $(STAMP) bytecode
 # 100 jobs from two studies on sites with room for two, every defence on (issue 35 item 4).
 bench-load: $(STAMP) bytecode
 	$(BIN)/python -m bench.load
+
+## bench-dashboard: `atoll dashboard`'s first page load, 10,000 jobs paged, round end to page
+bench-dashboard: $(STAMP) bytecode
+	$(BIN)/python -m bench.dashboard
 
 bench-scale: $(STAMP) bytecode
 	$(BIN)/python -m bench.scale --sites 100,300,1000

@@ -26,5 +26,8 @@ done
 # (tests/compat/test_flare_peer.py)
 echo "== FLARE 2.9 for the FLARE-jobs suite ($(date +%T))"
 bash bench/compare/setup_peers.sh flare || echo "error: FLARE 2.9 did not install; tests/compat/test_flare_peer.py will fail under CI=true" >&2
+# Debian's headless Chromium for the dashboard's browser tests
+echo "== chromium for the dashboard's browser tests ($(date +%T))"
+scripts/chromium.sh || echo "error: chromium did not install; tests/integration/federation/test_dashboard.py will fail under CI=true" >&2
 echo "== running the suite ($(date +%T))"
 .venv/bin/pytest -q -ra --durations=15 "$@"

@@ -58,6 +58,8 @@ STUDY_OPS = "src/atoll/server/study_ops.py"
 SCHEDULER = "src/atoll/server/scheduler.py"
 STUDY_TESTS = ["tests/unit/server/test_study_checks.py"]
 GUARD = "src/atoll/wire/guard.py"
+DASHBOARD = "src/atoll/dashboard/access.py"
+DASHBOARD_TESTS = ["tests/unit/dashboard/test_access.py"]
 GUARD_TESTS = ["tests/unit/wire/test_guard.py"]
 SERVER_INTAKE = "src/atoll/server/intake.py"
 SERVER_LIFECYCLE = "src/atoll/server/lifecycle.py"
@@ -874,4 +876,22 @@ MUTATIONS: list[Mutation] = [
     Mutation("results home: the worker sends plain files only", "src/atoll/wire/results_archive.py",
              "if stat.S_ISREG(os.lstat(path).st_mode):", "if True:",
              ["tests/unit/wire/test_results_archive.py"]),
+    Mutation("dashboard: a request without the cookie is refused", DASHBOARD,
+             "        if not cookie:\n", "        if False:\n", DASHBOARD_TESTS),
+    Mutation("dashboard: a wrong cookie is refused", DASHBOARD,
+             "        if not self.keys.cookie_ok(cookie):", "        if False:", DASHBOARD_TESTS),
+    Mutation("dashboard: the link's token works once", DASHBOARD,
+             "if self.spent or not hmac.compare_digest", "if not hmac.compare_digest",
+             DASHBOARD_TESTS),
+    Mutation("dashboard: the cookie is HttpOnly", DASHBOARD, "httponly=True", "httponly=False",
+             DASHBOARD_TESTS),
+    Mutation("dashboard: a change must come from its own origin", DASHBOARD,
+             '            if origin != f"http://{host}":', "            if False:",
+             DASHBOARD_TESTS),
+    Mutation("dashboard: a change must carry the page's CSRF token", DASHBOARD,
+             "            if not self.keys.csrf_ok(", "            if False and not self.keys.csrf_ok(",
+             DASHBOARD_TESTS),
+    Mutation("dashboard: on the loopback, another Host is refused", DASHBOARD,
+             'if not self.public and host.rsplit(":", 1)[0] not in LOOPBACK:',
+             "if False:", DASHBOARD_TESTS),
 ]

@@ -154,15 +154,7 @@ class Session:
 
         destination = Path(destination)
         destination.mkdir(parents=True, exist_ok=True)
-        body = {"job_id": job_id, **({"study": study} if study else {})}
-        try:
-            stream = self.stub.Download(msg.Json(body=json.dumps(body)), metadata=self._metadata(),
-                                        timeout=max(self.timeout, 600))
-            _, chunks = frames.split(iter(stream))
-            archive = destination / f"{job_id}.zip"
-            frames.write_chunks(chunks, archive)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, self.kit.server_address) from None
+        archive = self.download_archive(job_id, destination / f"{job_id}.zip", study)
         out = destination / job_id
         with zipfile.ZipFile(archive) as zf:
             for info in zf.infolist():  # our own archive, still checked: no entry leaves `out`
@@ -172,6 +164,21 @@ class Session:
             zf.extractall(out)
         archive.unlink()
         return out
+
+    def download_archive(self, job_id: str, archive: str | Path,
+                         study: str | None = None) -> Path:
+        """The job's results as the server sends them: one zip, written to ``archive`` and not
+        unpacked (the dashboard hands it to the browser as it is)."""
+        archive = Path(archive)
+        body = {"job_id": job_id, **({"study": study} if study else {})}
+        try:
+            stream = self.stub.Download(msg.Json(body=json.dumps(body)), metadata=self._metadata(),
+                                        timeout=max(self.timeout, 600))
+            _, chunks = frames.split(iter(stream))
+            frames.write_chunks(chunks, archive)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.kit.server_address) from None
+        return archive
 
     def provenance(self, job_id: str, out: str | Path, study: str | None = None) -> Path:
         """The job's provenance record (docs/provenance.md), written to ``out``: it comes with

@@ -27,6 +27,8 @@ COMMANDS = {
             "Push the project's certificate revocation list to the server; show it."),
     "provenance": ("atoll.cli.provenance", "provenance_group",
                    "Verify a job's provenance record offline, against the project's CA."),
+    "dashboard": ("atoll.cli.dashboard", "dashboard_command",
+                  "A live view of the study in your browser: sites, jobs, curves, logs."),
     "poc": ("atoll.cli.poc", "poc_group", "Run a local federation: a server and N sites."),
 }
 

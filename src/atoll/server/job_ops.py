@@ -105,8 +105,28 @@ def require_manager(deps: JobOps, who: Identity, record: JobRecord, right: str,
 # -- the operations ---------------------------------------------------------------------------
 
 
+MAX_PAGE = 500  # jobs in one page of `list_jobs` with `offset` (the dashboard's list)
+
+
 def list_jobs(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) -> Any:
-    return {"jobs": [job_summary(r) for r in deps.store.list_jobs(study=study)]}
+    """The study's jobs, newest first; with ``offset`` (and ``limit``) one page of them, with
+    the study's total and each waiting job's place in the study's queue (1: next)."""
+    if "offset" not in body:
+        return {"jobs": [job_summary(r) for r in deps.store.list_jobs(study=study)]}
+    offset, limit = body.get("offset"), body.get("limit", 50)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+               for v in (offset, limit)):
+        raise ValueError("offset and limit must be counts of jobs")
+    jobs = [job_summary(r) for r in deps.store.list_jobs(study=study, limit=min(limit, MAX_PAGE),
+                                                         offset=offset)]
+    if any(j["state"] == "SUBMITTED" for j in jobs):
+        # the scheduler's order: oldest first (server/scheduler.py)
+        queue = deps.store.list_jobs(study=study, states=["SUBMITTED"], limit=-1)[::-1]
+        place = {r.id: n for n, r in enumerate(queue, 1)}
+        for job in jobs:
+            if job["job_id"] in place:
+                job["queue_position"] = place[job["job_id"]]
+    return {"jobs": jobs, "total": deps.store.count_jobs(study), "offset": offset}
 
 
 def unfinished(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) -> bool:
@@ -172,14 +192,32 @@ def delete_job(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) ->
 
 
 def list_sites(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) -> Any:
+    """The study's sites: online or not, and for those online their launcher, capacity, atoll
+    version, seconds since their last heartbeat, and what holds them: this study's unfinished
+    jobs by id, other studies' only counted (as ``running_jobs`` always counted them)."""
+    import time
+
     online = deps.links.online()
     sites = []
     for name in deps.studies.sites(study):
         link = online.get(name)
-        sites.append({"name": name, "online": link is not None,
-                      "launcher": link.hello.get("launcher") if link else None,
-                      "capacity": link.capacity if link else None,
-                      "running_jobs": len(link.running_jobs) if link else 0})
+        entry = {"name": name, "online": link is not None,
+                 "launcher": link.hello.get("launcher") if link else None,
+                 "capacity": link.capacity if link else None,
+                 "running_jobs": len(link.running_jobs) if link else 0}
+        if link is not None:
+            ours, others = [], 0
+            for job_id in link.running_jobs:  # as the site last said: a job just ended may linger
+                record = deps.store.get_job(str(job_id))
+                if record is None or record.study != study:
+                    others += 1
+                elif not record.finished:
+                    ours.append(record.id)
+            version = link.hello.get("version")
+            entry.update(version=version if isinstance(version, str) else None,
+                         heartbeat_s_ago=round(max(0.0, time.monotonic() - link.last_seen), 1),
+                         study_jobs=ours, other_study_jobs=others)
+        sites.append(entry)
     return {"study": study, "sites": sites}
 
 

@@ -90,14 +90,14 @@ class MemoryStore:
             return None if job is None else _record(job_id, job)
 
     def list_jobs(self, study: str | None = None, states: Iterable[str] | None = None,
-                  limit: int = 1000) -> list[JobRecord]:
+                  limit: int = 1000, offset: int = 0) -> list[JobRecord]:
         wanted = None if states is None else set(states)
         with self._lock:
             chosen = [(i, j) for i, j in self._jobs.items()
                       if (study is None or j.study == study)
                       and (wanted is None or j.state in wanted)]
             chosen.sort(key=lambda item: item[1].seq, reverse=True)
-            return [_record(i, j) for i, j in _limited(chosen, limit)]
+            return [_record(i, j) for i, j in _limited(chosen[max(0, offset):], limit)]
 
     def delete_job(self, job_id: str) -> None:
         with self._lock:

@@ -139,7 +139,7 @@ class SqliteStore:
         return job
 
     def list_jobs(self, study: str | None = None, states: Iterable[str] | None = None,
-                  limit: int = 1000) -> list[JobRecord]:
+                  limit: int = 1000, offset: int = 0) -> list[JobRecord]:
         sql, args = "SELECT * FROM jobs WHERE 1=1", []
         if study is not None:
             sql += " AND study=?"
@@ -148,8 +148,8 @@ class SqliteStore:
             states = list(states)
             sql += f" AND state IN ({','.join('?' * len(states))})"
             args.extend(states)
-        sql += " ORDER BY seq DESC LIMIT ?"
-        args.append(limit)
+        sql += " ORDER BY seq DESC LIMIT ? OFFSET ?"
+        args += [limit, max(0, offset)]
         jobs = [self._record(r) for r in self._query(sql, args)]
         if jobs:
             ids = [j.id for j in jobs]

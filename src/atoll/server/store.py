@@ -76,8 +76,9 @@ class Store(Protocol):
     def get_job(self, job_id: str) -> JobRecord | None: ...
 
     def list_jobs(self, study: str | None = None, states: Iterable[str] | None = None,
-                  limit: int = 1000) -> list[JobRecord]:
-        """The newest first (``seq`` descending), each with its parts."""
+                  limit: int = 1000, offset: int = 0) -> list[JobRecord]:
+        """The newest first (``seq`` descending), each with its parts; ``offset`` skips that
+        many first (a page of the dashboard's jobs list)."""
         ...
 
     def delete_job(self, job_id: str) -> None:

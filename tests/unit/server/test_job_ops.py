@@ -3,6 +3,7 @@ the in-memory store: real studies, a real session signer, no process, no gRPC.""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -61,8 +62,9 @@ def deps(tmp_path):
     store = open_store(None)
     studies = Studies(store)
     studies.seed(PROJECT)
-    links = Links({"site-a": SimpleNamespace(hello={"launcher": "process"}, org="org-a",
-                                             capacity={"gpus": 2}, running_jobs=["j"])})
+    links = Links({"site-a": SimpleNamespace(
+        hello={"launcher": "process", "version": "0.1.0"}, org="org-a", capacity={"gpus": 2},
+        running_jobs=["j", "b" * 32, "a" * 32], last_seen=time.monotonic() - 3)})
     yield JobOps(store=store, studies=studies, jobs=Jobs(store, tmp_path / "jobs"), links=links,
                  policies=SitePolicies(links), audit=Audit(store))
     store.close()
@@ -94,6 +96,21 @@ def test_status_carries_the_version_to_wait_from_and_the_progress(deps):
     assert job_ops.unfinished(deps, LEAD, "s", {"job_id": job})
     assert [j["job_id"] for j in job_ops.list_jobs(deps, LEAD, "s", {})["jobs"]] == [job]
     assert job_ops.list_jobs(deps, LEAD, "t", {})["jobs"] == []
+
+
+def test_a_page_of_jobs_with_the_total_and_each_waiting_jobs_place_in_the_queue(deps):
+    for n in range(5):
+        _job(deps, f"{n:032d}")
+    _job(deps, "f" * 32, study="t")  # another study's queue is not this one's
+    deps.store.set_job_state(f"{3:032d}", "RUNNING")
+    page = job_ops.list_jobs(deps, LEAD, "s", {"offset": 1, "limit": 3})
+    assert page["total"] == 5 and page["offset"] == 1
+    assert [(j["job_id"][-1], j.get("queue_position")) for j in page["jobs"]] == [
+        ("3", None), ("2", 3), ("1", 2)]
+    assert len(job_ops.list_jobs(deps, LEAD, "s", {})["jobs"]) == 5  # without offset: as before
+    for bad in ({"offset": -1}, {"offset": "0"}, {"offset": 0, "limit": True}):
+        with pytest.raises(ValueError, match="counts of jobs"):
+            job_ops.list_jobs(deps, LEAD, "s", bad)
 
 
 def test_only_a_manager_aborts_and_it_is_audited(deps):
@@ -147,9 +164,17 @@ def test_logs_read_only_inside_the_jobs_folder(deps):
 
 
 def test_sites_of_the_study_with_what_the_online_ones_reported(deps):
-    assert job_ops.list_sites(deps, LEAD, "s", {}) == {"study": "s", "sites": [
+    _job(deps, "a" * 32, study="s")
+    _job(deps, "b" * 32, study="t")  # another study's job: counted, never named
+    _job(deps, "c" * 32, study="s")
+    deps.store.set_job_state("c" * 32, "FINISHED:COMPLETED")  # the site has not said it yet
+    deps.links.get("site-a").running_jobs.append("c" * 32)
+    answer = job_ops.list_sites(deps, LEAD, "s", {})
+    assert 3 <= answer["sites"][0].pop("heartbeat_s_ago") < 3600
+    assert answer == {"study": "s", "sites": [
         {"name": "site-a", "online": True, "launcher": "process", "capacity": {"gpus": 2},
-         "running_jobs": 1},
+         "running_jobs": 4, "version": "0.1.0", "study_jobs": ["a" * 32],
+         "other_study_jobs": 2},
         {"name": "site-b", "online": False, "launcher": None, "capacity": None,
          "running_jobs": 0}]}
 

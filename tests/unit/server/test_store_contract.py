@@ -69,6 +69,9 @@ def test_jobs_are_listed_newest_first_by_study_state_and_limit(store):
     assert [r.id for r in store.list_jobs(states=["SUBMITTED"])] == ["d", "b", "a"]
     assert [r.id for r in store.list_jobs(study="s", states=["RUNNING", "X"])] == ["c"]
     assert [r.id for r in store.list_jobs(limit=2)] == ["d", "c"]
+    assert [r.id for r in store.list_jobs(limit=2, offset=1)] == ["c", "b"]  # a page
+    assert [r.id for r in store.list_jobs(study="s", offset=2)] == ["a"]
+    assert store.list_jobs(offset=4) == []
     assert store.list_jobs(states=[]) == []
     assert store.list_jobs()[0].parts == store.get_job("d").parts
     assert (store.count_jobs("s"), store.count_jobs("t"), store.count_jobs("u")) == (3, 1, 0)

@@ -1,0 +1,53 @@
+"""Running the dashboard: bind a port (a free one on the loopback address by default), tell
+the URL with its one-time token, serve until Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable
+
+from atoll.admin.session import Session
+from atoll.dashboard.access import Secrets
+from atoll.dashboard.app import build
+from atoll.dashboard.federation import Federation
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(64)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(session: Session, study: str | None, host: str, port: int, public: bool,
+          announce: Callable[[str], None], open_browser: bool) -> None:
+    import uvicorn
+
+    sock = bind(host, port)
+    port = sock.getsockname()[1]
+    keys = Secrets()
+    app = build(Federation(session, study), keys, port, public)
+    shown = f"[{host}]" if ":" in host else ("127.0.0.1" if host in ("", "0.0.0.0") else host)
+    url = f"http://{shown}:{port}/?token={keys.token}"
+    announce(url)
+    if open_browser and _has_display():
+        import webbrowser
+
+        webbrowser.open(url)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=1, server_header=False)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def _has_display() -> bool:
+    """A graphical session to open a browser in (never a text browser in this terminal)."""
+    return sys.platform == "darwin" or bool(os.environ.get("DISPLAY")
+                                            or os.environ.get("WAYLAND_DISPLAY"))
