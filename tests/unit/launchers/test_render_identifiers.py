@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,12 +23,22 @@ BAD_IDS = ["../../local", "a/b", "/abs", "x\ntouch {m}", "$(touch {m})", "`touch
            "x;touch {m}", "a\0b", "", "x" * 65]
 
 
+@pytest.fixture
+def short_tmp():
+    # The payload names the marker's path and becomes the job's name (at most 256 characters):
+    # under a long TMPDIR the name alone would be refused before anything is rendered.
+    folder = Path(tempfile.mkdtemp(prefix="atoll-ri-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _payload(marker: Path) -> str:
     return f"a'b\"c\n touch {marker}; $(touch {marker}) `touch {marker}` ${{IFS}}\\"
 
 
-def test_every_value_in_the_slurm_script_stays_a_value(tmp_path):
+def test_every_value_in_the_slurm_script_stays_a_value(short_tmp):
     """The rendered script runs (bash, a stand-in python): none of the crafted text runs."""
+    tmp_path = short_tmp
     marker = tmp_path / "ran"
     payload = _payload(marker)
     workdir = tmp_path / f"run {payload.replace(chr(0), '')}".replace("/", "_")
