@@ -10,7 +10,9 @@ received; both fold into the same sum:
          = (sum_i w_i y_i + W_diff * g) / W        with y_i = x_i or d_i
 
 so a diff costs nothing more than a full result. Integer parameters (e.g. BatchNorm's
-``num_batches_tracked``) are averaged in float64 and rounded back.
+``num_batches_tracked``) are averaged in float64 and rounded back. float16 and bfloat16
+(``atoll.fl.bfloat16.BF16``) are summed in float32 and rounded back once, in ``result``: the
+mean of half-precision results is the float32 mean rounded to their dtype.
 
 The sum is kept in units of the first result's weight (``_unit``): the first result is copied in
 as it is, and a later one of the same weight is added as it is, one pass over the data, with no
@@ -33,6 +35,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from atoll.fl import bfloat16
 from atoll.fl.model import Model
 from atoll.fl.serde import CHUNK_SIZE, ModelStream, SerdeError
 from atoll.spec.errors import AtollError
@@ -47,6 +50,8 @@ class AggregateCorrupted(AtollError, RuntimeError):
 
 
 def _accumulator_dtype(dtype: np.dtype) -> np.dtype:
+    if bfloat16.is_bf16(dtype):
+        return np.dtype(np.float32)
     if dtype.kind == "f":
         return np.result_type(dtype, np.float32)  # float16 sums in float32
     return np.dtype(np.float64)
@@ -129,6 +134,15 @@ class WeightedMean:
         try:
             for name, start, block in stream.blocks(block_bytes):
                 target = self._sum[name].reshape(-1)[start : start + len(block)]
+                if bfloat16.is_bf16(block.dtype):  # widened (exactly) into our own buffer
+                    wide = scratch.get(block.dtype)
+                    if wide is None or len(wide) < len(block):
+                        wide = scratch[block.dtype] = np.empty(len(block), np.float32)
+                    block = bfloat16.to_float32(block, out=wide[: len(block)])
+                    if factor != 1.0 and name not in overwrite:
+                        block *= factor
+                        np.add(target, block, out=target)
+                        continue
                 if name in overwrite:  # the global model's buffer: replaced, not added to
                     if factor == 1.0:
                         np.copyto(target, block, casting="unsafe")
@@ -196,6 +210,8 @@ class WeightedMean:
             self._spec = {k: (v.shape, v.dtype) for k, v in model.params.items()}
         overwrite = self._take_reference(model)
         for name, array in model.params.items():
+            if bfloat16.is_bf16(array.dtype):
+                array = bfloat16.to_float32(array)  # our own float32 copy, exact
             if name in overwrite:  # the global model's buffer: replaced, not added to
                 np.multiply(array, factor, out=self._sum[name], casting="unsafe")
                 continue
@@ -230,13 +246,16 @@ class WeightedMean:
             total = self._sum[name]
             if self.diff_weight:
                 assert self.reference is not None
-                total += self.reference[name].astype(total.dtype, copy=False) * (
+                reference = self.reference[name]
+                if bfloat16.is_bf16(reference.dtype):
+                    reference = bfloat16.to_float32(reference)
+                total += reference.astype(total.dtype, copy=False) * (
                     self.diff_weight / self._unit)
             total *= self._unit / self.total_weight
             dtype = self._spec[name][1]
             if dtype.kind in "iub":
                 np.rint(total, out=total)
-            out[name] = total.astype(dtype, copy=False)
+            out[name] = bfloat16.narrow(total, dtype)  # the one rounding of half precision
         self._sum = {}
         return out
 

@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from atoll.fl import bfloat16
 from atoll.fl.aggregation import ResultRejected, WeightedMean
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream
@@ -81,10 +82,10 @@ class _Collected:
     def add(self, site: str, model: Model) -> None:
         self.check(model)
         for name, array in model.params.items():
-            value = np.asarray(array, dtype=np.float64)
+            value = bfloat16.widen(array, np.dtype(np.float64))
             if model.params_type == "diff":
                 assert self.reference is not None
-                value = value + self.reference[name]
+                value = value + bfloat16.widen(self.reference[name], np.dtype(np.float64))
             self.values.setdefault(name, []).append(value)
             self.dtypes.setdefault(name, (self.reference or model.params)[name].dtype)
         self.sites.append(site)
@@ -98,7 +99,7 @@ class _Collected:
             dtype = self.dtypes[name]
             if dtype.kind in "iub":
                 value = np.rint(value)
-            out[name] = np.asarray(value).astype(dtype)
+            out[name] = bfloat16.narrow(np.asarray(value), dtype)
         return out
 
 
