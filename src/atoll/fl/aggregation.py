@@ -243,7 +243,7 @@ class WeightedMean:
         assert self._spec is not None
         out: dict[str, np.ndarray] = {}
         for name in self._ordered():
-            total = self._sum[name]
+            total = self._sum.pop(name)  # freed as it goes where the dtype changes (bf16)
             if self.diff_weight:
                 assert self.reference is not None
                 reference = self.reference[name]

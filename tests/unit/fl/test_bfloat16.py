@@ -127,3 +127,38 @@ def test_robust_aggregators_keep_bf16():
     out = median.result()["w"]
     assert out.dtype == BF16
     np.testing.assert_array_equal(bfloat16.to_float32(out), np.full(3, 2.0, np.float32))
+
+
+def test_fedopt_updates_bf16_weights_in_float32_and_keeps_them_bf16():
+    from atoll.fl.workflows.fedopt import ServerOptimizer
+
+    x32 = np.array([0.5, -1.0, 2.0, 3.0], np.float32)
+    target32 = x32 + np.float32(0.25)
+    half, full = (ServerOptimizer("adam", 0.1, 0.9, 0.99, 1e-3) for _ in range(2))
+    out = half({"w": _bf16(x32)}, {"w": _bf16(target32)})["w"]
+    assert out.dtype == BF16
+    # the float32 step from the same (exactly representable) inputs, rounded once
+    expected = full({"w": x32}, {"w": target32})["w"]
+    np.testing.assert_array_equal(bfloat16.words(out).view(np.int16), _torch_words(expected))
+    assert not np.array_equal(bfloat16.to_float32(out), x32)  # bf16 weights did move
+
+
+def test_privacy_works_on_bf16_models_in_float32():
+    """A site's update under privacy filters is taken in float32 (clip and noise are calibrated
+    there), and the server applies the mean update to the bf16 global model rounding once."""
+    from atoll.fl.privacy import filters
+    from atoll.fl.privacy.server_privacy import apply_update
+    from atoll.fl.privacy.site_privacy import _difference
+    from atoll.spec.privacy import ClipFilter
+
+    received = _bf16(np.array([1.0, 2.0, 3.0], np.float32))
+    trained = _bf16(np.array([1.5, 2.0, -1.0], np.float32))
+    update = _difference(trained, received.copy())
+    assert update.dtype == np.float32
+    np.testing.assert_array_equal(update, [0.5, 0.0, -4.0])
+    clipped = filters.apply([ClipFilter(type="clip", max_norm=1.0)], {"w": update})["w"]
+    assert abs(float(np.linalg.norm(clipped)) - 1.0) < 1e-6  # bf16 is no longer skipped
+    out = apply_update({"w": received}, {"w": clipped.copy()})["w"]
+    assert out.dtype == BF16
+    expected = bfloat16.to_float32(received) + clipped
+    np.testing.assert_array_equal(bfloat16.words(out).view(np.int16), _torch_words(expected))
