@@ -17,7 +17,7 @@ from drivers.base import Driver, DriverError, read_marks, wait_until
 from proctree import RssSampler
 
 TINY_MB = 4 / 1024  # 4 KiB: "a tiny numpy model (a few KB)"
-ALL = ["d", "c", "f", "a", "e", "b100", "b1000", "llm1", "llm4", "llm8"]  # in this order
+ALL = ["d", "c", "f", "a", "e", "b100", "b1000", "b4000", "llm1", "llm4", "llm8"]  # in order
 # issue 40: language-model-shaped bf16 models (drivers/base.py llm_layers), MiB
 LLM = {"llm1": 1024, "llm4": 4096, "llm8": 8192}
 ABORT_ROUNDS = 10_000  # a job that would run for hours unless aborted
@@ -190,7 +190,7 @@ def run_cycle(driver: Driver, wanted: list[str], opts: Options) -> dict:
             )
         if "e" in wanted:
             _step(metrics, ["e_abort_s"], _abort, driver, work / "marks-e", metrics)
-        for size, key in ((100, "b100"), (1024, "b1000")):
+        for size, key in ((100, "b100"), (1024, "b1000"), (4096, "b4000")):
             if key in wanted:
                 ok = _step(
                     metrics,
@@ -242,6 +242,7 @@ def metric_keys(wanted: list[str]) -> list[str]:
         "e": ["e_abort_s"],
         "b100": ["b100_round_s", "b100_peak_rss"],
         "b1000": ["b1000_round_s", "b1000_peak_rss"],
+        "b4000": ["b4000_round_s", "b4000_peak_rss"],
         **{k: [f"{k}_round_s", f"{k}_peak_rss"] for k in LLM},
     }
     return [k for w in wanted for k in keys[w]]

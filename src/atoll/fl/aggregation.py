@@ -23,6 +23,12 @@ once, by unit / total weight, where it divides anyway.
 The mean keeps the global model's order of parameters (then the first result's), so the model
 sent out next round lists its tensors as the last one did.
 
+With ``spill`` (a folder; app.yaml ``accumulator: disk``) the sum lives in an unlinked file
+there instead of in memory, read and written back block by block (pread/pwrite, never mapped,
+so it is not in the worker's RSS): the server worker then holds the global model and a few MiB,
+not a float32 sum beside it (twice a bf16 model's size). The page cache absorbs the file while
+memory allows; the disk takes it when it does not.
+
 With ``reuse_reference=True`` the caller hands the global model over: the first result, when it
 is full weights, is folded straight into the global model's own buffers (float32/float64), so
 the round needs one model's memory, not two. The global model is gone from then on: a later
@@ -31,7 +37,9 @@ the round needs one model's memory, not two. The global model is gone from then 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -61,8 +69,10 @@ class WeightedMean:
     """Running example-weighted mean of models; ``reference`` is the global model sent out."""
 
     def __init__(
-        self, reference: dict[str, np.ndarray] | None = None, *, reuse_reference: bool = False
+        self, reference: dict[str, np.ndarray] | None = None, *, reuse_reference: bool = False,
+        spill: str | os.PathLike[str] | None = None,
     ):
+        self._spill = _SpilledSum(spill) if spill is not None else None
         self.reference = reference or None
         self.reuse_reference = reuse_reference  # the caller keeps no other use of `reference`
         self.reference_consumed = False
@@ -126,6 +136,15 @@ class WeightedMean:
             self._spec = {name: (shape, dtype) for name, dtype, shape in stream.entries}
         weight = float(header.num_examples)
         factor = self._factor(weight)
+        if self._spill is not None:
+            try:
+                self._spill.fold(self._spec, stream.blocks(block_bytes), factor, not self.count)
+            except SerdeError as exc:
+                raise AggregateCorrupted(
+                    f"the result broke off while being added ({exc}); this round's average is "
+                    "lost") from None
+            self._account(header, weight)
+            return header
         overwrite = self._take_reference(header)
         for name, (shape, dtype) in self._spec.items():
             if name not in self._sum:
@@ -208,6 +227,11 @@ class WeightedMean:
         factor = self._factor(weight)
         if self._spec is None:  # first result without an initial model fixes names and shapes
             self._spec = {k: (v.shape, v.dtype) for k, v in model.params.items()}
+        if self._spill is not None:
+            self._spill.fold(self._spec, _blocks(model.params), factor, not self.count)
+            model.params.clear()
+            self._account(model, weight)
+            return
         overwrite = self._take_reference(model)
         for name, array in model.params.items():
             if bfloat16.is_bf16(array.dtype):
@@ -234,6 +258,8 @@ class WeightedMean:
     def _ordered(self) -> list[str]:
         """The sum's names in the global model's order (the first result's without one)."""
         assert self._spec is not None
+        if self._spill is not None:
+            return list(self._spec)
         return [name for name in self._spec if name in self._sum]
 
     def result(self) -> dict[str, np.ndarray]:
@@ -243,7 +269,10 @@ class WeightedMean:
         assert self._spec is not None
         out: dict[str, np.ndarray] = {}
         for name in self._ordered():
-            total = self._sum.pop(name)  # freed as it goes where the dtype changes (bf16)
+            if self._spill is not None:  # one tensor's sum in memory at a time
+                total = self._spill.read(name, self._spec[name])
+            else:  # freed as it goes where the dtype changes (bf16)
+                total = self._sum.pop(name)
             if self.diff_weight:
                 assert self.reference is not None
                 reference = self.reference[name]
@@ -257,7 +286,77 @@ class WeightedMean:
                 np.rint(total, out=total)
             out[name] = bfloat16.narrow(total, dtype)  # the one rounding of half precision
         self._sum = {}
+        if self._spill is not None:
+            self._spill.close()
         return out
+
+
+def _blocks(params: dict[str, np.ndarray]) -> Iterator[tuple[str, int, np.ndarray]]:
+    """A decoded model as ``ModelStream.blocks`` yields a streamed one."""
+    for name, array in params.items():
+        flat = array.reshape(-1)
+        step = max(1, CHUNK_SIZE // max(1, array.dtype.itemsize))
+        for start in range(0, len(flat), step):
+            yield name, start, flat[start : start + step]
+
+
+class _SpilledSum:
+    """The sum of ``WeightedMean`` in an unlinked file: each tensor's accumulator at its own
+    offset, read into one scratch block, added to and written back (pread/pwrite)."""
+
+    def __init__(self, folder: str | os.PathLike[str]):
+        self._file = tempfile.TemporaryFile(dir=folder, prefix="atoll-sum-")  # gone on close
+        self._fd = self._file.fileno()
+        self._offsets: dict[str, int] = {}
+        self._scratch = np.empty(0, np.float64)
+
+    def _layout(self, spec: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+        if self._offsets:
+            return
+        offset = 0
+        for name, (shape, dtype) in spec.items():
+            self._offsets[name] = offset
+            offset += int(np.prod(shape)) * _accumulator_dtype(dtype).itemsize
+        os.ftruncate(self._fd, offset)  # reads as zeros (sparse) until written
+
+    def _view(self, n: int, dtype: np.dtype) -> np.ndarray:
+        if self._scratch.nbytes < n * dtype.itemsize:
+            self._scratch = np.empty(n * dtype.itemsize // 8 + 1, np.float64)
+        return self._scratch.view(np.uint8)[: n * dtype.itemsize].view(dtype)
+
+    def fold(self, spec: dict, blocks: Iterable[tuple[str, int, np.ndarray]], factor: float,
+             first: bool) -> None:
+        self._layout(spec)
+        for name, start, block in blocks:
+            acc = _accumulator_dtype(spec[name][1])
+            target = self._view(len(block), acc)
+            where = self._offsets[name] + start * acc.itemsize
+            if bfloat16.is_bf16(block.dtype):
+                block = bfloat16.to_float32(block)
+            if first:
+                np.multiply(block, factor, out=target, casting="unsafe")
+            else:
+                _read_exact(self._fd, target, where)
+                target += block.astype(acc, copy=False) * factor if factor != 1.0 else block
+            os.pwrite(self._fd, memoryview(target.view(np.uint8)), where)
+
+    def read(self, name: str, spec: tuple[tuple[int, ...], np.dtype]) -> np.ndarray:
+        shape, dtype = spec
+        out = np.empty(shape, _accumulator_dtype(dtype))
+        _read_exact(self._fd, out.reshape(-1), self._offsets[name])
+        return out
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _read_exact(fd: int, target: np.ndarray, offset: int) -> None:
+    view = memoryview(target.view(np.uint8).reshape(-1))
+    while len(view):
+        n = os.preadv(fd, [view], offset)
+        if n <= 0:
+            raise OSError(f"the spilled sum ended early at byte {offset}")
+        view, offset = view[n:], offset + n
 
 
 def weighted_metrics(results: Iterable[tuple[dict[str, float], int]]) -> dict[str, float]:

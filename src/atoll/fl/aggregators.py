@@ -15,6 +15,7 @@ into weights with the ``reference`` (the global model sent). Write your own by f
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -27,10 +28,12 @@ Params = dict[str, np.ndarray]
 
 
 class WeightedAverage:
-    """Example-weighted mean; see ``WeightedMean`` for ``reference`` and ``reuse_reference``."""
+    """Example-weighted mean; see ``WeightedMean`` for ``reference``, ``reuse_reference``
+    and ``spill`` (the sum in a file in that folder)."""
 
-    def __init__(self, reference: Params | None = None, *, reuse_reference: bool = False):
-        self._mean = WeightedMean(reference, reuse_reference=reuse_reference)
+    def __init__(self, reference: Params | None = None, *, reuse_reference: bool = False,
+                 spill: str | os.PathLike[str] | None = None):
+        self._mean = WeightedMean(reference, reuse_reference=reuse_reference, spill=spill)
 
     @property
     def total_weight(self) -> float:
