@@ -31,6 +31,7 @@ server:
     round_timeout: 3600
     evaluate_every: 0
     cross_site_eval: none
+    accumulator: {accumulator}
   initial_model: model.py:make
 site:
   script: train.py
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--layers", required=True, help="comma-separated element counts per layer")
     parser.add_argument("--dtype", choices=["float32", "bf16"], default="float32")
+    parser.add_argument("--accumulator", choices=["memory", "disk"], default="memory")
     parser.add_argument("--mark-dir", default="")
     args = parser.parse_args()
     layers = [int(x) for x in args.layers.split(",")]
@@ -84,7 +86,8 @@ def main() -> None:
     site_args = json.dumps(["--mark-dir", args.mark_dir] if args.mark_dir else [])
     (job / "app" / "app.yaml").write_text(
         APP_YAML.format(
-            rounds=args.rounds, clients=args.clients, args=site_args
+            rounds=args.rounds, clients=args.clients, args=site_args,
+            accumulator=args.accumulator,
         )
     )
     source = MODEL_BF16_PY if args.dtype == "bf16" else MODEL_PY

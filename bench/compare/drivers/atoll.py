@@ -144,6 +144,9 @@ class AtollDriver(Driver):
                 ",".join(str(n) for n in layer_counts(model_mb, shape, 2 if shape == "llm" else 4)),
                 "--dtype",
                 "bf16" if shape == "llm" else "float32",
+                # issue 40: the sum of a bf16 model (float32, twice its size) on disk
+                "--accumulator",
+                "disk" if shape == "llm" else "memory",
                 "--mark-dir",
                 str(mark_dir),
             ],

@@ -25,8 +25,10 @@ sent out next round lists its tensors as the last one did.
 
 With ``spill`` (a folder; app.yaml ``accumulator: disk``) the sum lives in an unlinked file
 there instead of in memory, read and written back block by block (pread/pwrite, never mapped,
-so it is not in the worker's RSS): the server worker then holds the global model and a few MiB,
-not a float32 sum beside it (twice a bf16 model's size). The page cache absorbs the file while
+so it is not in the worker's RSS), and with ``reuse_reference`` the global model is written
+there too and let go (a diff result reads it back): between sending the model and making the
+mean, the server worker holds a few MiB, not the model and a float32 sum beside it (three
+times a bf16 model's size). The page cache absorbs the file while
 memory allows; the disk takes it when it does not.
 
 With ``reuse_reference=True`` the caller hands the global model over: the first result, when it
@@ -80,6 +82,12 @@ class WeightedMean:
         self._spec: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
         if self.reference is not None:
             self._spec = {k: (v.shape, v.dtype) for k, v in self.reference.items()}
+        self._spilled_reference = False
+        if self._spill is not None and self.reference is not None and reuse_reference:
+            # the global model goes to the file too, and leaves memory: diffs read it back
+            assert self._spec is not None
+            self._spill.keep_reference(self._spec, self.reference)
+            self.reference, self._spilled_reference = None, True
         self.total_weight = 0.0
         self.diff_weight = 0.0
         self.count = 0
@@ -103,7 +111,7 @@ class WeightedMean:
                 "global model's memory this round, so there is no global model left to apply the "
                 "diff to: send the same params_type (full or diff) from every site"
             )
-        if model.params_type == "diff" and self.reference is None:
+        if model.params_type == "diff" and self.reference is None and not self._spilled_reference:
             raise ResultRejected(
                 "sent params_type='diff' but the server had no global model to apply it to "
                 "(no initial_model): send full params in the first round"
@@ -274,8 +282,12 @@ class WeightedMean:
             else:  # freed as it goes where the dtype changes (bf16)
                 total = self._sum.pop(name)
             if self.diff_weight:
-                assert self.reference is not None
-                reference = self.reference[name]
+                if self._spilled_reference:
+                    assert self._spill is not None
+                    reference = self._spill.read_reference(name, self._spec[name])
+                else:
+                    assert self.reference is not None
+                    reference = self.reference[name]
                 if bfloat16.is_bf16(reference.dtype):
                     reference = bfloat16.to_float32(reference)
                 total += reference.astype(total.dtype, copy=False) * (
@@ -308,6 +320,7 @@ class _SpilledSum:
         self._file = tempfile.TemporaryFile(dir=folder, prefix="atoll-sum-")  # gone on close
         self._fd = self._file.fileno()
         self._offsets: dict[str, int] = {}
+        self._reference_at: dict[str, int] = {}
         self._scratch = np.empty(0, np.float64)
 
     def _layout(self, spec: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
@@ -338,7 +351,28 @@ class _SpilledSum:
             else:
                 _read_exact(self._fd, target, where)
                 target += block.astype(acc, copy=False) * factor if factor != 1.0 else block
-            os.pwrite(self._fd, memoryview(target.view(np.uint8)), where)
+            part = memoryview(target.view(np.uint8).reshape(-1))
+            while len(part):
+                written = os.pwrite(self._fd, part, where)
+                part, where = part[written:], where + written
+
+    def keep_reference(self, spec: dict, reference: dict[str, np.ndarray]) -> None:
+        """Write the global model after the sum's space, each tensor in its own dtype."""
+        self._layout(spec)
+        offset = os.fstat(self._fd).st_size
+        for name, array in reference.items():
+            self._reference_at[name] = offset
+            flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            for start in range(0, len(flat), CHUNK_SIZE):
+                part = memoryview(flat[start : start + CHUNK_SIZE])
+                while len(part):
+                    written = os.pwrite(self._fd, part, offset)
+                    part, offset = part[written:], offset + written
+
+    def read_reference(self, name: str, spec: tuple[tuple[int, ...], np.dtype]) -> np.ndarray:
+        out = np.empty(spec[0], spec[1])
+        _read_exact(self._fd, out.reshape(-1), self._reference_at[name])
+        return out
 
     def read(self, name: str, spec: tuple[tuple[int, ...], np.dtype]) -> np.ndarray:
         shape, dtype = spec
