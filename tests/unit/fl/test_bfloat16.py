@@ -162,3 +162,43 @@ def test_privacy_works_on_bf16_models_in_float32():
     assert out.dtype == BF16
     expected = bfloat16.to_float32(received) + clipped
     np.testing.assert_array_equal(bfloat16.words(out).view(np.int16), _torch_words(expected))
+
+
+@pytest.mark.parametrize("accumulator", ["memory", "disk"])
+def test_a_fedavg_job_keeps_a_bf16_model_bf16_from_task_to_results(tmp_path, accumulator,
+                                                                    monkeypatch):
+    from atoll.fl.app_config import FedAvgArgs
+    from atoll.fl.workflows import run_fedavg
+
+    from .helpers import run_workflow
+
+    monkeypatch.chdir(tmp_path)  # the disk accumulator's folder: the worker's run folder
+    start = np.linspace(-1, 1, 64 * 1024, dtype=np.float32)
+    seen: list[np.dtype] = []
+
+    def site(step):
+        def handler(topic, model):
+            seen.append(model.params["w"].dtype)  # what the site received
+            wide = bfloat16.to_float32(model.params["w"]) + np.float32(step)
+            return Model(params={"w": bfloat16.from_float32(wide)}, num_examples=1)
+
+        return handler
+
+    results = tmp_path / "results"
+    args = FedAvgArgs(num_rounds=2, evaluate_every=0, cross_site_eval="none",
+                      accumulator=accumulator)
+    run_workflow(run_fedavg, args, {"a": site(0.25), "b": site(0.75)}, results,
+                 initial=Model(params={"w": _bf16(start)}))
+    assert seen == [BF16] * 4
+    final = results / "global_model_final.safetensors"
+    raw = final.read_bytes()
+    assert _header(raw)["w"]["dtype"] == "BF16"
+    out = load_file(final).params["w"]
+    # each round: the float32 mean of the two bf16 results, rounded once
+    expected = _bf16(start)
+    for _ in range(2):
+        wide = bfloat16.to_float32(expected)
+        a = bfloat16.to_float32(_bf16(wide + np.float32(0.25)))
+        b = bfloat16.to_float32(_bf16(wide + np.float32(0.75)))
+        expected = _bf16((a + b) * np.float32(0.5))
+    np.testing.assert_array_equal(bfloat16.words(out), bfloat16.words(expected))
