@@ -317,11 +317,20 @@ class _SpilledSum:
     offset, read into one scratch block, added to and written back (pread/pwrite)."""
 
     def __init__(self, folder: str | os.PathLike[str]):
-        self._file = tempfile.TemporaryFile(dir=folder, prefix="atoll-sum-")  # gone on close
+        self._folder = str(folder)
+        try:
+            self._file = tempfile.TemporaryFile(dir=folder, prefix="atoll-sum-")  # gone on close
+        except OSError as exc:
+            raise self._failed(exc) from None
         self._fd = self._file.fileno()
         self._offsets: dict[str, int] = {}
         self._reference_at: dict[str, int] = {}
         self._scratch = np.empty(0, np.float64)
+
+    def _failed(self, exc: OSError) -> AggregateCorrupted:
+        return AggregateCorrupted(
+            f"the round's sum on disk (accumulator: disk, in {self._folder}) failed: "
+            f"{exc.strerror or exc}; free space there, or set accumulator: memory")
 
     def _layout(self, spec: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
         if self._offsets:
@@ -339,6 +348,20 @@ class _SpilledSum:
 
     def fold(self, spec: dict, blocks: Iterable[tuple[str, int, np.ndarray]], factor: float,
              first: bool) -> None:
+        try:
+            self._fold(spec, blocks, factor, first)
+        except OSError as exc:  # a full disk, a file size limit: this round's mean is lost
+            raise self._failed(exc) from None
+
+    def keep_reference(self, spec: dict, reference: dict[str, np.ndarray]) -> None:
+        """Write the global model after the sum's space, each tensor in its own dtype."""
+        try:
+            self._keep_reference(spec, reference)
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def _fold(self, spec: dict, blocks: Iterable[tuple[str, int, np.ndarray]], factor: float,
+              first: bool) -> None:
         self._layout(spec)
         for name, start, block in blocks:
             acc = _accumulator_dtype(spec[name][1])
@@ -356,8 +379,7 @@ class _SpilledSum:
                 written = os.pwrite(self._fd, part, where)
                 part, where = part[written:], where + written
 
-    def keep_reference(self, spec: dict, reference: dict[str, np.ndarray]) -> None:
-        """Write the global model after the sum's space, each tensor in its own dtype."""
+    def _keep_reference(self, spec: dict, reference: dict[str, np.ndarray]) -> None:
         self._layout(spec)
         offset = os.fstat(self._fd).st_size
         for name, array in reference.items():
@@ -371,13 +393,19 @@ class _SpilledSum:
 
     def read_reference(self, name: str, spec: tuple[tuple[int, ...], np.dtype]) -> np.ndarray:
         out = np.empty(spec[0], spec[1])
-        _read_exact(self._fd, out.reshape(-1), self._reference_at[name])
+        try:
+            _read_exact(self._fd, out.reshape(-1), self._reference_at[name])
+        except OSError as exc:
+            raise self._failed(exc) from None
         return out
 
     def read(self, name: str, spec: tuple[tuple[int, ...], np.dtype]) -> np.ndarray:
         shape, dtype = spec
         out = np.empty(shape, _accumulator_dtype(dtype))
-        _read_exact(self._fd, out.reshape(-1), self._offsets[name])
+        try:
+            _read_exact(self._fd, out.reshape(-1), self._offsets[name])
+        except OSError as exc:
+            raise self._failed(exc) from None
         return out
 
     def close(self) -> None:

@@ -74,3 +74,29 @@ def test_a_result_cut_short_breaks_the_spilled_mean(tmp_path):
                                                       num_examples=1)))
     with pytest.raises(AggregateCorrupted, match="broke off"):
         mean.add_stream(open_model([payload[: len(payload) // 2]]))
+
+
+def test_a_disk_that_cannot_take_the_sum_is_named_not_a_traceback(tmp_path):
+    """A full disk, here a file size limit (EFBIG, as ENOSPC would be): the round's mean is lost
+    with a message that says where and what to do."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import resource, signal
+        import numpy as np
+        from atoll.fl.aggregation import AggregateCorrupted, WeightedMean
+        from atoll.fl.model import Model
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        mean = WeightedMean(spill={str(tmp_path)!r})
+        try:
+            mean.add(Model(params={{"w": np.ones(1 << 20, np.float32)}}, num_examples=1))
+        except AggregateCorrupted as exc:
+            print("REFUSED", exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "REFUSED the round's sum on disk (accumulator: disk, in " in out.stdout
+    assert "set accumulator: memory" in out.stdout
