@@ -165,15 +165,33 @@ def label(cmdline: str) -> str:
     return cmdline[:40]
 
 
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 class RssSampler:
     """Samples the summed RSS of a deployment's processes in a thread (default 20 Hz).
 
     `limit_bytes` is a safety stop: when the sum passes it, `on_limit` is called once (the
-    runner kills the deployment) so a peer that balloons cannot take the machine down."""
+    runner kills the deployment) so a peer that balloons cannot take the machine down. So is
+    `min_available` (bytes of MemAvailable): the machine is shared, and a run must stop before
+    it starves the others, whoever's memory it is.
+
+    Per process it keeps the first and the highest RSS seen (`growth`): a parent that relays a
+    model without holding it grows by a few MiB whatever the model's size."""
 
     def __init__(
-        self, table: ProcessTable, hz: float = 20.0, limit_bytes: int | None = None, on_limit=None
+        self, table: ProcessTable, hz: float = 20.0, limit_bytes: int | None = None, on_limit=None,
+        min_available: int | None = None,
     ):
+        self.min_available = min_available
+        self.first: dict[int, tuple[str, int]] = {}  # pid -> (label, first RSS seen)
+        self.most: dict[int, int] = {}  # pid -> highest RSS seen
+        self.low_memory = 0  # MemAvailable when the watchdog stopped the run (0: it did not)
         self.table = table
         self.period = 1.0 / hz
         self.limit_bytes = limit_bytes
@@ -199,6 +217,16 @@ class RssSampler:
             procs = self.table.scan("deployment")
             each = [(p, rss_bytes(p.pid)) for p in procs]
             total = sum(rss for _, rss in each)
+            for p, rss in each:
+                if p.pid not in self.first:
+                    self.first[p.pid] = (label(p.cmdline), rss)
+                self.most[p.pid] = max(rss, self.most.get(p.pid, 0))
+            if self.min_available and not self.limit_hit:
+                available = mem_available()
+                if available < self.min_available:
+                    self.limit_hit, self.low_memory = True, available
+                    if self.on_limit:
+                        self.on_limit(total)
             self.samples.append((time.time(), total, len(procs)))
             if total > self._peak_total:  # who held what at the peak (read once per new peak)
                 self._peak_total = total
@@ -208,6 +236,11 @@ class RssSampler:
                 if self.on_limit:
                     self.on_limit(total)
             self._stop.wait(self.period)
+
+    def growth(self) -> list[tuple[str, int, int, int]]:
+        """(label, pid, first RSS, growth to the highest) per process, parents first."""
+        rows = [(name, pid, rss, self.most[pid] - rss) for pid, (name, rss) in self.first.items()]
+        return sorted(rows, key=lambda r: (r[0] != "server parent", r[0] != "site parent", r[1]))
 
     @property
     def peak(self) -> int:

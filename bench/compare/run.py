@@ -90,7 +90,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--workloads",
         default="a,b,c,d,e,f",
-        help="comma-separated: a, b (= b100,b1000), b100, b1000, c, d, e, f",
+        help="comma-separated: a, b (= b100,b1000), b100, b1000, c, d, e, f; b4000 (4 GiB, "
+        "float32); llm1, llm4, llm8 "
+        "(issue 40: a bf16 model shaped like a language model, 1/4/8 GiB; peers that have no "
+        "bf16 get float32 tensors of the same byte sizes)",
     )
     p.add_argument("--repeats", type=int, default=3, help="repeats per system (default 3)")
     p.add_argument("--rounds", type=int, default=3, help="FL rounds for (a) and (b)")
@@ -154,7 +157,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     wl = [
         w
         for item in _split(
-            args.workloads, ["a", "b", "b100", "b1000", "c", "d", "e", "f"], "--workloads"
+            args.workloads, ["a", "b", "b100", "b1000", "b4000", "c", "d", "e", "f", *workloads.LLM],
+            "--workloads"
         )
         for w in (["b100", "b1000"] if item == "b" else [item])
     ]

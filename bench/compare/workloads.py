@@ -17,7 +17,9 @@ from drivers.base import Driver, DriverError, read_marks, wait_until
 from proctree import RssSampler
 
 TINY_MB = 4 / 1024  # 4 KiB: "a tiny numpy model (a few KB)"
-ALL = ["d", "c", "f", "a", "e", "b100", "b1000"]  # run in this order within a cycle
+ALL = ["d", "c", "f", "a", "e", "b100", "b1000", "b4000", "llm1", "llm4", "llm8"]  # in order
+# issue 40: language-model-shaped bf16 models (drivers/base.py llm_layers), MiB
+LLM = {"llm1": 1024, "llm4": 4096, "llm8": 8192}
 ABORT_ROUNDS = 10_000  # a job that would run for hours unless aborted
 
 
@@ -29,6 +31,7 @@ class Options:
     idle_window_s: float = 3.0
     rss_hz: float = 20.0
     rss_limit_bytes: int = 16 * 2**30
+    min_available_bytes: int = 2 * 2**30  # the watchdog: stop before the machine runs short
     stop_grace_s: float = 20.0
 
 
@@ -52,9 +55,10 @@ def _job(
     prefix: str,
     metrics: dict,
     sample_rss: bool,
+    shape: str = "flat",
 ) -> None:
     marks.mkdir(parents=True, exist_ok=True)
-    job = driver.prepare_job(model_mb, opts.rounds, marks)
+    job = driver.prepare_job(model_mb, opts.rounds, marks, shape=shape)
 
     def over_limit(total: int) -> None:
         driver.log(
@@ -63,8 +67,17 @@ def _job(
         )
         driver.table.kill_all(grace_s=0.5)
 
+    def low_memory(total: int) -> None:
+        if sampler.low_memory:
+            driver.log(f"  {driver.name}: MemAvailable {sampler.low_memory / 2**30:.1f} GiB, "
+                       "under the watchdog's floor: stopping the deployment")
+            driver.table.kill_all(grace_s=0.5)
+        else:
+            over_limit(total)
+
     sampler = RssSampler(
-        driver.table, opts.rss_hz, opts.rss_limit_bytes if sample_rss else None, over_limit
+        driver.table, opts.rss_hz, opts.rss_limit_bytes if sample_rss else None, low_memory,
+        min_available=opts.min_available_bytes if sample_rss else None,
     )
     with sampler:
         try:
@@ -75,7 +88,12 @@ def _job(
                 raise
             # Keep what was measured before the stop: the rounds that did complete.
             limit = f"{opts.rss_limit_bytes / 2**30:.0f} GiB"
+            if sampler.low_memory:
+                limit = (f"the machine's free memory ({sampler.low_memory / 2**30:.1f} GiB "
+                         "available)")
             metrics[f"{prefix}_peak_rss"] = f"over {limit}: stopped at the limit"
+            metrics[f"{prefix}_peak_seen"] = sampler.peak
+            metrics[f"{prefix}_growth"] = _growth(sampler)
             marked = read_marks(marks)
             if len(marked) >= 2:
                 metrics[f"{prefix}_round_s"] = per_round(marked)
@@ -91,9 +109,17 @@ def _job(
         metrics[f"{prefix}_others_cores"] = run.extra.get("others_cores")
     if sample_rss:
         metrics[f"{prefix}_peak_rss"] = sampler.peak
+        metrics[f"{prefix}_growth"] = _growth(sampler)
+        driver.log(f"  {prefix} RSS growth by process (first seen -> highest): " + ", ".join(
+            f"{name} {first / 2**20:.0f} MiB +{grown / 2**20:.0f} MiB"
+            for name, _, first, grown in sampler.growth()))
         driver.log(f"  {prefix} peak RSS by process (of which file-backed): " + ", ".join(
             f"{name} {rss / 2**20:.0f} MiB ({files / 2**20:.0f})"
             for name, rss, files in sorted(sampler.at_peak, key=lambda x: -x[1])))
+
+
+def _growth(sampler: RssSampler) -> list[list]:
+    return [[name, pid, first, grown] for name, pid, first, grown in sampler.growth()]
 
 
 def _abort(driver: Driver, marks: Path, metrics: dict) -> None:
@@ -164,7 +190,7 @@ def run_cycle(driver: Driver, wanted: list[str], opts: Options) -> dict:
             )
         if "e" in wanted:
             _step(metrics, ["e_abort_s"], _abort, driver, work / "marks-e", metrics)
-        for size, key in ((100, "b100"), (1024, "b1000")):
+        for size, key in ((100, "b100"), (1024, "b1000"), (4096, "b4000")):
             if key in wanted:
                 ok = _step(
                     metrics,
@@ -180,6 +206,12 @@ def run_cycle(driver: Driver, wanted: list[str], opts: Options) -> dict:
                 )
                 if not ok and not driver.deployment_pids():
                     break  # the deployment is gone (e.g. the RSS limit): nothing else can run
+        for key, size in LLM.items():
+            if key in wanted:
+                ok = _step(metrics, [f"{key}_round_s", f"{key}_peak_rss"], _job, driver, size,
+                           opts, work / f"marks-{key}", key, metrics, True, "llm")
+                if not ok and not driver.deployment_pids():
+                    break
     finally:
         _finish(driver, opts, metrics)
     return metrics
@@ -210,6 +242,8 @@ def metric_keys(wanted: list[str]) -> list[str]:
         "e": ["e_abort_s"],
         "b100": ["b100_round_s", "b100_peak_rss"],
         "b1000": ["b1000_round_s", "b1000_peak_rss"],
+        "b4000": ["b4000_round_s", "b4000_peak_rss"],
+        **{k: [f"{k}_round_s", f"{k}_peak_rss"] for k in LLM},
     }
     return [k for w in wanted for k in keys[w]]
 

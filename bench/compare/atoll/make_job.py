@@ -31,6 +31,7 @@ server:
     round_timeout: 3600
     evaluate_every: 0
     cross_site_eval: none
+    accumulator: {accumulator}
   initial_model: model.py:make
 site:
   script: train.py
@@ -48,6 +49,21 @@ def make():
     return {{f"layer{{i}}": rng.random(n, dtype=np.float32) for i, n in enumerate(LAYERS)}}
 """
 
+# bf16 (issue 40): random words of values in [1, 2), made as bf16 (no float32 detour)
+MODEL_BF16_PY = """\
+import numpy as np
+
+from atoll.fl import bfloat16
+
+LAYERS = {layers}
+
+
+def make():
+    rng = np.random.default_rng(0)
+    return {{f"layer{{i}}": bfloat16.from_words(rng.integers(0x3F80, 0x4000, n, dtype=np.uint16))
+             for i, n in enumerate(LAYERS)}}
+"""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -55,7 +71,9 @@ def main() -> None:
     parser.add_argument("--name", default="bench-fedavg")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--layers", required=True, help="comma-separated float32 counts per layer")
+    parser.add_argument("--layers", required=True, help="comma-separated element counts per layer")
+    parser.add_argument("--dtype", choices=["float32", "bf16"], default="float32")
+    parser.add_argument("--accumulator", choices=["memory", "disk"], default="memory")
     parser.add_argument("--mark-dir", default="")
     args = parser.parse_args()
     layers = [int(x) for x in args.layers.split(",")]
@@ -68,10 +86,12 @@ def main() -> None:
     site_args = json.dumps(["--mark-dir", args.mark_dir] if args.mark_dir else [])
     (job / "app" / "app.yaml").write_text(
         APP_YAML.format(
-            rounds=args.rounds, clients=args.clients, args=site_args
+            rounds=args.rounds, clients=args.clients, args=site_args,
+            accumulator=args.accumulator,
         )
     )
-    (job / "app" / "model.py").write_text(MODEL_PY.format(layers=json.dumps(layers)))
+    source = MODEL_BF16_PY if args.dtype == "bf16" else MODEL_PY
+    (job / "app" / "model.py").write_text(source.format(layers=json.dumps(layers)))
     shutil.copyfile(HERE / "site_train.py", job / "app" / "train.py")
     print(job)
 

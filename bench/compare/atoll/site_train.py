@@ -1,5 +1,5 @@
 """atoll site script for the benchmark job (client API): adds 1.0 to every weight in place and
-sends the model back, then drops its reference to it before waiting for the next round.
+sends the model back (bf16 weights: one ulp up), then drops its reference to it before waiting for the next round.
 
 Every round, the first round included, brings the global model (the server makes it, see make_job.py).
 Each round's receive and send times are appended to <mark-dir>/<site>.marks so the runner
@@ -18,6 +18,8 @@ import time
 import numpy as np
 
 import atoll.client as fl
+from atoll.fl import bfloat16
+from atoll.fl.bfloat16 import BF16
 
 
 def mark(mark_dir: str, site: str, event: str, rnd: int) -> None:
@@ -41,7 +43,10 @@ def main() -> None:
         mark(mark_dir, site, "recv", rnd)
         params = model.params
         for array in params.values():
-            np.add(array, 1.0, out=array)  # in place: the decoded arrays are ours
+            if array.dtype == BF16:  # one ulp up, in place: no float32 copy of a 512 MiB tensor
+                np.add(bfloat16.words(array), 1, out=bfloat16.words(array))
+            else:
+                np.add(array, 1.0, out=array)  # in place: the decoded arrays are ours
         fl.send(fl.Model(params=params, num_examples=1))
         mark(mark_dir, site, "sent", rnd)
         # The next is_running() decodes the next round's model: drop this one first, or a

@@ -28,7 +28,7 @@ from drivers.base import (
     DriverError,
     JobRun,
     free_port_block,
-    layer_elems,
+    layer_counts,
 )
 from drivers.flare import _last_json
 
@@ -124,7 +124,9 @@ class AtollDriver(Driver):
             raise DriverError(f"atoll: not ready in {timeout} s: {answer}; see {self.workdir}/*.log")
 
     # -- jobs --------------------------------------------------------------------------
-    def prepare_job(self, model_mb: float, rounds: int, mark_dir: Path) -> Path:
+    def prepare_job(
+        self, model_mb: float, rounds: int, mark_dir: Path, shape: str = "flat"
+    ) -> Path:
         self._map_marks(mark_dir)
         jobs = self.workdir / "jobs"
         name = f"bench-{len(list(jobs.glob('*'))) if jobs.exists() else 0}"
@@ -139,7 +141,12 @@ class AtollDriver(Driver):
                 "--rounds",
                 str(rounds),
                 "--layers",
-                ",".join(str(n) for n in layer_elems(model_mb)),
+                ",".join(str(n) for n in layer_counts(model_mb, shape, 2 if shape == "llm" else 4)),
+                "--dtype",
+                "bf16" if shape == "llm" else "float32",
+                # issue 40: the sum of a bf16 model (float32, twice its size) on disk
+                "--accumulator",
+                "disk" if shape == "llm" else "memory",
                 "--mark-dir",
                 str(mark_dir),
             ],

@@ -41,6 +41,32 @@ def layer_elems(model_mb: float) -> list[int]:
     return layers
 
 
+def llm_layer_bytes(model_mb: float, blocks: int = 24) -> list[int]:
+    """Byte sizes of the tensors of a model shaped like a language model (issue 40): an
+    embedding and an output head of 1/16 of the model each (512 MiB at 8 GiB), then ``blocks``
+    transformer blocks of 4 attention matrices (1/10 of a block each), 3 MLP matrices (2/10
+    each) and 4 small norms and biases (8 KiB), and a final norm: 267 tensors. Sizes are
+    multiples of 4 bytes, so a peer without bf16 gets float32 tensors of the same byte sizes."""
+    total = model_mb * 2**20
+    small = 8192
+    head = int(total / 16) // 4 * 4
+    block = (total - 2 * head - small * (4 * blocks + 1)) / blocks
+    attention, mlp = int(block / 10) // 4 * 4, int(block / 5) // 4 * 4
+    sizes = [head]
+    for _ in range(blocks):
+        sizes += [small, attention, attention, attention, attention, small, mlp, mlp, mlp]
+        sizes += [small, small]
+    return [*sizes, small, head]
+
+
+def layer_counts(model_mb: float, shape: str, itemsize: int = 4) -> list[int]:
+    """Element counts per tensor: ``flat`` float32 layers, or ``llm`` (llm_layer_bytes) in
+    elements of ``itemsize`` bytes (2 for atoll's bf16, 4 for a peer's float32)."""
+    if shape == "flat":
+        return layer_elems(model_mb)
+    return [n // itemsize for n in llm_layer_bytes(model_mb)]
+
+
 def free_port_block(count: int, start: int = 20000, stop: int = 40000) -> int:
     """First port p such that p .. p+count-1 are all free on 127.0.0.1."""
     for base in range(start, stop, count):
@@ -115,7 +141,9 @@ class Driver(ABC):
         """Block until the server accepts admin calls and both clients are connected."""
 
     @abstractmethod
-    def prepare_job(self, model_mb: float, rounds: int, mark_dir: Path) -> object:
+    def prepare_job(
+        self, model_mb: float, rounds: int, mark_dir: Path, shape: str = "flat"
+    ) -> object:
         """Build the job (not timed); returns whatever submit() needs."""
 
     @abstractmethod

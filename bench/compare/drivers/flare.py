@@ -20,7 +20,7 @@ from drivers.base import (
     DriverError,
     JobRun,
     free_port_block,
-    layer_elems,
+    layer_counts,
 )
 
 FLARE_DIR = COMPARE_DIR / "flare"
@@ -107,10 +107,13 @@ class FlareDriver(Driver):
         if not answer.get("ready"):
             raise DriverError(f"flare: not ready in {timeout} s: {answer or res.stderr[-500:]}")
 
-    def prepare_job(self, model_mb: float, rounds: int, mark_dir: Path) -> Path:
+    def prepare_job(
+        self, model_mb: float, rounds: int, mark_dir: Path, shape: str = "flat"
+    ) -> Path:
         jobs = self.workdir / "jobs"
         name = f"bench-{len(list(jobs.glob('*'))) if jobs.exists() else 0}"
-        layers = ",".join(str(n) for n in layer_elems(model_mb))
+        # FLARE's numpy Client API has no bf16: float32 tensors of the same byte sizes
+        layers = ",".join(str(n) for n in layer_counts(model_mb, shape))
         res = self.run_cmd(
             [
                 self.python,

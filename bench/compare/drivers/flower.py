@@ -23,7 +23,7 @@ from drivers.base import (
     DriverError,
     JobRun,
     free_port_block,
-    layer_elems,
+    layer_counts,
 )
 from drivers.flare import _last_json
 
@@ -179,8 +179,10 @@ class FlowerDriver(Driver):
             raise DriverError(f"flower: not ready in {timeout} s: {answer or res.stderr[-500:]}")
 
     # -- jobs ----------------------------------------------------------------------------
-    def prepare_job(self, model_mb: float, rounds: int, mark_dir: Path) -> list[str]:
-        layers = ",".join(str(n) for n in layer_elems(model_mb))
+    def prepare_job(
+        self, model_mb: float, rounds: int, mark_dir: Path, shape: str = "flat"
+    ) -> list[str]:
+        layers = ",".join(str(n) for n in layer_counts(model_mb, shape))  # float32: no bf16
         return [f"num-server-rounds={rounds}", f'layers="{layers}"', f'mark-dir="{mark_dir}"']
 
     def submit(self, job: object) -> JobRun:

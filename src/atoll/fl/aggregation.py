@@ -10,7 +10,9 @@ received; both fold into the same sum:
          = (sum_i w_i y_i + W_diff * g) / W        with y_i = x_i or d_i
 
 so a diff costs nothing more than a full result. Integer parameters (e.g. BatchNorm's
-``num_batches_tracked``) are averaged in float64 and rounded back.
+``num_batches_tracked``) are averaged in float64 and rounded back. float16 and bfloat16
+(``atoll.fl.bfloat16.BF16``) are summed in float32 and rounded back once, in ``result``: the
+mean of half-precision results is the float32 mean rounded to their dtype.
 
 The sum is kept in units of the first result's weight (``_unit``): the first result is copied in
 as it is, and a later one of the same weight is added as it is, one pass over the data, with no
@@ -21,6 +23,14 @@ once, by unit / total weight, where it divides anyway.
 The mean keeps the global model's order of parameters (then the first result's), so the model
 sent out next round lists its tensors as the last one did.
 
+With ``spill`` (a folder; app.yaml ``accumulator: disk``) the sum lives in an unlinked file
+there instead of in memory, read and written back block by block (pread/pwrite, never mapped,
+so it is not in the worker's RSS), and with ``reuse_reference`` the global model is written
+there too and let go (a diff result reads it back): between sending the model and making the
+mean, the server worker holds a few MiB, not the model and a float32 sum beside it (three
+times a bf16 model's size). The page cache absorbs the file while
+memory allows; the disk takes it when it does not.
+
 With ``reuse_reference=True`` the caller hands the global model over: the first result, when it
 is full weights, is folded straight into the global model's own buffers (float32/float64), so
 the round needs one model's memory, not two. The global model is gone from then on: a later
@@ -29,10 +39,13 @@ the round needs one model's memory, not two. The global model is gone from then 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from atoll.fl import bfloat16
 from atoll.fl.model import Model
 from atoll.fl.serde import CHUNK_SIZE, ModelStream, SerdeError
 from atoll.spec.errors import AtollError
@@ -47,6 +60,8 @@ class AggregateCorrupted(AtollError, RuntimeError):
 
 
 def _accumulator_dtype(dtype: np.dtype) -> np.dtype:
+    if bfloat16.is_bf16(dtype):
+        return np.dtype(np.float32)
     if dtype.kind == "f":
         return np.result_type(dtype, np.float32)  # float16 sums in float32
     return np.dtype(np.float64)
@@ -56,8 +71,10 @@ class WeightedMean:
     """Running example-weighted mean of models; ``reference`` is the global model sent out."""
 
     def __init__(
-        self, reference: dict[str, np.ndarray] | None = None, *, reuse_reference: bool = False
+        self, reference: dict[str, np.ndarray] | None = None, *, reuse_reference: bool = False,
+        spill: str | os.PathLike[str] | None = None,
     ):
+        self._spill = _SpilledSum(spill) if spill is not None else None
         self.reference = reference or None
         self.reuse_reference = reuse_reference  # the caller keeps no other use of `reference`
         self.reference_consumed = False
@@ -65,6 +82,12 @@ class WeightedMean:
         self._spec: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
         if self.reference is not None:
             self._spec = {k: (v.shape, v.dtype) for k, v in self.reference.items()}
+        self._spilled_reference = False
+        if self._spill is not None and self.reference is not None and reuse_reference:
+            # the global model goes to the file too, and leaves memory: diffs read it back
+            assert self._spec is not None
+            self._spill.keep_reference(self._spec, self.reference)
+            self.reference, self._spilled_reference = None, True
         self.total_weight = 0.0
         self.diff_weight = 0.0
         self.count = 0
@@ -88,7 +111,7 @@ class WeightedMean:
                 "global model's memory this round, so there is no global model left to apply the "
                 "diff to: send the same params_type (full or diff) from every site"
             )
-        if model.params_type == "diff" and self.reference is None:
+        if model.params_type == "diff" and self.reference is None and not self._spilled_reference:
             raise ResultRejected(
                 "sent params_type='diff' but the server had no global model to apply it to "
                 "(no initial_model): send full params in the first round"
@@ -121,6 +144,15 @@ class WeightedMean:
             self._spec = {name: (shape, dtype) for name, dtype, shape in stream.entries}
         weight = float(header.num_examples)
         factor = self._factor(weight)
+        if self._spill is not None:
+            try:
+                self._spill.fold(self._spec, stream.blocks(block_bytes), factor, not self.count)
+            except SerdeError as exc:
+                raise AggregateCorrupted(
+                    f"the result broke off while being added ({exc}); this round's average is "
+                    "lost") from None
+            self._account(header, weight)
+            return header
         overwrite = self._take_reference(header)
         for name, (shape, dtype) in self._spec.items():
             if name not in self._sum:
@@ -129,6 +161,15 @@ class WeightedMean:
         try:
             for name, start, block in stream.blocks(block_bytes):
                 target = self._sum[name].reshape(-1)[start : start + len(block)]
+                if bfloat16.is_bf16(block.dtype):  # widened (exactly) into our own buffer
+                    wide = scratch.get(block.dtype)
+                    if wide is None or len(wide) < len(block):
+                        wide = scratch[block.dtype] = np.empty(len(block), np.float32)
+                    block = bfloat16.to_float32(block, out=wide[: len(block)])
+                    if factor != 1.0 and name not in overwrite:
+                        block *= factor
+                        np.add(target, block, out=target)
+                        continue
                 if name in overwrite:  # the global model's buffer: replaced, not added to
                     if factor == 1.0:
                         np.copyto(target, block, casting="unsafe")
@@ -194,8 +235,15 @@ class WeightedMean:
         factor = self._factor(weight)
         if self._spec is None:  # first result without an initial model fixes names and shapes
             self._spec = {k: (v.shape, v.dtype) for k, v in model.params.items()}
+        if self._spill is not None:
+            self._spill.fold(self._spec, _blocks(model.params), factor, not self.count)
+            model.params.clear()
+            self._account(model, weight)
+            return
         overwrite = self._take_reference(model)
         for name, array in model.params.items():
+            if bfloat16.is_bf16(array.dtype):
+                array = bfloat16.to_float32(array)  # our own float32 copy, exact
             if name in overwrite:  # the global model's buffer: replaced, not added to
                 np.multiply(array, factor, out=self._sum[name], casting="unsafe")
                 continue
@@ -218,6 +266,8 @@ class WeightedMean:
     def _ordered(self) -> list[str]:
         """The sum's names in the global model's order (the first result's without one)."""
         assert self._spec is not None
+        if self._spill is not None:
+            return list(self._spec)
         return [name for name in self._spec if name in self._sum]
 
     def result(self) -> dict[str, np.ndarray]:
@@ -227,18 +277,148 @@ class WeightedMean:
         assert self._spec is not None
         out: dict[str, np.ndarray] = {}
         for name in self._ordered():
-            total = self._sum[name]
+            if self._spill is not None:  # one tensor's sum in memory at a time
+                total = self._spill.read(name, self._spec[name])
+            else:  # freed as it goes where the dtype changes (bf16)
+                total = self._sum.pop(name)
             if self.diff_weight:
-                assert self.reference is not None
-                total += self.reference[name].astype(total.dtype, copy=False) * (
+                if self._spilled_reference:
+                    assert self._spill is not None
+                    reference = self._spill.read_reference(name, self._spec[name])
+                else:
+                    assert self.reference is not None
+                    reference = self.reference[name]
+                if bfloat16.is_bf16(reference.dtype):
+                    reference = bfloat16.to_float32(reference)
+                total += reference.astype(total.dtype, copy=False) * (
                     self.diff_weight / self._unit)
             total *= self._unit / self.total_weight
             dtype = self._spec[name][1]
             if dtype.kind in "iub":
                 np.rint(total, out=total)
-            out[name] = total.astype(dtype, copy=False)
+            out[name] = bfloat16.narrow(total, dtype)  # the one rounding of half precision
         self._sum = {}
+        if self._spill is not None:
+            self._spill.close()
         return out
+
+
+def _blocks(params: dict[str, np.ndarray]) -> Iterator[tuple[str, int, np.ndarray]]:
+    """A decoded model as ``ModelStream.blocks`` yields a streamed one."""
+    for name, array in params.items():
+        flat = array.reshape(-1)
+        step = max(1, CHUNK_SIZE // max(1, array.dtype.itemsize))
+        for start in range(0, len(flat), step):
+            yield name, start, flat[start : start + step]
+
+
+class _SpilledSum:
+    """The sum of ``WeightedMean`` in an unlinked file: each tensor's accumulator at its own
+    offset, read into one scratch block, added to and written back (pread/pwrite)."""
+
+    def __init__(self, folder: str | os.PathLike[str]):
+        self._folder = str(folder)
+        try:
+            self._file = tempfile.TemporaryFile(dir=folder, prefix="atoll-sum-")  # gone on close
+        except OSError as exc:
+            raise self._failed(exc) from None
+        self._fd = self._file.fileno()
+        self._offsets: dict[str, int] = {}
+        self._reference_at: dict[str, int] = {}
+        self._scratch = np.empty(0, np.float64)
+
+    def _failed(self, exc: OSError) -> AggregateCorrupted:
+        return AggregateCorrupted(
+            f"the round's sum on disk (accumulator: disk, in {self._folder}) failed: "
+            f"{exc.strerror or exc}; free space there, or set accumulator: memory")
+
+    def _layout(self, spec: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+        if self._offsets:
+            return
+        offset = 0
+        for name, (shape, dtype) in spec.items():
+            self._offsets[name] = offset
+            offset += int(np.prod(shape)) * _accumulator_dtype(dtype).itemsize
+        os.ftruncate(self._fd, offset)  # reads as zeros (sparse) until written
+
+    def _view(self, n: int, dtype: np.dtype) -> np.ndarray:
+        if self._scratch.nbytes < n * dtype.itemsize:
+            self._scratch = np.empty(n * dtype.itemsize // 8 + 1, np.float64)
+        return self._scratch.view(np.uint8)[: n * dtype.itemsize].view(dtype)
+
+    def fold(self, spec: dict, blocks: Iterable[tuple[str, int, np.ndarray]], factor: float,
+             first: bool) -> None:
+        try:
+            self._fold(spec, blocks, factor, first)
+        except OSError as exc:  # a full disk, a file size limit: this round's mean is lost
+            raise self._failed(exc) from None
+
+    def keep_reference(self, spec: dict, reference: dict[str, np.ndarray]) -> None:
+        """Write the global model after the sum's space, each tensor in its own dtype."""
+        try:
+            self._keep_reference(spec, reference)
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def _fold(self, spec: dict, blocks: Iterable[tuple[str, int, np.ndarray]], factor: float,
+              first: bool) -> None:
+        self._layout(spec)
+        for name, start, block in blocks:
+            acc = _accumulator_dtype(spec[name][1])
+            target = self._view(len(block), acc)
+            where = self._offsets[name] + start * acc.itemsize
+            if bfloat16.is_bf16(block.dtype):
+                block = bfloat16.to_float32(block)
+            if first:
+                np.multiply(block, factor, out=target, casting="unsafe")
+            else:
+                _read_exact(self._fd, target, where)
+                target += block.astype(acc, copy=False) * factor if factor != 1.0 else block
+            part = memoryview(target.view(np.uint8).reshape(-1))
+            while len(part):
+                written = os.pwrite(self._fd, part, where)
+                part, where = part[written:], where + written
+
+    def _keep_reference(self, spec: dict, reference: dict[str, np.ndarray]) -> None:
+        self._layout(spec)
+        offset = os.fstat(self._fd).st_size
+        for name, array in reference.items():
+            self._reference_at[name] = offset
+            flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            for start in range(0, len(flat), CHUNK_SIZE):
+                part = memoryview(flat[start : start + CHUNK_SIZE])
+                while len(part):
+                    written = os.pwrite(self._fd, part, offset)
+                    part, offset = part[written:], offset + written
+
+    def read_reference(self, name: str, spec: tuple[tuple[int, ...], np.dtype]) -> np.ndarray:
+        out = np.empty(spec[0], spec[1])
+        try:
+            _read_exact(self._fd, out.reshape(-1), self._reference_at[name])
+        except OSError as exc:
+            raise self._failed(exc) from None
+        return out
+
+    def read(self, name: str, spec: tuple[tuple[int, ...], np.dtype]) -> np.ndarray:
+        shape, dtype = spec
+        out = np.empty(shape, _accumulator_dtype(dtype))
+        try:
+            _read_exact(self._fd, out.reshape(-1), self._offsets[name])
+        except OSError as exc:
+            raise self._failed(exc) from None
+        return out
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _read_exact(fd: int, target: np.ndarray, offset: int) -> None:
+    view = memoryview(target.view(np.uint8).reshape(-1))
+    while len(view):
+        n = os.preadv(fd, [view], offset)
+        if n <= 0:
+            raise OSError(f"the spilled sum ended early at byte {offset}")
+        view, offset = view[n:], offset + n
 
 
 def weighted_metrics(results: Iterable[tuple[dict[str, float], int]]) -> dict[str, float]:

@@ -15,9 +15,11 @@ into weights with the ``reference`` (the global model sent). Write your own by f
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
+from atoll.fl import bfloat16
 from atoll.fl.aggregation import ResultRejected, WeightedMean
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream
@@ -26,10 +28,12 @@ Params = dict[str, np.ndarray]
 
 
 class WeightedAverage:
-    """Example-weighted mean; see ``WeightedMean`` for ``reference`` and ``reuse_reference``."""
+    """Example-weighted mean; see ``WeightedMean`` for ``reference``, ``reuse_reference``
+    and ``spill`` (the sum in a file in that folder)."""
 
-    def __init__(self, reference: Params | None = None, *, reuse_reference: bool = False):
-        self._mean = WeightedMean(reference, reuse_reference=reuse_reference)
+    def __init__(self, reference: Params | None = None, *, reuse_reference: bool = False,
+                 spill: str | os.PathLike[str] | None = None):
+        self._mean = WeightedMean(reference, reuse_reference=reuse_reference, spill=spill)
 
     @property
     def total_weight(self) -> float:
@@ -81,10 +85,10 @@ class _Collected:
     def add(self, site: str, model: Model) -> None:
         self.check(model)
         for name, array in model.params.items():
-            value = np.asarray(array, dtype=np.float64)
+            value = bfloat16.widen(array, np.dtype(np.float64))
             if model.params_type == "diff":
                 assert self.reference is not None
-                value = value + self.reference[name]
+                value = value + bfloat16.widen(self.reference[name], np.dtype(np.float64))
             self.values.setdefault(name, []).append(value)
             self.dtypes.setdefault(name, (self.reference or model.params)[name].dtype)
         self.sites.append(site)
@@ -98,7 +102,7 @@ class _Collected:
             dtype = self.dtypes[name]
             if dtype.kind in "iub":
                 value = np.rint(value)
-            out[name] = np.asarray(value).astype(dtype)
+            out[name] = bfloat16.narrow(np.asarray(value), dtype)
         return out
 
 

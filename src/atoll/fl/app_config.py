@@ -76,6 +76,12 @@ class FedAvgArgs(RoundArgs):
     trim_fraction: float = Field(
         0.2, ge=0, lt=0.5, description="trimmed_mean: share of lowest and of highest values cut."
     )
+    accumulator: Literal["memory", "disk"] = Field(
+        "memory",
+        description="weighted_mean: where the round's sum lives. 'disk': an unlinked file in "
+        "the server worker's run folder, read and written block by block, so a large model "
+        "(bf16 sums in float32: twice its size) needs no second copy in memory.",
+    )
 
 
 class FedProxArgs(FedAvgArgs):

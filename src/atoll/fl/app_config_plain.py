@@ -100,6 +100,7 @@ _FEDAVG = {
     "aggregator": (("literal", ("weighted_mean", "median", "trimmed_mean")), False,
                    "weighted_mean", {}),
     "trim_fraction": ("float", False, 0.2, {"ge": 0, "lt": 0.5}),
+    "accumulator": (("literal", ("memory", "disk")), False, "memory", {}),
 }
 WORKFLOW_FIELDS: dict[str, dict[str, tuple]] = {
     "fedavg": _FEDAVG,

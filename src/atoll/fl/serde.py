@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from atoll.fl.bfloat16 import BF16
 from atoll.fl.model import PARAMS_TYPES, Model
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
@@ -35,8 +36,8 @@ CHUNK_SIZE = 4 * 1024 * 1024  # 1-4 MiB messages are where gRPC over TLS is fast
 SMALL_ARRAY = 256 * 1024  # arrays below this are gathered into a shared chunk
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference limit
 
-# safetensors dtype names <-> numpy (little-endian). BF16 has no numpy dtype: torch_bridge
-# upcasts it to float32.
+# safetensors dtype names <-> numpy (little-endian). BF16 has no numpy dtype: its raw words
+# travel under atoll.fl.bfloat16.BF16, a tagged 2-byte dtype (never widened on the way).
 DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype("bool"),
     "U8": np.dtype("<u1"),
@@ -52,6 +53,7 @@ DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"),
 }
 _NAME_OF = {(dt.kind, dt.itemsize): name for name, dt in DTYPES.items()}
+DTYPES["BF16"] = BF16  # named by equality only: no other 2-byte void dtype is bfloat16
 
 
 class SerdeError(AtollError, ValueError):
@@ -61,11 +63,13 @@ class SerdeError(AtollError, ValueError):
 
 
 def dtype_name(dtype: np.dtype) -> str:
-    name = _NAME_OF.get((dtype.kind, dtype.itemsize))
+    if dtype == BF16:
+        return "BF16"
+    name = _NAME_OF.get((dtype.kind, dtype.itemsize)) if dtype.kind != "V" else None
     if name is None:
         raise SerdeError(
             f"dtype {dtype} cannot be serialized; supported: {', '.join(DTYPES)} "
-            "(numpy bool, uint/int 8-64, float 16/32/64)"
+            "(numpy bool, uint/int 8-64, float 16/32/64, atoll.fl.bfloat16.BF16)"
         )
     return name
 

@@ -2,8 +2,9 @@
 
 A CPU, contiguous tensor and its numpy array share one buffer (``Tensor.numpy()`` and
 ``torch.from_numpy``), so converting a model of any size costs nothing. A copy happens only
-where it must: a tensor on a GPU (moved to the CPU), a non-contiguous one, or bfloat16, which
-numpy cannot represent (upcast to float32; ``load_state_dict`` casts it back on load).
+where it must: a tensor on a GPU (moved to the CPU) or a non-contiguous one. bfloat16, which
+numpy cannot represent, is shared as its raw words (``atoll.fl.bfloat16.BF16``, no copy): it
+travels and is stored as bf16, and comes back as a torch.bfloat16 tensor.
 
 ``distributed(module)`` wraps a module for a site that trains with several processes (DDP).
 
@@ -19,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from atoll.fl import bfloat16
 
 
 def to_params(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -38,11 +41,12 @@ def to_params(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
         tensor = tensor.detach()
         if tensor.device.type != "cpu":
             tensor = tensor.cpu()
-        if tensor.dtype == torch.bfloat16:
-            tensor = tensor.float()
         if not tensor.is_contiguous():
             tensor = tensor.contiguous()
-        params[name] = tensor.numpy()
+        if tensor.dtype == torch.bfloat16:  # its 16-bit words, tagged: the same buffer
+            params[name] = bfloat16.from_words(tensor.view(torch.int16).numpy())
+        else:
+            params[name] = tensor.numpy()
     return params
 
 
@@ -54,7 +58,10 @@ def to_state_dict(params: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
             raise TypeError(f"params[{name!r}] is a {type(array).__name__}, not a numpy array")
         if not array.flags.writeable or not array.flags.c_contiguous:
             array = np.array(array, order="C")  # torch.from_numpy needs a writable buffer
-        out[name] = torch.from_numpy(array)
+        if bfloat16.is_bf16(array.dtype):
+            out[name] = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        else:
+            out[name] = torch.from_numpy(array)
     return out
 
 

@@ -42,7 +42,7 @@ def test_every_problem_is_named_once_under_the_users_path(tmp_path, monkeypatch)
         "myjob/app/app.yaml: server.args.num_rounds: Field required",
         "myjob/app/app.yaml: server.args.num_round: unknown key (allowed: min_clients, "
         "round_timeout, num_rounds, key_metric, key_metric_mode, evaluate_every, "
-        "cross_site_eval, aggregator, trim_fraction)",
+        "cross_site_eval, aggregator, trim_fraction, accumulator)",
         "myjob/app/app.yaml: site.script: 'train.py' is not a file in myjob/app/",
         "myjob/app/helper.py: line 1: SyntaxError: invalid syntax",
     ]

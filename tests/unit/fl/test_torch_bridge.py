@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from atoll.fl.bfloat16 import BF16
 from atoll.fl.model import Model  # noqa: E402
 from atoll.fl.serde import decode, encode  # noqa: E402
 from atoll.fl.torch_bridge import load_params, to_params, to_state_dict  # noqa: E402
@@ -55,7 +56,9 @@ def test_non_contiguous_and_bfloat16_tensors_are_converted():
     params = to_params(state)
     np.testing.assert_array_equal(params["t"], np.arange(12.0).reshape(3, 4).T)
     assert params["t"].flags.c_contiguous
-    assert params["h"].dtype == np.float32  # numpy has no bfloat16
+    assert params["h"].dtype == BF16  # numpy has no bfloat16: its words, tagged, shared
+    assert np.shares_memory(params["h"], state["h"].view(torch.int16).numpy())
+    assert to_state_dict(params)["h"].dtype == torch.bfloat16
     module = torch.nn.Module()
     module.register_buffer("h", torch.zeros(3, dtype=torch.bfloat16))
     load_params(module, {"h": params["h"]})

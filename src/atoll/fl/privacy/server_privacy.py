@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from atoll.fl import bfloat16
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
 from atoll.fl.privacy import filters
@@ -174,9 +175,11 @@ class CentralDP:
         if model.params_type == "diff":
             update = model.params
         else:
-            update = {n: model.params[n].astype(np.float64) - g
+            wide = np.dtype(np.float64)
+            update = {n: bfloat16.widen(model.params[n], wide) - bfloat16.widen(g, wide)
                       for n, g in self.global_params.items()}
-        clipped = filters.clip({n: np.asarray(a, np.float64) for n, a in update.items()},
+        clipped = filters.clip({n: bfloat16.widen(a, np.dtype(np.float64))
+                                for n, a in update.items()},
                                self.clip_norm)
         for name, array in clipped.items():
             self.sum[name] = self.sum[name] + array if name in self.sum else array.copy()
@@ -201,8 +204,8 @@ def apply_update(global_params: Params, mean_update: Params, in_place: bool = Fa
             out[name] = g
         else:
             update = mean_update[name]
-            update += g  # the update's memory becomes the new weights
+            update += bfloat16.to_float32(g) if bfloat16.is_bf16(g.dtype) else g  # its memory
             if g.dtype.kind in "iub":  # counters (num_batches_tracked): rounded, as FedAvg does
                 np.rint(update, out=update)
-            out[name] = update.astype(g.dtype, copy=False)
+            out[name] = bfloat16.narrow(update, g.dtype)  # bf16: rounded once
     return out

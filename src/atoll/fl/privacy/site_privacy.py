@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from atoll.fl import bfloat16
 from atoll.fl.model import Model
 from atoll.fl.privacy import egress, filters
 from atoll.fl.privacy.accounting import BudgetExhausted, Ledger
@@ -261,8 +262,9 @@ class SitePrivacy:
                     "privacy filters and secure aggregation work on updates (the trained "
                     "weights minus the global model), and the task carried no global model: "
                     "give the server app an initial_model in app.yaml")
-            # the difference is written over the received copy, which is ours alone
-            update = {name: (np.subtract(model.params[name], kept, out=kept, casting="unsafe")
+            # the difference is written over the received copy, which is ours alone; a bf16
+            # one is taken in float32 (filters, clipping and noise work in float32)
+            update = {name: (_difference(model.params[name], kept)
                              if name in model.params else np.zeros_like(kept))
                       for name, kept in received.items()}
             self._spare_received = received  # its memory, for the next round's copy
@@ -281,6 +283,13 @@ def _secagg_client(settings: PrivacySettings, policy: SitePrivacyPolicy | None, 
                              "its site parent hands over at launch; none came")
     wanted = policy.secure_aggregation if policy is not None else None
     return SecAggClient(site, job_id, identity, wanted.min_participants if wanted else None)
+
+
+def _difference(trained: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    if bfloat16.is_bf16(kept.dtype) or bfloat16.is_bf16(trained.dtype):
+        wide = bfloat16.widen(trained, np.dtype(np.float32))
+        return np.subtract(wide, bfloat16.widen(kept, np.dtype(np.float32)), out=wide)
+    return np.subtract(trained, kept, out=kept, casting="unsafe")
 
 
 def _copy_into(spare: dict[str, np.ndarray], params: dict[str, np.ndarray]

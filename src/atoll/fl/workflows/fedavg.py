@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -183,7 +184,8 @@ class FedAvgRun:
             return CoordinateMedian(self.global_params or None)
         if self.args.aggregator == "trimmed_mean":
             return TrimmedMean(self.args.trim_fraction, self.global_params or None)
-        return WeightedAverage(self.global_params, reuse_reference=reuse)
+        spill = os.getcwd() if self.args.accumulator == "disk" else None  # the run folder
+        return WeightedAverage(self.global_params, reuse_reference=reuse, spill=spill)
 
     def train_round(self, round_: int) -> None:
         what = f"round {round_}"

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from atoll.fl import bfloat16
 from atoll.fl.app_config import FedOptArgs
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
@@ -56,10 +57,13 @@ class ServerOptimizer:
         """The new global model from the one sent (``current``) and the sites' mean."""
         new: Params = {}
         for name, x in current.items():
-            if x.dtype.kind != "f":
+            half = bfloat16.is_bf16(x.dtype)  # bf16: the optimizer runs in float32, rounded once
+            if half:
+                x = bfloat16.to_float32(x)
+            elif x.dtype.kind != "f":
                 new[name] = mean[name]
                 continue
-            delta = np.array(mean[name], dtype=x.dtype)  # np.array: 0-d stays an array
+            delta = bfloat16.widen(mean[name], x.dtype)
             delta -= x
             m = self.m.get(name)
             if m is None:
@@ -81,7 +85,7 @@ class ServerOptimizer:
             np.divide(m, step, out=step)
             step *= self.lr
             step += x
-            new[name] = step
+            new[name] = bfloat16.from_float32(step) if half else step
         return new
 
 
