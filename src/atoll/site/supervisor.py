@@ -203,7 +203,7 @@ class Supervisor:
             job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
             self.job_log.record(job_id, study, "launched", job.signed)
-            entries = self._provenance(job, job.handle.extra)
+            entries = self._provenance(job, self._launched_image(job))
             if entries:  # a report of its own: never a state after the worker's RUNNING
                 self.link.send_state(job_id, "PROVENANCE", "", **entries)
         except (NotAdmitted, JobRefused, Replayed, SpecError, LaunchError, IntakeError, OSError,
@@ -243,6 +243,15 @@ class Supervisor:
             return sign_entries(self.kit, job.job_id, job.signed, bodies)
         except Exception:  # noqa: BLE001 - the record lacks them; the site's log has the job
             log.exception("job %s: its provenance entries were not made", job.job_id)
+            return {}
+
+    def _launched_image(self, job: SiteJob) -> dict[str, Any]:
+        """The image the worker runs and its digest, as the launcher learns it (a Pod's once
+        its container started): the launch entry waits for it, the job does not."""
+        try:
+            return dict(self.host.launcher.launched_image(job.handle))
+        except Exception:  # noqa: BLE001 - the entry then names no digest
+            log.exception("job %s: its image's digest was not learnt", job.job_id)
             return {}
 
     def _refused_entry(self, job_id: str, signed: Signed, reason: str) -> None:
