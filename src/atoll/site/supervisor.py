@@ -232,9 +232,10 @@ class Supervisor:
     def _provenance(self, job: SiteJob, extra: dict[str, Any]) -> dict[str, Any]:
         """This site's signed entries for the job's provenance record (site/provenance.py)."""
         from atoll import __version__
+        from atoll.pki.provenance import switched_off
         from atoll.site.provenance import decision_body, launch_body, sign_entries
 
-        if job.signed is None:
+        if job.signed is None or switched_off():
             return {}
         try:  # the job runs already: nothing here may fail it
             bodies = [("site.decision", decision_body(self.kit, job.study, job.signed)),
@@ -255,8 +256,11 @@ class Supervisor:
             return {}
 
     def _refused_entry(self, job_id: str, signed: Signed, reason: str) -> None:
+        from atoll.pki.provenance import switched_off
         from atoll.site.provenance import sign_entries
 
+        if switched_off():
+            return
         try:  # a refusal stays a refusal, whatever happens here
             workdir = self.host.runs_root() / JOBS / job_id  # as _report: no path of the site
             body = {"decision": "refused", "study": signed.statement.study,
