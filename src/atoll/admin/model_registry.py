@@ -117,12 +117,14 @@ def register(data: bytes, verified: Any, model: Path, tracking_uri: str,
 
 
 def _job_run(client: Any, job_id: str) -> Any | None:
-    """The job's own top-level run (the server worker's), by its atoll.job_id tag."""
+    """The job's own top-level run (the server worker's), by its atoll.job_id tag: not a site's
+    nested run, nor the run a site's worker keeps in its operator's experiment (atoll.site)."""
     experiments = [e.experiment_id for e in client.search_experiments()]
     if not experiments:
         return None
     runs = client.search_runs(experiments, f"tags.`atoll.job_id` = '{_quoted(job_id)}'")
-    top = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    top = [r for r in runs if "mlflow.parentRunId" not in r.data.tags
+           and "atoll.site" not in r.data.tags]
     return top[0] if top else None
 
 
