@@ -29,6 +29,10 @@ NETWORK_BEGIN, NETWORK_END = "<!-- network-cost:begin -->", "<!-- network-cost:e
 NETWORK_HEADING = "The process launcher's network sandbox: its cost per job"
 # issue 32: with the workers' own network namespaces, at most this much slower than without
 NETWORK_LIMITS = {"a_wall_s": 0.05, "b100_round_s": 0.05}
+PROVENANCE_BEGIN, PROVENANCE_END = "<!-- provenance-cost:begin -->", "<!-- provenance-cost:end -->"
+PROVENANCE_HEADING = "The provenance record: its cost per job"
+# issue 38: with the record, at most this much slower than without it
+PROVENANCE_LIMITS = {"a_wall_s": 0.02, "b100_round_s": 0.02}
 SANDBOX_ROWS = [  # (metric, label, unit)
     ("a_wall_s", "(a) 2 clients, 3 rounds, 4 KiB model: submit → finished", "s"),
     ("a_round_s", "(a) time per round, 4 KiB model", "s"),
@@ -167,6 +171,28 @@ def render_network(
     return _render_cost(results, titles, rows_wanted, meta, off="atoll-hostnet",
                         marks=(NETWORK_BEGIN, NETWORK_END), limits=NETWORK_LIMITS,
                         on_label="network: isolated", cost_label="network sandbox's cost",
+                        intro=intro)
+
+
+def render_provenance(
+    results: dict, titles: dict[str, str], rows_wanted: set[str], meta: dict
+) -> str:
+    """atoll (each job's signed provenance record) against atoll-noprov (none), one run."""
+    intro = (
+        f"Median of {meta['repeats']} repeats per cell (the repeats in brackets, in the order "
+        "run); lower is better. Each repeat provisions and starts a fresh deployment (server and "
+        "two sites as separate processes on 127.0.0.1, mutual TLS, the process launcher, "
+        "workers under bubblewrap), the two variants alternating A B, B A, A B, … With the "
+        "record: the parents as `atoll provision` makes them: the server signs and appends its "
+        "entries (the signed job, its intake, the final model's and metrics' digests), each "
+        "site signs its decision and launch entries, the download exports the record. Without: "
+        "the parents started with ATOLL_BENCHMARK_NO_PROVENANCE=1 (for benchmarks only). The "
+        "server worker's per-round model digests run in both. CPU time and other load as in "
+        "the sandbox table. The cost is the difference of the medians, in per cent of the time "
+        "without; issue 38 allows at most +2 % for the tiny job and for the 100 MiB round.")
+    return _render_cost(results, titles, rows_wanted, meta, off="atoll-noprov",
+                        marks=(PROVENANCE_BEGIN, PROVENANCE_END), limits=PROVENANCE_LIMITS,
+                        on_label="provenance record", cost_label="record's cost",
                         intro=intro)
 
 

@@ -16,6 +16,9 @@ environments (bench/compare/setup_peers.sh makes them); nothing is installed int
   python3 bench/compare/run.py --systems atoll,atoll-hostnet --workloads a,b100 --repeats 3
       # the network sandbox's cost (issue 32): workers in their own network namespaces and
       # with `process: {network: host}`; its own table and bench/compare/network_run.json
+  python3 bench/compare/run.py --systems atoll,atoll-noprov --workloads a,b100 --repeats 3
+      # the provenance record's cost (issue 38): parents with and without it
+      # (ATOLL_BENCHMARK_NO_PROVENANCE=1); its own table and bench/compare/provenance_run.json
 
 Workloads (issue 9): a = 2 clients x 3 rounds of FedAvg on a 4 KiB model, submit -> finished
 and per-round time; b100 / b1000 (or b for both) = the same with a 100 MiB / 1 GiB model,
@@ -41,7 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import report  # noqa: E402
 import workloads  # noqa: E402
-from drivers.atoll import AtollDriver, AtollHostNetDriver, AtollUnconfinedDriver  # noqa: E402
+from drivers.atoll import (  # noqa: E402
+    AtollDriver,
+    AtollHostNetDriver,
+    AtollNoProvenanceDriver,
+    AtollUnconfinedDriver,
+)
 from drivers.base import REPO  # noqa: E402
 from drivers.flare import FlareDriver  # noqa: E402
 from drivers.flower import FlowerDriver  # noqa: E402
@@ -52,6 +60,7 @@ DRIVERS = {
     "atoll": AtollDriver,
     "atoll-unconfined": AtollUnconfinedDriver,  # atoll, workers without the sandbox (issue 19)
     "atoll-hostnet": AtollHostNetDriver,  # atoll, workers on the host's network (issue 32)
+    "atoll-noprov": AtollNoProvenanceDriver,  # atoll, no provenance record (issue 38)
 }
 
 NOTES = [
@@ -81,11 +90,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--systems",
         default="flare,flower,atoll",
-        help="comma-separated: flare, flower, atoll, atoll-unconfined, atoll-hostnet (default: "
+        help="comma-separated: flare, flower, atoll, atoll-unconfined, atoll-hostnet, "
+        "atoll-noprov (default: "
         "flare, flower, atoll); atoll-hostnet = atoll with `process: {network: host}`, whose "
         "comparison with atoll goes to a table of its own (the network sandbox's cost); "
         "atoll-unconfined = atoll with `process: {sandbox: none}`, whose "
-        "comparison with atoll goes to its own table",
+        "comparison with atoll goes to its own table; atoll-noprov = atoll keeping no "
+        "provenance record (its own table too)",
     )
     p.add_argument(
         "--workloads",
@@ -141,7 +152,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.systems = _split(args.systems, list(DRIVERS), "--systems")
     args.sandbox_cost = "atoll-unconfined" in args.systems
     args.network_cost = "atoll-hostnet" in args.systems
-    variant = args.sandbox_cost or args.network_cost
+    args.provenance_cost = "atoll-noprov" in args.systems
+    variant = args.sandbox_cost or args.network_cost or args.provenance_cost
     # the peer table (and last_run.json, which --merge-from reads) only from a run with a peer
     args.peer_table = not variant or any(s in report.PEERS for s in args.systems)
     if variant and merging:
@@ -150,7 +162,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.json is None:
         name = "merged_run.json" if merging else "last_run.json"
         if not args.peer_table:
-            name = "sandbox_run.json" if args.sandbox_cost else "network_run.json"
+            name = ("sandbox_run.json" if args.sandbox_cost else "network_run.json"
+                    if args.network_cost else "provenance_run.json")
         args.json = str(REPO / "bench" / "compare" / name)
     if args.output is None and not merging:
         args.output = str(REPO / "BENCHMARKS.md")
@@ -207,12 +220,12 @@ def main(argv: list[str]) -> int:
             skipped[system] = reason
             log(f"{system}: skipped: {reason}")
     active = [s for s in args.systems if s not in skipped]
-    if args.cpu or args.sandbox_cost or args.network_cost:  # each job's CPU time: steadier
+    if args.cpu or variant_run(args):  # each job's CPU time: steadier
         AtollDriver.measure_cpu = True
     log(f"systems {active}, workloads {args.workloads}, {args.repeats} repeats, work in {root}")
     try:
         for r in range(1, args.repeats + 1):
-            for system in _order(active, r, args.sandbox_cost or args.network_cost):
+            for system in _order(active, r, variant_run(args)):
                 driver = DRIVERS[system](root / f"{system}-r{r}", f"{token}-{system}-{r}", log)
                 driver.workdir.mkdir(parents=True, exist_ok=True)
                 log(f"{system} repeat {r}/{args.repeats}")
@@ -251,6 +264,10 @@ def main(argv: list[str]) -> int:
     if args.network_cost:
         blocks.append((report.render_network(results, titles, rows, meta),
                        report.NETWORK_BEGIN, report.NETWORK_END, report.NETWORK_HEADING))
+    if args.provenance_cost:
+        blocks.append((report.render_provenance(results, titles, rows, meta),
+                       report.PROVENANCE_BEGIN, report.PROVENANCE_END,
+                       report.PROVENANCE_HEADING))
     for block, *_ in blocks:
         print(block)
     if not args.no_write:
@@ -262,6 +279,11 @@ def main(argv: list[str]) -> int:
             written.insert(0, args.output)
         log(f"wrote {' and '.join(written)}")
     return 0
+
+
+def variant_run(args: argparse.Namespace) -> bool:
+    """atoll against one variant of itself: CPU measured, the pair alternating."""
+    return bool(args.sandbox_cost or args.network_cost or args.provenance_cost)
 
 
 def _order(active: list[str], repeat: int, sandbox_cost: bool) -> list[str]:

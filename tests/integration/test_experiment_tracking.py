@@ -167,6 +167,7 @@ def test_the_demo_jobs_metrics_stream_to_a_real_mlflow_server_while_it_runs(tmp_
 
             job = session.wait(job_id, timeout=240)
             assert job["state"] == "FINISHED:COMPLETED", job
+            results = session.download(job_id, tmp_path / "results")
     finally:
         for role, kit in reversed(parents):
             detach.stop(kit / "workspace", role)
@@ -183,12 +184,62 @@ def test_the_demo_jobs_metrics_stream_to_a_real_mlflow_server_while_it_runs(tmp_
     assert sorted(m.step for m in own_loss) == [1, 2, 3, 4, 5, 6]
     assert "local_loss" in own.data.metrics  # fl.log_metrics, streamed by the site itself
 
+    _check_registered_model(client, mlflow_server, project, job_id, results, parent, tmp_path)
+
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(tensorboard / job_id / "hospital-2"))
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss/hospital-2")] == [1, 2, 3, 4, 5, 6]
     assert "local_loss/hospital-2" in events.Tags()["scalars"]  # fl.log_metrics too
+
+
+def _check_registered_model(client, uri: str, project: Path, job_id: str, results: Path,
+                            job_run, tmp_path: Path) -> None:
+    """`atoll provenance register` (issue 38): the downloaded record and model, verified, make a
+    model version of the job's run whose tags are the record's digests; the record and the
+    model are the run's artifacts."""
+    import hashlib
+    import json
+
+    record = results / "provenance.json"
+    model = next(results.rglob("global_model_final.safetensors"))
+    ca = project / RESEARCHER / "startup" / "rootCA.pem"
+    done = subprocess.run(
+        [sys.executable, "-m", "atoll", "provenance", "register", str(record), "--ca", str(ca),
+         "--model", str(model), "--tracking-uri", uri, "--name", "hospitals-model",
+         "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["run_id"] == job_run.info.run_id  # the job's own tracked run
+    version = client.get_model_version("hospitals-model", answer["version"])
+    entries = [json.loads(e["entry"]) for e in json.loads(record.read_text())["entries"]]
+    final = next(e["body"] for e in entries if e["kind"] == "job.final")
+    signed = entries[0]["body"]
+    assert version.run_id == job_run.info.run_id
+    assert version.tags["atoll.job_id"] == job_id
+    assert version.tags["atoll.model_digest"] == final["model_digest"] == (
+        "sha256:" + hashlib.sha256(model.read_bytes()).hexdigest())
+    assert version.tags["atoll.metrics_digest"] == final["metrics_digest"]
+    assert version.tags["atoll.content_digest"] == signed["content_digest"]
+    assert version.tags["atoll.statement_digest"] == signed["statement_digest"]
+    assert version.tags["atoll.record_digest"] == (
+        "sha256:" + hashlib.sha256(record.read_bytes()).hexdigest())
+    assert version.tags["atoll.sites"] == ",".join(sorted(demo_data.SITES))
+    fetched = Path(mlflow.artifacts.download_artifacts(
+        run_id=job_run.info.run_id, artifact_path="atoll", tracking_uri=uri,
+        dst_path=str(tmp_path / "fetched")))
+    assert (fetched / "provenance.json").read_bytes() == record.read_bytes()
+    assert (fetched / model.name).read_bytes() == model.read_bytes()
+    # a model that is not the record's is refused before anything reaches MLflow
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(model.read_bytes()[:-1] + bytes([model.read_bytes()[-1] ^ 1]))
+    refused = subprocess.run(
+        [sys.executable, "-m", "atoll", "provenance", "register", str(record), "--ca", str(ca),
+         "--model", str(other), "--tracking-uri", uri, "--name", "hospitals-model"],
+        capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "job.final" in refused.stderr, refused.stderr
+    assert len(client.search_model_versions("name = 'hospitals-model'")) == 1
 
 
 CRASHING_SITE = """

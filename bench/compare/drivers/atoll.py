@@ -463,3 +463,16 @@ class AtollHostNetDriver(AtollUnconfinedDriver):
     name = "atoll-hostnet"
     title = "atoll, network: host"
     setting = ("network", "host")
+
+
+class AtollNoProvenanceDriver(AtollDriver):
+    """atoll with its parents started with ATOLL_BENCHMARK_NO_PROVENANCE=1 (issue 38): the
+    server keeps no provenance record and the sites state no entries; compared with atoll, it
+    is the record's cost. The server worker's round digests (one SHA-256 pass over each
+    round's global model, job code's part) run in both variants."""
+
+    name = "atoll-noprov"
+    title = "atoll, no provenance"
+
+    def system_env(self) -> dict[str, str]:
+        return {**super().system_env(), "ATOLL_BENCHMARK_NO_PROVENANCE": "1"}

@@ -26,7 +26,8 @@ COMMANDS = {
     "crl": ("atoll.cli.crl", "crl_group",
             "Push the project's certificate revocation list to the server; show it."),
     "provenance": ("atoll.cli.provenance", "provenance_group",
-                   "Verify a job's provenance record offline, against the project's CA."),
+                   "Verify a job's provenance record offline, against the project's CA; "
+                   "register its model in MLflow."),
     "dashboard": ("atoll.cli.dashboard", "dashboard_command",
                   "A live view of the study in your browser: sites, jobs, curves, logs."),
     "poc": ("atoll.cli.poc", "poc_group", "Run a local federation: a server and N sites."),

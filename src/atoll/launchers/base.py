@@ -142,5 +142,12 @@ class Launcher(ABC):
     def cancel(self, handle: Handle) -> None:
         """Stop and remove the worker. Idempotent: a worker already gone counts as cancelled."""
 
+    def launched_image(self, handle: Handle) -> dict[str, str]:
+        """The image the worker runs and its content digest as the engine reports it, for the
+        site's provenance entry: ``image`` and ``image_id`` (the engine's) or ``image_digest``
+        (one the site computed); {} where the worker runs no image. Called once, after
+        launch(); never raises (a digest it cannot learn is left out)."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release clients and background threads."""

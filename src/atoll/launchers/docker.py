@@ -193,6 +193,11 @@ class DockerLauncher(Launcher):
             },
         )
 
+    def launched_image(self, handle: Handle) -> dict[str, str]:
+        """The image id the engine created the container from (its config's digest)."""
+        return {key: str(handle.extra[key]) for key in ("image", "image_id")
+                if handle.extra.get(key)}
+
     def _release(self, handle: Handle) -> None:
         """The job's GPUs and relay, once its container is gone (or never came)."""
         self._gpus.release(handle.extra.get("gpu_key", ""))

@@ -31,6 +31,7 @@ from atoll.launchers.kubernetes_render import MAIN_CONTAINER, render
 from atoll.launchers.kubernetes_states import interpret
 
 log = logging.getLogger(__name__)
+IMAGE_POLL_SECONDS = 0.5  # how often a starting Pod is read for its container's imageID
 WATCH_SECONDS = 300  # longest single watch request; the watch is reopened after it
 LOG_CHUNK = 64 * 1024
 
@@ -174,12 +175,43 @@ class KubernetesLauncher(Launcher):
                 "pending_timeout": min(limit, asked) if asked else limit,
                 "launched_at": time.time(),
                 "workdir": str(request.workdir),
+                "image": str(_main_container(pod).get("image", "")),
             },
         )
         if on_progress is not None:
             self._progress[handle.job_id] = on_progress
             on_progress(f"pod {ns}/{name} created")
         return handle
+
+    def launched_image(self, handle: Handle) -> dict[str, str]:
+        """The worker container's image and the ``imageID`` the kubelet reports once the
+        container has started (the content digest of the image it ran): the Pod is read until
+        then, while it is pending at most (its pending_timeout), or until it is cancelled."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        found = {"image": str(handle.extra.get("image", ""))}
+        deadline = handle.extra["launched_at"] + handle.extra["pending_timeout"]
+        while not self._was_cancelled(handle) and time.time() < deadline:
+            try:
+                pod = self.api.read_namespaced_pod(handle.native_id, handle.extra["namespace"])
+            except ApiException as err:
+                if err.status == 404:
+                    break
+                pod = None
+            except HTTPError:
+                pod = None
+            if pod is not None and pod.status is not None:
+                for container in pod.status.container_statuses or []:
+                    if container.name == MAIN_CONTAINER and container.image_id:
+                        return {**found, "image_id": str(container.image_id)}
+                state = interpret(pod)
+                if state.final is not None:
+                    break  # ended, or can never start (an image that cannot be pulled): wait says
+                if state.note:
+                    self._report(handle, state.note)
+            time.sleep(IMAGE_POLL_SECONDS)
+        return {key: value for key, value in found.items() if value}
 
     # --- wait ----------------------------------------------------------------------------------
     def wait(self, handle: Handle) -> WorkerExit:
@@ -320,3 +352,10 @@ class KubernetesLauncher(Launcher):
         api_client = getattr(self._api, "api_client", None)
         if api_client is not None and hasattr(api_client, "close"):
             api_client.close()
+
+
+def _main_container(pod: dict[str, Any]) -> dict[str, Any]:
+    for container in pod.get("spec", {}).get("containers", []):
+        if container.get("name") == MAIN_CONTAINER:
+            return dict(container)
+    return {}

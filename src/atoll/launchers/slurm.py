@@ -35,11 +35,17 @@ from atoll.launchers.base import (
     ProgressCallback,
     WorkerExit,
 )
+from atoll.launchers.file_digests import FileDigests
 from atoll.launchers.job_files import read_job_file, read_tail
 from atoll.launchers.ranks import MAX_RANK_ERROR_BYTES, RANK_ERROR_FILE
 from atoll.launchers.request import launch_credentials
 from atoll.launchers.slurm_poller import BACKOFF_S, SlurmPoller, Watched
-from atoll.launchers.slurm_render import LOG_DIR, render_slurm, secrets_file_text
+from atoll.launchers.slurm_render import (
+    LOG_DIR,
+    render_slurm,
+    sandbox_image,
+    secrets_file_text,
+)
 from atoll.launchers.slurm_states import (
     SACCT_FIELDS,
     SQUEUE_FIELDS,
@@ -92,6 +98,7 @@ class SlurmLauncher(Launcher):
         self._runner = runner or run_command
         self._timeout = command_timeout_s
         self._poller = SlurmPoller(self._query, self._scancel, backoff=backoff)
+        self._images = FileDigests()
 
     # ----- pure -----------------------------------------------------------------------------
 
@@ -120,10 +127,21 @@ class SlurmLauncher(Launcher):
             self.name,
             native_id,
             request.identity.job_id,
-            extra={**limits, "log_file": log_file, "secrets_file": str(secrets)},
+            extra={**limits, "log_file": log_file, "secrets_file": str(secrets),
+                   "image": sandbox_image(request)},
         )
         self._watch(handle, on_progress)
         return handle
+
+    def launched_image(self, handle: Handle) -> dict[str, str]:
+        """The sandbox's image, and the SHA-256 of its file where it is one on this host (an
+        Apptainer SIF or an enroot squashfs at an absolute path, as the nodes see it on the
+        shared file system); a registry reference the nodes pull has no digest here."""
+        image = handle.extra.get("image")
+        if not isinstance(image, str) or not image:
+            return {}
+        digest = self._images.digest(image) if image.startswith("/") else None
+        return {"image": image, **({"image_digest": digest} if digest else {})}
 
     def wait(self, handle: Handle) -> WorkerExit:
         job = self._watch(handle)

@@ -280,6 +280,13 @@ def _image(request: LaunchRequest) -> tuple[str, str]:
     )
 
 
+def sandbox_image(request: LaunchRequest) -> str | None:
+    """The image as the job's sandbox is given it (None without a container sandbox)."""
+    sandbox = _study_slurm(request).get("sandbox") or _slurm_settings(request).sandbox
+    convert = {"pyxis": pyxis_image, "apptainer": apptainer_image}.get(sandbox)
+    return convert(_image(request)[0]) if convert else None
+
+
 def apptainer_image(image: str) -> str:
     """A registry reference becomes ``docker://...``; SIF paths and URIs stay as they are."""
     if "://" in image or image.startswith(("/", "./", "../")) or image.endswith(".sif"):

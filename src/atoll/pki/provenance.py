@@ -59,6 +59,15 @@ FORMAT = "atoll-provenance/1"
 ENTRY_FORMAT = "atoll-provenance-entry/1"
 HEAD_FORMAT = "atoll-provenance-head/1"
 MAX_RECORD_BYTES = 64 * 1024 * 1024
+# For measuring the record's cost only (bench/compare's atoll-noprov): a parent started with this
+# variable set to 1 keeps no record (the server) or states no entries (a site), and says so.
+BENCHMARK_OFF = "ATOLL_BENCHMARK_NO_PROVENANCE"
+
+
+def switched_off(environ: Any = None) -> bool:
+    import os
+
+    return (environ if environ is not None else os.environ).get(BENCHMARK_OFF) == "1"
 
 # entry kind -> the kind of party that may state it
 KINDS = {

@@ -94,7 +94,7 @@ class ServerParent:
             host=self, tokens=self.tokens, limits=self.limits, workspace=self.workspace,
             check=SubmissionCheck(kit.ca, kit.project, self.studies),
             revocations=self.revocations,
-            provenance=ServerProvenance(kit, self.workspace / "jobs", __version__))
+            provenance=_provenance(kit, self.workspace / "jobs"))
         self.revocations.on_change = self.jobs.signers_revoked
         self.scheduler = Scheduler(self.queue, self.store, self.studies, self.links, self.jobs)
         self._grpc = None
@@ -224,3 +224,13 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
         pass
     server.stop()
     return 0
+
+
+def _provenance(kit: Kit, jobs_dir: Path) -> ServerProvenance | None:
+    from atoll.pki.provenance import BENCHMARK_OFF, switched_off
+
+    if switched_off():
+        log.warning("%s=1: this server keeps no provenance records (for benchmarks only)",
+                    BENCHMARK_OFF)
+        return None
+    return ServerProvenance(kit, jobs_dir, __version__)

@@ -277,6 +277,8 @@ class Lifecycle:
             for part, info in record.parts.items():
                 if not info["state"].startswith("FINISHED"):
                     self.store.set_part_state(record.id, part, "FINISHED:FAILED", reason)
+            if self.provenance is not None:  # the same chain, continued from its file
+                self.provenance.finished(record.id, "FAILED", reason)
             self.store.set_job_state(record.id, "FINISHED:FAILED", reason)
 
     def stop_all(self) -> None:

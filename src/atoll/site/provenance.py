@@ -72,6 +72,8 @@ def launch_body(launcher: str, entry: StudyEntry | None, extra: dict[str, Any],
         body["datasets"] = [{"name": n, "mode": d.mode} for n, d in sorted(entry.datasets.items())]
         if entry.container is not None:
             body["image"] = str(getattr(entry.container, "image", ""))
+    if "image" not in body and isinstance(extra.get("image"), str) and extra["image"]:
+        body["image"] = extra["image"][:400]  # the site's default image
     for key in ("image_id", "image_digest", "render_digest"):
         if isinstance(extra.get(key), str):
             body[key] = extra[key][:200]

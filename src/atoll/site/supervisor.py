@@ -223,7 +223,7 @@ class Supervisor:
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
             self.parts.launched(job.handle)
             self.job_log.record(job_id, study, "launched", job.signed)
-            entries = self._provenance(job, job.handle.extra)
+            entries = self._provenance(job, self._launched_image(job))
             if entries:  # a report of its own: never a state after the worker's RUNNING
                 self.link.send_state(job_id, "PROVENANCE", "", **entries)
         except (NotAdmitted, JobRefused, Replayed, SpecError, LaunchError, IntakeError, OSError,
@@ -303,9 +303,10 @@ class Supervisor:
     def _provenance(self, job: SiteJob, extra: dict[str, Any]) -> dict[str, Any]:
         """This site's signed entries for the job's provenance record (site/provenance.py)."""
         from atoll import __version__
+        from atoll.pki.provenance import switched_off
         from atoll.site.provenance import decision_body, launch_body, sign_entries
 
-        if job.signed is None:
+        if job.signed is None or switched_off():
             return {}
         try:  # the job runs already: nothing here may fail it
             bodies = [("site.decision", decision_body(self.kit, job.study, job.signed)),
@@ -316,9 +317,21 @@ class Supervisor:
             log.exception("job %s: its provenance entries were not made", job.job_id)
             return {}
 
+    def _launched_image(self, job: SiteJob) -> dict[str, Any]:
+        """The image the worker runs and its digest, as the launcher learns it (a Pod's once
+        its container started): the launch entry waits for it, the job does not."""
+        try:
+            return dict(self.host.launcher.launched_image(job.handle))
+        except Exception:  # noqa: BLE001 - the entry then names no digest
+            log.exception("job %s: its image's digest was not learnt", job.job_id)
+            return {}
+
     def _refused_entry(self, job_id: str, signed: Signed, reason: str) -> None:
+        from atoll.pki.provenance import switched_off
         from atoll.site.provenance import sign_entries
 
+        if switched_off():
+            return
         try:  # a refusal stays a refusal, whatever happens here
             workdir = self.host.runs_root() / JOBS / job_id  # as _report: no path of the site
             body = {"decision": "refused", "study": signed.statement.study,

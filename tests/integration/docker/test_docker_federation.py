@@ -10,6 +10,8 @@ the relay socket in its run folder.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
 import yaml
@@ -17,6 +19,7 @@ import yaml
 from tests.integration.docker.conftest import SESSION_ID, SESSION_LABEL, Engine
 from tests.integration.federation.harness import Federation
 from tests.integration.federation.jobs import make_job
+from tests.integration.federation.provenance_check import verified_launch_entry
 
 pytestmark = pytest.mark.docker
 
@@ -50,7 +53,8 @@ def docker_federation(docker_engine: Engine, tmp_path_factory: pytest.TempPathFa
     fed.stop_all()
 
 
-def test_a_job_completes_on_a_docker_site(docker_federation: Federation, tmp_path) -> None:
+def test_a_job_completes_on_a_docker_site(docker_federation: Federation, docker_engine: Engine,
+                                          tmp_path) -> None:
     job_dir = make_job(tmp_path / "docker-echo", sites=["site-d"])
     meta = job_dir / "meta.json"
     meta.write_text(
@@ -63,6 +67,15 @@ def test_a_job_completes_on_a_docker_site(docker_federation: Federation, tmp_pat
     assert job["state"] == "FINISHED:COMPLETED", f"{job}\nsite-d log:\n{site_log}"
     worker_log = docker_federation.workspace("site-d") / "jobs" / job["job_id"] / "logs"
     assert (worker_log / "worker.log").exists()
+    # its provenance record verifies offline and names the image's id as the engine has it
+    launch = verified_launch_entry(docker_federation, ADMIN, job["job_id"], "site-d", tmp_path,
+                                   study="dockerized")
+    inspected = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", docker_engine.job_image],
+        env={**os.environ, "DOCKER_HOST": docker_engine.env["DOCKER_HOST"]},
+        capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert inspected.startswith("sha256:") and launch["image_id"] == inspected, launch
+    assert launch["image"] == docker_engine.job_image and launch["launcher"] == "docker"
 
 
 

@@ -9,11 +9,14 @@ it) and trains with the echo script.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import yaml
 
 from tests.integration.federation.harness import Federation
 from tests.integration.federation.jobs import make_job
+from tests.integration.federation.provenance_check import verified_launch_entry
 from tests.integration.k8s.conftest import Cluster, pod_template
 from tests.integration.k8s.helm_support import job_image_tag
 
@@ -42,13 +45,24 @@ def test_a_job_completes_with_its_site_worker_in_a_pod(cluster: Cluster, tmp_pat
         fed.wait_online(ADMIN)
         with fed.session(ADMIN) as session:
             job = session.submit(job_dir, wait=True, timeout=240)
+        assert job["state"] == "FINISHED:COMPLETED", (job["reason"], job["parts"],
+                                                      fed.log("site-k"))
+        launch = verified_launch_entry(fed, ADMIN, job["job_id"], "site-k", tmp_path)
     finally:
         fed.stop_all()
-    assert job["state"] == "FINISHED:COMPLETED", (job["reason"], job["parts"], fed.log("site-k"))
     log = (fed.workspace("site-k") / "jobs" / job["job_id"] / "logs" / "worker.log").read_text()
     assert "registered with 127.0.0.1" in log  # the Pod's own worker log, kept by the launcher
     left = cluster.api.list_namespaced_pod(cluster.namespace).items
     assert not [p.metadata.name for p in left if job["job_id"][:12] in p.metadata.name]
+    # its provenance record verifies offline and names the imageID the kubelet gave the Pod's
+    # container: the node's engine's id of the job image (the kubelet runs on Docker here)
+    inspected = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", cluster.job_image],
+        env={**os.environ, "DOCKER_HOST": cluster.env["ATOLL_K8S_DOCKER_HOST"]},
+        capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert inspected.startswith("sha256:"), inspected
+    assert launch["image_id"] in (f"docker://{inspected}", inspected), launch
+    assert launch["image"] == cluster.job_image and launch["launcher"] == "k8s"
 
 
 def test_the_server_workers_results_come_home_from_its_pod(cluster: Cluster, tmp_path) -> None:

@@ -160,3 +160,37 @@ def test_the_server_workers_results_come_home_from_its_batch_job(slurm_cluster, 
     assert job["state"] == "FINISHED:COMPLETED", (job["reason"], job["parts"], fed.log("server"))
     report = json.loads((out / "results" / "scatter_gather.json").read_text())
     assert len(report["rounds"]) == 2, report
+
+
+def test_an_apptainer_sites_launch_entry_names_its_images_sha256(slurm_cluster, tmp_path):
+    """A Slurm site whose workers run in Apptainer: its signed launch entry names the image
+    file and its SHA-256 as the site parent read it, and the record verifies offline. (This
+    host has no apptainer command, so the batch job itself fails on its node: the entry is
+    made once sbatch took the job.)"""
+    import hashlib
+    import shutil
+
+    from tests.integration.federation.provenance_check import verified_launch_entry
+
+    image = tmp_path / "worker.sif"
+    image.write_bytes(b"SIF test image " + os.urandom(4096))
+    fed = Federation.provisioned(tmp_path / "fed", ["site-s"], USERS)
+    site_yaml = {"launcher": "slurm",
+                 "slurm": {"python_path": PYTHON, "pending_timeout": 120,
+                           "sandbox": "apptainer", "container_image": str(image)},
+                 "worker_endpoint": {"host": "127.0.0.1", "port": 0}}
+    (fed.kit("site-s") / "local" / "site.yaml").write_text(yaml.safe_dump(site_yaml))
+    job_dir = make_job(tmp_path / "apptainer-echo", rounds=1)
+    fed.start_server()
+    fed.start_site("site-s", env={"SLURM_CONF": str(BASE / "etc" / "slurm.conf")})
+    try:
+        fed.wait_online(ADMIN)
+        with fed.session(ADMIN) as session:
+            job = session.submit(job_dir, wait=True, timeout=240)
+        if shutil.which("apptainer") is not None:
+            assert job["state"] == "FINISHED:COMPLETED", (job, fed.log("site-s"))
+        launch = verified_launch_entry(fed, ADMIN, job["job_id"], "site-s", tmp_path)
+    finally:
+        fed.stop_all()
+    assert launch["launcher"] == "slurm" and launch["image"] == str(image), launch
+    assert launch["image_digest"] == "sha256:" + hashlib.sha256(image.read_bytes()).hexdigest()
