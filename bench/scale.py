@@ -54,6 +54,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _fds(pid: int) -> list[int]:
+    """[open, soft limit] of a process's file descriptors."""
+    try:
+        limit = next(line.split()[3] for line in Path(f"/proc/{pid}/limits").read_text()
+                     .splitlines() if line.startswith("Max open files"))
+        return [len(os.listdir(f"/proc/{pid}/fd")), int(limit)]
+    except (OSError, StopIteration, ValueError):
+        return []
+
+
 # -- one run ----------------------------------------------------------------------------------
 class ScaleRun:
     def __init__(self, n: int, rounds: int, payload: int, work: Path):
@@ -147,10 +157,11 @@ class ScaleRun:
                 session.sites()  # the admin link is up before the clock starts
                 t_start = time.time()
                 self.start_sites()
-                online = self._wait_online(session, timeout=30 + 0.05 * self.n)
+                online = self._wait_online(session, timeout=min(30 + 0.05 * self.n, 180))
                 t_online = time.time()
                 self.result["connect_s"] = t_online - t_start
                 self.result["connect"] = sampler.window(t_start, t_online)
+                self.result["server_fds"] = _fds(self.server.pid)
                 if online < self.n:
                     self.result["error"] = (
                         f"the admin saw {online} of {self.n} sites online after "
@@ -221,7 +232,7 @@ class ScaleRun:
         job_id = session.submit(job)["job_id"]
         self.result["submit_call_s"] = time.time() - t_submit
         self.result["t_submit"] = t_submit
-        deadline = time.monotonic() + 120 + 60 * self.rounds + 0.5 * self.n
+        deadline = time.monotonic() + min(120 + 60 * self.rounds + 0.05 * self.n, 600)
         state = ""
         while time.monotonic() < deadline:
             status = session.status(job_id)

@@ -40,7 +40,8 @@ def render(results: list[dict], command: str) -> str:
         "and its worker make: FetchJob, STARTING/RUNNING, PullTask -> PushReply echoing the "
         "payload, FINISHED). The job: scatter_gather to `@ALL`, min_clients N, "
         f"{results[0].get('payload_bytes', '?')} B payload, {results[0].get('rounds', '?')} "
-        "rounds. The simulated sites run in up to 4 processes on the same 2 CPUs as the server.",
+        "rounds. The simulated sites run 250 to a process (at least 4 processes), at nice 10 "
+        "below the server, on the same 2 CPUs as the server.",
         "",
         "| sites | connect (all online) | deploy (submit → all RUNNING) | time per round | "
         "server CPU idle | server CPU during job | server CPU per site and round | "
