@@ -211,6 +211,8 @@ class ScaleRun:
         return online
 
     def _job(self, session, sampler: Sampler) -> None:
+        from atoll.admin.errors import AtollError
+
         job = self.work / "job"
         (job / "app").mkdir(parents=True)
         (job / "meta.json").write_text(
@@ -234,8 +236,14 @@ class ScaleRun:
         self.result["t_submit"] = t_submit
         deadline = time.monotonic() + min(120 + 60 * self.rounds + 0.05 * self.n, 600)
         state = ""
+        status: dict = {}
         while time.monotonic() < deadline:
-            status = session.status(job_id)
+            try:
+                status = session.status(job_id)
+            except AtollError as exc:  # a server too busy to answer the admin is a result too
+                self.result.setdefault("admin_errors", []).append(str(exc)[:200])
+                time.sleep(0.5)
+                continue
             state = status["state"]
             if state.startswith("FINISHED"):
                 break

@@ -13,3 +13,5 @@ def test_the_backlog_of_calls_not_yet_taken_holds_every_site_of_a_large_federati
     hard = options["grpc.server.max_pending_requests_hard_limit"]
     assert soft >= 10_000 * 2  # each site's fetch and its first task poll
     assert hard > soft
+    # and such a call waits for the loop longer than gRPC's 30 s before it is cancelled
+    assert options["grpc.server_max_unrequested_time_in_server"] >= 120
