@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from bench.scale_proc import Sampler
@@ -40,7 +41,7 @@ from bench.scale_sites import raise_fd_limit
 ROOT = Path(__file__).resolve().parent.parent
 ATOLL = str(ROOT / ".venv" / "bin" / "atoll")
 ADMIN = "admin@scale.local"
-SITES_PER_PROCESS = 250
+SITES_PER_PROCESS = int(os.environ.get("SCALE_SITES_PER_PROCESS", "250"))
 
 
 def log(msg: str) -> None:
@@ -51,6 +52,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _fds(pid: int) -> list[int]:
+    """[open, soft limit] of a process's file descriptors."""
+    try:
+        limit = next(line.split()[3] for line in Path(f"/proc/{pid}/limits").read_text()
+                     .splitlines() if line.startswith("Max open files"))
+        return [len(os.listdir(f"/proc/{pid}/fd")), int(limit)]
+    except (OSError, StopIteration, ValueError):
+        return []
 
 
 # -- one run ----------------------------------------------------------------------------------
@@ -121,7 +132,7 @@ class ScaleRun:
         raise RuntimeError(f"the server did not listen within 60 s; see {self.work}/server.log")
 
     def start_sites(self) -> None:
-        per = max(1, min(SITES_PER_PROCESS, -(-self.n // 4)))  # at most 4 processes
+        per = max(1, min(SITES_PER_PROCESS, -(-self.n // 4)))  # at least 4 processes
         for first in range(0, self.n, per):
             count = min(per, self.n - first)
             logf = open(self.work / f"sims-{first}.log", "ab")
@@ -146,10 +157,11 @@ class ScaleRun:
                 session.sites()  # the admin link is up before the clock starts
                 t_start = time.time()
                 self.start_sites()
-                online = self._wait_online(session, timeout=30 + 0.05 * self.n)
+                online = self._wait_online(session, timeout=min(30 + 0.05 * self.n, 180))
                 t_online = time.time()
                 self.result["connect_s"] = t_online - t_start
                 self.result["connect"] = sampler.window(t_start, t_online)
+                self.result["server_fds"] = _fds(self.server.pid)
                 if online < self.n:
                     self.result["error"] = (
                         f"the admin saw {online} of {self.n} sites online after "
@@ -169,6 +181,12 @@ class ScaleRun:
             sampler.stop()
             self.stop()
         self._events()
+        if "rounds_from" in self.result:  # the rounds alone: first task -> last reply
+            window = sampler.window(self.result["rounds_from"], self.result["rounds_to"])
+            self.result["rounds_window"] = window
+            if window and self.n and self.rounds:
+                self.result["server_cpu_ms_per_site_round"] = (
+                    1000 * window["server_cpu_s"] / (self.n * self.rounds))
         return self.result
 
     def _count_connected(self, events: list[dict]) -> None:
@@ -189,10 +207,12 @@ class ScaleRun:
                 break
             if any(p.poll() is not None for p in self.procs):
                 raise RuntimeError(f"a simulated-site process exited; see {self.work}/sims-*.log")
-            time.sleep(0.2)
+            time.sleep(0.2 if self.n <= 1000 else 1.0)  # a 10,000-site list is no free call
         return online
 
     def _job(self, session, sampler: Sampler) -> None:
+        from atoll.admin.errors import AtollError
+
         job = self.work / "job"
         (job / "app").mkdir(parents=True)
         (job / "meta.json").write_text(
@@ -214,10 +234,16 @@ class ScaleRun:
         job_id = session.submit(job)["job_id"]
         self.result["submit_call_s"] = time.time() - t_submit
         self.result["t_submit"] = t_submit
-        deadline = time.monotonic() + 120 + 60 * self.rounds + 0.5 * self.n
+        deadline = time.monotonic() + min(120 + 60 * self.rounds + 0.05 * self.n, 600)
         state = ""
+        status: dict = {}
         while time.monotonic() < deadline:
-            status = session.status(job_id)
+            try:
+                status = session.status(job_id)
+            except AtollError as exc:  # a server too busy to answer the admin is a result too
+                self.result.setdefault("admin_errors", []).append(str(exc)[:200])
+                time.sleep(0.5)
+                continue
             state = status["state"]
             if state.startswith("FINISHED"):
                 break
@@ -240,8 +266,12 @@ class ScaleRun:
         out = self.work / "server-profile.txt"
         self.result["job_profile"] = str(out)
         return subprocess.Popen(
+            # SCALE_PROFILE=native: C frames too (gRPC's core, OpenSSL); py-spy then pauses
+            # the process at each sample, so its CPU figures are not comparable
             [str(ROOT / ".venv" / "bin" / "py-spy"), "record", "--pid", str(self.server.pid),
-             "--rate", "50", "--format", "raw", "--output", str(out), "--nonblocking"],
+             "--rate", "50", "--format", "raw", "--output", str(out),
+             *(["--native", "--threads"] if os.environ.get("SCALE_PROFILE") == "native"
+               else ["--nonblocking"])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 
@@ -302,6 +332,16 @@ class ScaleRun:
             max(replies.get(r, [0.0])) - min(tasks[r]) for r in sorted(tasks)
         ]
         self.result["tasks_per_round"] = [len(tasks[r]) for r in sorted(tasks)]
+        if tasks and replies:
+            self.result["rounds_from"] = min(tasks[min(tasks)])
+            self.result["rounds_to"] = max(max(v) for v in replies.values())
+        failed: dict[str, int] = {}
+        for e in events:  # a site's job call that ended in an error, by its status code
+            if e["event"].startswith("job call failed: "):
+                code = e["event"].split(": ")[1]
+                failed[code] = failed.get(code, 0) + 1
+        if failed:
+            self.result["job_calls_failed"] = failed
         broken = [e for e in events if e["event"].startswith("link broken")]
         if broken:
             self.result["links_broken"] = len(broken)
@@ -332,7 +372,8 @@ def main(argv: list[str]) -> int:
             run.profile = args.profile
             result = run.run(Session)
         except Exception as exc:  # noqa: BLE001 - record and go on with the next size
-            result = {"sites": n, "error": f"{type(exc).__name__}: {exc}"}
+            result = {"sites": n, "error": f"{type(exc).__name__}: {exc}",
+                      "traceback": traceback.format_exc()[-3000:]}
         log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
         results.append(result)
     command = "python -m bench.scale " + " ".join(argv)

@@ -40,19 +40,20 @@ def render(results: list[dict], command: str) -> str:
         "and its worker make: FetchJob, STARTING/RUNNING, PullTask -> PushReply echoing the "
         "payload, FINISHED). The job: scatter_gather to `@ALL`, min_clients N, "
         f"{results[0].get('payload_bytes', '?')} B payload, {results[0].get('rounds', '?')} "
-        "rounds. The simulated sites run in up to 4 processes on the same 2 CPUs as the server.",
+        "rounds. The simulated sites run 250 to a process (at least 4 processes), at nice 10 "
+        "below the server, on the same 2 CPUs as the server.",
         "",
         "| sites | connect (all online) | deploy (submit → all RUNNING) | time per round | "
-        "server CPU idle | server CPU during job | server RSS idle | server RSS peak | "
-        "server worker RSS peak |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "server CPU idle | server CPU during job | server CPU per site and round | "
+        "server RSS idle | server RSS peak | server worker RSS peak |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         if r.get("error") and "round_s" not in r:
             welcomed = r.get("sites_welcomed")
             extra = f"; {welcomed} sites got the server's welcome" if welcomed is not None else ""
             lines.append(f"| {r['sites']} | failed: {_short(r['error'] + extra, 120)} |"
-                         + " — |" * 7)
+                         + " — |" * 8)
             continue
         job_cpu = _get(r, "job", "server_cpu_s")
         job_wall = _get(r, "job", "seconds")
@@ -60,20 +61,36 @@ def render(results: list[dict], command: str) -> str:
             f"| {r['sites']} | {_s(r.get('connect_s'))} | {_s(r.get('deploy_s'))} | "
             f"{_s(r.get('round_s'))} | {_pct(_get(r, 'idle', 'server_cpu_pct'))} | "
             + (f"{job_cpu:.1f} CPU-s in {job_wall:.1f} s | " if job_cpu is not None else "— | ")
+            + _per_site(r)
             + f"{_mib(_get(r, 'idle', 'server_rss_peak'))} | "
             f"{_mib(max(_get(r, p, 'server_rss_peak') or 0 for p in ('idle', 'job')))} | "
             f"{_mib(_get(r, 'job', 'worker_rss_peak'))} |"
         )
+    for r in results:
+        state = r.get("job_state")
+        if state and state != "FINISHED:COMPLETED":
+            calls = ", ".join(f"{n} {code}" for code, n in (r.get("job_calls_failed") or {}).items())
+            lines += ["", f"{r['sites']} sites: the job ended {state}"
+                      + (f"; sites' job calls that failed: {calls}" if calls else "")
+                      + f" ({_short(r.get('job_reason', ''), 160)})"]
     lines += [
         "",
         "connect: simulated sites started → the admin's `Session.sites()` lists all N online. "
         "deploy: from the submit call until the last site reported RUNNING (seen at the site). "
         "Time per round: mean interval between consecutive rounds' first task arrival at any "
-        "site. CPU % = CPU-seconds per wall second of the server parent (100 % = one core); "
+        "site. Per site and round: the server parent's CPU-seconds from the first round's "
+        "first task to the last round's last reply, over sites × rounds (heartbeats "
+        "included). CPU % = CPU-seconds per wall second of the server parent (100 % = one core); "
         "RSS and CPU from /proc at 5 Hz.",
         END,
     ]
     return "\n".join(lines)
+
+
+def _per_site(r: dict) -> str:
+    ms = r.get("server_cpu_ms_per_site_round")
+    cpu = _get(r, "rounds_window", "server_cpu_s")
+    return "— | " if ms is None else f"{ms:.2f} ms ({cpu:.1f} CPU-s) | "
 
 
 def write_section(path: Path, block: str) -> None:

@@ -28,7 +28,21 @@ from atoll.wire.guard import Admit, Deadlines, guarded_handlers
 # Not less: with 5 s, 110 of 1,000 sites reconnecting at once (bench/scale.py on a loaded
 # 2-core machine) were dropped mid-handshake and had to start over; with 10 s, none.
 HANDSHAKE_TIMEOUT_S = 10
-SERVER_OPTIONS = [*OPTIONS, ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_S * 1000)]
+# gRPC's core sheds calls that arrived but that the loop has not taken up yet by random early
+# detection, from 1,000 such calls (half refused at 2,000, all at 3,000), and the site sees
+# CANCELLED. When a job starts, every site fetches it at once: at 3,000 sites about half the
+# fetches and task polls (and the admin's calls) were refused that way and the job failed
+# (bench/scale.py). A backlog for 10,000 sites and more; what one certificate may hold open is
+# bounded by the Gate (server/auth.py LIMITS), not by this.
+# Such a call also waits at most 30 s by default before gRPC cancels it: at 10,000 sites the
+# loop took up the job's fetches more slowly than that (2,308 CANCELLED); the backlog's bound
+# above, not this wait, is what holds its memory.
+MAX_PENDING_CALLS = 20_000
+MAX_PENDING_S = 300
+SERVER_OPTIONS = [*OPTIONS, ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_S * 1000),
+                  ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                  ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
+                  ("grpc.server_max_unrequested_time_in_server", MAX_PENDING_S)]
 
 
 class LoopServer:

@@ -41,6 +41,7 @@ from atoll.fl.aggregation import weighted_metrics
 from atoll.fl.channels import ServerChannel
 from atoll.fl.metrics_log import MetricsLog
 from atoll.fl.model import Model
+from atoll.fl.progress_bound import bounded
 from atoll.fl.serde import ModelStream, encode, save_file
 from atoll.fl.workflows.rounds import (
     Outcome,
@@ -405,8 +406,9 @@ class Context:
         self.metrics.record(round, phase, site, metrics, num_examples)
 
     def report(self, event: dict[str, Any]) -> None:
-        """Live progress for ``atoll job status|logs`` (JSON-safe; ``event`` names its kind)."""
-        self._channel.report(event)
+        """Live progress for ``atoll job status|logs`` (JSON-safe; ``event`` names its kind).
+        Per-site entries beyond what one report may carry are left out, and counted."""
+        self._channel.report(bounded(event))
 
     def close(self) -> None:
         """Flush the metrics files and draw the curves (the runner calls it at the end)."""
