@@ -127,7 +127,8 @@ class ServerParent:
             parent_socket=self._endpoint.socket_path)
 
     def start(self) -> None:
-        self.jobs.recover()
+        self.jobs.max_resumes = self.local.site_config.restarts.max_resumes
+        self.jobs.recover()  # before sites may connect: a resumed job is live when they do
         from atoll.wire.aio_server import LoopServer
 
         server = LoopServer(HANDLER_THREADS)

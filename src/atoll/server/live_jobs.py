@@ -36,6 +36,8 @@ class LiveJob:
     aborting: str | None = None
     site_states: dict[str, tuple[str, str]] = field(default_factory=dict)
     resources: dict[str, Resources] = field(default_factory=dict)
+    resumes: int = 0  # server restarts this job was resumed after (server/lifecycle.py)
+    resume_round: int = 0  # the round its last checkpoint committed, when it was resumed
 
     def __post_init__(self) -> None:
         self.members = frozenset(self.sites)  # `site in live.sites` on every relay call

@@ -38,6 +38,8 @@ class ServerWorkerBackend:
         self.jobs.part_running(live, "server")  # server/lifecycle.py
         info = {"sites": live.sites,
                 "job_args": {"min_clients": live.meta.min_clients, "name": live.meta.name}}
+        if live.resumes:  # after a server restart: the workflow goes on from its checkpoint
+            info["job_args"]["resume"] = {"attempt": live.resumes, "round": live.resume_round}
         if live.relay.handoff is not None:
             info["handoff"] = str(live.relay.handoff.path)
         # what the worker checks the job's signature against before it runs any of its code

@@ -18,7 +18,7 @@ from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.errors import Issue, IssuesError, SpecError, describe
 from atoll.spec.model import NoNullModel, check_fields, validate_into
 from atoll.spec.names import is_loopback, is_subdomain
-from atoll.spec.parent_settings import LogSettings, Retention
+from atoll.spec.parent_settings import LogSettings, Restarts, Retention
 from atoll.spec.quantity import check_memory
 
 SITE_FILE = "site.yaml"
@@ -442,6 +442,8 @@ class SiteConfig(NoNullModel):
                               description="Rotation of the detached parent's log file")
     retention: Retention = Field(default_factory=Retention,
                                  description="How long a site keeps finished run folders")
+    restarts: Restarts = Field(default_factory=Restarts,
+                               description="The server's: jobs resumed after its restart")
     _kit_dir: Path | None = PrivateAttr(None)
 
     @model_validator(mode="after")

@@ -463,7 +463,7 @@ class Context:
                 f"is missing (found {'round ' + str(have) if have else 'none'})")
         truncate_after(self.results_dir, have)
         if found is None:
-            self.report({"event": "resumed", "round": 0})
+            self.report({"event": "restored", "round": 0})
             return None
         round_, saved = found
         own = saved.get("context") or {}
@@ -480,7 +480,7 @@ class Context:
             privacy.ledger.steps = int(dp["steps"])
             privacy.ledger.spent = [float(e) for e in dp["spent"]]
         self.resumed_round = round_
-        self.report({"event": "resumed", "round": round_})
+        self.report({"event": "restored", "round": round_})
         log.info("resumed from the checkpoint of round %d", round_)
         return saved.get("workflow") or {}
 
