@@ -155,6 +155,7 @@ class ServerParent:
             self.tokens, ServerWorkerBackend(self.jobs, self.store, self.kit.ca), endpoint.host,
             endpoint.port, endpoint.dial_host, endpoint.uses_tls)
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
+        self.jobs.launch_resumed()  # the jobs `recover` resumed: their new server workers
         self.scheduler.start()
         threading.Thread(target=self._watch_links, name="liveness", daemon=True).start()
         log.info("server %s listening on %s; workers dial %s", self.kit.name,

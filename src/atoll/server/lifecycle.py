@@ -18,7 +18,6 @@ from atoll.base.files import private_dir
 from atoll.base.reasons import clip, public
 from atoll.launchers.base import Outcome, WorkerExit
 from atoll.launchers.job_files import create_job_file
-
 from atoll.server.live_jobs import LiveJob
 
 if TYPE_CHECKING:
@@ -271,9 +270,15 @@ class Lifecycle:
                                                    "attempt": resumes + 1, "text": note})
         log.info("job %s %s (resume %d of at most %d)", record.id, note, resumes + 1,
                  self.max_resumes)
-        threading.Thread(target=self._run_server_worker, args=(live,),
-                         name=f"server-worker-{record.id[:8]}", daemon=True).start()
-        return None
+        return None  # its server worker starts with the worker endpoint: `launch_resumed`
+
+    def launch_resumed(self) -> None:
+        """Start the server workers of the jobs `recover` resumed (the parent's worker endpoint
+        is up now)."""
+        for live in list(self.live.values()):
+            if live.resumes and live.handle is None:
+                threading.Thread(target=self._run_server_worker, args=(live,),
+                                 name=f"server-worker-{live.id[:8]}", daemon=True).start()
 
     def _committed_round(self, job_id: str) -> int:
         """The round of the last checkpoint the server worker reported committed (0: none)."""

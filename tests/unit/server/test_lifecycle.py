@@ -205,6 +205,7 @@ def test_recovery_resumes_a_running_job_from_its_committed_round(jobs):
     jobs.store.add_event(JOB, "site-1", {"event": "checkpoint", "round": 7})  # a site's word
     _restart(jobs)
     live = jobs.live[JOB]
+    jobs.launch_resumed()
     assert started.get(timeout=60) is live and (live.resumes, live.resume_round) == (1, 2)
     state, parts = _parts(jobs)
     assert state == "RUNNING"
