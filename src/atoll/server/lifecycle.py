@@ -263,8 +263,7 @@ class Lifecycle:
                 live.site_states[site] = (info["state"], info.get("reason", ""))
                 relay.drop_site(site, f"{site} dropped out ({info['state'].removeprefix('FINISHED:')})")
         self.live[record.id] = live
-        note = (f"resumed at round {round_ + 1} after a server restart" if round_
-                else "restarted from round 1 after a server restart (no round had completed)")
+        note = live.resume_note
         self.store.set_part_state(record.id, "server", "DISPATCHED", note)
         self.store.add_event(record.id, "server", {"event": "resumed", "round": round_ + 1,
                                                    "attempt": resumes + 1, "text": note})

@@ -46,6 +46,15 @@ class LiveJob:
     def id(self) -> str:
         return self.record.id
 
+    @property
+    def resume_note(self) -> str:
+        """What `atoll job status` says of a job a server restart interrupted ("" if none)."""
+        if not self.resumes:
+            return ""
+        if not self.resume_round:
+            return "restarted from round 1 after a server restart (no round had completed)"
+        return f"resumed at round {self.resume_round + 1} after a server restart"
+
 
 class HeldRevocations(Protocol):
     """The revocation list the server holds now (server/revocation.py)."""

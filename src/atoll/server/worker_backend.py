@@ -35,7 +35,8 @@ class ServerWorkerBackend:
 
     def on_register(self, job_id: str) -> dict[str, Any]:
         live = self._live(job_id)
-        self.jobs.part_running(live, "server")  # server/lifecycle.py
+        # server/lifecycle.py; a resumed job's part keeps saying so while it runs
+        self.jobs.part_running(live, "server", live.resume_note)
         info = {"sites": live.sites,
                 "job_args": {"min_clients": live.meta.min_clients, "name": live.meta.name}}
         if live.resumes:  # after a server restart: the workflow goes on from its checkpoint

@@ -57,11 +57,44 @@ WORKFLOWS = {
 }
 
 
+# A job-shipped workflow on the public API, checkpointing as docs/federated-learning.md shows.
+MY_WORKFLOW = '''
+from atoll.workflow import Model, WeightedAverage, Workflow
+
+
+class MyFedAvg(Workflow):
+    def state(self):
+        return {"params": self.model.params, "history": self.history}
+
+    def restore(self, state):
+        self.model, self.history = Model(params=state["params"]), state["history"]
+
+    def run(self):
+        if not hasattr(self, "model"):
+            self.model, self.history = self.ctx.initial_model, []
+        for round_ in range(self.ctx.start_round, self.args["num_rounds"] + 1):
+            sent = self.ctx.send("train", self.model, round=round_)
+            replies = self.ctx.gather(sent, timeout=120, aggregator=WeightedAverage())
+            self.model = Model(params=replies.aggregate, round=round_)
+            for site, result in replies.results.items():
+                self.ctx.log_metrics(result.metrics, round=round_, site=site)
+            self.ctx.log_metrics(replies.mean_metrics(), round=round_)
+            self.history.append(round_)
+            self.checkpoint(round_)
+        assert self.history == list(range(1, self.args["num_rounds"] + 1)), self.history
+        self.ctx.save_model("global_model_final", self.model)
+'''
+WORKFLOWS["custom"] = f"workflow: my_workflow.py:MyFedAvg\n  args: {{num_rounds: {ROUNDS}}}"
+
+
 def _job(path, workflow, mark=""):
     app = (f"server:\n  {WORKFLOWS[workflow]}\n  initial_model: model.py:make\n"
            "site:\n  script: train.py\n")
     meta = {"name": path.name, "deploy_map": {"app": ["@ALL"]}}
-    return job_folder(path, meta, app, {"train.py": SITE.format(mark=mark), "model.py": INITIAL})
+    files = {"train.py": SITE.format(mark=mark), "model.py": INITIAL}
+    if workflow == "custom":
+        files["my_workflow.py"] = MY_WORKFLOW
+    return job_folder(path, meta, app, files)
 
 
 @pytest.fixture
@@ -83,7 +116,7 @@ def _train_rows(folder):
                        if row["phase"] == "train" and row["metric"] == "loss")
 
 
-@pytest.mark.parametrize("workflow", ["fedavg", "fedopt"])
+@pytest.mark.parametrize("workflow", ["fedavg", "fedopt", "custom"])
 def test_a_kill_9_of_the_server_in_round_3_and_the_job_completes_by_itself(fed, tmp_path,
                                                                             workflow):
     mark = "in-round-3"  # in the site worker's run folder: the sandbox lets it write there
@@ -105,3 +138,55 @@ def test_a_kill_9_of_the_server_in_round_3_and_the_job_completes_by_itself(fed, 
     rows = _train_rows(out)
     assert rows == Counter({(str(r), site): 1 for r in range(1, ROUNDS + 1)
                             for site in ("site-1", "site-2", "global")}), rows
+
+
+def _kill_in_round_3(fed, tmp_path, workflow="fedavg"):
+    with fed.session(ADMIN) as s:
+        job_id = s.submit(_job(tmp_path / "cut", workflow, "in-round-3"))["job_id"]
+    wait_for(lambda: list(fed.workspace("site-1").rglob("in-round-3")), 120, "round 3 in flight")
+    fed.kill("server", signal.SIGKILL)
+    return job_id
+
+
+def test_a_damaged_checkpoint_fails_the_job_saying_so(fed, tmp_path):
+    job_id = _kill_in_round_3(fed, tmp_path)
+    folder = fed.workspace("server") / "jobs" / job_id / "run" / "server" / "checkpoint"
+    state = next(folder.glob("round-*.safetensors"))
+    data = bytearray(state.read_bytes())
+    data[-1] ^= 0x01  # one bit of the model
+    state.write_bytes(bytes(data))
+    fed.start_server()
+    with fed.session(ADMIN) as s:
+        final = s.wait(job_id, timeout=300)
+    assert final["state"] == "FINISHED:FAILED", final
+    assert "cannot resume after the server restart" in final["reason"], final["reason"]
+    assert "is damaged" in final["reason"], final["reason"]
+    assert final["parts"]["server"]["state"] == "FINISHED:FAILED"  # never left live
+    assert all(p["state"].startswith("FINISHED:") for p in final["parts"].values())
+
+
+def test_a_second_kill_during_the_restart_still_ends_the_job(fed, tmp_path):
+    job_id = _kill_in_round_3(fed, tmp_path)
+    fed.start_server()
+    fed.kill("server", signal.SIGKILL)  # again, while it resumes
+    fed.start_server()
+    with fed.session(ADMIN) as s:
+        final = s.wait(job_id, timeout=300)
+        out = s.download(job_id, tmp_path / "out")
+    assert final["state"] == "FINISHED:COMPLETED", final
+    assert _train_rows(out) == Counter({(str(r), site): 1 for r in range(1, ROUNDS + 1)
+                                        for site in ("site-1", "site-2", "global")})
+    resumes = fed.workspace("server") / "jobs" / job_id / "resumes.json"
+    assert resumes.read_text() == '{"resumes": 2}'
+
+
+def test_max_resumes_zero_fails_the_job_naming_the_setting(fed, tmp_path):
+    site_yaml = fed.kit("server") / "local" / "site.yaml"
+    job_id = _kill_in_round_3(fed, tmp_path)
+    before = site_yaml.read_text() if site_yaml.exists() else "launcher: process\n"
+    site_yaml.write_text(before + "restarts: {max_resumes: 0}\n")
+    fed.start_server()
+    with fed.session(ADMIN) as s:
+        final = s.wait(job_id, timeout=120)
+    assert final["state"] == "FINISHED:FAILED"
+    assert "restarts.max_resumes is 0" in final["reason"], final["reason"]

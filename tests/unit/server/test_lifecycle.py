@@ -216,6 +216,7 @@ def test_recovery_resumes_a_running_job_from_its_committed_round(jobs):
     assert task.startswith("r1t") and live.relay.stale("t4") and not live.relay.stale(task)
     backend = ServerWorkerBackend(jobs, jobs.store, _ca_file(jobs))
     assert backend.on_register(JOB)["job_args"]["resume"] == {"attempt": 1, "round": 2}
+    assert _parts(jobs)[1]["server"] == ("RUNNING", "resumed at round 3 after a server restart")
     assert jobs.running_at(JOB, "site-1") is live  # a reconnecting site is not told to abort
 
 
