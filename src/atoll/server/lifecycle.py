@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("atoll.server.jobs")
 
+CHECKPOINTS = "checkpoint"  # the server worker's (atoll.fl.checkpoint), in its run folder
 RESUMES_FILE = "resumes.json"  # in the job's folder: how often a server restart resumed it
 END_GRACE_S = 60.0  # how long sites get to wrap up after the workflow completed
 FAILED_GRACE_S = 5.0  # ... and after it failed: to report their own reason
@@ -161,6 +162,9 @@ class Lifecycle:
         import shutil  # with the first job, not at rest: it loads bz2 and lzma
 
         shutil.rmtree(live.relay.folder, ignore_errors=True)
+        # the workflow's checkpoint (a model's size) is of no use once the job has ended;
+        # rmtree never follows a link the job could have put there
+        shutil.rmtree(live.folder / "run" / "server" / CHECKPOINTS, ignore_errors=True)
         self.queue.wake()  # what the job held at its sites is free
         log.info("job %s finished: %s %s", live.id, live.server_state, reason)
 

@@ -139,6 +139,8 @@ def test_a_kill_9_of_the_server_in_round_3_and_the_job_completes_by_itself(fed, 
         status = s.status(job_id)
         out = s.download(job_id, tmp_path / "cut-out")
     assert "resumed at round 3 after a server restart" in str(status), status
+    run = fed.workspace("server") / "jobs" / job_id / "run" / "server"
+    assert (run / "results").is_dir() and not (run / "checkpoint").exists()  # freed at the end
     np.testing.assert_allclose(_final(out), expected, rtol=0, atol=1e-9)
     rows = _train_rows(out)
     assert rows == Counter({(str(r), site): 1 for r in range(1, ROUNDS + 1)
