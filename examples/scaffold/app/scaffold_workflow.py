@@ -17,11 +17,22 @@ class Args(BaseModel):
 class Scaffold(Workflow):
     Args = Args
 
+    # What survives a server restart: the global model and the control variate. The server
+    # commits them after each round (self.checkpoint) and restores them before run().
+    def state(self) -> dict:
+        return {"x": self.x, "c": self.c}
+
+    def restore(self, state: dict) -> None:
+        self.x, self.c = dict(state["x"]), dict(state["c"])
+
     def run(self) -> None:
         ctx, args = self.ctx, self.args
-        x = dict(ctx.initial_model.params) if ctx.initial_model else zeros()
-        c = {name: value * 0 for name, value in x.items()}
-        for round_ in range(1, args.num_rounds + 1):  # rounds count from 1, as users see them
+        if not hasattr(self, "x"):  # a fresh start (not restored from a checkpoint)
+            self.x = dict(ctx.initial_model.params) if ctx.initial_model else zeros()
+            self.c = {name: value * 0 for name, value in self.x.items()}
+        x, c = self.x, self.c
+        # rounds count from 1, as users see them; after a restart, on from the checkpoint
+        for round_ in range(ctx.start_round, args.num_rounds + 1):
             ctx.require_active(f"round {round_}")
             outgoing = Model(params={**x, **{f"c/{k}": v for k, v in c.items()}})
             sent = ctx.send("train", outgoing, round=round_, total_rounds=args.num_rounds)
@@ -38,6 +49,8 @@ class Scaffold(Workflow):
                                 num_examples=model.num_examples)
             overall = checked.mean_metrics()
             ctx.log_metrics(overall, round=round_, phase="validate")
+            self.x, self.c = x, c
+            self.checkpoint(round_)
             ctx.report({"event": "round", "round": round_, "num_rounds": args.num_rounds,
                         "metrics": overall, "failed": {**replies.failed, **checked.failed}})
         ctx.save_model("global_model_final", Model(params=x))

@@ -22,7 +22,9 @@ def validate(model):
 
 
 fl.init(evaluate=validate)
-c_i = None  # this site's control variate: kept here, across rounds, never sent whole
+# This site's control variate after each round: kept here, never sent whole. Keyed by round,
+# so that a round the server runs again (after a server restart) starts from the same c_i.
+c_after: dict[int, dict] = {}
 while fl.is_running():
     model = fl.receive()
     x = {k: model.params[k] for k in ("w", "b")} if "w" in model.params else zeros()
@@ -41,10 +43,12 @@ while fl.is_running():
         fl.send(fl.Model(params=y, num_examples=len(y_train), metrics=evaluate(y, x_train, y_train)))
         continue
     c = {"w": model.params["c/w"], "b": model.params["c/b"]}
-    if c_i is None:
-        c_i = zeros()
+    round_ = model.current_round or 0
+    before = [r for r in c_after if r < round_]
+    c_i = c_after[max(before)] if before else zeros()
     y, c_new = client_update(x, c, c_i, batch_gradient, STEPS, LR)
     update = {f"dy/{k}": y[k] - x[k] for k in x} | {f"dc/{k}": c_new[k] - c_i[k] for k in x}
-    c_i = c_new
+    c_after = {r: v for r, v in c_after.items() if r < round_ and r >= round_ - 2}
+    c_after[round_] = c_new
     fl.send(fl.Model(params=update, num_examples=len(y_train),
                      metrics=evaluate(y, x_train, y_train)))

@@ -46,6 +46,8 @@ class ServerChannel(Protocol):
     job_id: str
     sites: list[str]  # the job's sites, in a stable order
     results_dir: Path  # what the workflow writes here becomes the job's downloadable result
+    # optional: ``checkpoint_dir`` (a Path), where the workflow's checkpoints go so that the job
+    # survives a server restart (atoll.fl.checkpoint); a channel without one keeps none
 
     def send(
         self, targets: Sequence[str], topic: str, headers: dict[str, Any], payload: Iterable[Chunk]

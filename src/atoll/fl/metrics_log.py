@@ -119,3 +119,49 @@ def _logged_entries(value: Any) -> list[dict[str, Any]]:
                             "round": round_ if isinstance(round_, int) else None,
                             "step": step if isinstance(step, int) else None})
     return entries
+
+
+def truncate_after(results_dir: Path, round_: int) -> None:
+    """After a server restart: drop the records of rounds after ``round_`` (and of a final
+    cross-site evaluation) that an interrupted run wrote, so that each round is in the files
+    once when the resumed run writes it again. Each file is rewritten atomically."""
+    import os
+
+    results_dir = Path(results_dir)
+
+    def keep(round_value: Any, phase: str) -> bool:
+        if phase == "cross_site":
+            return False
+        return not (isinstance(round_value, int) and round_value > round_)
+
+    def rewrite(path: Path, lines: list[str]) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(lines), encoding="utf-8")
+        os.replace(tmp, path)
+
+    jsonl = results_dir / "metrics.jsonl"
+    if jsonl.is_file():
+        kept = []
+        for line in jsonl.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line the kill cut short
+            if isinstance(entry, dict) and keep(entry.get("round"), str(entry.get("phase"))):
+                kept.append(line if line.endswith("\n") else line + "\n")
+        rewrite(jsonl, kept)
+    table = results_dir / "metrics.csv"
+    if table.is_file():
+        with open(table, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+        kept_rows = rows[:1]
+        for row in rows[1:]:
+            if len(row) != 7:
+                continue  # a row the kill cut short
+            value = int(row[0]) if row[0].isdigit() else None
+            if keep(value, row[1]):
+                kept_rows.append(row)
+        tmp = table.with_name(".metrics.csv.tmp")
+        with open(tmp, "w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows(kept_rows)
+        os.replace(tmp, table)

@@ -167,9 +167,28 @@ def run_server_app(channel: ServerChannel, app_dir: Path, job_args: dict[str, An
         job_args["privacy"] = config.privacy
     ctx = Context(channel, args, initial, job_args)
     try:
-        workflow_class(ctx).run()
+        workflow = workflow_class(ctx)
+        resume = job_args.get("resume")
+        if isinstance(resume, dict):  # a server restart interrupted this job: go on from its
+            _resume(workflow, ctx, resume)  # last checkpoint
+        workflow.run()
     finally:
         ctx.close()
+
+
+def _resume(workflow: Any, ctx: Any, resume: dict[str, Any]) -> None:
+    """Restore the workflow from its checkpoint, or fail saying why it cannot resume."""
+    from atoll.fl.workflows.rounds import WorkflowError
+
+    if not workflow.resumable():
+        raise WorkflowError(
+            f"the server restarted while the job ran, and its workflow "
+            f"{type(workflow).__name__} keeps no checkpoint (it defines no state() and "
+            "restore(), docs/federated-learning.md): resubmit the job")
+    expected = resume.get("round")
+    state = ctx.resume(expected if isinstance(expected, int) else None)
+    if state is not None:
+        workflow.restore(state)
 
 
 def load_workflow_class(app_dir: Path, relative: str, name: str) -> type:

@@ -129,7 +129,8 @@ class ServerParent:
     def start(self) -> None:
         # site.yaml's supervision.rejoin_s: how long a site's parts wait for their site parent
         self.jobs.rejoin_s = self.local.supervision[2]
-        self.jobs.recover()
+        self.jobs.max_resumes = self.local.site_config.restarts.max_resumes
+        self.jobs.recover()  # before sites may connect: a resumed job is live when they do
         from atoll.wire.aio_server import LoopServer
 
         server = LoopServer(HANDLER_THREADS)
@@ -156,6 +157,7 @@ class ServerParent:
             self.tokens, ServerWorkerBackend(self.jobs, self.store, self.kit.ca), endpoint.host,
             endpoint.port, endpoint.dial_host, endpoint.uses_tls)
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
+        self.jobs.launch_resumed()  # the jobs `recover` resumed: their new server workers
         self.scheduler.start()
         threading.Thread(target=self._watch_links, name="liveness", daemon=True).start()
         log.info("server %s listening on %s; workers dial %s", self.kit.name,

@@ -188,6 +188,10 @@ class FederationService:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "the reply's headers must be a JSON object")
         live = await _mapped(context, _now(site_ops.running, self.jobs, job_id, site))
+        if live.relay.stale(head["task_id"]):  # to the run a server restart interrupted:
+            async for _ in stream:  # read and dropped; the site gets the task again
+                pass
+            return msg.Json(body=json.dumps({"stale": True}))
         try:
             reply = live.relay.open_reply(site, head["task_id"], headers)
         except RelayError as exc:

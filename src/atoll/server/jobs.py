@@ -100,6 +100,7 @@ class JobManager(Dispatch, ServerWorkerLaunch, Lifecycle):
         self.live: dict[str, LiveJob] = {}
         self._lock = threading.RLock()
         self.relay_budget = Budget(RELAY_MEMORY)
+        self.max_resumes = 3  # the server's restarts.max_resumes (server/app.py sets it)
         self.intake = Intake(store=store, studies=studies, links=links, queue=queue,
                              check=check, limits=limits, workspace=workspace,
                              jobs_dir=self.jobs_dir, provenance=provenance)

@@ -13,6 +13,7 @@ reports its own reason, not a copy of the server's.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from pathlib import Path
@@ -22,18 +23,21 @@ from atoll.base.files import private_dir
 from atoll.base.reasons import clip, public
 from atoll.launchers.base import Outcome, WorkerExit
 from atoll.launchers.job_files import create_job_file
+from atoll.server.live_jobs import LiveJob
 
 if TYPE_CHECKING:
     from atoll.parent.worker_endpoint import WorkerTokens
     from atoll.pki.revocation import RevocationList
     from atoll.server.intake import JobQueue
     from atoll.server.jobs import SiteCommands, WorkerHost
-    from atoll.server.live_jobs import LiveJob
     from atoll.server.provenance import ServerProvenance
-    from atoll.server.store import Store
+    from atoll.server.spool import Budget
+    from atoll.server.store import JobRecord, Store
 
 log = logging.getLogger("atoll.server.jobs")
 
+CHECKPOINTS = "checkpoint"  # the server worker's (atoll.fl.checkpoint), in its run folder
+RESUMES_FILE = "resumes.json"  # in the job's folder: how often a server restart resumed it
 END_GRACE_S = 60.0  # how long sites get to wrap up after the workflow completed
 FAILED_GRACE_S = 5.0  # ... and after it failed: to report their own reason
 
@@ -50,6 +54,8 @@ class Lifecycle:
     jobs_dir: Path
     live: dict[str, LiveJob]
     provenance: ServerProvenance | None
+    relay_budget: Budget
+    max_resumes: int  # restarts.max_resumes in the server's local/site.yaml
     _lock: threading.RLock
     rejoin_s: float = 300.0  # how long a site's parts wait for a disconnected site parent
 
@@ -218,9 +224,12 @@ class Lifecycle:
         self.store.set_job_state(live.id, f"FINISHED:{live.server_state}", reason)
         self.tokens.revoke(live.id)
         live.relay.close()
-        import shutil
+        import shutil  # with the first job, not at rest: it loads bz2 and lzma
 
         shutil.rmtree(live.relay.folder, ignore_errors=True)
+        # the workflow's checkpoint (a model's size) is of no use once the job has ended;
+        # rmtree never follows a link the job could have put there
+        shutil.rmtree(live.folder / "run" / "server" / CHECKPOINTS, ignore_errors=True)
         self.queue.wake()  # what the job held at its sites is free
         log.info("job %s finished: %s %s", live.id, live.server_state, reason)
 
@@ -272,15 +281,81 @@ class Lifecycle:
         return ended
 
     def recover(self) -> None:
-        """After a restart: jobs that were running lost their server worker with the parent."""
+        """After a restart: each job that was running goes on from its last checkpoint with a
+        new server worker (a bounded number of times, `max_resumes`); its sites' workers wait
+        out the server's absence and take its tasks again once their site reconnects."""
         for record in self.store.list_jobs(states=["DISPATCHED", "RUNNING"]):
-            reason = "the server restarted while the job ran; resubmit it"
+            why = self._resume(record)
+            if why is None:
+                continue
             for part, info in record.parts.items():
                 if not info["state"].startswith("FINISHED"):
-                    self.store.set_part_state(record.id, part, "FINISHED:FAILED", reason)
+                    self.store.set_part_state(record.id, part, "FINISHED:FAILED", why)
             if self.provenance is not None:  # the same chain, continued from its file
-                self.provenance.finished(record.id, "FAILED", reason)
-            self.store.set_job_state(record.id, "FINISHED:FAILED", reason)
+                self.provenance.finished(record.id, "FAILED", why)
+            self.store.set_job_state(record.id, "FINISHED:FAILED", why)
+            log.warning("job %s failed: %s", record.id, why)
+
+    def _resume(self, record: JobRecord) -> str | None:
+        """Make the job live again and start its server worker; why it cannot be, or None."""
+        import shutil
+
+        from atoll.base.files import write_atomic
+        from atoll.server.relay import JobRelay
+        from atoll.spec.meta import load_meta
+
+        folder = self.jobs_dir / record.id
+        count_file = folder / RESUMES_FILE  # the parent's own file: no job can write it
+        try:
+            resumes = int(json.loads(count_file.read_text())["resumes"])
+        except FileNotFoundError:
+            resumes = 0
+        except (OSError, ValueError, KeyError, TypeError):
+            return "the server restarted while the job ran, and its resume count is unreadable"
+        if resumes >= self.max_resumes:
+            return (f"the server restarted while the job ran, after {resumes} resume(s) "
+                    f"already (restarts.max_resumes is {self.max_resumes}); resubmit it")
+        if record.parts.get("server", {}).get("state", "").startswith("FINISHED"):
+            return "the server restarted while the job's sites were finishing; resubmit it"
+        try:
+            meta = load_meta(record.meta)
+        except Exception as exc:  # noqa: BLE001 - the stored meta was valid at intake
+            return f"the server restarted and the job's meta no longer reads: {exc}"
+        round_ = self._committed_round(record.id)
+        write_atomic(count_file, json.dumps({"resumes": resumes + 1}))
+        sites = [p for p, info in record.parts.items() if p != "server"]
+        shutil.rmtree(folder / "relay", ignore_errors=True)  # the interrupted run's traffic
+        relay = JobRelay(record.id, folder / "relay", sites, self.relay_budget,
+                         handoff=self.host.launcher.shares_host, attempt=resumes + 1)
+        live = LiveJob(record, meta, sites, relay, folder, resumes=resumes + 1,
+                       resume_round=round_)
+        for site, info in record.parts.items():  # sites that ended before stay ended
+            if site != "server" and info["state"].startswith("FINISHED"):
+                live.site_states[site] = (info["state"], info.get("reason", ""))
+                relay.drop_site(site, f"{site} dropped out ({info['state'].removeprefix('FINISHED:')})")
+        self.live[record.id] = live
+        note = live.resume_note
+        self.store.set_part_state(record.id, "server", "DISPATCHED", note)
+        self.store.add_event(record.id, "server", {"event": "resumed", "round": round_ + 1,
+                                                   "attempt": resumes + 1, "text": note})
+        log.info("job %s %s (resume %d of at most %d)", record.id, note, resumes + 1,
+                 self.max_resumes)
+        return None  # its server worker starts with the worker endpoint: `launch_resumed`
+
+    def launch_resumed(self) -> None:
+        """Start the server workers of the jobs `recover` resumed (the parent's worker endpoint
+        is up now)."""
+        for live in list(self.live.values()):
+            if live.resumes and live.handle is None:
+                threading.Thread(target=self._run_server_worker, args=(live,),
+                                 name=f"server-worker-{live.id[:8]}", daemon=True).start()
+
+    def _committed_round(self, job_id: str) -> int:
+        """The round of the last checkpoint the server worker reported committed (0: none)."""
+        rounds = [e.get("round") for e in self.store.events(job_id)
+                  if e.get("event") == "checkpoint" and e.get("source") == "server"]
+        rounds = [r for r in rounds if isinstance(r, int) and not isinstance(r, bool)]
+        return max(rounds, default=0)
 
     def stop_all(self) -> None:
         for live in list(self.live.values()):

@@ -39,6 +39,8 @@ class LiveJob:
     resources: dict[str, Resources] = field(default_factory=dict)
     # sites whose parent disconnected: the timer that fails their part unless it comes back
     away: dict[str, threading.Timer] = field(default_factory=dict)
+    resumes: int = 0  # server restarts this job was resumed after (server/lifecycle.py)
+    resume_round: int = 0  # the round its last checkpoint committed, when it was resumed
 
     def __post_init__(self) -> None:
         self.members = frozenset(self.sites)  # `site in live.sites` on every relay call
@@ -46,6 +48,15 @@ class LiveJob:
     @property
     def id(self) -> str:
         return self.record.id
+
+    @property
+    def resume_note(self) -> str:
+        """What `atoll job status` says of a job a server restart interrupted ("" if none)."""
+        if not self.resumes:
+            return ""
+        if not self.resume_round:
+            return "restarted from round 1 after a server restart (no round had completed)"
+        return f"resumed at round {self.resume_round + 1} after a server restart"
 
 
 class HeldRevocations(Protocol):

@@ -14,6 +14,7 @@ keeping every task's frames for a replay.
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections import deque
@@ -54,14 +55,20 @@ class ReplyEntry:
     retry: bool = False  # the site's part restarted: the workflow may send the task again
 
 
+_OLD_TASK = re.compile(r"(r[0-9]+)?t[0-9]+")  # the task ids a relay of this job gave out
+
+
 class RelayError(AtollError):
     exit_code = EXIT_INVALID
 
 
 class JobRelay:
     def __init__(self, job_id: str, folder: Path, sites: Iterable[str], budget: Budget,
-                 max_payload: int | None = None, handoff: bool = False):
+                 max_payload: int | None = None, handoff: bool = False, attempt: int = 0):
         self.job_id = job_id
+        # task ids of a job resumed after a server restart differ from the interrupted run's
+        # ("r1t5", not "t5"): a site's late reply to an old task can never match a new one
+        self.prefix = f"r{attempt}t" if attempt else "t"
         self.folder = folder
         private_dir(folder)
         # For a server worker on this host: replies go whole into files here, and its tasks
@@ -92,7 +99,7 @@ class JobRelay:
         unknown = [t for t in targets if t not in self._queues]
         if unknown or not targets:
             raise RelayError(f"task targets must be sites of this job {self.sites}; got {targets}")
-        task_id = f"t{next(self._ids)}"
+        task_id = f"{self.prefix}{next(self._ids)}"
         spool = Spool(self.files, targets, self.budget, live=True)
         entry = TaskEntry(task_id, topic, headers, spool, set(targets))
         with self._cond:
@@ -169,6 +176,12 @@ class JobRelay:
                 self._owe_error(entry, site, reason, retry=True)
                 owed.append(entry.task_id)
         return owed
+
+    def stale(self, task_id: str) -> bool:
+        """A task of the run a server restart interrupted (a site's reply to it is dropped)."""
+        if self.prefix == "t" or not _OLD_TASK.fullmatch(task_id):
+            return False
+        return not task_id.startswith(self.prefix)
 
     def open_reply(self, site: str, task_id: str, headers: dict[str, Any]) -> ReplyWriter:
         """Start taking a site's reply; the workflow sees it once committed."""

@@ -35,9 +35,12 @@ class ServerWorkerBackend:
 
     def on_register(self, job_id: str) -> dict[str, Any]:
         live = self._live(job_id)
-        self.jobs.part_running(live, "server")  # server/lifecycle.py
+        # server/lifecycle.py; a resumed job's part keeps saying so while it runs
+        self.jobs.part_running(live, "server", live.resume_note)
         info = {"sites": live.sites,
                 "job_args": {"min_clients": live.meta.min_clients, "name": live.meta.name}}
+        if live.resumes:  # after a server restart: the workflow goes on from its checkpoint
+            info["job_args"]["resume"] = {"attempt": live.resumes, "round": live.resume_round}
         if live.relay.handoff is not None:
             info["handoff"] = str(live.relay.handoff.path)
         # what the worker checks the job's signature against before it runs any of its code

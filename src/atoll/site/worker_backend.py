@@ -9,6 +9,7 @@ once whole, and a reply is read from its file as it goes up to the server.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,10 @@ from atoll.spec.names import IdentifierError, check_round, check_task_id, check_
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.handoff import KEY, HandoffDir, payload_of
+
+log = logging.getLogger("atoll.site.worker_backend")
+
+SERVER_GONE_WAIT_S = 1.0  # between a worker's polls while the server cannot be reached
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
@@ -101,6 +106,12 @@ class SiteWorkerBackend:
             else:
                 yield from _checked_stream(iter(stream), job)
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                # the server is restarting: the worker waits it out (a job it resumes sends
+                # its tasks again; one it does not is aborted here when the site reconnects)
+                time.sleep(min(max(wait_s, 0.0), SERVER_GONE_WAIT_S))
+                yield frames.header({"none": True})
+                return
             raise BackendError(f"the server did not deliver the task: {exc.details()}") from None
         except IdentifierError as exc:  # the server's header, refused before the worker sees it
             raise BackendError(f"the server sent a task this site refuses: {exc}") from None
@@ -126,6 +137,10 @@ class SiteWorkerBackend:
         try:
             answer = self.server.PushReply(relay())
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:  # the server is restarting: a job
+                log.warning("job %s: the server was unreachable; the reply to %s is lost (a "
+                            "resumed job sends the task again)", job_id, task_id)
+                return {"lost": True}
             raise BackendError(f"the server refused the reply: {exc.details()}") from None
         return json.loads(answer.body or "{}")
 
@@ -145,6 +160,8 @@ class SiteWorkerBackend:
         try:
             self.server.Report(msg.Json(body=json.dumps({"job_id": job_id, "event": body})))
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:  # progress, lost while the server
+                return  # restarts: the job itself goes on
             raise BackendError(f"the server did not take the report: {exc.details()}") from None
 
     def finish(self, job_id: str, ok: bool, error: str) -> None:

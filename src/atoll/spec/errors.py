@@ -35,7 +35,7 @@ stdlib base its callers catch; tests/unit/spec/test_error_root.py checks the dra
     │   SiteScriptError, StatisticsError, StatisticsRefused, TrackingError, WorkflowError
     ├── 2 INVALID: change the input or request the message names, then retry
     │   AppConfigError, ApprovalsError, BackendError, BackupError, BadMessage, BodyError,
-    │   CAError, ControlTooLarge, CredentialsTooLarge, CRLError, DecodeError,
+    │   CAError, CheckpointDamaged, ControlTooLarge, CredentialsTooLarge, CRLError, DecodeError,
     │   Denied[NoSuchStudy], FrameError[HandoffError], IdentifierError, IdentityError,
     │   IntakeError, IssuesError, JobFileError, JobRefused, KitError, LaunchError,
     │   NotAdmitted, NotTrusted, ProvenanceError, ProvisionError, Refused, RelayError,

@@ -23,6 +23,14 @@ class LogSettings(NoNullModel):
         return memory_to_bytes(self.max_size)
 
 
+class Restarts(NoNullModel):
+    """``restarts``: the server parent's resumption of running jobs after its own restart."""
+
+    max_resumes: int = Field(3, ge=0, le=1000, description=(
+        "How many times one job is resumed from its checkpoint after a server restart; the "
+        "next restart fails it, saying so. 0: a restart fails every running job"))
+
+
 class Retention(NoNullModel):
     """``retention``: what a site parent removes by itself."""
 

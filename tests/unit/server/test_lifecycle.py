@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 from types import SimpleNamespace
 
 import pytest
@@ -208,16 +209,69 @@ def test_a_restarted_site_parent_gets_its_part_again_and_its_task_is_retried(job
     assert jobs.links.sent == [] and live.relay.next_reply(task, 0) is None
 
 
-def test_recovery_fails_what_ran_and_leaves_the_rest(jobs):
+def _restart(jobs):
+    """The parent died: its live table is gone, the store and the job folders remain."""
+    jobs.live.clear()
+    jobs.recover()
+
+
+def test_recovery_without_resumes_fails_what_ran_and_leaves_the_rest(jobs):
     _dispatch(jobs)
     jobs.site_state("site-1", {"job_id": JOB, "state": "RUNNING"})
     jobs.site_state("site-2", {"job_id": JOB, "state": "FINISHED:COMPLETED"})
     other = "b" * 32
     jobs.store.add_job(other, "waits", "default", "lead", "o", META, ["server", "site-1"])
-    jobs.recover()
+    jobs.max_resumes = 0
+    _restart(jobs)
     record = jobs.store.get_job(JOB)
-    why = "the server restarted while the job ran; resubmit it"
-    assert (record.state, record.reason) == ("FINISHED:FAILED", why)
+    assert record.state == "FINISHED:FAILED"
+    assert "after 0 resume(s) already (restarts.max_resumes is 0); resubmit it" in record.reason
     assert record.parts["site-1"] == {**record.parts["site-1"], "state": "FINISHED:FAILED"}
     assert record.parts["site-2"]["state"] == "FINISHED:COMPLETED"
     assert jobs.store.get_job(other).state == "SUBMITTED"
+    assert JOB not in jobs.live
+
+
+def test_recovery_resumes_a_running_job_from_its_committed_round(jobs):
+    _dispatch(jobs, sites=("site-1", "site-2"))
+    started = queue.Queue()
+    jobs._run_server_worker = started.put
+    jobs.site_state("site-1", {"job_id": JOB, "state": "RUNNING"})
+    jobs.site_state("site-2", {"job_id": JOB, "state": "FINISHED:FAILED", "reason": "oom"})
+    jobs.store.add_event(JOB, "server", {"event": "checkpoint", "round": 1})
+    jobs.store.add_event(JOB, "server", {"event": "checkpoint", "round": 2})
+    jobs.store.add_event(JOB, "site-1", {"event": "checkpoint", "round": 7})  # a site's word
+    _restart(jobs)
+    live = jobs.live[JOB]
+    jobs.launch_resumed()
+    assert started.get(timeout=60) is live and (live.resumes, live.resume_round) == (1, 2)
+    state, parts = _parts(jobs)
+    assert state == "RUNNING"
+    assert parts["server"] == ("DISPATCHED", "resumed at round 3 after a server restart")
+    assert parts["site-1"][0] == "RUNNING" and live.site_states == {
+        "site-2": ("FINISHED:FAILED", "oom")}
+    task = live.relay.add_task(["site-1"], "train", {}, [b""])
+    assert task.startswith("r1t") and live.relay.stale("t4") and not live.relay.stale(task)
+    backend = ServerWorkerBackend(jobs, jobs.store, _ca_file(jobs))
+    assert backend.on_register(JOB)["job_args"]["resume"] == {"attempt": 1, "round": 2}
+    assert _parts(jobs)[1]["server"] == ("RUNNING", "resumed at round 3 after a server restart")
+    assert jobs.running_at(JOB, "site-1") is live  # a reconnecting site is not told to abort
+
+
+def test_a_job_resumes_max_resumes_times_then_fails_saying_so(jobs):
+    jobs._run_server_worker = lambda live: None
+    _dispatch(jobs)
+    jobs.max_resumes = 2
+    _restart(jobs)
+    _restart(jobs)
+    assert jobs.live[JOB].resumes == 2
+    _restart(jobs)
+    record = jobs.store.get_job(JOB)
+    assert record.state == "FINISHED:FAILED" and "after 2 resume(s) already" in record.reason
+    assert {i["state"] for i in record.parts.values()} == {"FINISHED:FAILED"}
+
+
+def _ca_file(jobs):
+    path = jobs.workspace / "ca.pem"
+    path.write_text("-----BEGIN CERTIFICATE-----\n")
+    return path

@@ -33,7 +33,7 @@ from atoll.fl.model import Model
 from atoll.fl.privacy import egress, filters
 from atoll.fl.privacy.accounting import BudgetExhausted, Ledger
 from atoll.fl.privacy.secagg import masking
-from atoll.fl.privacy.secagg.client import TOPICS, SecAggClient
+from atoll.fl.privacy.secagg.client import ADVERTISE, TOPICS, SecAggClient
 from atoll.fl.privacy.secagg.identity import SiteIdentity
 from atoll.spec.errors import AtollError
 from atoll.spec.privacy import (
@@ -154,7 +154,13 @@ class SitePrivacy:
         if self.secagg is None:
             raise PrivacyRefused(f"the server asked for {topic}, but this site's app.yaml does not "
                                  "turn on privacy.secure_aggregation")
-        return Model(meta=self.secagg.answer(topic, round_, model.meta))
+        answer = self.secagg.answer(topic, round_, model.meta)
+        if topic == ADVERTISE:
+            # Fresh keys for the round (the server ran it again from its start after a restart:
+            # docs/federation.md): an update masked with them shares no mask with one sent
+            # before, and the client never answers the unmask step of a round twice.
+            self._masked.discard(round_)
+        return Model(meta=answer)
 
     def on_task(self, topic: str, round_: int | None, model: Model) -> Model:
         routed = model.meta.pop(SECAGG_META, None)

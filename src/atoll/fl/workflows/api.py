@@ -10,14 +10,27 @@ from atoll.workflow import Context, Model, WeightedAverage, Workflow
 
 class MyFedAvg(Workflow):
     def run(self) -> None:
-        model = self.ctx.initial_model or Model()
-        for round_ in range(1, self.ctx.args["num_rounds"] + 1):  # rounds count from 1
+        model = self.model = getattr(self, "model", None) or self.ctx.initial_model or Model()
+        for round_ in range(self.ctx.start_round, self.ctx.args["num_rounds"] + 1):
             sent = self.ctx.send("train", model, round=round_)        # to every active site
             replies = self.ctx.gather(sent, timeout=60, aggregator=WeightedAverage())
-            model = Model(params=replies.aggregate, round=round_)
+            model = self.model = Model(params=replies.aggregate, round=round_)
             self.ctx.log_metrics(replies.mean_metrics(), round=round_)
+            self.checkpoint(round_)                    # what survives a server restart
         self.ctx.save_model("final", model)
+
+    def state(self):                                   # arrays and JSON-safe values
+        return {"params": self.model.params}
+
+    def restore(self, state):
+        self.model = Model(params=state["params"])
 ```
+
+Server restarts: a workflow that defines ``state()`` and ``restore(state)`` and calls
+``self.checkpoint(round_)`` after each completed round resumes after a restart of the server:
+the runner restores its last checkpoint before ``run()``, and ``ctx.start_round`` is the round
+to go on from (1 on a fresh start). The context keeps its own part (active sites, the job's DP
+accounting, the random state) in the same checkpoint (``atoll.fl.checkpoint``).
 
 Seams for filters (privacy, compression): ``ctx.task_filters`` change each outgoing model,
 ``ctx.result_filters`` each incoming result before any aggregator sees it; aggregators follow
@@ -152,6 +165,9 @@ class Context:
         self.result_filters: list[Filter] = []
         self._metrics: MetricsLog | None = None
         self._privacy: ServerPrivacy | None = None
+        # where checkpoints go (the server worker's run folder; None: this run keeps none)
+        self._checkpoints: Path | None = getattr(channel, "checkpoint_dir", None)
+        self.resumed_round: int | None = None  # the checkpoint's round after a restart
 
     @property
     def channel(self) -> ServerChannel:
@@ -410,6 +426,70 @@ class Context:
         Per-site entries beyond what one report may carry are left out, and counted."""
         self._channel.report(bounded(event))
 
+    # --- checkpoints (server restarts) -------------------------------------------------------
+
+    @property
+    def start_round(self) -> int:
+        """The first round to run: 1, or the one after the restored checkpoint's."""
+        return (self.resumed_round or 0) + 1
+
+    def checkpoint(self, round: int, state: dict[str, Any]) -> None:
+        """Commit ``state`` (the workflow's) as what the job resumes from after round ``round``,
+        with the context's own part; ``Workflow.checkpoint`` calls it."""
+        if self._checkpoints is None:
+            return
+        from atoll.fl import checkpoint
+
+        own = {"active": list(self.active), "dropped": dict(self.dropped),
+               "random": _random_state()}
+        if self._privacy is not None and self._privacy.ledger is not None:
+            own["dp"] = {"steps": self._privacy.ledger.steps,
+                         "spent": list(self._privacy.ledger.spent)}
+        size = checkpoint.save(self._checkpoints, round, {"workflow": state, "context": own})
+        self.report({"event": "checkpoint", "round": round, "bytes": size})
+
+    def resume(self, expected: int | None = None) -> dict[str, Any] | None:
+        """After a server restart: the workflow's state of the last checkpoint (the context's
+        own part restored, the metrics files cut back to its round), or None when no round
+        had completed. ``expected``: the round the server saw committed last; a checkpoint
+        missing or older than that, or damaged, raises ``WorkflowError``."""
+        from atoll.fl import checkpoint
+        from atoll.fl.metrics_log import truncate_after
+
+        found = None
+        if self._checkpoints is not None:
+            try:
+                found = checkpoint.load(self._checkpoints)
+            except checkpoint.CheckpointDamaged as exc:
+                raise WorkflowError(f"cannot resume after the server restart: {exc}") from None
+        have = found[0] if found else 0
+        if expected and have < expected:
+            raise WorkflowError(
+                f"cannot resume after the server restart: the checkpoint of round {expected} "
+                f"is missing (found {'round ' + str(have) if have else 'none'})")
+        truncate_after(self.results_dir, have)
+        if found is None:
+            self.report({"event": "restored", "round": 0})
+            return None
+        round_, saved = found
+        own = saved.get("context") or {}
+        self.active[:] = [s for s in own.get("active", self.sites) if s in self.sites]
+        self.dropped.update(own.get("dropped") or {})
+        _set_random_state(own.get("random"))
+        dp = own.get("dp")
+        if dp is not None:
+            privacy = self._server_privacy()
+            if privacy is None or privacy.ledger is None:
+                raise WorkflowError("cannot resume after the server restart: the checkpoint "
+                                    "holds DP accounting but the job's privacy settings keep "
+                                    "none")
+            privacy.ledger.steps = int(dp["steps"])
+            privacy.ledger.spent = [float(e) for e in dp["spent"]]
+        self.resumed_round = round_
+        self.report({"event": "restored", "round": round_})
+        log.info("resumed from the checkpoint of round %d", round_)
+        return saved.get("workflow") or {}
+
     def close(self) -> None:
         """Flush the metrics files and draw the curves (the runner calls it at the end)."""
         if self._metrics is not None:
@@ -433,3 +513,47 @@ class Workflow:
 
     def run(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define run(self)")
+
+    def state(self) -> dict[str, Any] | None:
+        """What ``run`` needs to go on after the last completed round: a dict of numpy arrays
+        and JSON-safe values. None (the default): this workflow keeps no checkpoint, and a job
+        running it fails when the server restarts."""
+        return None
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back what ``state()`` returned; ``run`` then starts at ``ctx.start_round``."""
+        raise WorkflowError(f"{type(self).__name__} defines no restore(state): it cannot resume "
+                            "after a server restart")
+
+    def checkpoint(self, round: int) -> None:
+        """Call after each completed round: ``state()`` is committed, atomically, as what the
+        job resumes from if the server restarts."""
+        state = self.state()
+        if state is not None:
+            self.ctx.checkpoint(round, state)
+
+    @classmethod
+    def resumable(cls) -> bool:
+        """Whether the class keeps checkpoints (defines its own ``state``)."""
+        return cls.state is not Workflow.state
+
+
+def _random_state() -> dict[str, Any]:
+    """Python's and numpy's global random state, for a workflow that draws from them."""
+    import random
+
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, list(internal), gauss],
+            "numpy": [name, keys, int(pos), int(has_gauss), float(cached)]}
+
+
+def _set_random_state(saved: dict[str, Any] | None) -> None:
+    import random
+
+    if not saved:
+        return
+    version, internal, gauss = saved["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = saved["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))

@@ -87,13 +87,36 @@ def _privacy(ctx: Context, has_initial: bool) -> ServerPrivacy | None:
     return ctx._server_privacy()
 
 
-class FedAvg(Workflow):
+class FedAvgFamily(Workflow):
+    """A workflow run by the loop below (FedAvg, FedProx, FedOpt): its checkpoint is the loop's."""
+
+    _loop: FedAvgRun | None = None
+
+    def make_loop(self) -> FedAvgRun:
+        raise NotImplementedError
+
+    def loop(self) -> FedAvgRun:
+        if self._loop is None:
+            self._loop = self.make_loop()
+        return self._loop
+
+    def state(self) -> dict[str, Any]:
+        return self.loop().state()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.loop().restore(state)
+
+    def run(self) -> None:
+        self.loop().run()
+
+
+class FedAvg(FedAvgFamily):
     """``workflow: fedavg``: the loop below, on the public workflow API."""
 
     Args = FedAvgArgs
 
-    def run(self) -> None:
-        FedAvgRun.on(self.ctx, "fedavg").run()
+    def make_loop(self) -> FedAvgRun:
+        return FedAvgRun.on(self.ctx, "fedavg")
 
 
 class FedAvgRun:
@@ -143,12 +166,14 @@ class FedAvgRun:
 
     def run(self) -> None:
         try:
-            for round_ in range(1, self.args.num_rounds + 1):  # 1-based, as users see rounds
+            # 1-based, as users see rounds; after a server restart, on from the checkpoint
+            for round_ in range(self.ctx.start_round, self.args.num_rounds + 1):
                 if self.privacy is not None and (reason := self.privacy.stop_reason()):
                     self._stop(round_, reason)
                     break
                 self.train_round(round_)
                 self.rounds_done = round_
+                self.ctx.checkpoint(round_, self.state())
             final = save_file(self._global_model(self.rounds_done), self.results / FINAL_MODEL)
             if self.best is None:  # no usable validation: the final model is the best we know
                 shutil.copyfile(final, self.results / BEST_MODEL)
@@ -157,9 +182,47 @@ class FedAvgRun:
         finally:
             self.ctx.close()
 
+    # --- the checkpoint (server restarts) -----------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What the loop needs to go on after ``rounds_done`` (the context adds its own)."""
+        state: dict[str, Any] = {
+            "global": self.global_params, "rounds_done": self.rounds_done,
+            "saw_diff": self.saw_diff, "last_validation": self.last_validation,
+            "best": list(self.best) if self.best is not None else None,
+        }
+        optimizer_state = getattr(self.server_update, "state", None)
+        if callable(optimizer_state):
+            state["server_update"] = optimizer_state()
+        return state
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.global_params = dict(state["global"])
+        self.rounds_done = int(state["rounds_done"])
+        self.saw_diff = bool(state["saw_diff"])
+        self.last_validation = dict(state["last_validation"])
+        self.best = tuple(state["best"]) if state.get("best") else None  # type: ignore[assignment]
+        if "server_update" in state:
+            self.server_update.restore(state["server_update"])  # type: ignore[union-attr]
+        self._cut_digests(self.rounds_done)
+
+    def _cut_digests(self, round_: int) -> None:
+        """Keep model_digests.jsonl's lines up to ``round_``: later ones are written again."""
+        path = self.results / "model_digests.jsonl"
+        if not path.is_file():
+            return
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if int(json.loads(line)["round"]) <= round_:
+                    kept.append(line + "\n")
+            except (ValueError, KeyError, TypeError):
+                continue
+        path.write_text("".join(kept), encoding="utf-8")
+
     def _stop(self, round_: int, reason: str) -> None:
         """The job's privacy budget allows no further round: end with what we have."""
-        if round_ == 1:
+        if round_ == 1 and self.rounds_done == 0:
             raise WorkflowError(f"no round can run: {reason}; raise privacy.dp.max_epsilon or "
                                 "privacy.dp.noise_multiplier in app.yaml")
         self.stopped = reason

@@ -27,8 +27,7 @@ from atoll.fl import bfloat16
 from atoll.fl.app_config import FedOptArgs
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
-from atoll.fl.workflows.api import Workflow
-from atoll.fl.workflows.fedavg import FedAvgRun, Params, run_fedavg
+from atoll.fl.workflows.fedavg import FedAvgFamily, FedAvgRun, Params, run_fedavg
 
 
 class ServerOptimizer:
@@ -48,6 +47,13 @@ class ServerOptimizer:
         self.lr, self.beta1, self.beta2, self.tau = server_lr, beta1, beta2, tau
         self.m: Params = {}
         self.v: Params = {}
+
+    def state(self) -> dict[str, Any]:
+        """The moments, for the job's checkpoint (server restarts)."""
+        return {"m": self.m, "v": self.v}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.m, self.v = dict(state["m"]), dict(state["v"])
 
     @classmethod
     def from_args(cls, args: FedOptArgs) -> ServerOptimizer:
@@ -102,13 +108,12 @@ def run_fedopt(
     )
 
 
-class FedOpt(Workflow):
+class FedOpt(FedAvgFamily):
     """``workflow: fedopt``: FedAvg's loop with the server optimizer as its server update."""
 
     Args = FedOptArgs
 
-    def run(self) -> None:
+    def make_loop(self) -> FedAvgRun:
         args = self.args
-        FedAvgRun.on(
-            self.ctx, f"fedopt-{args.optimizer}", server_update=ServerOptimizer.from_args(args)
-        ).run()
+        return FedAvgRun.on(
+            self.ctx, f"fedopt-{args.optimizer}", server_update=ServerOptimizer.from_args(args))

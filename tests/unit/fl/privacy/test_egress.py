@@ -205,3 +205,20 @@ def test_without_a_ledger_nothing_a_budget_covers_is_released():
     privacy.on_task("train", 1, Model(params=dict(W)))
     with pytest.raises(BudgetExhausted, match="no privacy ledger"):
         privacy.on_reply("train", Model(params={"w": W["w"] + STEP}, num_examples=10))
+
+
+def test_fresh_keys_for_a_round_let_it_run_again_but_never_after_its_unmask():
+    """After a server restart the interrupted round runs again from its start: a new advertise
+    step gives the round fresh keys, so one more masked update of it shares no mask with the
+    one sent before; a round whose unmask step was answered never gets keys again."""
+    from atoll.fl.privacy.secagg.client import ADVERTISE, SecAggRefused
+
+    privacy = _secure()
+    privacy._masked.add(1)  # round 1's update was masked and sent, then the server restarted
+    privacy.answer(ADVERTISE, 1, Model())
+    assert 1 not in privacy._masked
+    privacy._masked.add(1)
+    privacy.secagg.unmasked.add(1)  # its unmask step was answered
+    with pytest.raises(SecAggRefused, match="unmasked already"):
+        privacy.answer(ADVERTISE, 1, Model())
+    assert 1 in privacy._masked

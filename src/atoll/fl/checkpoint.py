@@ -1,0 +1,174 @@
+"""A workflow's checkpoint on disk: what the server side of a job needs to continue after a
+server restart, written after each completed round (docs/federated-learning.md, "Server
+restarts").
+
+Two files in the checkpoint folder (``run/server/checkpoint/`` in the server worker's run
+folder, never its downloadable results):
+
+- ``round-<k>.safetensors``: a safetensors document (no pickle) whose arrays are the state's
+  arrays, flattened by path (``model/fc.weight``), and whose metadata holds the rest of the
+  state as JSON, each array replaced by ``{"__array__": path}``;
+- ``checkpoint.json``: ``{"format": 1, "round": k, "file": ..., "sha256": ..., "bytes": ...}``,
+  the commit point: written after the state file is on disk.
+
+Both are written atomically (a temporary file, fsync, rename, fsync of the folder): a kill at
+any moment leaves the previous checkpoint whole, or the new one. Reading checks the digest and
+the size before decoding, so a damaged file is named as such (``CheckpointDamaged``) and never
+half-restored. The previous round's state file is removed once the new one is committed.
+
+A state is a dict of str keys whose leaves are numpy arrays or JSON-safe values (dicts, lists,
+str, numbers, bool, None); arrays may sit anywhere in dicts and lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atoll.fl.model import Model
+from atoll.fl.serde import SerdeError, encode, load_file
+from atoll.spec.errors import EXIT_INVALID, AtollError
+
+FORMAT = 1
+MANIFEST = "checkpoint.json"
+STATE_KEY = "atoll_checkpoint"  # the metadata entry that holds the JSON part of the state
+_ARRAY = "__array__"
+
+
+class CheckpointDamaged(AtollError, ValueError):
+    """The checkpoint exists but cannot be trusted (a digest mismatch, a truncated file...)."""
+
+    exit_code = EXIT_INVALID
+
+
+def save(folder: Path, round_: int, state: dict[str, Any]) -> int:
+    """Commit ``state`` as the checkpoint after round ``round_``; its size in bytes."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    tree = _flatten(state, "", arrays)
+    model = Model(params=arrays, round=round_, meta={STATE_KEY: tree})
+    name = f"round-{round_}.safetensors"
+    digest, size = _write_atomic(folder / name, encode(model))
+    manifest = {"format": FORMAT, "round": round_, "file": name, "sha256": digest, "bytes": size}
+    _write_atomic(folder / MANIFEST, [json.dumps(manifest, sort_keys=True).encode()])
+    for old in folder.glob("round-*.safetensors"):
+        if old.name != name:
+            old.unlink(missing_ok=True)
+    return size
+
+
+def load(folder: Path) -> tuple[int, dict[str, Any]] | None:
+    """The committed checkpoint as (round, state); None when there is none yet.
+    ``CheckpointDamaged`` says why one that exists cannot be used."""
+    folder = Path(folder)
+    try:
+        raw = (folder / MANIFEST).read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CheckpointDamaged(f"the checkpoint's {MANIFEST} cannot be read: {exc}") from None
+    try:
+        manifest = json.loads(raw)
+        round_, name, digest, size = (manifest["round"], manifest["file"], manifest["sha256"],
+                                      manifest["bytes"])
+        if (manifest.get("format") != FORMAT or not isinstance(round_, int)
+                or name != f"round-{round_}.safetensors"):
+            raise ValueError("unexpected fields")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointDamaged(f"the checkpoint's {MANIFEST} is damaged: {exc}") from None
+    path = folder / name
+    try:
+        found, length = _digest(path)
+    except OSError as exc:
+        raise CheckpointDamaged(f"the state of round {round_} cannot be read: {exc}") from None
+    if length != size or found != digest:
+        raise CheckpointDamaged(f"the state of round {round_} is damaged: its SHA-256 or size "
+                                f"does not match {MANIFEST}")
+    try:
+        model = load_file(path)
+        tree = model.meta[STATE_KEY]
+        return round_, _unflatten(tree, model.params)
+    except (SerdeError, KeyError, TypeError) as exc:
+        raise CheckpointDamaged(f"the state of round {round_} does not decode: {exc}") from None
+
+
+def size_on_disk(folder: Path) -> int:
+    """Bytes the checkpoint folder holds (for the benchmarks)."""
+    return sum(p.stat().st_size for p in Path(folder).glob("*") if p.is_file())
+
+
+# --- the state's tree ------------------------------------------------------------------------
+
+def _flatten(value: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(value, np.ndarray | np.generic):
+        key = path or "_"
+        array = np.asarray(value)  # (ascontiguousarray would make a 0-d array 1-d)
+        arrays[key] = array if array.flags.c_contiguous else array.copy()
+        return {_ARRAY: key}
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"checkpoint state keys must be strings, got {k!r} at {path!r}")
+            out[k] = _flatten(v, f"{path}/{k}" if path else k, arrays)
+        return out
+    if isinstance(value, list | tuple):
+        return [_flatten(v, f"{path}/{i}", arrays) for i, v in enumerate(value)]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    raise TypeError(f"checkpoint state at {path or 'the top'!r} holds a {type(value).__name__}: "
+                    "use numpy arrays and JSON-safe values (dict, list, str, numbers, None)")
+
+
+def _unflatten(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_ARRAY}:
+            return arrays[value[_ARRAY]]
+        return {k: _unflatten(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unflatten(v, arrays) for v in value]
+    return value
+
+
+# --- durable files ---------------------------------------------------------------------------
+
+def _write_atomic(path: Path, chunks: Any) -> tuple[str, int]:
+    """Stream ``chunks`` into ``path`` through a temporary file: fsync, rename, fsync of the
+    folder. Its SHA-256 and size."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    digest, size = hashlib.sha256(), 0
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    return digest.hexdigest(), size
+
+
+def _digest(path: Path) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while block := fh.read(4 * 1024 * 1024):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
