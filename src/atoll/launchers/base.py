@@ -142,5 +142,13 @@ class Launcher(ABC):
     def cancel(self, handle: Handle) -> None:
         """Stop and remove the worker. Idempotent: a worker already gone counts as cancelled."""
 
+    def reattach(self, handle: Handle, parent_address: str,
+                 parent_socket: str | None) -> bool:
+        """Take back the worker an earlier parent of this site launched (``handle``), if it
+        still runs: ``wait`` and ``cancel`` then work on it as on one launched here, and it
+        reaches this parent (``parent_address``, ``parent_socket``) again. False: it is gone,
+        or this launcher's workers do not outlive their parent (the default)."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release clients and background threads."""

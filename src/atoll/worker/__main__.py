@@ -134,6 +134,20 @@ def _beat(stub, metadata, every: str) -> None:
     threading.Thread(target=run, name="heartbeat", daemon=True).start()
 
 
+def _rejoining(stub, job_id: str, token: str, session: str):
+    """The stub that waits for a restarted site parent (worker/rejoin.py), where the site set
+    supervision.rejoin_s; else the stub itself."""
+    try:
+        rejoin_s = float(os.environ.get(worker_env.REJOIN_S, "") or 0)
+    except ValueError:
+        rejoin_s = 0.0
+    if not 0 < rejoin_s <= 86400:
+        return stub
+    from atoll.worker.rejoin import RejoiningStub
+
+    return RejoiningStub(stub, job_id, token, session, rejoin_s)
+
+
 def _fetch_app(stub, metadata, workdir: Path, target: str) -> None:
     from atoll.wire import frames
     from atoll.wire import messages as msg
@@ -248,6 +262,8 @@ def main() -> int:
     session = info["session"]
     meta = (("x-atoll-worker", session),)
     print(f"atoll worker: job {job_id} role {role} registered with {parent}", flush=True)
+    if role == "site" and parent_pid is None:  # it may outlive its parent: it waits for the next
+        stub = _rejoining(stub, job_id, token, session)
     if role == "site":
         _beat(stub, meta, os.environ.get(worker_env.HEARTBEAT_S, ""))
 
