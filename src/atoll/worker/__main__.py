@@ -143,9 +143,22 @@ def _rejoining(stub, job_id: str, token: str, session: str):
         rejoin_s = 0.0
     if not 0 < rejoin_s <= 86400:
         return stub
+    from atoll.wire import rpc
+    from atoll.wire.parent_address import read_parent
+    from atoll.wire.worker_link import worker_channel
     from atoll.worker.rejoin import RejoiningStub
 
-    return RejoiningStub(stub, job_id, token, session, rejoin_s)
+    workdir = Path(os.environ.get(worker_env.WORKDIR, os.getcwd()))
+    dialled = [(os.environ.get(worker_env.PARENT, ""), os.environ.get(worker_env.PARENT_CERT))]
+
+    def redial():
+        found = read_parent(workdir)
+        if found is None or found == dialled[-1]:
+            return None
+        dialled.append(found)
+        return rpc.stub(worker_channel(*found), "WorkerLink")
+
+    return RejoiningStub(stub, job_id, token, session, rejoin_s, redial=redial)
 
 
 def _fetch_app(stub, metadata, workdir: Path, target: str) -> None:

@@ -39,8 +39,12 @@ class RejoiningStub:
     parent is away, for at most ``rejoin_s`` each time."""
 
     def __init__(self, stub: Any, job_id: str, token: str, session: str, rejoin_s: float,
-                 say: Callable[[str], None] | None = None):
+                 say: Callable[[str], None] | None = None,
+                 redial: Callable[[], Any] | None = None):
         self._stub = stub
+        # A stub to the address a restarted parent left in the run folder, if it is a new one
+        # (wire/parent_address.py), else None
+        self._redial = redial or (lambda: None)
         self._job_id = job_id
         self._token = token  # this worker's own: kept in memory only, never in its environment
         self._session = session
@@ -52,13 +56,16 @@ class RejoiningStub:
 
     # -- the calls ---------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        call = getattr(self._stub, name)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        getattr(self._stub, name)  # an unknown method fails here, as on the stub
         if name in ("SendTask", "SendReply", "SendResults"):
-            return lambda request_iterator, **kw: self._streamed_request(call, request_iterator,
+            return lambda request_iterator, **kw: self._streamed_request(name, request_iterator,
                                                                           **kw)
         if name in ("FetchApp", "NextTask", "NextReply"):
-            return lambda request, **kw: self._streamed_answer(call, request, **kw)
-        return lambda request, **kw: self._retried(lambda: call(request, **self._kw(kw)))
+            return lambda request, **kw: self._streamed_answer(name, request, **kw)
+        return lambda request, **kw: self._retried(
+            lambda: getattr(self._stub, name)(request, **self._kw(kw)))
 
     def _kw(self, kw: dict[str, Any]) -> dict[str, Any]:
         """The call's metadata with this worker's current session in place of the one the
@@ -81,12 +88,12 @@ class RejoiningStub:
                 deadline = deadline or time.monotonic() + self.rejoin_s
                 self._away(code, deadline, exc)
 
-    def _streamed_answer(self, call, request, **kw) -> Iterator[Any]:
+    def _streamed_answer(self, name: str, request, **kw) -> Iterator[Any]:
         deadline = None
         while True:
             got = False
             try:
-                for item in call(request, **self._kw(kw)):
+                for item in getattr(self._stub, name)(request, **self._kw(kw)):
                     got = True
                     yield item
                 return
@@ -97,11 +104,11 @@ class RejoiningStub:
                 deadline = deadline or time.monotonic() + self.rejoin_s
                 self._away(code, deadline, exc)
 
-    def _streamed_request(self, call, request_iterator, **kw) -> Any:
+    def _streamed_request(self, name: str, request_iterator, **kw) -> Any:
         if self.rejoin_s > 0:  # the link is sure (or a new parent took us) before the payload
             self._retried(lambda: self._stub.Report(
                 msg.Json(body=json.dumps({"kind": "heartbeat"})), **self._kw(kw)))
-        return call(request_iterator, **self._kw(kw))
+        return getattr(self._stub, name)(request_iterator, **self._kw(kw))
 
     # -- the parent is away ------------------------------------------------------------------
     def _away(self, code, deadline: float, exc: grpc.RpcError) -> None:
@@ -112,6 +119,10 @@ class RejoiningStub:
                              f"(supervision.rejoin_s): {exc.details()}") from None
         if code == grpc.StatusCode.UNAVAILABLE:
             time.sleep(RETRY_PAUSE_S)
+            with self._lock:
+                if (stub := self._redial()) is not None:  # the parent moved: dial it there
+                    self._stub = stub
+                    self._say("its site parent is now at another address: dialling it there")
             return
         self._register(deadline)
 
