@@ -271,6 +271,7 @@ class SiteParent:
             return
         self._stopped.set()
         if leave_workers and self.rejoin_to() is not None:
+            self.supervisor.leaving = True
             log.warning("the site parent stops; its workers wait %g s for the next one "
                         "(supervision.rejoin_s)", self.local.supervision[2])
         else:

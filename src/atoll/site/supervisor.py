@@ -21,6 +21,10 @@ again once, for the round in flight (the server is told RESTARTING and retries t
 for it), and a second stall fails the part with the reason ("site-2's part sent no heartbeat for
 120 s during round 3"). A dispatch of a job that already runs here is the server taking back a
 restarted site: it is ignored.
+
+A worker an earlier parent of this site launched that still runs (a container, pod or Slurm job)
+is taken back (`adopt`, site/running_parts.py): its job runs here again from what that parent
+kept, and its worker registers again with the job's token, accepted once.
 """
 
 from __future__ import annotations
@@ -146,6 +150,7 @@ class Supervisor:
         self.signed_jobs = SignedJobs(kit.workspace)  # each signed statement under one job id
         self.job_log = JobLog(kit.workspace)  # every job run or refused here (site jobs KIT)
         self.parts = RunningParts(kit.workspace)  # its workers' handles, for its successor
+        self.leaving = False  # the parent stops and leaves its workers to its successor
         self._lock = threading.Lock()
 
     def running_jobs(self) -> list[str]:
@@ -440,6 +445,9 @@ class Supervisor:
         return accepted[0]
 
     def _finish(self, job: SiteJob, exit: WorkerExit) -> None:
+        if self.leaving:  # its worker runs on for the next parent: its entry stays, unreported
+            log.info("job %s: left running for the next site parent", job.job_id)
+            return
         if job.aborting:
             state, reason = "ABORTED", job.aborting
         elif job.stalled:  # whatever the stopped worker said as it went

@@ -3,8 +3,9 @@ started again (issue 37 item 3): the container outlives its parent, waits for th
 (supervision.rejoin_s), registers again with its job's token through its run folder's socket,
 which the new parent opened again, and finishes the job: the same container (its id unchanged,
 never a second one), the job COMPLETED, each round answered once, the round in flight not
-redone. Without re-attach (rejoin_s 0) the restarted parent stops it, as before, and the part
-starts again in a new container.
+redone. A parent that is sent SIGTERM as a Slurm-hosted one is at its allocation's end
+(ATOLL_SITE_ALLOCATION) leaves its container the same way. Without re-attach (rejoin_s 0) the
+restarted parent stops it, as before, and the part starts again in a new container.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ while fl.is_running():
 '''
 
 
-def _federation(engine: Engine, root, rejoin_s: float) -> Federation:
+def _federation(engine: Engine, root, rejoin_s: float, env=None) -> Federation:
     runtime = {SITE: "format_version: 2\nstudies:\n  dockerized: {}\n"}
     fed = Federation.provisioned(root, [SITE], USERS, STUDIES, runtime=runtime)
     site_yaml = {
@@ -58,7 +59,7 @@ def _federation(engine: Engine, root, rejoin_s: float) -> Federation:
     }
     (fed.kit(SITE) / "local" / "site.yaml").write_text(yaml.safe_dump(site_yaml))
     fed.start_server()
-    fed.start_site(SITE)
+    fed.start_site(SITE, env=env)
     fed.wait_online(ADMIN)
     return fed
 
@@ -93,14 +94,33 @@ def _rounds(session, job_id, tmp_path):
     return [sorted(r["replies"]) for r in result["rounds"]]
 
 
-def _killed_mid_round(engine, fed, session, tmp_path):
+def _killed_mid_round(engine, fed, session, tmp_path, sig=signal.SIGKILL):
     job_id = session.submit(_job(tmp_path))["job_id"]
     first = wait_for(lambda: _container_of(fed, job_id), 120, "the job's container")
     wait_for(lambda: "took round 1" in _logs(engine, first), 120, "round 1 in the container")
-    fed.kill(SITE, signal.SIGKILL)  # mid-round: its reply to round 1 has not left
+    fed.kill(SITE, sig)  # mid-round: its reply to round 1 has not left
     assert engine.client.containers.get(first).status == "running"  # it outlived its parent
     fed.start_site(SITE)
     return job_id, first
+
+
+def test_a_parent_whose_allocation_ends_leaves_its_container_to_its_successor(
+        docker_engine: Engine, tmp_path) -> None:
+    """SIGTERM to a parent started as deploy/slurm/atoll-site.sbatch starts it (its allocation
+    ends): it exits and its worker runs on, for the next parent to take back."""
+    fed = _federation(docker_engine, tmp_path / "fed", rejoin_s=120,
+                      env={"ATOLL_SITE_ALLOCATION": "1"})
+    try:
+        with fed.session(ADMIN, study="dockerized") as s:
+            job_id, first = _killed_mid_round(docker_engine, fed, s, tmp_path, signal.SIGTERM)
+            final = s.wait(job_id, timeout=240)
+            site_log = (fed.root / f"{SITE}.log").read_text(errors="replace")
+            assert final["state"] == "FINISHED:COMPLETED", f"{final}\n{site_log[-4000:]}"
+            assert "its workers wait 120 s for the next one" in site_log
+            assert f"took back the worker an earlier site parent left ({first})" in site_log
+            assert _rounds(s, job_id, tmp_path) == [[SITE]] * 3
+    finally:
+        fed.stop_all()
 
 
 def test_a_container_outlives_its_killed_site_parent_and_finishes_the_job(
