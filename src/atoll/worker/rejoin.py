@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from atoll.spec.errors import EXIT_CONNECTION, AtollError
 from atoll.wire import messages as msg
 from atoll.wire.worker_link import SESSION_KEY
 
@@ -30,8 +31,10 @@ AWAY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED)
 RETRY_PAUSE_S = 1.0
 
 
-class ParentGone(Exception):
+class ParentGone(AtollError):
     """No parent took this worker back within rejoin_s."""
+
+    exit_code = EXIT_CONNECTION
 
 
 class RejoiningStub:
@@ -115,7 +118,8 @@ class RejoiningStub:
         """Wait a moment, and register again if the parent reached does not know us; raise
         ParentGone past the deadline."""
         if time.monotonic() >= deadline:
-            raise ParentGone(f"no site parent took this worker back within {self.rejoin_s:g} s "
+            waited, self.rejoin_s = self.rejoin_s, 0  # given up: the calls after (Finish) fail
+            raise ParentGone(f"no site parent took this worker back within {waited:g} s "
                              f"(supervision.rejoin_s): {exc.details()}") from None
         if code == grpc.StatusCode.UNAVAILABLE:
             time.sleep(RETRY_PAUSE_S)
@@ -145,6 +149,7 @@ class RejoiningStub:
                     if exc.code() not in (grpc.StatusCode.UNAVAILABLE,
                                           grpc.StatusCode.PERMISSION_DENIED) or (
                             time.monotonic() >= deadline):
+                        self.rejoin_s = 0
                         raise ParentGone(f"the site parent did not take this worker back: "
                                          f"{exc.details()}") from None
                     time.sleep(RETRY_PAUSE_S)
