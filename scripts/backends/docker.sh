@@ -18,6 +18,8 @@
 #   ATOLL_CACHE_DIR       cached root filesystem and wheels      (default ~/.cache/atoll)
 #   ATOLL_DEBIAN_MIRROR   mirror for debootstrap                 (default: read from apt sources)
 #   ATOLL_PYTHON          the Python that builds the wheels      (default .venv/bin/python)
+#   ATOLL_DOCKER_TAG      the job and parent images' tag          (default latest; give each
+#                         working tree sharing one engine its own, with its own ATOLL_DOCKER_BASE)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -33,8 +35,8 @@ LABEL=atoll.test=1
 
 BUSYBOX_IMAGE=atoll-test/busybox:latest
 PYTHON_IMAGE=atoll-test/python-base:$SUITE
-JOB_IMAGE=atoll-test/job:latest
-PARENT_IMAGE=atoll-test/parent:latest
+JOB_IMAGE=atoll-test/job:${ATOLL_DOCKER_TAG:-latest}
+PARENT_IMAGE=atoll-test/parent:${ATOLL_DOCKER_TAG:-latest}
 
 export DOCKER_HOST=unix://$SOCK
 # Debian's CLI matches the engine (20.10); a newer CLI elsewhere on PATH may want BuildKit.

@@ -149,5 +149,13 @@ class Launcher(ABC):
         launch(); never raises (a digest it cannot learn is left out)."""
         return {}
 
+    def reattach(self, handle: Handle, parent_address: str,
+                 parent_socket: str | None) -> bool:
+        """Take back the worker an earlier parent of this site launched (``handle``), if it
+        still runs: ``wait`` and ``cancel`` then work on it as on one launched here, and it
+        reaches this parent (``parent_address``, ``parent_socket``) again. False: it is gone,
+        or this launcher's workers do not outlive their parent (the default)."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release clients and background threads."""

@@ -127,9 +127,38 @@ class DockerLauncher(Launcher):
                 relay.close()
             raise
         if relay is not None:
+            handle.extra["relay"] = True  # its successor opens the job's socket again
             with self._lock:
                 self._relays[handle.native_id] = relay
         return handle
+
+    def reattach(self, handle: Handle, parent_address: str,
+                 parent_socket: str | None) -> bool:
+        """A container an earlier parent started that still runs: its GPUs are held again,
+        and its socket to the parent (in its run folder, bound into it) opened again, now to
+        this parent."""
+        import docker.errors as errors
+
+        try:
+            container = self.client.containers.get(handle.native_id)
+        except errors.APIError:  # NotFound included
+            return False
+        if container.status != "running":
+            return False
+        relay = None
+        if handle.extra.get("relay"):
+            target = f"unix:{parent_socket}" if parent_socket else parent_address
+            try:
+                relay = UnixRelay(target, Path(str(handle.extra["workdir"])))
+            except (OSError, LaunchError, KeyError) as exc:
+                log.warning("job %s: its container's socket to the parent could not be opened "
+                            "again: %s", handle.job_id, exc)
+                return False
+        self._gpus.claim(handle.extra.get("gpu_key", ""), handle.extra.get("gpu_ids") or [])
+        if relay is not None:
+            with self._lock:
+                self._relays[handle.native_id] = relay
+        return True
 
     def _open_relay(self, request: LaunchRequest) -> UnixRelay:
         """The job's socket to its parent: to the parent's own unix socket where it has one,

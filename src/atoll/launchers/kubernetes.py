@@ -321,6 +321,22 @@ class KubernetesLauncher(Launcher):
             handle.extra["namespace"], handle.native_id, handle.extra["secret"], strict=True
         )
 
+    def reattach(self, handle: Handle, parent_address: str,
+                 parent_socket: str | None) -> bool:
+        """A Pod an earlier parent created that is still pending or running: watched from now
+        on (``wait``); it dials the parent's endpoint, the same again."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            pod = self.api.read_namespaced_pod(handle.native_id, handle.extra["namespace"])
+        except (ApiException, HTTPError, KeyError) as exc:
+            log.warning("job %s: pod %s not found again: %s", handle.job_id, handle.native_id,
+                        exc)
+            return False
+        phase = getattr(getattr(pod, "status", None), "phase", None)
+        return phase in ("Pending", "Running")
+
     def _was_cancelled(self, handle: Handle) -> bool:
         with self._lock:
             return handle.job_id in self._cancelled

@@ -74,6 +74,14 @@ class GpuAllocator:
             for gpu in [g for g, j in self._owner.items() if j == job_key]:
                 del self._owner[gpu]
 
+    def claim(self, job_key: str, ids: Iterable[str]) -> None:
+        """Mark ``ids`` as held by ``job_key``: a worker an earlier parent launched, taken
+        back by this one (site/running_parts.py), still holds them."""
+        with self._lock:
+            for gpu in (str(i) for i in ids):
+                if gpu in self._ids:
+                    self._owner[gpu] = job_key
+
     def in_use(self) -> dict[str, str]:
         with self._lock:
             return dict(self._owner)

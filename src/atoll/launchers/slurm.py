@@ -47,6 +47,7 @@ from atoll.launchers.slurm_render import (
     secrets_file_text,
 )
 from atoll.launchers.slurm_states import (
+    LIVE_STATES,
     SACCT_FIELDS,
     SQUEUE_FIELDS,
     first_failed_task,
@@ -180,6 +181,18 @@ class SlurmLauncher(Launcher):
         job.cancelled = True
         self._scancel(handle.native_id)
         self._poller.poke()
+
+    def reattach(self, handle: Handle, parent_address: str,
+                 parent_socket: str | None) -> bool:
+        """A Slurm job an earlier parent submitted that is still pending or running: watched
+        from now on (``wait``); it dials the parent's TCP endpoint, the same again."""
+        try:
+            state = self._query([handle.native_id]).get(handle.native_id)
+        except LaunchError as exc:
+            log.warning("job %s: Slurm job %s not asked about: %s", handle.job_id,
+                        handle.native_id, exc)
+            return False
+        return state is not None and state.state in LIVE_STATES
 
     def close(self) -> None:
         self._poller.close()

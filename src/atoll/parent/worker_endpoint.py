@@ -79,6 +79,12 @@ class WorkerTokens:
             self._tickets[job_id] = _Ticket(job_id, token)
         return token
 
+    def expect(self, job_id: str, token: str) -> None:
+        """Accept ``token`` once for ``job_id``: the token an earlier parent of this site gave
+        the worker it takes back (site/running_parts.py), which registers again with it."""
+        with self._lock:
+            self._tickets[job_id] = _Ticket(job_id, token)
+
     def exchange(self, job_id: str, token: str) -> str | None:
         with self._lock:
             ticket = self._tickets.get(job_id)

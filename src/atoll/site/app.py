@@ -32,6 +32,7 @@ from atoll.site.supervisor import SiteJob, Supervisor
 from atoll.site.worker_backend import SiteWorkerBackend
 from atoll.spec import worker_env
 from atoll.spec.authorization import load_policy
+from atoll.wire.parent_address import tell_parent
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
     from atoll.spec.study_runtime import StudyRuntime
 
 log = logging.getLogger("atoll.site")
+
+# Set by deploy/slurm/atoll-site.sbatch: this parent is a Slurm job, whose allocation ends.
+ALLOCATION_VAR = "ATOLL_SITE_ALLOCATION"
 
 
 class SiteParent:
@@ -118,10 +122,21 @@ class SiteParent:
             credentials=credentials, parent_cert=self._endpoint.cert_pem,
             parent_socket=self._endpoint.socket_path)
         request = _with_privacy_policy(request, self.kit.local_dir)
-        heartbeat_s = self.local.supervision[0]  # the worker beats; the supervisor watches
-        request = dataclasses.replace(request, worker_env={
-            **request.worker_env, worker_env.HEARTBEAT_S: f"{heartbeat_s:g}"})
+        heartbeat_s, _, rejoin_s = self.local.supervision  # the worker beats; the supervisor
+        beats = {worker_env.HEARTBEAT_S: f"{heartbeat_s:g}"}  # watches
+        if self.rejoin_to() is not None:  # it waits that long for a restarted parent
+            beats[worker_env.REJOIN_S] = f"{rejoin_s:g}"
+        request = dataclasses.replace(request, worker_env={**request.worker_env, **beats})
         return _with_secagg_credential(request, self.kit, job.job_id, job.workdir / "app")
+
+    def rejoin_to(self) -> str | None:
+        """Where a worker that outlives this parent dials its successor (site/running_parts.py):
+        this endpoint's address and certificate, which the next parent must have again; None
+        where re-attach is off (supervision.rejoin_s 0) or its workers die with the parent
+        (the process launcher)."""
+        if self.local.supervision[2] <= 0 or self.launcher.name == "process":
+            return None
+        return _dial_identity(self.worker_address, self._endpoint.cert_pem)
 
     def _hello(self) -> dict[str, Any]:
         self._serving.wait()  # no job may arrive before its workers have an endpoint to dial
@@ -175,10 +190,10 @@ class SiteParent:
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:
-        # Workers an earlier parent of this site left (killed, not stopped): stopped before any
-        # dispatch, so that a part sent again starts afresh under its own name.
-        if self.supervisor.parts.left_behind():
-            self.supervisor.parts.stop_left_behind(self.launcher)
+        # Workers an earlier parent of this site left (killed, or stopped at an allocation's
+        # end): taken back where they still run and can reach this parent, else stopped before
+        # any dispatch, so that a part sent again starts afresh under its own name.
+        kept = self.supervisor.parts.kept()
         # The link dials at once: its TLS handshake overlaps local/'s check, which its hello
         # (launcher, capacity) and the worker endpoint then wait for.
         threading.Thread(target=self.link.run, name="server-link", daemon=True).start()
@@ -191,12 +206,53 @@ class SiteParent:
             endpoint.host, endpoint.port,
             endpoint.dial_host, endpoint.uses_tls)
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
+        if kept:  # before the hello: it names the parts taken back as running here
+            self._take_back(kept)
         self._serving.set()
         self.supervisor.watch(self.local.supervision[1], self._stopped)  # stalled workers
         log.info("site %s started; workers dial %s", self.name, self.worker_address)
         if self.local.unconfined_warning:
             log.warning(self.local.unconfined_warning)
         self._start_retention()
+
+    def _take_back(self, kept) -> None:
+        """Re-attach each kept worker that still runs and dials this parent's endpoint as it
+        is now (the same address and certificate); stop the others (site/running_parts.py)."""
+        to_stop = []
+        here = self.rejoin_to()
+        for handle, rejoin in kept:
+            # through a socket in its run folder (Docker without a network); else told this
+            # parent's address in its run folder (a worker that sees it: Docker, Slurm); else
+            # (a Pod's own folder) only at the same address and certificate
+            reaches = here is not None and rejoin is not None and (
+                bool(handle.extra.get("relay")) or self.launcher.name in RUN_FOLDER_SEEN
+                or rejoin.address == here)
+            try:
+                ok = (reaches and handle.backend == self.launcher.name
+                      and self.launcher.reattach(handle, self.worker_address,
+                                                 self._endpoint.socket_path)
+                      and self.supervisor.adopt(handle, rejoin))
+                if ok and not handle.extra.get("relay"):
+                    self._tell_worker(handle.job_id)
+            except Exception:  # noqa: BLE001 - it is stopped instead
+                log.exception("job %s: its worker could not be taken back", handle.job_id)
+                ok = False
+            if not ok:
+                if rejoin is not None and here is not None and not reaches:
+                    log.warning("job %s: its worker dials %s, not this parent's endpoint: it "
+                                "is stopped (a fixed worker_endpoint port lets it re-attach)",
+                                handle.job_id, rejoin.address.split("#")[0])
+                to_stop.append(handle)
+        if to_stop:
+            self.supervisor.parts.stop(self.launcher, to_stop)
+
+    def _tell_worker(self, job_id: str) -> None:
+        job = self.supervisor.job(job_id)
+        try:  # a worker at the same address comes back without it
+            tell_parent(job.workdir, self.worker_address, self._endpoint.cert_pem)
+        except OSError as exc:
+            log.warning("job %s: its worker was not told this parent's address: %s", job_id,
+                        exc)
 
     def _start_retention(self) -> None:
         days = self.local.retention_days
@@ -208,16 +264,35 @@ class SiteParent:
         start_sweeper(self.runs_root() / JOBS, self.workspace / "apps", days,
                       self.supervisor.running_jobs, self._stopped)
 
-    def stop(self) -> None:
+    def stop(self, leave_workers: bool = False) -> None:
+        """Stop; with leave_workers (a Slurm allocation's end, with re-attach on), the workers
+        of containers, pods and Slurm jobs run on and wait for this site's next parent."""
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self.supervisor.stop_all()
+        if leave_workers and self.rejoin_to() is not None:
+            self.supervisor.leaving = True
+            log.warning("the site parent stops; its workers wait %g s for the next one "
+                        "(supervision.rejoin_s)", self.local.supervision[2])
+        else:
+            self.supervisor.stop_all()
         self.link.stop()
         if self._workers is not None:
             self._endpoint.stop(0.2)
         self.local.close()
         self.server.close()
+
+
+RUN_FOLDER_SEEN = frozenset({"docker", "slurm"})  # their workers see the job's run folder
+
+
+def _dial_identity(address: str, cert_pem: str | None) -> str:
+    """The endpoint as a worker pins it: its address, and its certificate's digest with TLS."""
+    if not cert_pem:
+        return address
+    import hashlib
+
+    return f"{address}#{hashlib.sha256(cert_pem.encode()).hexdigest()[:32]}"
 
 
 def run_forever(kit: Kit, ready_file: Path | None = None,
@@ -233,13 +308,17 @@ def run_forever(kit: Kit, ready_file: Path | None = None,
     if ready_file is not None:
         ready_file.write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
     done = threading.Event()
+    got: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
+        signal.signal(sig, lambda number, _: (got.append(number), done.set()))
     # A signal can land on any of gRPC's threads; Python runs its handler only when the main
     # thread next wakes up, so wake up now and then (an untimed wait missed SIGTERMs).
     while not done.wait(0.5):
         pass
-    site.stop()
+    # A parent that is a Slurm job (deploy/slurm/atoll-site.sbatch) is sent SIGTERM as its
+    # allocation ends: its successor, queued already, takes its workers back.
+    site.stop(leave_workers=bool(os.environ.get(ALLOCATION_VAR))
+              and got[:1] == [signal.SIGTERM])
     return 0
 
 

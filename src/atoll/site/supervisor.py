@@ -21,6 +21,10 @@ again once, for the round in flight (the server is told RESTARTING and retries t
 for it), and a second stall fails the part with the reason ("site-2's part sent no heartbeat for
 120 s during round 3"). A dispatch of a job that already runs here is the server taking back a
 restarted site: it is ignored.
+
+A worker an earlier parent of this site launched that still runs (a container, pod or Slurm job)
+is taken back (`adopt`, site/running_parts.py): its job runs here again from what that parent
+kept, and its worker registers again with the job's token, accepted once.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from atoll.base.reasons import public
 from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.site.job_log import JobLog
-from atoll.site.running_parts import RunningParts
+from atoll.site.running_parts import Rejoin, RunningParts
 from atoll.site.signed_jobs import Replayed, SignedJobs
 from atoll.spec.admission import asked_at, fits
 from atoll.spec.errors import EXIT_INVALID, AtollError, SpecError
@@ -116,6 +120,11 @@ class LaunchHost(Protocol):
     def launch_request(self, job: SiteJob, name: str, meta: JobMeta,
                        token: str) -> LaunchRequest: ...
 
+    def rejoin_to(self) -> str | None:
+        """Where this parent's workers dial it, as its successor must listen again for one to
+        re-attach (site/running_parts.py); None: re-attach is off, or not for this launcher."""
+        ...
+
 
 class StateReports(Protocol):
     """The link that reports a job's states to the server (site/connection.py)."""
@@ -141,6 +150,7 @@ class Supervisor:
         self.signed_jobs = SignedJobs(kit.workspace)  # each signed statement under one job id
         self.job_log = JobLog(kit.workspace)  # every job run or refused here (site jobs KIT)
         self.parts = RunningParts(kit.workspace)  # its workers' handles, for its successor
+        self.leaving = False  # the parent stops and leaves its workers to its successor
         self._lock = threading.Lock()
 
     def running_jobs(self) -> list[str]:
@@ -221,7 +231,7 @@ class Supervisor:
             self._report(job_id, "STARTING", f"launching through {self.host.launcher.name}")
             job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job_id, "STARTING", text))
-            self.parts.launched(job.handle)
+            self.parts.launched(job.handle, self._rejoin(job, token))
             self.job_log.record(job_id, study, "launched", job.signed)
             entries = self._provenance(job, self._launched_image(job))
             if entries:  # a report of its own: never a state after the worker's RUNNING
@@ -265,13 +275,67 @@ class Supervisor:
             self._report(job.job_id, "RESTARTING", f"{why}; its part starts again")
             job.handle = self.host.launcher.launch(
                 request, on_progress=lambda text: self._report(job.job_id, "STARTING", text))
-            self.parts.launched(job.handle)
+            self.parts.launched(job.handle, self._rejoin(job, token))
         except Exception as exc:  # noqa: BLE001 - the part fails with both reasons
             log.exception("job %s could not start again", job.job_id)
             job.report = (False, f"{why}; it could not start again: {exc}")
             return False
         log.warning("job %s: %s; its part starts again", job.job_id, why)
         return True
+
+    # -- re-attach -------------------------------------------------------------------------------
+    def _rejoin(self, job: SiteJob, token: str) -> Rejoin | None:
+        """What this parent's successor needs to take the job's worker back, if it may."""
+        import dataclasses
+
+        address = self.host.rejoin_to()
+        if address is None:
+            return None
+        signed = None
+        if job.signed is not None:
+            s = job.signed
+            signed = {"signer": vars(s.signer), "cert": s.cert_pem.decode("ascii"),
+                      "statement": dataclasses.asdict(s.statement),
+                      "statement_digest": s.statement_digest}
+        return Rejoin(token, address, job.study, dataclasses.asdict(job.resources), signed)
+
+    def adopt(self, handle: Handle, rejoin: Rejoin) -> bool:
+        """Take back the running worker of an earlier parent of this site: its job runs here
+        again (RUNNING once it registers with its token: nothing is dispatched again), and its
+        end is reported as any other's. False if it cannot be: it is then stopped."""
+        from atoll.spec.resources import Resources
+
+        try:
+            signed = _signed_of(rejoin.signed) if rejoin.signed is not None else None
+            job = SiteJob(handle.job_id, check_study_name(rejoin.study),
+                          self.host.runs_root() / JOBS / handle.job_id,
+                          Resources(**rejoin.resources), handle=handle, signed=signed)
+        except (TypeError, ValueError, KeyError, IdentifierError) as exc:
+            log.warning("job %s: its worker is not taken back: %s", handle.job_id, exc)
+            return False
+        job.restarts = STALL_RESTARTS  # no launch request here to start it again: a stall fails it
+        job.last_beat = time.monotonic()  # watched at once: a worker that never comes back stalls
+        app_zip = self.kit.workspace / "apps" / f"{handle.job_id}.zip"
+        job.app_zip = app_zip if app_zip.is_file() else None
+        with self._lock:
+            if handle.job_id in self.jobs:
+                return False
+            self.jobs[handle.job_id] = job
+        self.tokens.expect(handle.job_id, rejoin.token)
+        self.parts.launched(handle, rejoin)  # and its successor's, if this parent dies too
+        log.warning("job %s: took back the worker an earlier site parent left (%s)",
+                    handle.job_id, handle.native_id)
+        threading.Thread(target=self._watch_adopted, args=(job,), daemon=True,
+                         name=f"job-{handle.job_id[:8]}").start()
+        return True
+
+    def _watch_adopted(self, job: SiteJob) -> None:
+        try:
+            exit = self.host.launcher.wait(job.handle)
+        except Exception as exc:  # noqa: BLE001 - reported rather than lost
+            log.exception("job %s: lost its worker", job.job_id)
+            exit = WorkerExit(Outcome.FAILED, f"the site parent lost its worker: {exc}")
+        self._finish(job, exit)
 
     # -- stalls ----------------------------------------------------------------------------------
     def watch(self, stall_s: float, stopped: threading.Event) -> None:
@@ -394,6 +458,9 @@ class Supervisor:
         return accepted[0]
 
     def _finish(self, job: SiteJob, exit: WorkerExit) -> None:
+        if self.leaving:  # its worker runs on for the next parent: its entry stays, unreported
+            log.info("job %s: left running for the next site parent", job.job_id)
+            return
         if job.aborting:
             state, reason = "ABORTED", job.aborting
         elif job.stalled:  # whatever the stopped worker said as it went
@@ -494,6 +561,16 @@ class Supervisor:
             job.aborting = job.aborting or "the site parent stopped"
             if job.handle is not None:
                 self.host.launcher.cancel(job.handle)
+
+
+def _signed_of(doc: dict[str, Any]) -> Signed:
+    """Who signed a job taken back, as its earlier parent verified it (site/running_parts.py:
+    the parent's own file), so that a newer revocation list still aborts it."""
+    from atoll.pki.identity import Identity
+    from atoll.pki.job_signature import Signed, Statement
+
+    return Signed(Identity(**doc["signer"]), Statement(**doc["statement"]),
+                  str(doc["cert"]).encode("ascii"), str(doc["statement_digest"]))
 
 
 def _known_id(job_id: object, command: str) -> bool:

@@ -43,7 +43,7 @@ stdlib base its callers catch; tests/unit/spec/test_error_root.py checks the dra
     │   SandboxUnavailable, SerdeError, SignatureError, SimulationError,
     │   SpecError[ProjectError], Unvouched
     ├── 3 CONNECTION: check the peer runs and is reachable, then retry
-    │   ConnectionFailed, RegistryError, SpoolError, Stalled
+    │   ConnectionFailed, ParentGone, RegistryError, SpoolError, Stalled
     ├── 4 AUTH: run `atoll login`, or renew the certificate
     │   AuthError, PeerRefused
     └── 5 NOT_FOUND: check the job id and the study

@@ -42,7 +42,7 @@ class Retention(NoNullModel):
 class Supervision(NoNullModel):
     """``supervision``: how long a job's part may go without a sign of life (docs/federation.md,
     Restarts and stalls). A site reads ``heartbeat_s`` and ``stall_s``; the server
-    ``rejoin_s``."""
+    ``rejoin_s`` (a site too: how long its workers wait for a restarted parent)."""
 
     heartbeat_s: float = Field(10.0, gt=0, le=3600,
                                description="How often a site's worker tells its parent it lives")
@@ -51,7 +51,8 @@ class Supervision(NoNullModel):
         "restarted once for the round in flight, then failed, with the reason"))
     rejoin_s: float = Field(300.0, ge=0, description=(
         "Server: how long a site's parts wait for a site parent that disconnected to come back "
-        "before they fail (0: at once)"))
+        "before they fail (0: at once). Site: how long a container, pod or Slurm worker waits "
+        "for its restarted parent to take it back (0: the next parent stops it)"))
 
     @model_validator(mode="after")
     def _beats_within_stall(self) -> Supervision:

@@ -27,6 +27,7 @@ DATASETS = "ATOLL_DATASETS"  # JSON {name: path} of the study's datasets (fl/cli
 DATA_ROOT = "ATOLL_DATA_ROOT"  # where the datasets are mounted in a container
 STATISTICS_RULES = "ATOLL_STATISTICS_RULES"  # the site's statistics rules (spec/statistics_rules.py)
 HEARTBEAT_S = "ATOLL_HEARTBEAT_S"  # how often a site's worker tells its parent it lives (seconds)
+REJOIN_S = "ATOLL_REJOIN_S"  # how long a site's worker waits for a restarted parent (worker/rejoin.py)
 PRIVACY_POLICY = "ATOLL_PRIVACY_POLICY"  # the site's privacy policy (spec/privacy.py)
 SECAGG_CREDENTIAL = "ATOLL_SECAGG_CREDENTIAL"  # the site's secure-aggregation key (spec/secagg_credential.py)
 NETWORK_FORWARD = "ATOLL_NETWORK_FORWARD"  # JSON [[listen, port, socket], ...] (launchers/process_network.py)

@@ -134,6 +134,33 @@ def _beat(stub, metadata, every: str) -> None:
     threading.Thread(target=run, name="heartbeat", daemon=True).start()
 
 
+def _rejoining(stub, job_id: str, token: str, session: str):
+    """The stub that waits for a restarted site parent (worker/rejoin.py), where the site set
+    supervision.rejoin_s; else the stub itself."""
+    try:
+        rejoin_s = float(os.environ.get(worker_env.REJOIN_S, "") or 0)
+    except ValueError:
+        rejoin_s = 0.0
+    if not 0 < rejoin_s <= 86400:
+        return stub
+    from atoll.wire import rpc
+    from atoll.wire.parent_address import read_parent
+    from atoll.wire.worker_link import worker_channel
+    from atoll.worker.rejoin import RejoiningStub
+
+    workdir = Path(os.environ.get(worker_env.WORKDIR, os.getcwd()))
+    dialled = [(os.environ.get(worker_env.PARENT, ""), os.environ.get(worker_env.PARENT_CERT))]
+
+    def redial():
+        found = read_parent(workdir)
+        if found is None or found == dialled[-1]:
+            return None
+        dialled.append(found)
+        return rpc.stub(worker_channel(*found), "WorkerLink")
+
+    return RejoiningStub(stub, job_id, token, session, rejoin_s, redial=redial)
+
+
 def _fetch_app(stub, metadata, workdir: Path, target: str) -> None:
     from atoll.wire import frames
     from atoll.wire import messages as msg
@@ -248,6 +275,8 @@ def main() -> int:
     session = info["session"]
     meta = (("x-atoll-worker", session),)
     print(f"atoll worker: job {job_id} role {role} registered with {parent}", flush=True)
+    if role == "site" and parent_pid is None:  # it may outlive its parent: it waits for the next
+        stub = _rejoining(stub, job_id, token, session)
     if role == "site":
         _beat(stub, meta, os.environ.get(worker_env.HEARTBEAT_S, ""))
 

@@ -134,3 +134,70 @@ def test_the_successor_keeps_the_partition_account_and_qos(slurm_cluster, tmp_pa
     finally:
         subprocess.run(["scancel", "--name", name], capture_output=True, env=env)
     _wait(lambda: not _squeue(name), 60, "no allocation of the site parent left")
+
+
+SLOW = '''
+import time
+import atoll.client as fl
+
+fl.init()
+while fl.is_running():
+    model = fl.receive()
+    if model is None:
+        break
+    print(f"took round {model.current_round}", flush=True)
+    time.sleep(3.0)
+    fl.send(fl.Model(params=model.params, num_examples=1, metrics={"ok": 1.0}))
+'''
+
+
+def test_a_job_running_when_the_allocation_ends_is_finished_by_the_successor(slurm_cluster,
+                                                                             tmp_path):
+    """Issue 37: the parent's SIGTERM at its allocation's end leaves the job's worker (a Slurm
+    job of its own) running; the successor, started on the end of the first, takes it back and
+    the job completes, each round once, none trained twice."""
+    fed = Federation.provisioned(tmp_path / "fed", [SITE],
+                                 [{"name": ADMIN, "org": "test", "role": "project_admin"}])
+    site_yaml = {"launcher": "slurm", "slurm": {"python_path": PYTHON, "pending_timeout": 120},
+                 "worker_endpoint": {"host": "__NODE_ADDRESS__", "port": 0}}
+    (fed.kit(SITE) / "local" / "site.yaml.in").write_text(yaml.safe_dump(site_yaml))
+    name = f"atoll-site-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "ATOLL": str(Path(PYTHON).parent / "atoll"),
+           "ATOLL_STOP_BEFORE": str(STOP_BEFORE), "ATOLL_NODE_ADDRESS": "127.0.0.1"}
+    fed.start_server()
+    rounds = 25  # 3 s each: longer than what is left of the first allocation
+    try:
+        first = subprocess.run(
+            ["sbatch", "--parsable", f"--job-name={name}", "--time=1", "--mem=400M",
+             f"--signal=B:TERM@{STOP_BEFORE}", f"--chdir={tmp_path}", str(SBATCH_SCRIPT),
+             str(fed.kit(SITE))], capture_output=True, text=True, env=env, check=True
+        ).stdout.strip()
+        log = tmp_path / f"atoll-site-{name}.log"
+        _wait(lambda: _online(fed), 60, f"the site online from job {first}")
+        job_dir = make_job(tmp_path / "long", script=SLOW, rounds=rounds)
+        meta = json.loads((job_dir / "meta.json").read_text())
+        meta["resource_spec"] = {"@default": {"num_of_cpus": 1, "memory": "512Mi"}}
+        (job_dir / "meta.json").write_text(json.dumps(meta))
+        with fed.session(ADMIN) as session:
+            job_id = session.submit(job_dir)["job_id"]
+        _wait(lambda: first not in dict(_squeue(name)), 150, f"the end of job {first}")
+        with fed.session(ADMIN) as session:
+            assert not session.status(job_id)["state"].startswith("FINISHED"), \
+                "the job ended before the allocation did: make it longer"
+            done = session.wait(job_id, timeout=300)
+            text = log.read_text()
+            assert done["state"] == "FINISHED:COMPLETED", (done, text[-4000:])
+            assert "its workers wait 300 s for the next one" in text, text[-4000:]
+            assert "took back the worker an earlier site parent left" in text, text[-4000:]
+            result = json.loads(next(session.download(job_id, tmp_path / "results").rglob(
+                "scatter_gather.json")).read_text())
+            assert [sorted(r["replies"]) for r in result["rounds"]] == [[SITE]] * rounds
+        out = "".join(p.read_text(errors="replace") for p in
+                      (fed.workspace(SITE) / "jobs" / job_id / "logs").glob("*"))
+        assert "rejoined its restarted site parent" in out, out[-3000:]
+        assert all(out.count(f"took round {r} ") + out.count(f"took round {r}\n") == 1
+                   for r in range(1, rounds + 1)), out[-3000:]
+    finally:
+        subprocess.run(["scancel", "--name", name], capture_output=True, env=env)
+        fed.stop_all()
+    _wait(lambda: not _squeue(name), 60, "no allocation of the site parent left")

@@ -138,3 +138,13 @@ def test_a_crafted_task_id_in_a_reply_pull_is_invalid_argument_before_the_backen
     finally:
         channel.close()
         endpoint.stop(0)
+
+
+def test_an_expected_token_is_taken_once_and_for_its_job_only():
+    tokens = WorkerTokens()
+    tokens.expect("job-1", "kept-token")  # a worker an earlier parent launched, taken back
+    assert tokens.exchange("job-2", "kept-token") is None
+    assert tokens.exchange("job-1", "another") is None
+    session = tokens.exchange("job-1", "kept-token")
+    assert session is not None and tokens.job_of(session) == "job-1"
+    assert tokens.exchange("job-1", "kept-token") is None  # spent again

@@ -43,3 +43,29 @@ def test_process_workers_and_damaged_entries_are_only_forgotten(tmp_path):
     process = Recorder("process")
     assert parts.stop_left_behind(process) == [] and process.cancelled == []
     assert list((tmp_path / FOLDER).iterdir()) == []
+
+
+def test_what_taking_a_worker_back_needs_is_kept_privately_and_read_back(tmp_path):
+    from atoll.site.running_parts import Rejoin
+
+    parts = RunningParts(tmp_path)
+    rejoin = Rejoin("the-token", "10.0.0.5:7101#abc", "study-1", {"num_of_gpus": 1},
+                    {"signer": {"name": "alice"}})
+    parts.launched(Handle("slurm", "1234", JOB, {"log_file": "x"}), rejoin)
+    parts.launched(Handle("slurm", "1235", OTHER))  # launched without re-attach
+    folder = tmp_path / FOLDER
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # the token is a secret
+    assert stat.S_IMODE((folder / f"{JOB}.json").stat().st_mode) == 0o600
+    kept = dict((h.job_id, r) for h, r in RunningParts(tmp_path).kept())
+    assert kept == {JOB: rejoin, OTHER: None}
+
+
+def test_an_entry_under_another_jobs_name_is_dropped(tmp_path):
+    import json
+
+    parts = RunningParts(tmp_path)
+    parts.launched(Handle("docker", "c0ffee", JOB))
+    doc = json.loads((tmp_path / FOLDER / f"{JOB}.json").read_text())
+    (tmp_path / FOLDER / f"{OTHER}.json").write_text(json.dumps(doc))  # a copy, renamed
+    assert [h.job_id for h, _ in parts.kept()] == [JOB]
+    assert not (tmp_path / FOLDER / f"{OTHER}.json").exists()
