@@ -244,7 +244,9 @@ function drawTables() {
   if (rounds.length) {
     const last = rounds[rounds.length - 1];
     $("round").textContent = String(last.round);
-    const total = last.total_rounds || last.num_rounds;
+    // a round's report names the total; the checkpoint after it (a server event too) does not
+    const named = rounds.filter((e) => e.total_rounds || e.num_rounds);
+    const total = named.length ? (named[named.length - 1].total_rounds || named[named.length - 1].num_rounds) : 0;
     $("rounds").textContent = total ? `of ${total}` : "";
   }
 }
