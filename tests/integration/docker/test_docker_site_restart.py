@@ -18,7 +18,7 @@ import yaml
 
 from tests.integration.docker.conftest import SESSION_ID, SESSION_LABEL, Engine
 from tests.integration.federation.harness import Federation, wait_for
-from tests.integration.federation.jobs import make_job
+from tests.integration.federation.jobs import make_job, round_taker
 
 pytestmark = pytest.mark.docker
 
@@ -28,19 +28,7 @@ STUDIES = {"dockerized": {"sites": ["site-d"], "admins": [ADMIN]}}
 SITE = "site-d"
 
 # Says which round it took (the container's log is read by the test), then takes a while.
-SLOW = '''
-import time
-import atoll.client as fl
-
-fl.init()
-while fl.is_running():
-    model = fl.receive()
-    if model is None:
-        break
-    print(f"took round {model.current_round}", flush=True)
-    time.sleep(4.0)
-    fl.send(fl.Model(params=model.params, num_examples=1, metrics={"ok": 1.0}))
-'''
+SLOW = round_taker(4.0)
 
 
 def _federation(engine: Engine, root, rejoin_s: float, env=None) -> Federation:

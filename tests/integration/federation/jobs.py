@@ -82,3 +82,21 @@ while fl.is_running():
         break
     fl.send(fl.Model(params=model.params, num_examples=1))
 '''
+
+
+def round_taker(seconds: float) -> str:
+    """A site script that prints which round it took (tests read its worker's log for it), then
+    takes ``seconds`` to answer with the model it got: a round long enough to kill something in."""
+    return f'''
+import time
+import atoll.client as fl
+
+fl.init()
+while fl.is_running():
+    model = fl.receive()
+    if model is None:
+        break
+    print(f"took round {{model.current_round}}", flush=True)
+    time.sleep({seconds})
+    fl.send(fl.Model(params=model.params, num_examples=1, metrics={{"ok": 1.0}}))
+'''

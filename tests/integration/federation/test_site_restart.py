@@ -14,22 +14,10 @@ import pytest
 
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation, pids_with_env, wait_for
-from tests.integration.federation.jobs import make_job
+from tests.integration.federation.jobs import make_job, round_taker
 
 # Says which round it took (its worker log is read by the test), then takes a while to answer.
-SLOW = '''
-import time
-import atoll.client as fl
-
-fl.init()
-while fl.is_running():
-    model = fl.receive()
-    if model is None:
-        break
-    print(f"took round {model.current_round}", flush=True)
-    time.sleep(1.0)
-    fl.send(fl.Model(params=model.params, num_examples=1, metrics={"ok": 1.0}))
-'''
+SLOW = round_taker(1.0)
 STALL_S = 4
 
 

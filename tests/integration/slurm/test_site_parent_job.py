@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.integration.federation.harness import Federation
-from tests.integration.federation.jobs import make_job
+from tests.integration.federation.jobs import make_job, round_taker
 from tests.integration.slurm.conftest import PYTHON, REPO
 
 pytestmark = pytest.mark.slurm
@@ -136,19 +136,7 @@ def test_the_successor_keeps_the_partition_account_and_qos(slurm_cluster, tmp_pa
     _wait(lambda: not _squeue(name), 60, "no allocation of the site parent left")
 
 
-SLOW = '''
-import time
-import atoll.client as fl
-
-fl.init()
-while fl.is_running():
-    model = fl.receive()
-    if model is None:
-        break
-    print(f"took round {model.current_round}", flush=True)
-    time.sleep(3.0)
-    fl.send(fl.Model(params=model.params, num_examples=1, metrics={"ok": 1.0}))
-'''
+SLOW = round_taker(3.0)
 
 
 def test_a_job_running_when_the_allocation_ends_is_finished_by_the_successor(slurm_cluster,

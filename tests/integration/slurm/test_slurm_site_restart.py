@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.integration.federation.harness import Federation, wait_for
-from tests.integration.federation.jobs import make_job
+from tests.integration.federation.jobs import make_job, round_taker
 from tests.integration.slurm.conftest import BASE, PYTHON
 
 pytestmark = pytest.mark.slurm
@@ -24,19 +24,7 @@ USERS = [{"name": ADMIN, "org": "test", "role": "project_admin"}]
 SITE = "site-s"
 ENV = {"SLURM_CONF": str(BASE / "etc" / "slurm.conf")}
 
-SLOW = '''
-import time
-import atoll.client as fl
-
-fl.init()
-while fl.is_running():
-    model = fl.receive()
-    if model is None:
-        break
-    print(f"took round {model.current_round}", flush=True)
-    time.sleep(4.0)
-    fl.send(fl.Model(params=model.params, num_examples=1, metrics={"ok": 1.0}))
-'''
+SLOW = round_taker(4.0)
 
 
 def _entry(fed, job_id):
