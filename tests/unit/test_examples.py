@@ -35,8 +35,9 @@ def test_example_renders_the_seed_resources_on_each_backend():
     assert '"nvidia.com/gpu": "1"' in pod or '"nvidia.com/gpu": 1' in pod
     assert "pathology-data-pvc" in pod and "secretKeyRef" in pod
     slurm = json.dumps(_render("university"))
-    # 8 GPUs: one task (rank) per GPU, the node's 4 CPUs shared, at least one each.
-    for flag in ("--ntasks-per-node=8", "--cpus-per-task=1", "--mem=65536M", "--gres=gpu:8",
+    # 8 GPUs and no ranks asked: one task that sees all 8 GPUs and gets the job's 4 CPUs, as
+    # FLARE renders it (a script not written for ranks never runs 8 times: launchers/ranks.py)
+    for flag in ("--ntasks-per-node=1", "--cpus-per-task=4", "--mem=65536M", "--gres=gpu:8",
                  "--account=pathology"):
         assert flag in slurm
     assert "login01.hpc.university.example:7101" in slurm  # workers dial the advertised name

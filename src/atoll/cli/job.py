@@ -64,6 +64,12 @@ def _round(event: dict[str, Any]) -> str:
     return printable(event.get("round", "-"))
 
 
+def _is_round(event: dict[str, Any]) -> bool:
+    """A round's report, not the bookkeeping a resumable workflow also reports with a round
+    number (its checkpoint after each round, its restore after a server restart)."""
+    return "round" in event and event.get("event", "round") == "round"
+
+
 def _status_text(job: dict[str, Any], parts: bool = True) -> str:
     """The job as `status` prints it; without ``parts`` after a follow, which printed each
     participant's state and reason as it came."""
@@ -73,7 +79,7 @@ def _status_text(job: dict[str, Any], parts: bool = True) -> str:
              f"state: {printable(job['state'])}{reason}"]
     if parts:
         lines += ["participants:", _parts(job)]
-    rounds = [e for e in job.get("progress", []) if "round" in e]
+    rounds = [e for e in job.get("progress", []) if _is_round(e)]
     if rounds:
         last = rounds[-1]
         lines.append(f"progress: round {_round(last)}"
@@ -149,7 +155,7 @@ def _follow(session, job_id: str, study: str | None, timeout: float | None, fmt:
             if not isinstance(at, int | float) or at <= shown_until:
                 continue
             shown_until = at
-            if "round" in event and event.get("source") == "server":
+            if _is_round(event) and event.get("source") == "server":
                 metrics = "".join(f" {m}" for m in _metrics(event.get("metrics")))
                 click.echo(f"  round {_round(event)}:{metrics}")
 

@@ -63,6 +63,7 @@ class Checked:
     runs_setting: str | None = None
     # site.yaml's supervision: heartbeat_s, stall_s, rejoin_s (spec/parent_settings.py)
     supervision: tuple[float, float, float] = (10.0, 120.0, 300.0)
+    max_resumes: int = 3  # the server's restarts.max_resumes
 
     def values(self) -> dict[str, Any]:
         """What a record keeps (local_record.py)."""
@@ -70,7 +71,7 @@ class Checked:
         return {"launcher": self.launcher, "capacity": self.capacity,
                 "unconfined": self.unconfined,
                 "retention_days": self.retention_days, "runs_setting": self.runs_setting,
-                "supervision": list(self.supervision),
+                "supervision": list(self.supervision), "max_resumes": self.max_resumes,
                 "sandbox": {"python": self.sandbox_python, "bwrap": self.sandbox_bwrap},
                 "endpoint": {"host": ep.host, "port": ep.port, "dial_host": ep.dial_host,
                              "uses_tls": ep.uses_tls}}
@@ -115,6 +116,11 @@ class LocalConfig:
     def supervision(self) -> tuple[float, float, float]:
         """heartbeat_s, stall_s, rejoin_s of site.yaml's ``supervision``."""
         return self._checked().supervision
+
+    @property
+    def max_resumes(self) -> int:
+        """restarts.max_resumes of the server's site.yaml."""
+        return self._checked().max_resumes
 
     def runs_root(self, workspace: Path) -> Path:
         """The folder holding jobs/ (spec/run_folders.py's rule), from what the check found."""
@@ -245,7 +251,8 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
                       retention_days=config.retention.run_folders_days,
                       runs_setting=runs_setting(config),
                       supervision=(config.supervision.heartbeat_s, config.supervision.stall_s,
-                                   config.supervision.rejoin_s))
+                                   config.supervision.rejoin_s),
+                      max_resumes=config.restarts.max_resumes)
     if workspace is not None and print_ is not None:
         again = fingerprint(local_dir, study_runtime)
         if again is not None and again[0] == print_:  # nothing changed while it was checked
@@ -286,17 +293,20 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
         python, bwrap = sandbox["python"], sandbox["bwrap"]
         days, root = values["retention_days"], values["runs_setting"]
         supervision = tuple(float(v) for v in values["supervision"])
+        resumes = values["max_resumes"]
         ok = (isinstance(launcher, str) and isinstance(capacity, dict)
               and set(capacity) == {"gpus", "cpus", "memory"} and isinstance(unconfined, bool)
               and all(v is None or isinstance(v, str) for v in (python, bwrap, root))
               and (days is None or (isinstance(days, int | float)
                                     and not isinstance(days, bool) and days > 0))
-              and len(supervision) == 3 and all(v >= 0 for v in supervision))
+              and len(supervision) == 3 and all(v >= 0 for v in supervision)
+              and isinstance(resumes, int) and not isinstance(resumes, bool) and resumes >= 0)
     except (KeyError, TypeError, ValueError):
         return None
     return (Checked(launcher, capacity, endpoint, site_yaml=site_yaml, unconfined=unconfined,
                     sandbox_python=python, sandbox_bwrap=bwrap, retention_days=days,
-                    runs_setting=root, supervision=supervision) if ok else None)
+                    runs_setting=root, supervision=supervision, max_resumes=resumes)
+            if ok else None)
 
 
 def record_kits(folder: Path) -> None:

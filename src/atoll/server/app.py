@@ -129,7 +129,7 @@ class ServerParent:
     def start(self) -> None:
         # site.yaml's supervision.rejoin_s: how long a site's parts wait for their site parent
         self.jobs.rejoin_s = self.local.supervision[2]
-        self.jobs.max_resumes = self.local.site_config.restarts.max_resumes
+        self.jobs.max_resumes = self.local.max_resumes
         self.jobs.recover()  # before sites may connect: a resumed job is live when they do
         from atoll.wire.aio_server import LoopServer
 
