@@ -146,6 +146,8 @@ def job_status(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) ->
 
 
 def job_logs(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) -> Any:
+    """A job's record so far: its logs' tails, all its events, and every change of each
+    part's state with the server's time of it (the dashboard's states over time)."""
     record = find_job(deps, study, body.get("job_id"))
     folder = deps.jobs.jobs_dir / record.id
     logs = {}
@@ -160,7 +162,8 @@ def job_logs(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) -> A
         except OSError as exc:  # JobFileError names only the path inside the job's folder
             why = exc if isinstance(exc, JobFileError) else exc.strerror
             logs[name] = f"[atoll: the server did not read this log: {why}]\n"
-    return {"job_id": record.id, "logs": logs, "events": deps.store.events(record.id)}
+    return {"job_id": record.id, "logs": logs, "events": deps.store.events(record.id),
+            "part_history": deps.store.part_history(record.id)}
 
 
 def abort_job(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) -> Any:

@@ -38,6 +38,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
         self._events: list[tuple[str, float, str, str]] = []  # job, at, source, body
+        self._history: list[tuple[str, float, str, str, str]] = []  # job, at, part, state, reason
         self._participants: dict[str, dict[str, str]] = {}
         self._studies: dict[str, float] = {}
         self._members: set[tuple[str, str, str]] = set()  # study, member, kind
@@ -68,6 +69,7 @@ class MemoryStore:
             seq = max((j.seq for j in self._jobs.values()), default=0) + 1
             self._jobs[job_id] = _Job(seq, name, study, submitter, org, "SUBMITTED", "", text,
                                       now, now, {p: ("SUBMITTED", "") for p in participants})
+            self._history += [(job_id, now, p, "SUBMITTED", "") for p in participants]
         self._bump()
 
     def set_job_state(self, job_id: str, state: str, reason: str = "") -> None:
@@ -81,8 +83,16 @@ class MemoryStore:
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None:
+                if job.parts.get(participant) != (state, reason):
+                    self._history.append((job_id, time.time(), participant, state, reason))
                 job.parts[participant] = (state, reason)
         self._bump()
+
+    def part_history(self, job_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = [h for h in self._history if h[0] == job_id]
+        return [{"at": at, "part": part, "state": state, "reason": reason}
+                for _, at, part, state, reason in sorted(rows, key=lambda h: h[1])]
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._lock:
@@ -103,6 +113,7 @@ class MemoryStore:
         with self._lock:
             self._jobs.pop(job_id, None)
             self._events = [e for e in self._events if e[0] != job_id]
+            self._history = [h for h in self._history if h[0] != job_id]
         self._bump()
 
     def count_jobs(self, study: str) -> int:

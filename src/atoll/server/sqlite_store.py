@@ -33,6 +33,11 @@ CREATE TABLE IF NOT EXISTS events (
   job_id TEXT NOT NULL, at REAL NOT NULL, source TEXT NOT NULL, body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, at);
+CREATE TABLE IF NOT EXISTS part_states (
+  job_id TEXT NOT NULL, at REAL NOT NULL, participant TEXT NOT NULL, state TEXT NOT NULL,
+  reason TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS part_states_by_job ON part_states (job_id, at);
 CREATE TABLE IF NOT EXISTS participants (
   name TEXT PRIMARY KEY, kind TEXT NOT NULL, org TEXT NOT NULL, role TEXT NOT NULL DEFAULT ''
 );
@@ -112,6 +117,10 @@ class SqliteStore:
                     "INSERT INTO parts VALUES (?,?,?,?,?)",
                     [(job_id, p, "SUBMITTED", "", now) for p in participants],
                 )
+                self._db.executemany(
+                    "INSERT INTO part_states VALUES (?,?,?,?,?)",
+                    [(job_id, now, p, "SUBMITTED", "") for p in participants],
+                )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -123,11 +132,38 @@ class SqliteStore:
                    (state, reason, time.time(), job_id))
 
     def set_part_state(self, job_id: str, participant: str, state: str, reason: str = "") -> None:
-        self._exec(
-            "INSERT INTO parts VALUES (?,?,?,?,?) ON CONFLICT(job_id, participant) DO UPDATE "
-            "SET state=excluded.state, reason=excluded.reason, updated=excluded.updated",
-            (job_id, participant, state, reason, time.time()),
-        )
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                before = self._db.execute(
+                    "SELECT state, reason FROM parts WHERE job_id=? AND participant=?",
+                    (job_id, participant)).fetchone()
+                self._db.execute(
+                    "INSERT INTO parts VALUES (?,?,?,?,?) ON CONFLICT(job_id, participant) DO "
+                    "UPDATE SET state=excluded.state, reason=excluded.reason, "
+                    "updated=excluded.updated", (job_id, participant, state, reason, now))
+                if before is None or (before["state"], before["reason"]) != (state, reason):
+                    self._db.execute("INSERT INTO part_states VALUES (?,?,?,?,?)",
+                                     (job_id, now, participant, state, reason))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        self._bump()
+
+    def part_history(self, job_id: str) -> list[dict[str, Any]]:
+        rows = self._query("SELECT * FROM part_states WHERE job_id=? ORDER BY at, rowid",
+                           (job_id,))
+        history = [{"at": r["at"], "part": r["participant"], "state": r["state"],
+                    "reason": r["reason"]} for r in rows]
+        # a job from before the store kept this: each part's state since its last change
+        kept = {h["part"] for h in history}
+        history += [{"at": p["updated"], "part": p["participant"], "state": p["state"],
+                     "reason": p["reason"]}
+                    for p in self._query("SELECT * FROM parts WHERE job_id=?", (job_id,))
+                    if p["participant"] not in kept]
+        return sorted(history, key=lambda h: h["at"])
 
     def get_job(self, job_id: str) -> JobRecord | None:
         rows = self._query("SELECT * FROM jobs WHERE id=?", (job_id,))
@@ -162,9 +198,11 @@ class SqliteStore:
         return jobs
 
     def delete_job(self, job_id: str) -> None:
-        """The job's rows (its record, parts and events); the audit log keeps its entries."""
+        """The job's rows (its record, parts, their history and events); the audit log keeps
+        its entries."""
         with self._lock:
-            for table, key in (("events", "job_id"), ("parts", "job_id"), ("jobs", "id")):
+            for table, key in (("events", "job_id"), ("part_states", "job_id"),
+                               ("parts", "job_id"), ("jobs", "id")):
                 self._db.execute(f"DELETE FROM {table} WHERE {key}=?", (job_id,))  # noqa: S608
         self._bump()
 

@@ -1,10 +1,10 @@
 """The server's state: the Store interface its handlers use, and the one factory that opens it.
 
-Everything the server must not lose lives in its store (jobs, each participant's state, progress
-events, studies, the audit log); payloads and results live in the job's folder. Two stores keep
-the same contract (tests/unit/server/test_store_contract.py runs against both): SQLite
-(server/sqlite_store.py), what a server runs on, and memory (server/memory_store.py), what the
-handlers' unit tests run on. ``open_store`` chooses.
+Everything the server must not lose lives in its store (jobs, each participant's state and its
+changes, progress events, studies, the audit log); payloads and results live in the job's
+folder. Two stores keep the same contract (tests/unit/server/test_store_contract.py runs
+against both): SQLite (server/sqlite_store.py), what a server runs on, and memory
+(server/memory_store.py), what the handlers' unit tests run on. ``open_store`` chooses.
 """
 
 from __future__ import annotations
@@ -71,7 +71,14 @@ class Store(Protocol):
     def set_job_state(self, job_id: str, state: str, reason: str = "") -> None: ...
 
     def set_part_state(self, job_id: str, participant: str, state: str,
-                       reason: str = "") -> None: ...
+                       reason: str = "") -> None:
+        """The part's state now; a change of its state or reason is kept in its history."""
+        ...
+
+    def part_history(self, job_id: str) -> list[dict[str, Any]]:
+        """Every change of each part's state, in time order, from SUBMITTED at the job's
+        intake: ``{"at", "part", "state", "reason"}``, ``at`` the server's time of the change."""
+        ...
 
     def get_job(self, job_id: str) -> JobRecord | None: ...
 
@@ -82,7 +89,8 @@ class Store(Protocol):
         ...
 
     def delete_job(self, job_id: str) -> None:
-        """The job's record, parts and events; the audit log keeps its entries."""
+        """The job's record, parts, their history and events; the audit log keeps its
+        entries."""
         ...
 
     def count_jobs(self, study: str) -> int: ...

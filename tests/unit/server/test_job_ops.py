@@ -163,6 +163,17 @@ def test_logs_read_only_inside_the_jobs_folder(deps):
     assert "root:" not in out["logs"]["site-b"]
 
 
+def test_logs_carry_each_parts_state_changes_for_the_jobs_study_alone(deps):
+    job = _job(deps)
+    deps.store.set_part_state(job, "site-a", "RUNNING", "worker started")
+    out = job_ops.job_logs(deps, LEAD, "s", {"job_id": job})
+    assert [(h["part"], h["state"], h["reason"]) for h in out["part_history"]] == [
+        ("server", "SUBMITTED", ""), ("site-a", "SUBMITTED", ""),
+        ("site-a", "RUNNING", "worker started")]
+    with pytest.raises(NoSuchJob):
+        job_ops.job_logs(deps, LEAD, "t", {"job_id": job})
+
+
 def test_sites_of_the_study_with_what_the_online_ones_reported(deps):
     _job(deps, "a" * 32, study="s")
     _job(deps, "b" * 32, study="t")  # another study's job: counted, never named

@@ -59,6 +59,34 @@ def test_states_change_and_parts_are_upserted(store):
     assert store.get_job("a").finished
 
 
+def test_each_parts_state_changes_are_kept_with_the_servers_time(store):
+    _add(store, "a")
+    _add(store, "b")
+    store.set_part_state("a", "site-a", "DISPATCHED")
+    store.set_part_state("a", "site-a", "DISPATCHED")  # no change: nothing kept
+    store.set_part_state("a", "site-a", "DISPATCHED", "site parent disconnected")
+    store.set_part_state("a", "server", "RUNNING")
+    store.set_part_state("b", "server", "RUNNING")
+    history = store.part_history("a")
+    assert [(h["part"], h["state"], h["reason"]) for h in history] == [
+        ("server", "SUBMITTED", ""), ("site-a", "SUBMITTED", ""), ("site-a", "DISPATCHED", ""),
+        ("site-a", "DISPATCHED", "site parent disconnected"), ("server", "RUNNING", "")]
+    times = [h["at"] for h in history]
+    assert times == sorted(times) and times[0] == store.get_job("a").created
+    store.delete_job("a")
+    assert store.part_history("a") == [] and len(store.part_history("b")) == 3
+
+
+def test_a_job_kept_before_the_history_shows_each_parts_state_since_its_last_change(tmp_path):
+    store = SqliteStore(tmp_path / "atoll.db")
+    _add(store, "a")
+    store.set_part_state("a", "site-a", "RUNNING")
+    store._exec("DELETE FROM part_states")  # as an older server's store has none
+    assert [(h["part"], h["state"]) for h in store.part_history("a")] == [
+        ("server", "SUBMITTED"), ("site-a", "RUNNING")]
+    store.close()
+
+
 def test_jobs_are_listed_newest_first_by_study_state_and_limit(store):
     for job_id, study in (("a", "s"), ("b", "t"), ("c", "s"), ("d", "s")):
         _add(store, job_id, study)
