@@ -5,7 +5,7 @@
     GET  /api/me                    who the dashboard speaks as, and the pages' CSRF token
     GET  /api/overview?page=N       sites and one page of jobs
     GET  /api/overview/stream       the same, as server-sent events, on every change
-    GET  /api/jobs/{id}             status, every event and the logs
+    GET  /api/jobs/{id}             status, every event, the logs and each part's state changes
     GET  /api/jobs/{id}/stream      what changed, as server-sent events, until the job ends
     GET  /api/jobs/{id}/results     the results zip; /provenance its provenance record
     POST /api/jobs/{id}/abort       abort (same origin, CSRF token; the server checks the role)

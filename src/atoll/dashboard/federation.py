@@ -87,8 +87,9 @@ class Federation:
             await asyncio.sleep(OVERVIEW_S)
 
     async def job_events(self, job_id: str) -> AsyncIterator[dict[str, Any]]:
-        """The job's status, its new events and what its logs added, on every change, until it
-        ends (then ``end``); ``error`` if the server will not show it (no such job)."""
+        """The job's status, its new events, what its logs added and each part's state changes
+        (the server's record, with its times), on every change, until it ends (then ``end``);
+        ``error`` if the server will not show it (no such job)."""
         status: dict[str, Any] | None = None
         shown_at, shown_logs, down, first = -1.0, {}, False, True
         while True:
@@ -127,8 +128,9 @@ class Federation:
                     added[name] = new
                 shown_logs[name] = body
             # the first one holds whole logs: the page replaces what it had with them
+            # the parts' history is short (a few changes each): sent whole, the page redraws it
             yield {"type": "job", "status": status, "events": events, "logs": added,
-                   "first": first}
+                   "history": logs.get("part_history", []), "first": first}
             first = False
             if status["state"] in TERMINAL:
                 yield {"type": "end", "state": status["state"]}

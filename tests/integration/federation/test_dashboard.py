@@ -68,6 +68,11 @@ site:
   script: train.py
 """
 UNKNOWN = "0" * 32
+DP_ROUNDS = 3
+DP_APP = APP.replace(f"num_rounds: {ROUNDS}", f"num_rounds: {DP_ROUNDS}") + (
+    "privacy:\n  dp: {clip_norm: 1.0, noise_multiplier: 0.5, delta: 1.0e-5}\n")
+RESUME_ROUNDS = 6
+RESUME_APP = APP.replace(f"num_rounds: {ROUNDS}", f"num_rounds: {RESUME_ROUNDS}")
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +112,19 @@ def _site_states(driver) -> dict[str, str]:
     rows = driver.find_elements("css selector", "#sites tbody tr")
     return {r.get_attribute("data-site"): r.find_elements("tag name", "td")[1].text
             for r in rows}
+
+
+def _traces(driver, chart: str) -> list[str]:
+    """The names of a chart's curves, as plotly holds them."""
+    return driver.execute_script(
+        "const div = document.querySelector(`#charts .chart[data-chart='${arguments[0]}']`);"
+        "return div ? div.data.map(t => t.name) : [];", chart)
+
+
+def _timeline(driver) -> list[tuple[str, str, float]]:
+    return [(r.get_attribute("data-part"), r.get_attribute("data-state"),
+             float(r.get_attribute("data-at")))
+            for r in driver.find_elements("css selector", "#timeline tbody tr")]
 
 
 def _chart_points(driver) -> int:
@@ -161,6 +179,8 @@ def test_a_jobs_round_counter_and_curves_advance_without_reload(driver, opened, 
     titles = {c.get_attribute("data-chart")
               for c in driver.find_elements("css selector", "#charts .chart")}
     assert {"train loss", "validate accuracy"} <= titles, titles
+    for chart in ("train loss", "validate accuracy"):  # the global curve and one per site
+        assert sorted(_traces(driver, chart)) == ["global", "site-1", "site-2"], chart
     assert text(driver, "rounds") == f"of {ROUNDS}"
     assert "server" in text(driver, "logs")
     assert not driver.find_element("id", "xsec").get_attribute("hidden")  # cross-site table
@@ -182,6 +202,54 @@ def test_a_jobs_round_counter_and_curves_advance_without_reload(driver, opened, 
     assert console_errors(driver) == []
 
 
+@pytest.fixture(scope="module")
+def dp_job(fed, tmp_path_factory):
+    """A small FedAvg job with differential privacy, ended before any page shows it."""
+    folder = job_folder(tmp_path_factory.mktemp("dp") / "job", {"name": "fedavg-dp",
+                        "deploy_map": {"app": ["@ALL"]}}, DP_APP,
+                        {"train.py": TRAIN, "model.py": MODEL})
+    with fed.session(LEAD_A, study="alpha") as s:
+        job = s.submit(folder, wait=True, timeout=300)
+        assert job["state"] == "FINISHED:COMPLETED", job
+        return job, s.logs(job["job_id"])
+
+
+def test_a_page_opened_after_the_job_ended_shows_each_parts_every_state(driver, opened,
+                                                                          dp_job):
+    job, record = dp_job
+    driver.get(f"{opened[LEAD_A].base}/jobs/{job['job_id']}")
+    until(driver, lambda d: text(d, "state") == "FINISHED:COMPLETED", "the ended job")
+    until(driver, lambda d: len(_timeline(d)) == len(record["part_history"]),
+          "the parts' history")
+    # the server's record, its times included: nothing the page saw itself
+    assert _timeline(driver) == [(h["part"], h["state"], h["at"])
+                                 for h in record["part_history"]]
+    for part in ("server", "site-1", "site-2"):
+        states = [state for name, state, _ in _timeline(driver) if name == part]
+        assert states[0] == "SUBMITTED" and states[-1] == "FINISHED:COMPLETED", (part, states)
+        assert "RUNNING" in states and len(states) >= 4, (part, states)
+        since = driver.find_element("css selector", f'#parts tr[data-part="{part}"]').text
+        assert since.split()[-1] != "–", since  # when its last change came, by the server
+    assert console_errors(driver) == []
+
+
+def test_dp_epsilon_shows_one_row_per_round(driver, opened, dp_job):
+    job, record = dp_job
+    spent = [e["privacy"] for e in record["events"]
+             if e.get("event") == "round" and e.get("source") == "server"]
+    assert len(spent) == DP_ROUNDS
+    driver.get(f"{opened[LEAD_A].base}/jobs/{job['job_id']}")
+    until(driver, lambda d: d.find_element("id", "dpsec").is_displayed(), "the ε table")
+    rows = [[c.text for c in r.find_elements("tag name", "td")]
+            for r in driver.find_elements("css selector", "#dp tbody tr")]
+    assert [(r[0], r[1], float(r[2])) for r in rows] == [
+        (str(n), f"{p['epsilon']:.3f}", p["delta"]) for n, p in enumerate(spent, 1)], rows
+    assert [p["epsilon"] for p in spent] == sorted(p["epsilon"] for p in spent)
+    assert _traces(driver, "DP ε") == ["global"]
+    assert sorted(_traces(driver, "train loss")) == ["global", "site-1", "site-2"]
+    assert console_errors(driver) == []
+
+
 def test_a_server_restart_is_survived_and_the_page_says_so(driver, opened, fed):
     driver.get(opened[LEAD_A].base + "/")
     until(driver, lambda d: _site_states(d) == {"site-1": "online", "site-2": "online"},
@@ -193,6 +261,33 @@ def test_a_server_restart_is_survived_and_the_page_says_so(driver, opened, fed):
     until(driver, lambda d: "reconnected" in text(d, "link"), "reconnected")
     until(driver, lambda d: _site_states(d) == {"site-1": "online", "site-2": "online"},
           "both sites online again", timeout=180)
+    assert driver.execute_script("return window.__sameDocument") is True
+    assert console_errors(driver) == []
+
+
+def test_a_running_jobs_page_survives_a_server_restart_and_the_job_resumes(driver, opened, fed,
+                                                                            tmp_path):
+    folder = job_folder(tmp_path / "resume", {"name": "fedavg-resume", "deploy_map":
+                        {"app": ["@ALL"]}}, RESUME_APP, {"train.py": TRAIN, "model.py": MODEL})
+    with fed.session(LEAD_A, study="alpha") as s:
+        job = s.submit(folder)
+    driver.get(f"{opened[LEAD_A].base}/jobs/{job['job_id']}")
+    until(driver, lambda d: text(d, "round") not in ("", "–") and int(text(d, "round")) >= 2,
+          "round 2")
+    driver.execute_script("window.__sameDocument = true")
+    fed.kill("server", signal.SIGKILL)  # as test_server_resume.py does: the job resumes
+    until(driver, lambda d: "reconnecting" in text(d, "link"), "the server is unreachable")
+    assert not text(driver, "state").startswith("FINISHED")
+    before = int(text(driver, "round"))
+    fed.start_server()
+    until(driver, lambda d: "reconnected" in text(d, "link"), "reconnected", timeout=180)
+    until(driver, lambda d: int(text(d, "round")) > before, f"a round after {before}",
+          timeout=180)
+    until(driver, lambda d: text(d, "state") == "FINISHED:COMPLETED", "the job completed",
+          timeout=300)
+    assert text(driver, "round") == str(RESUME_ROUNDS)
+    with fed.session(LEAD_A, study="alpha") as s:  # it resumed, not started over
+        assert "after a server restart" in str(s.logs(job["job_id"])["events"])
     assert driver.execute_script("return window.__sameDocument") is True
     assert console_errors(driver) == []
 

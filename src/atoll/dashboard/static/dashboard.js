@@ -157,7 +157,7 @@ function overview() {
 }
 
 // -- a job -------------------------------------------------------------------------------------
-const job = { id: "", events: [], seen: new Set(), charts: {}, parts: {}, logs: {} };
+const job = { id: "", status: null, history: [], events: [], seen: new Set(), charts: {}, logs: {} };
 
 function eventKey(e) {
   return `${e.at}|${e.source}|${JSON.stringify(e)}`;
@@ -287,18 +287,37 @@ function renderStatus(s) {
   $("abort").hidden = end;
   $("results").hidden = !end;
   $("provbtn").hidden = !end;
-  const now = new Date().toLocaleTimeString();
-  for (const [name, p] of Object.entries(s.parts || {})) {
-    const before = job.parts[name];
-    if (!before || before.state !== p.state) {
-      job.parts[name] = { state: p.state, since: now };
-      $("timeline").tBodies[0].appendChild(row([now, name, p.state]));
-    }
-    job.parts[name].reason = p.reason;
-  }
-  const names = Object.keys(job.parts).sort((a, b) => (a !== "server") - (b !== "server") || a.localeCompare(b));
+  job.status = s;
+  renderParts();
+}
+
+// A time the server recorded (seconds since the epoch), in the browser's time zone.
+function clock(at) {
+  const when = new Date(at * 1000);
+  return when.toDateString() === new Date().toDateString() ? when.toLocaleTimeString() : when.toLocaleString();
+}
+
+// Each part's state changes as the server kept them, whenever the page was opened.
+function renderHistory(history) {
+  if (!Array.isArray(history)) return;
+  job.history = history;
+  fill($("timeline").tBodies[0], history.map((h) => {
+    const tr = row([clock(h.at), h.part, el("td", h.state, "state"), h.reason || ""]);
+    tr.dataset.part = h.part;
+    tr.dataset.state = h.state;
+    tr.dataset.at = String(h.at);
+    return tr;
+  }));
+  renderParts();
+}
+
+function renderParts() {
+  const parts = (job.status && job.status.parts) || {};
+  const since = {};
+  for (const h of job.history) since[h.part] = h.at; // in time order: the last change wins
+  const names = Object.keys(parts).sort((a, b) => (a !== "server") - (b !== "server") || a.localeCompare(b));
   fill($("parts").tBodies[0], names.map((n) => {
-    const tr = row([n, el("td", job.parts[n].state, "state"), job.parts[n].reason || "", job.parts[n].since]);
+    const tr = row([n, el("td", parts[n].state, "state"), parts[n].reason || "", n in since ? clock(since[n]) : "–"]);
     tr.dataset.part = n;
     return tr;
   }));
@@ -353,6 +372,7 @@ async function jobPage() {
   try {
     const first = await getJSON(`/api/jobs/${encodeURIComponent(job.id)}`);
     renderStatus(first.status);
+    renderHistory(first.part_history);
     addEvents(first.events, false);
     addLogs(first.logs, true);
     performance.mark("atoll:first-render");
@@ -364,6 +384,7 @@ async function jobPage() {
   follow(`/api/jobs/${encodeURIComponent(job.id)}/stream`, (event, source) => {
     if (event.type === "job") {
       renderStatus(event.status);
+      renderHistory(event.history);
       addEvents(event.events, true);
       addLogs(event.logs, Boolean(event.first));
     } else if (event.type === "error") {
