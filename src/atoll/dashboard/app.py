@@ -18,10 +18,12 @@ logs are other people's. Errors keep the server's words: another study's job ans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import tempfile
 import zipfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -77,19 +79,41 @@ def _no_such_job(request: Request) -> JSONResponse:
     return _error(NotFound(f"no such job: {request.path_params['job_id']}"))
 
 
-def _events(source) -> StreamingResponse:
+def _events(source: AsyncIterator[dict], stopping: asyncio.Event) -> StreamingResponse:
+    """``source`` as server-sent events, until it ends or the dashboard stops: then the page
+    hears ``stopped`` and the stream ends at once (an open page would otherwise hold Ctrl-C's
+    graceful shutdown until uvicorn cancels it, printing a traceback)."""
     async def lines():
         yield ": atoll\n\n"  # opens the stream at once
-        async for event in source:
-            yield f"data: {json.dumps(event)}\n\n"
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(source))
+                await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    step.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await step
+                    yield f"data: {json.dumps({'type': 'stopped'})}\n\n"
+                    return
+                try:
+                    event = step.result()
+                except StopAsyncIteration:
+                    return
+                yield f"data: {json.dumps(event)}\n\n"
+        finally:
+            stop.cancel()
 
     return StreamingResponse(lines(), media_type="text/event-stream",
                              headers={"x-accel-buffering": "no"})
 
 
-def build(fed: Federation, keys: Secrets, port: int, public: bool = False) -> Access:
-    """The dashboard's ASGI app, behind its access checks."""
+def build(fed: Federation, keys: Secrets, port: int, public: bool = False,
+          stopping: asyncio.Event | None = None) -> Access:
+    """The dashboard's ASGI app, behind its access checks; ``stopping``, once set, ends the
+    pages' event streams (serve.py sets it when the server stops)."""
     plotly = chart_library()
+    stopping = stopping or asyncio.Event()
 
     async def overview_page(request: Request) -> Response:
         return FileResponse(STATIC / "overview.html", media_type="text/html")
@@ -123,7 +147,7 @@ def build(fed: Federation, keys: Secrets, port: int, public: bool = False) -> Ac
         return await _call(lambda: {"sites": fed.sites(), "jobs": fed.jobs(page)})
 
     async def overview_stream(request: Request) -> Response:
-        return _events(fed.overview_events(_page(request)))
+        return _events(fed.overview_events(_page(request)), stopping)
 
     async def job(request: Request) -> Response:
         job_id = _job_id(request)
@@ -140,7 +164,7 @@ def build(fed: Federation, keys: Secrets, port: int, public: bool = False) -> Ac
         job_id = _job_id(request)
         if job_id is None:
             return _no_such_job(request)
-        return _events(fed.job_events(job_id))
+        return _events(fed.job_events(job_id), stopping)
 
     async def abort(request: Request) -> Response:
         job_id = _job_id(request)

@@ -3,10 +3,13 @@ the URL with its one-time token, serve until Ctrl-C."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
 from collections.abc import Callable
+
+import uvicorn
 
 from atoll.admin.session import Session
 from atoll.dashboard.access import Secrets
@@ -24,14 +27,25 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server that first tells the pages' event streams to end when it stops."""
+
+    def __init__(self, config: uvicorn.Config, stopping: asyncio.Event):
+        super().__init__(config)
+        self.stopping = stopping
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.stopping.set()
+        await super().shutdown(sockets)
+
+
 def serve(session: Session, study: str | None, host: str, port: int, public: bool,
           announce: Callable[[str], None], open_browser: bool) -> None:
-    import uvicorn
-
     sock = bind(host, port)
     port = sock.getsockname()[1]
     keys = Secrets()
-    app = build(Federation(session, study), keys, port, public)
+    stopping = asyncio.Event()
+    app = build(Federation(session, study), keys, port, public, stopping)
     shown = f"[{host}]" if ":" in host else ("127.0.0.1" if host in ("", "0.0.0.0") else host)
     url = f"http://{shown}:{port}/?token={keys.token}"
     announce(url)
@@ -42,7 +56,7 @@ def serve(session: Session, study: str | None, host: str, port: int, public: boo
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=1, server_header=False)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        _Server(config, stopping).run(sockets=[sock])
     finally:
         sock.close()
 

@@ -1,12 +1,16 @@
 """`atoll dashboard` in a real headless Chromium against a real local federation (a server and
 two sites as processes, mutual TLS, SQLite): the sites show online; a FedAvg job's round
-counter and curves advance without a reload; a server restart is survived (the page says it
-reconnected); a lead of another study sees none of it, and that study's job URL answers as an
-unknown id does; abort asks for confirmation, works for the job's lead and is refused for a
-member; no page logs a console error. Each page's screenshot goes to docs/dashboard/."""
+counter and curves (global and per site) advance without a reload; a page opened after a DP
+job ended shows each part's every state change with the server's times, and ε per round; a
+server restart is survived by the overview and by a running job's page, whose job resumes
+(each says it reconnected); a lead of another study sees none of it, and that study's job URL
+answers as an unknown id does; abort asks for confirmation, works for the job's lead and is
+refused for a member; no page logs a console error; Ctrl-C stops the dashboard cleanly. Each
+page's screenshot goes to docs/dashboard/."""
 
 from __future__ import annotations
 
+import http.client
 import signal
 
 import pytest
@@ -383,3 +387,27 @@ def test_the_dashboard_is_small_at_rest_and_loads_no_ml_library(driver, opened):
         status = Path(f"/proc/{pid}/status").read_text()
         rss_kib = int(status.split("VmRSS:")[1].split()[0])
         assert rss_kib <= 60 * 1024, f"{rss_kib / 1024:.1f} MiB"
+
+
+def test_ctrl_c_stops_the_dashboard_with_a_page_open(fed, tmp_path):
+    """SIGINT, as a terminal's Ctrl-C sends it, while a page follows the study: exit 0 and
+    "dashboard stopped", no traceback."""
+    dash = start_dashboard(fed.kit(LEAD_A), "alpha", tmp_path / "home")
+    try:
+        conn = http.client.HTTPConnection(dash.base.split("//")[1], timeout=60)
+        conn.request("GET", "/" + dash.url.split("/", 3)[3])
+        answer = conn.getresponse()
+        answer.read()
+        cookie = answer.getheader("set-cookie").split(";", 1)[0]
+        conn.request("GET", "/api/overview/stream", headers={"Cookie": cookie})
+        stream = conn.getresponse()
+        assert stream.status == 200 and stream.readline().startswith(b": atoll")
+        dash.proc.send_signal(signal.SIGINT)
+        _, err = dash.proc.communicate(timeout=60)
+        conn.close()
+    finally:
+        if dash.proc.poll() is None:
+            dash.proc.kill()
+            dash.proc.wait()
+    assert dash.proc.returncode == 0, err
+    assert "dashboard stopped" in err and "Traceback" not in err, err

@@ -64,7 +64,8 @@ async function whoami() {
   }
 }
 
-// One EventSource; it says reconnected after the server (or this link) came back.
+// One EventSource; it says reconnected after the server (or this link) came back, and when
+// the dashboard itself stopped.
 function follow(url, onEvent) {
   const source = new EventSource(url);
   let lost = false;
@@ -73,6 +74,9 @@ function follow(url, onEvent) {
     if (event.type === "disconnected") {
       lost = true;
       linkState("down", "server unreachable: reconnecting…");
+    } else if (event.type === "stopped") {
+      source.close(); // its dashboard process is gone: a reload needs a new `atoll dashboard`
+      linkState("down", "the dashboard stopped (Ctrl-C): start `atoll dashboard` again");
     } else if (event.type === "reconnected") {
       lost = false;
       linkState("live", "reconnected to the server · live");
