@@ -37,6 +37,7 @@ from atoll.dashboard.access import Access, Secrets
 from atoll.dashboard.federation import Federation
 
 STATIC = Path(__file__).parent / "static"
+PAGES = {"overview.html": "text/html", "job.html": "text/html"}
 FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -115,11 +116,24 @@ def build(fed: Federation, keys: Secrets, port: int, public: bool = False,
     plotly = chart_library()
     stopping = stopping or asyncio.Event()
 
+    def _page(request: Request) -> int:
+        try:
+            return max(0, min(int(request.query_params.get("page", "0")), 10**6))
+        except ValueError:
+            return 0
+
+    # The pages and their own files are a few KB: read once, answered from memory (a file
+    # response reads in threads, which a busy machine makes a first load wait for).
+    held = {name: (STATIC / name).read_bytes() for name in (*PAGES, *FILES)}
+
     async def overview_page(request: Request) -> Response:
-        return FileResponse(STATIC / "overview.html", media_type="text/html")
+        # the server's calls for the page's first event start now, while the browser fetches
+        # the page's own files, instead of after them
+        fed.start_overview(_page(request))
+        return Response(held["overview.html"], media_type="text/html")
 
     async def job_page(request: Request) -> Response:
-        return FileResponse(STATIC / "job.html", media_type="text/html")
+        return Response(held["job.html"], media_type="text/html")
 
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
@@ -127,7 +141,7 @@ def build(fed: Federation, keys: Secrets, port: int, public: bool = False,
             return FileResponse(plotly, media_type="text/javascript")
         if name not in FILES:
             return Response("404: no such file\n", status_code=404, media_type="text/plain")
-        return FileResponse(STATIC / name, media_type=FILES[name])
+        return Response(held[name], media_type=FILES[name])
 
     async def me(request: Request) -> Response:
         try:
@@ -136,15 +150,11 @@ def build(fed: Federation, keys: Secrets, port: int, public: bool = False,
             return _error(exc)
         return JSONResponse({**who, "csrf": keys.csrf})
 
-    def _page(request: Request) -> int:
-        try:
-            return max(0, min(int(request.query_params.get("page", "0")), 10**6))
-        except ValueError:
-            return 0
-
     async def overview(request: Request) -> Response:
-        page = _page(request)
-        return await _call(lambda: {"sites": fed.sites(), "jobs": fed.jobs(page)})
+        try:
+            return JSONResponse(await fed.overview(_page(request)))
+        except AtollError as exc:
+            return _error(exc)
 
     async def overview_stream(request: Request) -> Response:
         return _events(fed.overview_events(_page(request)), stopping)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,17 @@ class Federation:
     def __init__(self, session: Session, study: str | None = None):
         self.session = session
         self.study = study
+        self._me: dict[str, Any] | None = None
+        self._early: tuple[int, float, asyncio.Task] | None = None  # start_overview's
 
     def me(self) -> dict[str, Any]:
-        who = self.session.whoami()
-        return {k: who.get(k) for k in ("user", "role", "org", "study", "name")
-                if who.get(k) is not None} | ({"study": self.study} if self.study else {})
+        """Who the kit is (its certificate's name, org and role) and the study: fixed for this
+        process, so asked of the server once, not on every page load."""
+        if self._me is None:
+            who = self.session.whoami()
+            self._me = {k: who.get(k) for k in ("user", "role", "org", "study", "name")
+                        if who.get(k) is not None} | ({"study": self.study} if self.study else {})
+        return self._me
 
     def sites(self) -> dict[str, Any]:
         return self.session.sites(self.study)
@@ -45,6 +52,25 @@ class Federation:
         answer = self.session.call("list_jobs", study=self.study, offset=page * PAGE_SIZE,
                                    limit=PAGE_SIZE)
         return {**answer, "page": page, "page_size": PAGE_SIZE}
+
+    async def overview(self, page: int) -> dict[str, Any]:
+        """The sites and one page of jobs, asked at once (a page's first load waits on both)."""
+        sites, jobs = await asyncio.gather(asyncio.to_thread(self.sites),
+                                           asyncio.to_thread(self.jobs, page))
+        return {"sites": sites, "jobs": jobs}
+
+    def start_overview(self, page: int) -> None:
+        """Ask for a page's first overview now (its HTML is on its way): the page's stream
+        takes the answer if it comes for the same page within OVERVIEW_S."""
+        task = asyncio.ensure_future(self.overview(page))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # one never taken
+        self._early = (page, time.monotonic(), task)
+
+    def _take_early(self, page: int) -> asyncio.Task | None:
+        early, self._early = self._early, None
+        if early is None or early[0] != page or time.monotonic() - early[1] > OVERVIEW_S:
+            return None
+        return early[2]
 
     def status(self, job_id: str, since: int | None = None, wait_s: float = 0.0):
         return self.session.status(job_id, self.study, since=since, wait_s=wait_s)
@@ -61,11 +87,11 @@ class Federation:
     # -- live ----------------------------------------------------------------------------------
     async def overview_events(self, page: int) -> AsyncIterator[dict[str, Any]]:
         """The sites and one page of jobs whenever they change; the link's state when it does."""
-        last, down = None, False
+        last, down, early = None, False, self._take_early(page)
         while True:
+            answer, early = early or self.overview(page), None
             try:
-                now = await asyncio.to_thread(
-                    lambda: {"sites": self.sites(), "jobs": self.jobs(page)})
+                now = await answer
             except ConnectionFailed as exc:
                 if not down:
                     down = True
