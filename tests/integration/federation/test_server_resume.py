@@ -7,6 +7,7 @@ per site in metrics.csv and once in the job's events, the uninterrupted run's fi
 from __future__ import annotations
 
 import csv
+import json
 import re
 import signal
 import subprocess
@@ -141,6 +142,9 @@ WORKFLOWS["custom"] = f"workflow: my_workflow.py:MyFedAvg\n  args: {{num_rounds:
 # The interrupted round runs again from its start with fresh keys (the sites never unmasked it).
 WORKFLOWS["secagg"] = WORKFLOWS["fedavg"]
 PRIVACY = {"secagg": "privacy:\n  secure_aggregation: {}\n"}
+# Client-mode DP: each site clips and noises its update; its parent's ledger accounts it.
+WORKFLOWS["dp"] = WORKFLOWS["fedavg"]
+PRIVACY["dp"] = "privacy:\n  dp: {clip_norm: 10.0, noise_multiplier: 1.0}\n"
 
 # examples/scaffold's workflow as it ships (the global model and control variate checkpointed)
 WORKFLOWS["scaffold"] = (f"workflow: scaffold_workflow.py:Scaffold\n  args: {{num_rounds: {ROUNDS}, "
@@ -289,3 +293,31 @@ def test_max_resumes_zero_fails_the_job_naming_the_setting(fed, tmp_path):
         final = s.wait(job_id, timeout=120)
     assert final["state"] == "FINISHED:FAILED"
     assert "restarts.max_resumes is 0" in final["reason"], final["reason"]
+
+
+def test_dp_epsilon_goes_on_and_each_sites_ledger_keeps_what_it_spent(fed, tmp_path):
+    from atoll.fl.privacy.accounting import epsilon
+
+    job_id = _kill_in_round_3(fed, tmp_path, "dp")
+    fed.start_server()
+    with fed.session(ADMIN) as s:
+        final = s.wait(job_id, timeout=300)
+        assert final["state"] == "FINISHED:COMPLETED", (final["reason"], final["parts"])
+        out = s.download(job_id, tmp_path / "out")
+    # the job's epsilon: every round once, on from round 2's (never from zero again)
+    with open(next(out.rglob("metrics.csv")), newline="") as fh:
+        spent = [(int(row["round"]), float(row["value"])) for row in csv.DictReader(fh)
+                 if row["phase"] == "privacy" and row["metric"] == "epsilon"]
+    assert [r for r, _ in spent] == list(range(1, ROUNDS + 1)), spent
+    np.testing.assert_allclose([e for _, e in spent],
+                               [epsilon(1.0, r, 1e-5) for r in range(1, ROUNDS + 1)])
+    # each site's ledger (its parent's file) holds every release the site made: site-1 (the
+    # test waited for it) answered round 3 before the kill and again after it; site-2 the same,
+    # unless the kill came before round 3's task reached it. Nothing forgotten or reset.
+    def job_eps(site):
+        [ledger] = (fed.workspace(site) / "privacy_ledger").glob("*.json")
+        return json.loads(ledger.read_text())["spent"]["dp"][job_id][0]
+
+    assert job_eps("site-1") == pytest.approx(epsilon(1.0, ROUNDS + 1, 1e-5))
+    assert job_eps("site-2") in (pytest.approx(epsilon(1.0, ROUNDS, 1e-5)),
+                                 pytest.approx(epsilon(1.0, ROUNDS + 1, 1e-5)))
