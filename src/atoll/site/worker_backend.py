@@ -1,12 +1,13 @@
 """What a site worker can do through its site parent: every call is relayed to the server.
 
 Payloads pass through frame by frame; the parent never holds a whole task or reply in memory.
-Every call of a worker is a sign of life for its stall watch (site/supervisor.py); while it
-holds a task (from the task's hand-over to its reply) every call but its heartbeat, and every
-frame of the task or reply moving, is a sign of progress too.
 A worker on the parent's host (the process launcher) gets and sends them as files in the job's
 handoff folder instead (wire/handoff.py): a task is written there as it arrives and handed over
 once whole, and a reply is read from its file as it goes up to the server.
+
+Every call of a worker is a sign of life for its stall watch (site/supervisor.py); while it
+holds a task (from the task's hand-over to its reply) every call but its heartbeat, and every
+frame of the task or reply moving, is a sign of progress too.
 """
 
 from __future__ import annotations
