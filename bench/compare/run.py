@@ -19,6 +19,10 @@ environments (bench/compare/setup_peers.sh makes them); nothing is installed int
   python3 bench/compare/run.py --systems atoll,atoll-noprov --workloads a,b100 --repeats 3
       # the provenance record's cost (issue 38): parents with and without it
       # (ATOLL_BENCHMARK_NO_PROVENANCE=1); its own table and bench/compare/provenance_run.json
+  python3 bench/compare/run.py --systems atoll,atoll-nockpt --workloads a,b100 --repeats 3
+      # the per-round checkpoint's cost (issue 37): the server with and without it
+      # (ATOLL_BENCHMARK_NO_CHECKPOINT=1), and its size on disk per job; its own table and
+      # bench/compare/checkpoint_run.json
 
 Workloads (issue 9): a = 2 clients x 3 rounds of FedAvg on a 4 KiB model, submit -> finished
 and per-round time; b100 / b1000 (or b for both) = the same with a 100 MiB / 1 GiB model,
@@ -47,6 +51,7 @@ import workloads  # noqa: E402
 from drivers.atoll import (  # noqa: E402
     AtollDriver,
     AtollHostNetDriver,
+    AtollNoCheckpointDriver,
     AtollNoProvenanceDriver,
     AtollUnconfinedDriver,
 )
@@ -61,6 +66,7 @@ DRIVERS = {
     "atoll-unconfined": AtollUnconfinedDriver,  # atoll, workers without the sandbox (issue 19)
     "atoll-hostnet": AtollHostNetDriver,  # atoll, workers on the host's network (issue 32)
     "atoll-noprov": AtollNoProvenanceDriver,  # atoll, no provenance record (issue 38)
+    "atoll-nockpt": AtollNoCheckpointDriver,  # atoll, no per-round checkpoint (issue 37)
 }
 
 NOTES = [
@@ -91,12 +97,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--systems",
         default="flare,flower,atoll",
         help="comma-separated: flare, flower, atoll, atoll-unconfined, atoll-hostnet, "
-        "atoll-noprov (default: "
+        "atoll-noprov, atoll-nockpt (default: "
         "flare, flower, atoll); atoll-hostnet = atoll with `process: {network: host}`, whose "
         "comparison with atoll goes to a table of its own (the network sandbox's cost); "
         "atoll-unconfined = atoll with `process: {sandbox: none}`, whose "
         "comparison with atoll goes to its own table; atoll-noprov = atoll keeping no "
-        "provenance record (its own table too)",
+        "provenance record (its own table too); atoll-nockpt = atoll keeping no per-round "
+        "checkpoint (its own table, with the checkpoint's size on disk)",
     )
     p.add_argument(
         "--workloads",
@@ -153,7 +160,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.sandbox_cost = "atoll-unconfined" in args.systems
     args.network_cost = "atoll-hostnet" in args.systems
     args.provenance_cost = "atoll-noprov" in args.systems
-    variant = args.sandbox_cost or args.network_cost or args.provenance_cost
+    args.checkpoint_cost = "atoll-nockpt" in args.systems
+    variant = (args.sandbox_cost or args.network_cost or args.provenance_cost
+               or args.checkpoint_cost)
     # the peer table (and last_run.json, which --merge-from reads) only from a run with a peer
     args.peer_table = not variant or any(s in report.PEERS for s in args.systems)
     if variant and merging:
@@ -163,7 +172,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         name = "merged_run.json" if merging else "last_run.json"
         if not args.peer_table:
             name = ("sandbox_run.json" if args.sandbox_cost else "network_run.json"
-                    if args.network_cost else "provenance_run.json")
+                    if args.network_cost else "provenance_run.json" if args.provenance_cost
+                    else "checkpoint_run.json")
         args.json = str(REPO / "bench" / "compare" / name)
     if args.output is None and not merging:
         args.output = str(REPO / "BENCHMARKS.md")
@@ -268,6 +278,10 @@ def main(argv: list[str]) -> int:
         blocks.append((report.render_provenance(results, titles, rows, meta),
                        report.PROVENANCE_BEGIN, report.PROVENANCE_END,
                        report.PROVENANCE_HEADING))
+    if args.checkpoint_cost:
+        blocks.append((report.render_checkpoint(results, titles, rows, meta),
+                       report.CHECKPOINT_BEGIN, report.CHECKPOINT_END,
+                       report.CHECKPOINT_HEADING))
     for block, *_ in blocks:
         print(block)
     if not args.no_write:
@@ -283,7 +297,8 @@ def main(argv: list[str]) -> int:
 
 def variant_run(args: argparse.Namespace) -> bool:
     """atoll against one variant of itself: CPU measured, the pair alternating."""
-    return bool(args.sandbox_cost or args.network_cost or args.provenance_cost)
+    return bool(args.sandbox_cost or args.network_cost or args.provenance_cost
+                or args.checkpoint_cost)
 
 
 def _order(active: list[str], repeat: int, sandbox_cost: bool) -> list[str]:

@@ -104,6 +104,8 @@ def _job(
     metrics[f"{prefix}_wall_s"] = run.finished_at - run.submitted_at
     metrics[f"{prefix}_round_s"] = per_round(read_marks(marks))
     metrics[f"{prefix}_submit_cli_s"] = run.extra.get("submit_cli_s")
+    if "checkpoint_bytes" in run.extra:  # atoll's server checkpoint (drivers/atoll.py)
+        metrics[f"{prefix}_checkpoint_bytes"] = run.extra["checkpoint_bytes"]
     if "cpu_s" in run.extra:  # atoll in the sandbox's cost run (drivers/atoll.py)
         metrics[f"{prefix}_cpu_s"] = run.extra["cpu_s"]
         metrics[f"{prefix}_others_cores"] = run.extra.get("others_cores")

@@ -1,7 +1,8 @@
 """atoll admin poller for bench/compare (run with atoll's venv python).
 
   ctl.py KIT ready N TIMEOUT     -> waits until the server accepts the admin and lists N sites online
-  ctl.py KIT wait JOB_ID TIMEOUT -> waits until the job is FINISHED:*
+  ctl.py KIT wait JOB_ID TIMEOUT -> waits until the job is FINISHED:*; then, outside the time
+                                    measured, reads the checkpoint's size from its events
 
 Both keep one `atoll.admin.session.Session` (one mutual-TLS channel) and poll every 0.1 s, so the
 measured time is atoll's, not the cost of a new `atoll` process per poll. Until the server's
@@ -75,12 +76,22 @@ def wait(kit: str, job_id: str, timeout: float) -> int:
             status = session.status(job_id)
             state = status["state"]
             if state in TERMINAL:
-                print(json.dumps({"finished": True, "status": state, "t": time.time(),
-                                  "reason": status.get("reason", "")}))
+                done = time.time()
+                print(json.dumps({"finished": True, "status": state, "t": done,
+                                  "reason": status.get("reason", ""),
+                                  "checkpoint_bytes": _checkpoint_bytes(session, job_id)}))
                 return 0
             time.sleep(POLL_S)
     print(json.dumps({"finished": False, "last": state}))
     return 1
+
+
+def _checkpoint_bytes(session: Session, job_id: str) -> int | None:
+    """The job's checkpoint on disk: its server worker reports each commit's size (a `checkpoint`
+    event; one state file is kept, the last); None when it kept none."""
+    sizes = [e["bytes"] for e in session.logs(job_id).get("events", [])
+             if e.get("event") == "checkpoint" and isinstance(e.get("bytes"), int)]
+    return max(sizes) if sizes else None
 
 
 def main() -> int:

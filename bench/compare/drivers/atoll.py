@@ -199,6 +199,8 @@ class AtollDriver(Driver):
             sampler = run.extra.pop("cpu_sampler")
             run.extra["cpu_s"] = sampler.stop(wait_children_s=30)
             run.extra["others_cores"] = sampler.others_cores
+        if answer.get("checkpoint_bytes") is not None:
+            run.extra["checkpoint_bytes"] = answer["checkpoint_bytes"]
         if answer.get("reason"):
             run.extra["reason"] = answer["reason"]
             if not run.status.endswith("COMPLETED"):
@@ -476,3 +478,15 @@ class AtollNoProvenanceDriver(AtollDriver):
 
     def system_env(self) -> dict[str, str]:
         return {**super().system_env(), "ATOLL_BENCHMARK_NO_PROVENANCE": "1"}
+
+
+class AtollNoCheckpointDriver(AtollDriver):
+    """atoll with its server parent started with ATOLL_BENCHMARK_NO_CHECKPOINT=1 (issue 37): the
+    server workers keep no per-round checkpoint; compared with atoll, it is the checkpoint's
+    cost (an atomic, fsynced write of the global model after each round)."""
+
+    name = "atoll-nockpt"
+    title = "atoll, no checkpoint"
+
+    def system_env(self) -> dict[str, str]:
+        return {**super().system_env(), "ATOLL_BENCHMARK_NO_CHECKPOINT": "1"}

@@ -63,6 +63,7 @@ class Checked:
     runs_setting: str | None = None
     # site.yaml's supervision: heartbeat_s, stall_s, rejoin_s (spec/parent_settings.py)
     supervision: tuple[float, float, float] = (10.0, 120.0, 300.0)
+    progress_s: float = 21600.0  # supervision.progress_s: a worker holding a task, silent
     max_resumes: int = 3  # the server's restarts.max_resumes
 
     def values(self) -> dict[str, Any]:
@@ -71,7 +72,8 @@ class Checked:
         return {"launcher": self.launcher, "capacity": self.capacity,
                 "unconfined": self.unconfined,
                 "retention_days": self.retention_days, "runs_setting": self.runs_setting,
-                "supervision": list(self.supervision), "max_resumes": self.max_resumes,
+                "supervision": list(self.supervision), "progress_s": self.progress_s,
+                "max_resumes": self.max_resumes,
                 "sandbox": {"python": self.sandbox_python, "bwrap": self.sandbox_bwrap},
                 "endpoint": {"host": ep.host, "port": ep.port, "dial_host": ep.dial_host,
                              "uses_tls": ep.uses_tls}}
@@ -116,6 +118,11 @@ class LocalConfig:
     def supervision(self) -> tuple[float, float, float]:
         """heartbeat_s, stall_s, rejoin_s of site.yaml's ``supervision``."""
         return self._checked().supervision
+
+    @property
+    def progress_s(self) -> float:
+        """supervision.progress_s: how long a worker holding a task may show no progress."""
+        return self._checked().progress_s
 
     @property
     def max_resumes(self) -> int:
@@ -252,6 +259,7 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
                       runs_setting=runs_setting(config),
                       supervision=(config.supervision.heartbeat_s, config.supervision.stall_s,
                                    config.supervision.rejoin_s),
+                      progress_s=config.supervision.progress_s,
                       max_resumes=config.restarts.max_resumes)
     if workspace is not None and print_ is not None:
         again = fingerprint(local_dir, study_runtime)
@@ -293,6 +301,7 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
         python, bwrap = sandbox["python"], sandbox["bwrap"]
         days, root = values["retention_days"], values["runs_setting"]
         supervision = tuple(float(v) for v in values["supervision"])
+        progress_s = float(values["progress_s"])
         resumes = values["max_resumes"]
         ok = (isinstance(launcher, str) and isinstance(capacity, dict)
               and set(capacity) == {"gpus", "cpus", "memory"} and isinstance(unconfined, bool)
@@ -300,12 +309,14 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
               and (days is None or (isinstance(days, int | float)
                                     and not isinstance(days, bool) and days > 0))
               and len(supervision) == 3 and all(v >= 0 for v in supervision)
+              and progress_s > 0
               and isinstance(resumes, int) and not isinstance(resumes, bool) and resumes >= 0)
     except (KeyError, TypeError, ValueError):
         return None
     return (Checked(launcher, capacity, endpoint, site_yaml=site_yaml, unconfined=unconfined,
                     sandbox_python=python, sandbox_bwrap=bwrap, retention_days=days,
-                    runs_setting=root, supervision=supervision, max_resumes=resumes)
+                    runs_setting=root, supervision=supervision, progress_s=progress_s,
+                    max_resumes=resumes)
             if ok else None)
 
 

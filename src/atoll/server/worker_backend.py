@@ -5,6 +5,8 @@ It sees the jobs through `RunningJobs` (server/live_jobs.py), never the job mana
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,13 @@ from atoll.wire import frames, handoff
 if TYPE_CHECKING:
     from atoll.server.store import Store
 
+log = logging.getLogger(__name__)
+
+# For measuring the checkpoint's cost only (bench/compare's atoll-nockpt): a server parent
+# started with this variable set to 1 tells its server workers to keep no checkpoint (a server
+# restart then runs their jobs again from round 1), and says so in its log.
+BENCHMARK_OFF = "ATOLL_BENCHMARK_NO_CHECKPOINT"
+
 
 class ServerWorkerBackend:
     """What the server worker (the workflow) can do through the server parent's endpoint."""
@@ -26,6 +35,10 @@ class ServerWorkerBackend:
         self.jobs = jobs
         self.store = store
         self.ca_pem = ca_file.read_text(encoding="ascii")
+        self.checkpoints = os.environ.get(BENCHMARK_OFF) != "1"
+        if not self.checkpoints:
+            log.warning("%s=1: this server's jobs keep no checkpoint and cannot resume after a "
+                        "restart (for benchmarks only)", BENCHMARK_OFF)
 
     def _live(self, job_id: str) -> LiveJob:
         live = self.jobs.running(job_id)
@@ -41,6 +54,8 @@ class ServerWorkerBackend:
                 "job_args": {"min_clients": live.meta.min_clients, "name": live.meta.name}}
         if live.resumes:  # after a server restart: the workflow goes on from its checkpoint
             info["job_args"]["resume"] = {"attempt": live.resumes, "round": live.resume_round}
+        if not self.checkpoints:
+            info["checkpoints"] = False
         if live.relay.handoff is not None:
             info["handoff"] = str(live.relay.handoff.path)
         # what the worker checks the job's signature against before it runs any of its code

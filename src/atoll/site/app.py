@@ -209,7 +209,8 @@ class SiteParent:
         if kept:  # before the hello: it names the parts taken back as running here
             self._take_back(kept)
         self._serving.set()
-        self.supervisor.watch(self.local.supervision[1], self._stopped)  # stalled workers
+        self.supervisor.watch(self.local.supervision[1], self.local.progress_s,  # stalled
+                              self._stopped)  # or hung workers
         log.info("site %s started; workers dial %s", self.name, self.worker_address)
         if self.local.unconfined_warning:
             log.warning(self.local.unconfined_warning)

@@ -19,8 +19,11 @@ A registered worker is watched (`watch`): one that made no call to this parent (
 included, every supervision.heartbeat_s) for supervision.stall_s is stopped; its part starts
 again once, for the round in flight (the server is told RESTARTING and retries that round's task
 for it), and a second stall fails the part with the reason ("site-2's part sent no heartbeat for
-120 s during round 3"). A dispatch of a job that already runs here is the server taking back a
-restarted site: it is ignored.
+120 s during round 3"). The heartbeat comes from a thread of the worker's own, so a script that
+hangs (a deadlock, a sleep that never ends) still beats: a worker that holds a task and shows no
+progress (site/worker_backend.py: no other call, no bytes of the task or its reply moving) for
+supervision.progress_s stalls the same way, with a reason that says so. A dispatch of a job that
+already runs here is the server taking back a restarted site: it is ignored.
 
 A worker an earlier parent of this site launched that still runs (a container, pod or Slurm job)
 is taken back (`adopt`, site/running_parts.py): its job runs here again from what that parent
@@ -90,6 +93,9 @@ class SiteJob:
     app_zip: Path | None = None
     signed: Signed | None = None  # who signed the job, once it passed the site's checks
     last_beat: float | None = None  # the worker's last call (monotonic); None: not registered
+    # While its worker holds a task (took one, has not replied): its last sign of progress
+    # (monotonic; site/worker_backend.py). None: it holds none.
+    progress: float | None = None
     round: Any = None  # the round of the last task its worker took
     restart: str | None = None  # why its worker is being replaced (a stall), while it is
     restarts: int = 0
@@ -267,7 +273,7 @@ class Supervisor:
         """Start the part of a job whose worker was stopped (a stall) again; False, with its
         report set, if it cannot be."""
         why, job.restart = job.restart, None
-        job.last_beat, job.report = None, None
+        job.last_beat, job.progress, job.report = None, None, None
         try:
             self.tokens.revoke(job.job_id)  # the old worker's session ends with it
             token = self.tokens.issue(job.job_id)
@@ -338,25 +344,39 @@ class Supervisor:
         self._finish(job, exit)
 
     # -- stalls ----------------------------------------------------------------------------------
-    def watch(self, stall_s: float, stopped: threading.Event) -> None:
-        """Stop each worker that went stall_s without a call to this parent (a thread)."""
+    def watch(self, stall_s: float, progress_s: float, stopped: threading.Event) -> None:
+        """Stop each worker that went stall_s without a call to this parent, or held a task
+        progress_s without progress (a thread)."""
         def run() -> None:
-            while not stopped.wait(min(1.0, stall_s / 4)):
+            while not stopped.wait(min(1.0, stall_s / 4, progress_s / 4)):
                 now = time.monotonic()
                 for job in list(self.jobs.values()):
-                    beat = job.last_beat
-                    if (beat is not None and now - beat > stall_s and job.handle is not None
-                            and not job.aborting and job.restart is None
-                            and not job.ended.is_set()):
-                        self._stalled(job, stall_s)
+                    beat, progress = job.last_beat, job.progress
+                    if (beat is None or job.handle is None or job.aborting
+                            or job.restart is not None or job.ended.is_set()):
+                        continue
+                    if now - beat > stall_s:
+                        self._stalled(job, f"{self.kit.name}'s part sent no heartbeat for "
+                                           f"{stall_s:g} s{self._during(job)}")
+                    elif progress is not None and now - progress > progress_s:
+                        self._stalled(job, f"{self.kit.name}'s part held its task{self._of(job)} "
+                                           f"for {progress_s:g} s with no call to the client "
+                                           "API, no bytes moving and no progress report "
+                                           "(supervision.progress_s): its script may hang")
 
         threading.Thread(target=run, name="stall-watch", daemon=True).start()
 
-    def _stalled(self, job: SiteJob, stall_s: float) -> None:
-        why = f"{self.kit.name}'s part sent no heartbeat for {stall_s:g} s" + (
-            f" during round {job.round}" if job.round is not None else "")
+    @staticmethod
+    def _during(job: SiteJob) -> str:
+        return f" during round {job.round}" if job.round is not None else ""
+
+    @staticmethod
+    def _of(job: SiteJob) -> str:
+        return f" of round {job.round}" if job.round is not None else ""
+
+    def _stalled(self, job: SiteJob, why: str) -> None:
         log.warning("job %s: %s", job.job_id, why)
-        job.last_beat = None
+        job.last_beat = job.progress = None
         if job.restarts < STALL_RESTARTS:
             job.restarts += 1
             job.restart = why

@@ -4,6 +4,10 @@ Payloads pass through frame by frame; the parent never holds a whole task or rep
 A worker on the parent's host (the process launcher) gets and sends them as files in the job's
 handoff folder instead (wire/handoff.py): a task is written there as it arrives and handed over
 once whole, and a reply is read from its file as it goes up to the server.
+
+Every call of a worker is a sign of life for its stall watch (site/supervisor.py); while it
+holds a task (from the task's hand-over to its reply) every call but its heartbeat, and every
+frame of the task or reply moving, is a sign of progress too.
 """
 
 from __future__ import annotations
@@ -67,12 +71,14 @@ class SiteWorkerBackend:
         self.server = server
         self.host = host  # whether workers share this host: tasks and replies go as files
 
-    def _job(self, job_id: str) -> SiteJob:
+    def _job(self, job_id: str, progress: bool = True) -> SiteJob:
         job = self.jobs.job(job_id)
         if job is None:
             raise BackendError(f"job {job_id} is not running at this site")
         if job.last_beat is not None:  # every call of its worker is a sign of life
             job.last_beat = time.monotonic()
+        if progress:
+            _progressed(job)
         return job
 
     def on_register(self, job_id: str) -> dict[str, Any]:
@@ -94,6 +100,7 @@ class SiteWorkerBackend:
 
     def next_task(self, job_id: str, wait_s: float, as_files: bool = False) -> Iterator[bytes]:
         job = self._job(job_id)
+        job.progress = None  # it asks for work: it holds no task (a hand-over says it does)
         if job.ended.is_set():
             yield frames.header({"end": True})
             return
@@ -132,7 +139,9 @@ class SiteWorkerBackend:
 
         def relay() -> Iterator[bytes]:
             yield frames.header(upstream)
-            yield from data  # forwarded as received: no copy here
+            for frame in data:  # forwarded as received: no copy here
+                _progressed(job)
+                yield frame
 
         try:
             answer = self.server.PushReply(relay())
@@ -142,6 +151,8 @@ class SiteWorkerBackend:
                             "resumed job sends the task again)", job_id, task_id)
                 return {"lost": True}
             raise BackendError(f"the server refused the reply: {exc.details()}") from None
+        finally:
+            job.progress = None  # replied: it holds no task until the next hand-over
         return json.loads(answer.body or "{}")
 
     def send_task(self, job_id, head, chunks):
@@ -154,8 +165,9 @@ class SiteWorkerBackend:
         return self._job(job_id).workdir
 
     def report(self, job_id: str, body: dict[str, Any]) -> None:
-        self._job(job_id)
-        if body == {"kind": "heartbeat"}:  # for this parent alone (site/supervisor.py)
+        beat = body == {"kind": "heartbeat"}  # life, not progress: its own thread sends it
+        self._job(job_id, progress=not beat)
+        if beat:  # for this parent alone (site/supervisor.py)
             return
         try:
             self.server.Report(msg.Json(body=json.dumps({"job_id": job_id, "event": body})))
@@ -212,13 +224,30 @@ def _checked_stream(stream: Iterator[bytes], job: SiteJob | None = None) -> Iter
     head = check_task_head(frames.read_header(first))
     _note_round(job, head)
     yield frames.header(head)
-    yield from stream
+    yield from _moving(stream, job)
 
 
 def _note_round(job: SiteJob | None, head: dict[str, Any]) -> None:
-    """The round the job's part works on now: a stall's reason names it."""
-    if job is not None and "task_id" in head and head["headers"].get("round") is not None:
+    """A task handed over: the job's part holds it from now (watched for progress), and the
+    round it works on now, which a stall's reason names."""
+    if job is None or "task_id" not in head:
+        return
+    job.progress = time.monotonic()
+    if head["headers"].get("round") is not None:
         job.round = head["headers"]["round"]
+
+
+def _progressed(job: SiteJob) -> None:
+    if job.progress is not None:  # only while it holds a task
+        job.progress = time.monotonic()
+
+
+def _moving(stream: Iterator[bytes], job: SiteJob | None) -> Iterator[bytes]:
+    """The frames of a task on their way to the worker: each is a sign of progress."""
+    for frame in stream:
+        if job is not None:
+            _progressed(job)
+        yield frame
 
 
 def _as_file(stream: Iterator[bytes], folder: HandoffDir, job: SiteJob | None = None) -> Iterator[bytes]:
@@ -234,7 +263,7 @@ def _as_file(stream: Iterator[bytes], folder: HandoffDir, job: SiteJob | None = 
         return
     file = folder.create()
     try:
-        file.write_frames(frames.Payload(stream).frames())
+        file.write_frames(frames.Payload(_moving(stream, job)).frames())
     except BaseException:
         file.remove()
         raise

@@ -41,14 +41,19 @@ class Retention(NoNullModel):
 
 class Supervision(NoNullModel):
     """``supervision``: how long a job's part may go without a sign of life (docs/federation.md,
-    Restarts and stalls). A site reads ``heartbeat_s`` and ``stall_s``; the server
-    ``rejoin_s`` (a site too: how long its workers wait for a restarted parent)."""
+    Restarts and stalls). A site reads ``heartbeat_s``, ``stall_s`` and ``progress_s``; the
+    server ``rejoin_s`` (a site too: how long its workers wait for a restarted parent)."""
 
     heartbeat_s: float = Field(10.0, gt=0, le=3600,
                                description="How often a site's worker tells its parent it lives")
     stall_s: float = Field(120.0, gt=0, description=(
         "A site's worker that sent no heartbeat for this long is stopped and its part "
         "restarted once for the round in flight, then failed, with the reason"))
+    progress_s: float = Field(21600.0, gt=0, description=(
+        "A site's worker that holds a task and shows no progress for this long (no call to the "
+        "client API, no bytes of the task or its reply moving, no progress report such as "
+        "fl.log_metrics) is stopped, its part restarted once for the round in flight, then "
+        "failed, with the reason; it bounds a script that hangs while its heartbeat goes on"))
     rejoin_s: float = Field(300.0, ge=0, description=(
         "Server: how long a site's parts wait for a site parent that disconnected to come back "
         "before they fail (0: at once). Site: how long a container, pod or Slurm worker waits "

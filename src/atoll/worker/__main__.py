@@ -296,6 +296,8 @@ def main() -> int:
             results.mkdir(parents=True, exist_ok=True)
             channel = GrpcServerChannel(stub, session, job_id, info["sites"], results,
                                         _handoff(info))
+            if info.get("checkpoints") is False:  # the parent's benchmark switch
+                channel.checkpoint_dir = None
             gc.freeze()  # see _exit_now
             run_server_app(channel, workdir / "app", info.get("job_args", {}))
         else:

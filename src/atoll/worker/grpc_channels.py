@@ -37,7 +37,7 @@ class GrpcServerChannel(_Link):
         self.sites = list(sites)
         self.results_dir = results_dir
         # the workflow's checkpoints: beside its results in the run folder, not in the download
-        self.checkpoint_dir = Path(results_dir).parent / "checkpoint"
+        self.checkpoint_dir: Path | None = Path(results_dir).parent / "checkpoint"
         self._expected: dict[str, int] = {}
         self.handoff = handoff  # payloads come and go as files in it (wire/handoff.py)
 

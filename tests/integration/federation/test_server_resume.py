@@ -1,13 +1,19 @@
 """A job survives a kill -9 of the server parent (issue 37): the restarted server resumes it
 from its last checkpoint with a new server worker, the sites' workers wait out the server's
 absence and take its tasks again, and the job ends as if nothing happened: every round once
-per site in metrics.csv, the uninterrupted run's final model."""
+per site in metrics.csv and once in the job's events, the uninterrupted run's final model, and
+`atoll job watch` saying where it resumed."""
 
 from __future__ import annotations
 
 import csv
+import json
+import re
 import signal
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,27 +26,72 @@ ROUNDS = 8
 
 # Deterministic: the result depends only on the model received and the round. On round 3 of the
 # run the test interrupts, the site leaves a marker and holds its reply, so that the server is
-# killed while the round is in flight.
-SITE = '''
+# killed while the round is in flight. With HOLD, site-1 then holds round 4 (of the resumed run)
+# until the test leaves a "go" file beside the marker: the job is surely live while it watches.
+MARKS = '''
 import os
 import time
-import atoll.client as fl
 
 MARK = {mark!r} and os.path.join(os.environ["ATOLL_WORKDIR"], {mark!r})
+HOLD = {hold!r} and os.path.join(os.environ["ATOLL_WORKDIR"], {hold!r})
+
+
+def interrupt(site, round_):
+    if MARK and round_ == 3 and not os.path.exists(MARK):
+        open(MARK, "w").close()
+        time.sleep(3)  # the reply goes up after the server's kill: lost, the task comes again
+    if HOLD and round_ == 4 and site == "site-1" and not os.path.exists(HOLD):
+        open(HOLD, "w").close()
+        while not os.path.exists(os.path.join(os.path.dirname(HOLD), "go")):
+            time.sleep(0.05)
+'''
+
+SITE = '''
+import atoll.client as fl
+from marks import interrupt
+
 fl.init()
 site = fl.site_name()
-shift, n = {{"site-1": (1.0, 3), "site-2": (-0.5, 1)}}[site]
+shift, n = {"site-1": (1.0, 3), "site-2": (-0.5, 1)}[site]
 while fl.is_running():
     model = fl.receive()
     if model is None:
         break
     round_ = model.current_round
-    if MARK and round_ == 3 and not os.path.exists(MARK):
-        open(MARK, "w").close()
-        time.sleep(3)  # the reply goes up after the server's kill: lost, the task comes again
+    interrupt(site, round_)
     w = model.params["w"] * 0.5 + shift * round_ + 0.01 * round_ ** 2
-    fl.send(fl.Model(params={{"w": w}}, num_examples=n, metrics={{"loss": 1.0 / round_}}))
+    fl.send(fl.Model(params={"w": w}, num_examples=n, metrics={"loss": 1.0 / round_}))
 '''
+
+# SCAFFOLD's site (examples/scaffold's client_update) on a deterministic quadratic loss: it keeps
+# its control variate after each round, keyed by round as the example's train.py does, so that
+# a round the resumed server runs again starts from the same c_i.
+SCAFFOLD_SITE = '''
+import numpy as np
+import atoll.client as fl
+from marks import interrupt
+from scaffold import client_update
+
+fl.init(evaluate=lambda model: fl.Model(
+    metrics={"loss": float(np.sum(model.params["w"] ** 2))}, num_examples=1))
+site = fl.site_name()
+target = {"site-1": np.array([1.0, -2.0, 0.5, 3.0]), "site-2": np.array([-1.5, 0.5, 2.0, -0.25])}
+c_after = {}
+while fl.is_running():
+    model = fl.receive()
+    if model is None:
+        break
+    round_ = model.current_round
+    interrupt(site, round_)
+    x, c = {"w": model.params["w"]}, {"w": model.params["c/w"]}
+    before = [r for r in c_after if r < round_]
+    c_i = c_after[max(before)] if before else {"w": np.zeros_like(x["w"])}
+    y, c_new = client_update(x, c, c_i, lambda p, step: {"w": p["w"] - target[site]}, 5, 0.1)
+    c_after[round_] = c_new
+    fl.send(fl.Model(params={"dy/w": y["w"] - x["w"], "dc/w": c_new["w"] - c_i["w"]},
+                     num_examples=1, metrics={"loss": 1.0 / round_}))
+'''
+SCAFFOLD_APP = Path(__file__).resolve().parents[3] / "examples" / "scaffold" / "app"
 
 INITIAL = '''
 import numpy as np
@@ -81,6 +132,7 @@ class MyFedAvg(Workflow):
             self.ctx.log_metrics(replies.mean_metrics(), round=round_)
             self.history.append(round_)
             self.checkpoint(round_)
+            self.ctx.report({"event": "round", "round": round_})
         assert self.history == list(range(1, self.args["num_rounds"] + 1)), self.history
         self.ctx.save_model("global_model_final", self.model)
 '''
@@ -90,15 +142,26 @@ WORKFLOWS["custom"] = f"workflow: my_workflow.py:MyFedAvg\n  args: {{num_rounds:
 # The interrupted round runs again from its start with fresh keys (the sites never unmasked it).
 WORKFLOWS["secagg"] = WORKFLOWS["fedavg"]
 PRIVACY = {"secagg": "privacy:\n  secure_aggregation: {}\n"}
+# Client-mode DP: each site clips and noises its update; its parent's ledger accounts it.
+WORKFLOWS["dp"] = WORKFLOWS["fedavg"]
+PRIVACY["dp"] = "privacy:\n  dp: {clip_norm: 10.0, noise_multiplier: 1.0}\n"
+
+# examples/scaffold's workflow as it ships (the global model and control variate checkpointed)
+WORKFLOWS["scaffold"] = (f"workflow: scaffold_workflow.py:Scaffold\n  args: {{num_rounds: {ROUNDS}, "
+                         "round_timeout: 120}")
 
 
-def _job(path, workflow, mark=""):
+def _job(path, workflow, mark="", hold=""):
     app = (f"server:\n  {WORKFLOWS[workflow]}\n  initial_model: model.py:make\n"
            f"site:\n  script: train.py\n{PRIVACY.get(workflow, '')}")
     meta = {"name": path.name, "deploy_map": {"app": ["@ALL"]}}
-    files = {"train.py": SITE.format(mark=mark), "model.py": INITIAL}
+    files = {"train.py": SITE, "model.py": INITIAL, "marks.py": MARKS.format(mark=mark, hold=hold)}
     if workflow == "custom":
         files["my_workflow.py"] = MY_WORKFLOW
+    if workflow == "scaffold":
+        files["train.py"] = SCAFFOLD_SITE
+        for name in ("scaffold.py", "scaffold_workflow.py"):
+            files[name] = (SCAFFOLD_APP / name).read_text()
     return job_folder(path, meta, app, files)
 
 
@@ -115,13 +178,22 @@ def _final(folder):
     return load_file(next(folder.rglob("global_model_final.safetensors"))).params["w"]
 
 
-def _train_rows(folder):
+def _train_rows(folder, phase="train"):
     with open(next(folder.rglob("metrics.csv")), newline="") as fh:
         return Counter((row["round"], row["site"]) for row in csv.DictReader(fh)
-                       if row["phase"] == "train" and row["metric"] == "loss")
+                       if row["phase"] == phase and row["metric"] == "loss")
 
 
-@pytest.mark.parametrize("workflow", ["fedavg", "fedopt", "custom", "secagg"])
+def _once(*sites):
+    return Counter({(str(r), site): 1 for r in range(1, ROUNDS + 1) for site in sites})
+
+
+def atoll(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "atoll", *map(str, args)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.parametrize("workflow", ["fedavg", "fedopt", "scaffold", "custom", "secagg"])
 def test_a_kill_9_of_the_server_in_round_3_and_the_job_completes_by_itself(fed, tmp_path,
                                                                             workflow):
     mark = "in-round-3"  # in the site worker's run folder: the sandbox lets it write there
@@ -129,22 +201,47 @@ def test_a_kill_9_of_the_server_in_round_3_and_the_job_completes_by_itself(fed, 
         whole = s.submit(_job(tmp_path / "whole", workflow), wait=True, timeout=300)
         assert whole["state"] == "FINISHED:COMPLETED", whole
         expected = _final(s.download(whole["job_id"], tmp_path / "whole-out"))
-        job_id = s.submit(_job(tmp_path / "cut", workflow, mark))["job_id"]
+        job_id = s.submit(_job(tmp_path / "cut", workflow, mark, "in-round-4"))["job_id"]
     wait_for(lambda: list(fed.workspace("site-1").rglob(mark)), 120, "round 3 in flight")
     fed.kill("server", signal.SIGKILL)
     fed.start_server()
+    # site-1 holds round 4 of the resumed run: the job is live while `job watch` attaches
+    [held] = wait_for(lambda: list(fed.workspace("site-1").rglob("in-round-4")), 120,
+                      "round 4 of the resumed run")
+    watch = atoll("job", "watch", job_id, "--kit", fed.kit(ADMIN), "--timeout", 300)
+    seen = []
+    for line in watch.stdout:  # until it shows the server part's state (or ends)
+        seen.append(line)
+        if line.split()[:1] == ["server"]:
+            break
+    (held.parent / "go").touch()
+    rest, _ = watch.communicate(timeout=300)
+    watched = "".join(seen) + rest
+    assert watch.returncode == 0, watched
+    assert re.search(r"server +RUNNING \(resumed at round 3 after a server restart\)", watched), \
+        watched
+    assert "FINISHED:COMPLETED" in watched, watched
     with fed.session(ADMIN) as s:
         final = s.wait(job_id, timeout=300)
         assert final["state"] == "FINISHED:COMPLETED", (final["reason"], final["parts"])
         status = s.status(job_id)
+        events = s.logs(job_id)["events"]
         out = s.download(job_id, tmp_path / "cut-out")
     assert "resumed at round 3 after a server restart" in str(status), status
     run = fed.workspace("server") / "jobs" / job_id / "run" / "server"
     assert (run / "results").is_dir() and not (run / "checkpoint").exists()  # freed at the end
     np.testing.assert_allclose(_final(out), expected, rtol=0, atol=1e-9)
+    # each round reported once: none lost with the killed worker, none told twice
+    rounds = Counter(e["round"] for e in events
+                     if e.get("event") == "round" and e["source"] == "server")
+    assert rounds == Counter(range(1, ROUNDS + 1)), events
     rows = _train_rows(out)
-    assert rows == Counter({(str(r), site): 1 for r in range(1, ROUNDS + 1)
-                            for site in ("site-1", "site-2", "global")}), rows
+    if workflow == "scaffold":  # its sites' training metrics, then the validated global model
+        assert rows == _once("site-1", "site-2"), rows
+        validated = _train_rows(out, "validate")
+        assert validated == _once("site-1", "site-2", "global"), validated
+    else:
+        assert rows == _once("site-1", "site-2", "global"), rows
 
 
 def _kill_in_round_3(fed, tmp_path, workflow="fedavg"):
@@ -181,8 +278,7 @@ def test_a_second_kill_during_the_restart_still_ends_the_job(fed, tmp_path):
         final = s.wait(job_id, timeout=300)
         out = s.download(job_id, tmp_path / "out")
     assert final["state"] == "FINISHED:COMPLETED", final
-    assert _train_rows(out) == Counter({(str(r), site): 1 for r in range(1, ROUNDS + 1)
-                                        for site in ("site-1", "site-2", "global")})
+    assert _train_rows(out) == _once("site-1", "site-2", "global")
     resumes = fed.workspace("server") / "jobs" / job_id / "resumes.json"
     assert resumes.read_text() == '{"resumes": 2}'
 
@@ -197,3 +293,31 @@ def test_max_resumes_zero_fails_the_job_naming_the_setting(fed, tmp_path):
         final = s.wait(job_id, timeout=120)
     assert final["state"] == "FINISHED:FAILED"
     assert "restarts.max_resumes is 0" in final["reason"], final["reason"]
+
+
+def test_dp_epsilon_goes_on_and_each_sites_ledger_keeps_what_it_spent(fed, tmp_path):
+    from atoll.fl.privacy.accounting import epsilon
+
+    job_id = _kill_in_round_3(fed, tmp_path, "dp")
+    fed.start_server()
+    with fed.session(ADMIN) as s:
+        final = s.wait(job_id, timeout=300)
+        assert final["state"] == "FINISHED:COMPLETED", (final["reason"], final["parts"])
+        out = s.download(job_id, tmp_path / "out")
+    # the job's epsilon: every round once, on from round 2's (never from zero again)
+    with open(next(out.rglob("metrics.csv")), newline="") as fh:
+        spent = [(int(row["round"]), float(row["value"])) for row in csv.DictReader(fh)
+                 if row["phase"] == "privacy" and row["metric"] == "epsilon"]
+    assert [r for r, _ in spent] == list(range(1, ROUNDS + 1)), spent
+    np.testing.assert_allclose([e for _, e in spent],
+                               [epsilon(1.0, r, 1e-5) for r in range(1, ROUNDS + 1)])
+    # each site's ledger (its parent's file) holds every release the site made: site-1 (the
+    # test waited for it) answered round 3 before the kill and again after it; site-2 the same,
+    # unless the kill came before round 3's task reached it. Nothing forgotten or reset.
+    def job_eps(site):
+        [ledger] = (fed.workspace(site) / "privacy_ledger").glob("*.json")
+        return json.loads(ledger.read_text())["spent"]["dp"][job_id][0]
+
+    assert job_eps("site-1") == pytest.approx(epsilon(1.0, ROUNDS + 1, 1e-5))
+    assert job_eps("site-2") in (pytest.approx(epsilon(1.0, ROUNDS, 1e-5)),
+                                 pytest.approx(epsilon(1.0, ROUNDS + 1, 1e-5)))

@@ -1,17 +1,19 @@
 """The server side's checkpoint (atoll.fl.checkpoint) and a workflow resumed from it: the
-format (atomic commits, damage named by the digest), and FedAvg / FedOpt runs interrupted after
-a round, resumed in a new context, ending on the uninterrupted run's model."""
+format (atomic commits, damage named by the digest), and FedAvg / FedOpt / scatter_gather /
+examples/cyclic runs interrupted after a round, resumed in a new context, ending as the
+uninterrupted run ends."""
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from atoll.fl import checkpoint
-from atoll.fl.app_config import FedAvgArgs, FedOptArgs
+from atoll.fl.app_config import FedAvgArgs, FedOptArgs, ScatterGatherArgs
 from atoll.fl.model import Model
 from atoll.fl.runner import _resume
 from atoll.fl.serde import load_file
@@ -19,8 +21,11 @@ from atoll.fl.workflows import FedAvg
 from atoll.fl.workflows.api import Context, Workflow
 from atoll.fl.workflows.fedopt import FedOpt
 from atoll.fl.workflows.rounds import WorkflowError
+from atoll.fl.workflows.scatter_gather import ScatterGather
 
 from .helpers import run_workflow
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def _state(seed: float) -> dict:
@@ -191,3 +196,53 @@ def test_a_workflow_without_state_cannot_resume(tmp_path):
     with pytest.raises(WorkflowError, match="keeps no checkpoint"):
         run_workflow(_runner(Plain, tmp_path, resume={"attempt": 1}), {}, _sites({"a": 1.0}),
                      tmp_path)
+
+
+def test_scatter_gather_resumed_after_round_2_records_each_round_once(tmp_path):
+    args = ScatterGatherArgs(num_rounds=4, payload_bytes=600)
+    seen = []
+
+    def echo(topic, model):
+        seen.append(model.current_round)
+        return Model(params=dict(model.params), metrics={"ok": 1.0})
+
+    sites = {"a": echo, "b": echo}
+    with pytest.raises(_Killed):
+        run_workflow(_runner(ScatterGather, tmp_path, stop_after=2), args, sites, tmp_path)
+    resumed = run_workflow(_runner(ScatterGather, tmp_path, resume={"attempt": 1, "round": 2}),
+                           args, sites, tmp_path)
+    assert sorted(seen) == [1, 1, 2, 2, 3, 3, 4, 4]  # nothing sent twice, nothing skipped
+    report = json.loads((tmp_path / "scatter_gather.json").read_text())
+    assert [r["round"] for r in report["rounds"]] == [1, 2, 3, 4]
+    assert all(sorted(r["replies"]) == ["a", "b"] and r["replies"]["a"]["echoed"]
+               for r in report["rounds"])
+    assert [e["round"] for e in resumed.events if e["event"] == "round"] == [3, 4]
+
+
+def test_cyclic_resumed_after_visit_4_ends_on_the_uninterrupted_trail(tmp_path):
+    from atoll.fl.runner import _workflow_args, load_workflow_class
+
+    app = EXAMPLES / "cyclic" / "app"
+    cyclic = load_workflow_class(app, "cyclic_workflow.py", "Cyclic")
+    args = _workflow_args(cyclic, {"num_cycles": 2, "order": ["c", "a", "b"]}, "app.yaml")
+
+    def trail(me):
+        def handler(topic, model):
+            before = model.params.get("trail", np.zeros(0))
+            return Model(params={"trail": np.append(before, me)}, num_examples=1,
+                         metrics={"length": float(len(before) + 1)})
+        return handler
+
+    sites = {"a": trail(1), "b": trail(2), "c": trail(3)}
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run_workflow(_runner(cyclic, whole), args, sites, whole)
+    with pytest.raises(_Killed):
+        run_workflow(_runner(cyclic, cut, stop_after=4), args, sites, cut)
+    run_workflow(_runner(cyclic, cut, resume={"attempt": 1, "round": 4}), args, sites, cut)
+    final = load_file(cut / "global_model_final.safetensors").params["trail"]
+    assert final.tolist() == [3, 1, 2, 3, 1, 2]
+    assert final.tolist() == load_file(whole / "global_model_final.safetensors").params[
+        "trail"].tolist()
+    visits = json.loads((cut / "cyclic.json").read_text())["visits"]
+    assert [(v["cycle"], v["site"], v["metrics"]["length"]) for v in visits] == [
+        (1, "c", 1), (1, "a", 2), (1, "b", 3), (2, "c", 4), (2, "a", 5), (2, "b", 6)]

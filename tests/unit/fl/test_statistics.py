@@ -229,3 +229,13 @@ def test_a_dp_sites_budget_holds_in_the_simulator_too(tmp_path):
     assert "histogram" not in mine, mine  # the spread was refused
     text = json.dumps(result)
     assert "the simulated site's statistics.dp" in text, text[:2000]
+
+
+def test_a_query_the_server_restarted_runs_again_and_answers_the_same(tmp_path):
+    folders, fresh = _run(tmp_path / "fresh")
+    sites = {site: {"cohort": str(folder)} for site, folder in folders.items()}
+    # the runner's path after a server restart that found no committed round (fl/runner.py)
+    result = simulate(EXAMPLE, sites, results_dir=tmp_path / "resumed",
+                      job_args={"resume": {"attempt": 1}})
+    assert result.site_errors == {}
+    assert json.loads((tmp_path / "resumed" / "statistics.json").read_text()) == fresh

@@ -96,6 +96,17 @@ def test_the_job_is_running_with_its_first_running_part_whichever_it_is(jobs, tm
     assert parts["site-2"][0] == "DISPATCHED"
 
 
+def test_the_benchmark_switch_tells_server_workers_to_keep_no_checkpoint(jobs, tmp_path,
+                                                                         monkeypatch):
+    from atoll.server.worker_backend import BENCHMARK_OFF
+
+    _dispatch(jobs)
+    assert "checkpoints" not in ServerWorkerBackend(jobs, jobs.store, _ca(tmp_path)).on_register(JOB)
+    monkeypatch.setenv(BENCHMARK_OFF, "1")  # bench/compare's atoll-nockpt
+    assert ServerWorkerBackend(jobs, jobs.store, _ca(tmp_path)).on_register(JOB)[
+        "checkpoints"] is False
+
+
 def _ca(tmp_path):
     path = tmp_path / "ca.pem"
     path.write_text("-----BEGIN CERTIFICATE-----\n", encoding="ascii")

@@ -11,11 +11,12 @@ from .helpers import by_path, issues_of
 
 def test_supervision_defaults_and_a_set_block():
     assert parse_site_config({"launcher": "process"}).supervision == Supervision(
-        heartbeat_s=10, stall_s=120, rejoin_s=300)
+        heartbeat_s=10, stall_s=120, progress_s=21600, rejoin_s=300)
     cfg = parse_site_config({"launcher": "process",
-                             "supervision": {"heartbeat_s": 0.5, "stall_s": 4, "rejoin_s": 0}})
-    assert (cfg.supervision.heartbeat_s, cfg.supervision.stall_s,
-            cfg.supervision.rejoin_s) == (0.5, 4, 0)
+                             "supervision": {"heartbeat_s": 0.5, "stall_s": 4, "rejoin_s": 0,
+                                             "progress_s": 3}})
+    assert (cfg.supervision.heartbeat_s, cfg.supervision.stall_s, cfg.supervision.rejoin_s,
+            cfg.supervision.progress_s) == (0.5, 4, 0, 3)
     assert all(f.description for f in Supervision.model_fields.values())
 
 
@@ -24,5 +25,6 @@ def test_a_heartbeat_slower_than_the_stall_and_bad_bounds_are_refused():
         "launcher": "process", "supervision": {"heartbeat_s": 30, "stall_s": 20}}))
     assert "must be below stall_s" in " ".join(issues.values()), issues
     issues = by_path(issues_of(parse_site_config, {
-        "launcher": "process", "supervision": {"stall_s": 0, "rejoin_s": -1}}))
-    assert set(issues) >= {"supervision.stall_s", "supervision.rejoin_s"}, issues
+        "launcher": "process", "supervision": {"stall_s": 0, "rejoin_s": -1, "progress_s": 0}}))
+    assert set(issues) >= {"supervision.stall_s", "supervision.rejoin_s",
+                           "supervision.progress_s"}, issues

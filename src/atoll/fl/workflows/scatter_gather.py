@@ -5,6 +5,9 @@ bytes (deterministic content, so a site or a test can check it) with topic ``top
 answers with any model. The result, ``scatter_gather.json``, lists per round and site the reply's
 parameter names, sizes and SHA-256 digests, and whether the reply echoed the payload. Meant to
 prove the federation's path (and measure it), not to train anything.
+
+It resumes after a server restart (api.py, checkpoints): after each round it commits the payload
+and the rounds recorded so far, and a resumed run goes on with the next round.
 """
 
 from __future__ import annotations
@@ -44,13 +47,28 @@ class ScatterGather(Workflow):
 
     Args = ScatterGatherArgs
 
+    params: dict[str, np.ndarray]
+    rounds: list[dict[str, Any]]
+
+    # What survives a server restart: the payload (an initial model made again could differ)
+    # and what scatter_gather.json holds so far.
+    def state(self) -> dict[str, Any]:
+        return {"params": self.params, "rounds": self.rounds}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.params, self.rounds = dict(state["params"]), list(state["rounds"])
+
     def run(self) -> None:
         ctx, args = self.ctx, self.args
-        initial = ctx.initial_model
-        params = dict(initial.params) if initial else {"payload": make_payload(args.payload_bytes)}
+        if not hasattr(self, "params"):  # a fresh start, not restored from a checkpoint
+            initial = ctx.initial_model
+            self.params = (dict(initial.params) if initial
+                           else {"payload": make_payload(args.payload_bytes)})
+            self.rounds = []
+        params, rounds = self.params, self.rounds
         sent_digests = {name: digest(a) for name, a in params.items()}
-        rounds: list[dict[str, Any]] = []
-        for round_ in range(1, args.num_rounds + 1):  # 1-based, as users see rounds
+        # 1-based, as users see rounds; after a server restart, on from the checkpoint
+        for round_ in range(ctx.start_round, args.num_rounds + 1):
             started = time.monotonic()
             model = Model(params=params, round=round_, meta={"total_rounds": args.num_rounds})
             sent = ctx.send(args.topic, model, targets=ctx.sites, round=round_,
@@ -64,6 +82,7 @@ class ScatterGather(Workflow):
                 "failed": gathered.failed,
             }
             rounds.append(entry)
+            _write(ctx.results_dir, sent_digests, rounds)
             ctx.report(
                 {
                     "event": "round",
@@ -73,8 +92,8 @@ class ScatterGather(Workflow):
                     "failed": gathered.failed,
                 }
             )
-            _write(ctx.results_dir, sent_digests, rounds)
             require(gathered.outcome, ctx.min_clients, f"round {round_}")
+            self.checkpoint(round_)
 
 
 def _describe(reply: Model, sent: dict[str, str]) -> dict[str, Any]:
