@@ -97,9 +97,10 @@ def scales(array: np.ndarray, block_size: int) -> np.ndarray | None:
 
 def codes(array: np.ndarray, table: np.ndarray, block_size: int,
           work: int = _WORK) -> Iterator[np.ndarray]:
-    """The codes of ``array``'s values, in order, a few MiB at a time (uint8)."""
+    """The codes of ``array``'s values, in order, at most ``work`` at a time (uint8); the
+    float64 scratch stays a few MiB whatever ``work`` is."""
     flat = array.reshape(-1)
-    work = max(block_size, work // block_size * block_size)
+    work = max(block_size, min(work, _WORK) // block_size * block_size)
     for start in range(0, flat.size, work):
         x = _wide(flat[start : start + work])
         rows = table[start // block_size : (start + x.size - 1) // block_size + 1]

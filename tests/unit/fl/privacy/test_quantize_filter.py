@@ -141,7 +141,7 @@ def test_fedavg_with_quantized_exchange_both_ways(tmp_path):
     # within a step of the sites' updates (2 rounds, half a step each) of the exact one
     update_step = max(np.ptp(d["w"]) for d in DELTAS.values()) / 255
     error = np.abs(final["w"] - exact["w"]).max()
-    assert 0 < error <= update_step + 1e-6
+    assert 1e-4 < error <= update_step + 1e-6  # quantized: far above float32 rounding
     np.testing.assert_allclose(final["b"], exact["b"], rtol=1e-6)
 
 
