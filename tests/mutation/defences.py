@@ -890,6 +890,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("quantized exchange: each code tensor has a table of its blocks", QUANTIZATION,
              "        if companion is None or companion[0] != np.dtype(np.float32) or "
              "companion[1] != (", "        if companion is None and (", QUANTIZATION_TESTS),
+    Mutation("quantized exchange: the tables a receiver reads whole are bounded", QUANTIZATION,
+             "    if table_bytes > MAX_TABLE_BYTES:", "    if False:", QUANTIZATION_TESTS),
     Mutation("quantized exchange: the block size is bounded", QUANTIZATION,
              "            MIN_BLOCK <= block <= MAX_BLOCK):", "            block >= 1):",
              QUANTIZATION_TESTS),

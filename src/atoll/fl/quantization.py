@@ -39,6 +39,9 @@ LEVELS = 255  # codes 0..255
 MIN_BLOCK, MAX_BLOCK = 16, 1 << 16
 DEFAULT_BLOCK = 256
 DEFAULT_MIN_ELEMENTS = 1024
+# The tables are read whole before any code: a received document may hold at most this much of
+# them (an 8 GiB bf16 model at 256 a block needs 128 MiB)
+MAX_TABLE_BYTES = 1 << 30
 _WORK = 1 << 20  # values per pass of the encoder and decoder: a few MiB of scratch
 _DECODED = ("F16", "BF16", "F32", "F64")  # dtypes a quantized tensor may decode to
 
@@ -178,6 +181,10 @@ def plan(params: dict[str, np.ndarray], settings: Settings, dtype_name: Any
         decoded[name] = dtype_name(array.dtype)
     if not decoded:
         return [], planned, None
+    if sum(table.nbytes for _, table in companions) > MAX_TABLE_BYTES:
+        raise ValueError(f"quantize: the lo/step tables would take more than {MAX_TABLE_BYTES} "
+                         f"bytes, which receivers refuse; raise block_size "
+                         f"({settings.block_size})")
     value = json.dumps({"scheme": SCHEME, "block_size": settings.block_size,
                         "tensors": decoded}, separators=(",", ":"))
     return companions, planned, value
@@ -236,6 +243,7 @@ def parse_layout(raw: str, entries: list[tuple[str, np.dtype, tuple[int, ...]]],
         raise QuantizedPayloadError(f"__metadata__.quantized.tensors must name each quantized "
                                     f"tensor's dtype, one of {', '.join(_DECODED)}")
     kinds = {name: (dtype, shape) for name, dtype, shape in entries}
+    table_bytes = 0
     for name in tensors:
         where = f"quantized tensor {name!r}"
         if name not in kinds or kinds[name][0] != np.dtype(np.uint8):
@@ -246,6 +254,11 @@ def parse_layout(raw: str, entries: list[tuple[str, np.dtype, tuple[int, ...]]],
                 blocks, 2):
             raise QuantizedPayloadError(f"{where}: needs an F32 [{blocks}, 2] tensor "
                                         f"{name + SUFFIX!r} (lo and step of each block)")
+        table_bytes += blocks * 8
+    if table_bytes > MAX_TABLE_BYTES:
+        raise QuantizedPayloadError(f"the lo/step tables take {table_bytes} bytes, more than "
+                                    f"{MAX_TABLE_BYTES}: the sender should use a larger "
+                                    "block_size")
     first = [name for name, _, _ in entries[: len(tensors)]]
     if sorted(first) != sorted(n + SUFFIX for n in tensors):
         raise QuantizedPayloadError("the quantized tensors' lo/step tables must come first in "

@@ -196,6 +196,18 @@ def test_a_malformed_quantized_payload_is_refused_with_its_reason(payload, reaso
     assert reason in str(refused.value)
 
 
+def test_tables_larger_than_the_bound_are_refused_before_they_are_allocated():
+    """A header may claim any shape; the tables are read whole, so their size is bounded."""
+    n = 1 << 40  # a claimed tensor of a trillion values: its tables alone would be 32 GiB
+    tables = n // 256 * 8
+    header = {"__metadata__": {"quantized": json.dumps(
+                  {"scheme": "q8", "block_size": 256, "tensors": {"w": "F32"}})},
+              "w#q8": {"dtype": "F32", "shape": [n // 256, 2], "data_offsets": [0, tables]},
+              "w": {"dtype": "U8", "shape": [n], "data_offsets": [tables, tables + n]}}
+    with pytest.raises(SerdeError, match=r"the lo/step tables take 34359738368 bytes, more than"):
+        open_model([_document(header, b"")])
+
+
 def test_the_tables_must_come_before_every_code():
     x = np.random.default_rng(6).normal(0, 1, 2048).astype(np.float32)
     header, data = _header(_bytes(Model(params={"w": x})))
