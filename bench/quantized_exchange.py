@@ -8,7 +8,8 @@ dimensions, each site's classes skewed), a numpy MLP 32-256-10 (float32; its two
 matrices are quantized, the biases are tiny and travel as they are), 4 sites, local SGD. The
 final global model is scored on a held-out test set of 5,000 examples, the same for every run.
 Bytes per round are what `serde.encode` writes for one round's tasks and replies (the model's
-shapes fix them: they do not depend on the values).
+shapes fix them: they do not depend on the values). Data, initial model and SGD are seeded; the
+order in which replies arrive is not, and it moves a rerun's numbers a little (BENCHMARKS.md).
 
     .venv/bin/python -m bench.quantized_exchange [--rounds 30] [--sites 4] [--seeds 3]
 """

@@ -64,6 +64,11 @@ def _wide(values: np.ndarray) -> np.ndarray:
     return values.astype(np.float64)
 
 
+def _numeric(values: np.ndarray) -> np.ndarray:
+    """Values numpy can compare: bf16 widened (exactly) to float32, the others as they are."""
+    return bfloat16.to_float32(values) if bfloat16.is_bf16(values.dtype) else values
+
+
 def quantizable(array: np.ndarray, min_elements: int) -> bool:
     """Whether ``array`` travels quantized: a float tensor of ``min_elements`` values or more."""
     return (bfloat16.is_bf16(array.dtype) or array.dtype.kind == "f") and array.size >= max(
@@ -78,11 +83,12 @@ def scales(array: np.ndarray, block_size: int) -> np.ndarray | None:
     out = np.empty((blocks, 2), np.float32)
     work = max(block_size, _WORK // block_size * block_size)
     for start in range(0, flat.size, work):
-        x = _wide(flat[start : start + work])
+        x = _numeric(flat[start : start + work])
         if not np.isfinite(x).all():
             return None
-        bounds = np.arange(0, x.size, block_size)
-        lo, hi = np.minimum.reduceat(x, bounds), np.maximum.reduceat(x, bounds)
+        bounds = np.arange(0, x.size, block_size)  # min and max are exact in any dtype
+        lo = np.minimum.reduceat(x, bounds).astype(np.float64)
+        hi = np.maximum.reduceat(x, bounds).astype(np.float64)
         with np.errstate(over="ignore"):
             lo32 = lo.astype(np.float32)
             # lo rounded down and step up in float32, so every value lies in [lo, lo + 255 step]
@@ -122,10 +128,12 @@ def decode_into(out: np.ndarray, codes_: np.ndarray, first: int, table: np.ndarr
     """Write the values of ``codes_`` (elements ``first``.. of a tensor) into ``out`` (1-D, the
     tensor's own dtype): lo + code x step, computed in float32 (float64 for float64), then
     rounded once to that dtype."""
-    index = np.arange(first, first + codes_.size) // block_size
     wide = np.float64 if out.dtype == np.float64 else np.float32
-    values = table[index, 0].astype(wide)
-    values += codes_.astype(wide) * table[index, 1].astype(wide)
+    skip = first % block_size  # the first block may be entered part way
+    rows = table[first // block_size : (first + codes_.size - 1) // block_size + 1].astype(wide)
+    values = codes_.astype(wide)
+    values *= np.repeat(rows[:, 1], block_size)[skip : skip + codes_.size]
+    values += np.repeat(rows[:, 0], block_size)[skip : skip + codes_.size]
     if bfloat16.is_bf16(out.dtype):
         bfloat16.from_float32(values, out=out)
     else:
