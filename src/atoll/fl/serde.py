@@ -42,6 +42,7 @@ from atoll.spec.errors import EXIT_INVALID, AtollError
 CHUNK_SIZE = 4 * 1024 * 1024  # 1-4 MiB messages are where gRPC over TLS is fastest
 SMALL_ARRAY = 256 * 1024  # arrays below this are gathered into a shared chunk
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference limit
+DECODED_VALUES = 1 << 20  # a quantized tensor's values decoded at a time (a few MiB of scratch)
 
 # safetensors dtype names <-> numpy (little-endian). BF16 has no numpy dtype: its raw words
 # travel under atoll.fl.bfloat16.BF16, a tagged 2-byte dtype (never widened on the way).
@@ -362,7 +363,6 @@ class ModelStream:
         self.model = Model(**_model_fields(metadata))  # params arrive with read() or blocks()
         # A quantized document's tables are read and checked now, before any code is used;
         # ``entries`` then name each tensor in the dtype it decodes to (atoll.fl.quantization).
-        self._wire = self.entries
         self._layout: quantization.Layout | None = None
         self._tables: dict[str, np.ndarray] = {}
         if quantization.METADATA_KEY in metadata:
@@ -383,9 +383,8 @@ class ModelStream:
         except (MemoryError, ValueError) as exc:
             raise SerdeError(f"a quantization table cannot be allocated: {exc}") from None
         self._layout = layout
-        self._wire = self.entries[count:]
         self.entries = [(name, layout.tensors.get(name, dtype), shape)
-                        for name, dtype, shape in self._wire]
+                        for name, dtype, shape in self.entries[count:]]
 
     def _decoded(self, name: str, out: np.ndarray, first: int, codes: np.ndarray) -> None:
         """Read ``len(out)`` codes of tensor ``name`` from element ``first`` into ``codes``
@@ -420,10 +419,10 @@ class ModelStream:
                 ) from None
             if name in self._tables:
                 flat = array.reshape(-1)
-                if len(codes) < min(flat.size, CHUNK_SIZE):
-                    codes = np.empty(min(flat.size, CHUNK_SIZE), np.uint8)
-                for start in range(0, flat.size, CHUNK_SIZE):
-                    part = flat[start : start + CHUNK_SIZE]
+                if len(codes) < min(flat.size, DECODED_VALUES):
+                    codes = np.empty(min(flat.size, DECODED_VALUES), np.uint8)
+                for start in range(0, flat.size, DECODED_VALUES):
+                    part = flat[start : start + DECODED_VALUES]
                     self._decoded(name, part, start, codes[: part.size])
             elif array.nbytes:
                 self._reader.readinto(
@@ -462,7 +461,6 @@ class ModelStream:
                 yield name, done // dtype.itemsize, block
                 done += n
         self._finish()
-
 
     def _decoded_blocks(self, name: str, dtype: np.dtype, size: int, block_bytes: int
                         ) -> Iterator[tuple[str, int, np.ndarray]]:

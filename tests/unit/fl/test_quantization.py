@@ -48,6 +48,14 @@ def _as_float64(array: np.ndarray) -> np.ndarray:
     return bfloat16.widen(array, np.dtype(np.float64))
 
 
+def _bound(x: np.ndarray) -> np.ndarray:
+    """Half of each value's block step, plus the float32 rounding of lo + code x step (two
+    roundings, each at most half a unit at the block's largest magnitude)."""
+    table = quantization.scales(x, Q8.block_size).astype(np.float64)
+    lo, step = (np.repeat(table[:, i], Q8.block_size)[: x.size].reshape(x.shape) for i in (0, 1))
+    return step / 2 + np.spacing((np.abs(lo) + 255 * step).astype(np.float32)).astype(np.float64)
+
+
 def _half_ulp(values: np.ndarray, dtype_name: str) -> np.ndarray:
     """Half a unit in the last place of ``dtype_name`` at each value (0 for the wide dtypes,
     whose own rounding is below the bound's float slack)."""
@@ -66,9 +74,7 @@ def test_each_value_comes_back_within_half_its_blocks_step(dtype_name):
     table = quantization.scales(x, Q8.block_size)
     step = np.repeat(table[:, 1].astype(np.float64), Q8.block_size)[: x.size].reshape(x.shape)
     want, got = _as_float64(x), _as_float64(back)
-    slack = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)  # float32 arithmetic
-    bound = step / 2 + slack + _half_ulp(want, dtype_name)
-    assert (np.abs(got - want) <= bound).all()
+    assert (np.abs(got - want) <= _bound(x) + _half_ulp(want, dtype_name)).all()
     assert (step > 0).any() and (step == 0).any()  # the constant block came back exactly
     constant = x.reshape(-1)[1024:1280]
     np.testing.assert_array_equal(back.reshape(-1)[1024:1280], constant)
@@ -136,6 +142,25 @@ def test_the_aggregator_folds_decoded_values_never_codes():
     got = mean.result()["w"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert np.abs(got - sum((n + 1) * r for n, r in enumerate(results)) / 6).max() < 0.02
+
+
+def test_a_tensor_larger_than_one_decoding_pass_reads_and_streams_the_same():
+    """read() (into a spare array of the last model) and blocks() decode the same values, across
+    the passes of a tensor larger than one (serde.DECODED_VALUES)."""
+    from atoll.fl.serde import DECODED_VALUES, ModelStream
+
+    x = np.random.default_rng(7).normal(0, 1, DECODED_VALUES + 1000).astype(np.float32)
+    blob = _bytes(Model(params={"w": x}))
+    spare = {"w": np.empty_like(x)}
+    address = spare["w"].ctypes.data  # (a name for the array itself would keep it in use)
+    read = ModelStream([blob]).read(spare=spare).params["w"]
+    assert read.ctypes.data == address  # decoded into the spare array, no new allocation
+    streamed = np.empty_like(x)
+    for name, start, block in open_model([blob]).blocks(block_bytes=3 * 4096 + 4):
+        assert name == "w" and block.dtype == np.float32
+        streamed[start : start + len(block)] = block
+    np.testing.assert_array_equal(read, streamed)
+    assert (np.abs(read.astype(np.float64) - x) <= _bound(x)).all()
 
 
 # --- a malformed payload is refused where it lands ------------------------------------------
