@@ -5,6 +5,8 @@ runtime and serde, counting the bytes that cross the in-memory federation."""
 from __future__ import annotations
 
 import json
+import struct
+import threading
 from collections import defaultdict
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from click.testing import CliRunner
 
 from atoll.cli.job_init import init_command
 from atoll.fl.model import Model
-from atoll.fl.serde import load_file
+from atoll.fl.serde import encode, load_file
 from atoll.fl.simulator import Federation, simulate
 from atoll.spec.errors import SpecError
 from atoll.spec.privacy import (
@@ -143,6 +145,43 @@ def test_fedavg_with_quantized_exchange_both_ways(tmp_path):
     error = np.abs(final["w"] - exact["w"]).max()
     assert 1e-4 < error <= update_step + 1e-6  # quantized: far above float32 rounding
     np.testing.assert_allclose(final["b"], exact["b"], rtol=1e-6)
+
+
+def test_a_malformed_quantized_update_is_refused_and_the_round_goes_on(tmp_path):
+    """A hostile site's reply with a NaN step: rejected from the round with the reason; the
+    honest site's update makes the round."""
+    federation = Federation(["honest", "hostile"], tmp_path)
+
+    def hostile() -> None:
+        channel = federation.site_channel("hostile")
+        while (task := channel.receive(timeout=60)) is not None:
+            list(task.chunks)
+            if task.topic != "train":
+                channel.reply(task.task_id, {"topic": task.topic}, encode(
+                    Model(metrics={"accuracy": 0.0}, num_examples=1)))
+                continue
+            update = Model(params={k: np.ones_like(v) for k, v in INITIAL.items()},
+                           params_type="diff", num_examples=1000)
+            blob = bytearray(b"".join(encode(update, quantize=QuantizeFilter(type="quantize"))))
+            (n,) = struct.unpack("<Q", blob[:8])
+            blob[8 + n + 4 : 8 + n + 8] = np.float32(np.nan).tobytes()  # the first block's step
+            channel.reply(task.task_id, {"topic": "train", "round": task.headers.get("round")},
+                          [bytes(blob)])
+
+    thread = threading.Thread(target=hostile, daemon=True)
+    thread.start()
+    settings = PrivacySettings.model_validate({"filters": {"reply": [QUANTIZE]}})
+    _, errors = run_private(settings, {"honest": lambda m: Model(
+        params={k: v + DELTAS["s1"][k] for k, v in m.params.items()}, num_examples=10)},
+        tmp_path, INITIAL, rounds=1, min_clients=1, federation=federation)
+    thread.join(timeout=30)
+    assert errors == {}
+    rounds = [e for e in federation.events if e.get("event") == "round" and "failed" in e]
+    assert rounds and rounds[0]["failed"] == {"hostile": (
+        "sent an unreadable model: quantized payload refused: tensor 'w': a block's lo or step "
+        "is not finite")}
+    final = load_file(tmp_path / "global_model_final.safetensors").params["w"]
+    assert np.abs(final - (INITIAL["w"] + DELTAS["s1"]["w"])).max() < 0.01  # honest alone
 
 
 JOB_PRIVACY = """
