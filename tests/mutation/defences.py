@@ -77,6 +77,8 @@ DOCKER_RENDER = "src/atoll/launchers/docker_render.py"
 DOCKER_TESTS = ["tests/unit/launchers/test_docker_render.py"]
 DOCKER_GPU_TESTS = ["tests/unit/launchers/test_docker_gpus.py"]
 ALLOCATION = "src/atoll/launchers/process_allocation.py"
+QUANTIZATION = "src/atoll/fl/quantization.py"
+QUANTIZATION_TESTS = ["tests/unit/fl/test_quantization.py"]
 GPU_ALLOCATOR_TESTS = ["tests/unit/launchers/test_gpu_allocator.py"]
 KIT_PATHS = "src/atoll/spec/kit_paths.py"
 LENT = "src/atoll/launchers/lent_folders.py"
@@ -876,6 +878,23 @@ MUTATIONS: list[Mutation] = [
     Mutation("results home: the worker sends plain files only", "src/atoll/wire/results_archive.py",
              "if stat.S_ISREG(os.lstat(path).st_mode):", "if True:",
              ["tests/unit/wire/test_results_archive.py"]),
+    # -- issue 40: a quantized payload from a peer is checked where it lands (fl/serde.py)
+    Mutation("quantized exchange: a table's lo and step must be finite", QUANTIZATION,
+             "        if not (np.isfinite(lo).all() and np.isfinite(step).all()):",
+             "        if False:", QUANTIZATION_TESTS),
+    Mutation("quantized exchange: a table's step must not be negative", QUANTIZATION,
+             "        if (step < 0).any():", "        if False:", QUANTIZATION_TESTS),
+    Mutation("quantized exchange: the tables come before every code", QUANTIZATION,
+             "    if sorted(first) != sorted(n + SUFFIX for n in tensors):", "    if False:",
+             QUANTIZATION_TESTS),
+    Mutation("quantized exchange: each code tensor has a table of its blocks", QUANTIZATION,
+             "        if companion is None or companion[0] != np.dtype(np.float32) or "
+             "companion[1] != (", "        if companion is None and (", QUANTIZATION_TESTS),
+    Mutation("quantized exchange: the tables a receiver reads whole are bounded", QUANTIZATION,
+             "    if table_bytes > MAX_TABLE_BYTES:", "    if False:", QUANTIZATION_TESTS),
+    Mutation("quantized exchange: the block size is bounded", QUANTIZATION,
+             "            MIN_BLOCK <= block <= MAX_BLOCK):", "            block >= 1):",
+             QUANTIZATION_TESTS),
     Mutation("dashboard: a request without the cookie is refused", DASHBOARD,
              "        if not cookie:\n", "        if False:\n", DASHBOARD_TESTS),
     Mutation("dashboard: a wrong cookie is refused", DASHBOARD,

@@ -157,7 +157,8 @@ class ClientSession:
         self._task, self._model = None, None
         if self.ranks.leader:  # the other ranks only close the task: rank 0 answers for all
             outgoing = self.privacy.on_reply(task.topic, model) if self.privacy else model
-            self.channel.reply(task.task_id, headers, encode(outgoing))
+            quantize = self.privacy.reply_quantization if self.privacy else None
+            self.channel.reply(task.task_id, headers, encode(outgoing, quantize=quantize))
         self._spare = dict(model.params)
 
     @property

@@ -13,6 +13,11 @@ gathered into one chunk so that a model of many tiny tensors does not become man
 The header is validated strictly before any allocation: known dtypes only, shapes of
 non-negative ints, offsets contiguous from 0 with sizes matching shape x itemsize, a bounded
 header length, and the stream must end exactly where the last array does.
+
+``encode(..., quantize=...)`` sends float tensors 8-bit quantized (``atoll.fl.quantization``:
+codes plus per-block lo/step tables, still a safetensors document); a receiver checks the
+tables before any code is used and hands every tensor out decoded, in its own dtype, so no
+reader (an aggregator, a site script) ever sees a code.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import math
 import os
 import struct
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from atoll.fl import quantization
 from atoll.fl.bfloat16 import BF16
 from atoll.fl.model import PARAMS_TYPES, Model
 from atoll.spec.errors import EXIT_INVALID, AtollError
@@ -35,6 +42,7 @@ from atoll.spec.errors import EXIT_INVALID, AtollError
 CHUNK_SIZE = 4 * 1024 * 1024  # 1-4 MiB messages are where gRPC over TLS is fastest
 SMALL_ARRAY = 256 * 1024  # arrays below this are gathered into a shared chunk
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference limit
+DECODED_VALUES = 1 << 20  # a quantized tensor's values decoded at a time (a few MiB of scratch)
 
 # safetensors dtype names <-> numpy (little-endian). BF16 has no numpy dtype: its raw words
 # travel under atoll.fl.bfloat16.BF16, a tagged 2-byte dtype (never widened on the way).
@@ -101,14 +109,15 @@ def _metadata(model: Model) -> dict[str, str]:
     }
 
 
-def _header(arrays: list[tuple[str, np.ndarray]], metadata: dict[str, str]) -> bytes:
+def _header(entries: list[tuple[str, np.dtype, tuple[int, ...]]], metadata: dict[str, str]
+            ) -> bytes:
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
-    for name, array in arrays:
-        end = offset + array.nbytes
+    for name, dtype, shape in entries:
+        end = offset + math.prod(shape) * dtype.itemsize
         header[name] = {
-            "dtype": dtype_name(array.dtype),
-            "shape": list(array.shape),
+            "dtype": dtype_name(dtype),
+            "shape": list(shape),
             "data_offsets": [offset, end],
         }
         offset = end
@@ -117,26 +126,59 @@ def _header(arrays: list[tuple[str, np.ndarray]], metadata: dict[str, str]) -> b
     return struct.pack("<Q", len(raw)) + raw
 
 
-def encode(model: Model, chunk_size: int = CHUNK_SIZE) -> Iterator[memoryview]:
-    """Yield the model as safetensors chunks: the header, then views over the arrays' buffers."""
+_Piece = tuple[str, np.dtype, tuple[int, ...], Callable[[], Iterator[np.ndarray]]]
+
+
+def _pieces(arrays: list[tuple[str, np.ndarray]], metadata: dict[str, str],
+            quantize: quantization.Settings | None, chunk_size: int) -> list[_Piece]:
+    """Each tensor as it travels, in data order: (name, dtype, shape, its data in parts). With
+    ``quantize``: the lo/step tables first, then each quantized tensor as its codes, made a
+    chunk at a time as they are sent (atoll.fl.quantization)."""
+    def whole(array: np.ndarray) -> Callable[[], Iterator[np.ndarray]]:
+        return lambda: iter((array,))
+
+    if quantize is None:
+        return [(name, a.dtype, a.shape, whole(a)) for name, a in arrays]
+    companions, planned, value = quantization.plan(dict(arrays), quantize, dtype_name)
+    if value is not None:
+        metadata[quantization.METADATA_KEY] = value
+    out: list[_Piece] = [(name, t.dtype, t.shape, whole(t)) for name, t in companions]
+    for p in planned:
+        if p.table is None:
+            out.append((p.name, p.array.dtype, p.array.shape, whole(p.array)))
+        else:
+            out.append((p.name, np.dtype(np.uint8), p.array.shape,
+                        partial(quantization.codes, p.array, p.table, quantize.block_size,
+                                chunk_size)))
+    return out
+
+
+def encode(model: Model, chunk_size: int = CHUNK_SIZE, *,
+           quantize: quantization.Settings | None = None) -> Iterator[memoryview]:
+    """Yield the model as safetensors chunks: the header, then views over the arrays' buffers.
+    ``quantize`` (block_size, min_elements): float tensors travel 8-bit quantized."""
     if chunk_size < 1:
         raise ValueError("chunk_size must be >= 1")
-    arrays = _prepared(model.params)
-    yield memoryview(_header(arrays, _metadata(model)))
+    metadata = _metadata(model)
+    pieces = _pieces(_prepared(model.params), metadata, quantize, chunk_size)
+    yield memoryview(_header([(name, dtype, shape) for name, dtype, shape, _ in pieces],
+                             metadata))
     pending = bytearray()
-    for _, array in arrays:
-        view = memoryview(array.reshape(-1).view(np.uint8))
-        if len(view) < min(SMALL_ARRAY, chunk_size):
-            if len(pending) + len(view) > chunk_size:
+    for _, dtype, shape, parts in pieces:
+        size = math.prod(shape) * dtype.itemsize
+        for part in parts():
+            view = memoryview(part.reshape(-1).view(np.uint8))
+            if size < min(SMALL_ARRAY, chunk_size):
+                if len(pending) + len(view) > chunk_size:
+                    yield memoryview(pending)
+                    pending = bytearray()
+                pending += view
+                continue
+            if pending:
                 yield memoryview(pending)
                 pending = bytearray()
-            pending += view
-            continue
-        if pending:
-            yield memoryview(pending)
-            pending = bytearray()
-        for start in range(0, len(view), chunk_size):
-            yield view[start : start + chunk_size]
+            for start in range(0, len(view), chunk_size):
+                yield view[start : start + chunk_size]
     if pending:
         yield memoryview(pending)
 
@@ -319,6 +361,37 @@ class ModelStream:
         self._reader.readinto(memoryview(raw), "the header")
         self.entries, metadata = parse_header(bytes(raw))
         self.model = Model(**_model_fields(metadata))  # params arrive with read() or blocks()
+        # A quantized document's tables are read and checked now, before any code is used;
+        # ``entries`` then name each tensor in the dtype it decodes to (atoll.fl.quantization).
+        self._layout: quantization.Layout | None = None
+        self._tables: dict[str, np.ndarray] = {}
+        if quantization.METADATA_KEY in metadata:
+            self._read_tables(metadata[quantization.METADATA_KEY])
+
+    def _read_tables(self, raw: str) -> None:
+        try:
+            layout = quantization.parse_layout(raw, self.entries, DTYPES)
+            count = layout.companions()
+            for name, _, shape in self.entries[:count]:
+                table = np.empty(shape, np.float32)
+                self._reader.readinto(memoryview(table.reshape(-1).view(np.uint8)),
+                                      f"tensor {name!r}")
+                layout.check_scales(name, table)
+                self._tables[name.removesuffix(quantization.SUFFIX)] = table
+        except quantization.QuantizedPayloadError as exc:
+            raise SerdeError(f"quantized payload refused: {exc}") from None
+        except (MemoryError, ValueError) as exc:
+            raise SerdeError(f"a quantization table cannot be allocated: {exc}") from None
+        self._layout = layout
+        self.entries = [(name, layout.tensors.get(name, dtype), shape)
+                        for name, dtype, shape in self.entries[count:]]
+
+    def _decoded(self, name: str, out: np.ndarray, first: int, codes: np.ndarray) -> None:
+        """Read ``len(out)`` codes of tensor ``name`` from element ``first`` into ``codes``
+        (scratch) and decode them into ``out``."""
+        assert self._layout is not None
+        self._reader.readinto(memoryview(codes), f"tensor {name!r}")
+        quantization.decode_into(out, codes, first, self._tables[name], self._layout.block_size)
 
     def _finish(self) -> None:
         if not self._reader.at_end():
@@ -334,6 +407,7 @@ class ModelStream:
         each only if its name, shape and dtype match and nothing else references it any more.
         """
         spare = spare if spare is not None else {}
+        codes = np.empty(0, np.uint8)  # a quantized tensor's codes, a block at a time
         for name, dtype, shape in self.entries:
             array = _unused(spare.pop(name, None), shape, dtype)
             try:
@@ -343,7 +417,14 @@ class ModelStream:
                 raise SerdeError(
                     f"tensor {name!r} {list(shape)} cannot be allocated: {exc}"
                 ) from None
-            if array.nbytes:
+            if name in self._tables:
+                flat = array.reshape(-1)
+                if len(codes) < min(flat.size, DECODED_VALUES):
+                    codes = np.empty(min(flat.size, DECODED_VALUES), np.uint8)
+                for start in range(0, flat.size, DECODED_VALUES):
+                    part = flat[start : start + DECODED_VALUES]
+                    self._decoded(name, part, start, codes[: part.size])
+            elif array.nbytes:
                 self._reader.readinto(
                     memoryview(array.reshape(-1).view(np.uint8)), f"tensor {name!r}"
                 )
@@ -358,6 +439,9 @@ class ModelStream:
         Ends with the trailing-bytes check."""
         buffer = np.empty(0, dtype=np.uint8)  # made when an element is first cut in two
         for name, dtype, shape in self.entries:
+            if name in self._tables:
+                yield from self._decoded_blocks(name, dtype, math.prod(shape), block_bytes)
+                continue
             total = math.prod(shape) * dtype.itemsize
             step = max(dtype.itemsize, block_bytes // dtype.itemsize * dtype.itemsize)
             done = 0
@@ -377,6 +461,18 @@ class ModelStream:
                 yield name, done // dtype.itemsize, block
                 done += n
         self._finish()
+
+    def _decoded_blocks(self, name: str, dtype: np.dtype, size: int, block_bytes: int
+                        ) -> Iterator[tuple[str, int, np.ndarray]]:
+        """A quantized tensor's blocks, decoded to its dtype in one reused buffer."""
+        step = max(1, min(size, block_bytes // dtype.itemsize))
+        codes, out = np.empty(step, np.uint8), np.empty(step, dtype)
+        for start in range(0, size, step):
+            n = min(step, size - start)
+            block = out[:n]
+            self._decoded(name, block, start, codes[:n])
+            block.flags.writeable = False  # the same promise as a plain block's
+            yield name, start, block
 
 
 def _unused(array: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:

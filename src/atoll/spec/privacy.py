@@ -17,6 +17,7 @@ privacy:
       - {type: percentile, fraction: 0.1}                # share the largest 10 % of the update
       - {type: clip, max_norm: 1.0}                      # L2 norm of the whole update
       - {type: gaussian, noise_multiplier: 1.0}          # std = 1.0 * the clip before it
+      - {type: quantize}                                 # 8-bit on the wire; always last
   dp: {mode: client, clip_norm: 1.0, noise_multiplier: 1.0, delta: 1.0e-5, max_epsilon: 8}
   dp_sgd: {noise_multiplier: 1.0, max_grad_norm: 1.0, delta: 1.0e-5}   # Opacus, in the script
   secure_aggregation: {threshold: 3}       # or {} for the least safe one: more than 2/3 of the sites
@@ -32,6 +33,7 @@ require:
   max_clip_norm: 1.0             # every reply is clipped to at most this L2 norm
   min_noise_multiplier: 1.0      # and noised, after the clip, with std >= this * the clip norm
   secure_aggregation: true       # the server may only learn the sum of the sites' updates
+  quantize: true                 # updates leave 8-bit quantized (a quantize reply filter)
 budget: {epsilon: 10.0, delta: 1.0e-5}   # per study across jobs (the parent's ledger)
 secure_aggregation: {min_participants: 3} # never in a secure sum of fewer sites (itself included)
 ```
@@ -81,8 +83,21 @@ class GaussianFilter(_Strict):
     noise_multiplier: float = Field(..., gt=0, description="Noise std / the preceding clip's norm.")
 
 
+class QuantizeFilter(_Strict):
+    """Not a change to the values' meaning but to how they travel: 8-bit codes per block
+    (atoll.fl.quantization). Always the last step: after clip and noise, DP's included."""
+
+    type: Literal["quantize"]
+    bits: Literal[8] = Field(8, description="Bits per value on the wire (8: one byte).")
+    block_size: int = Field(256, ge=16, le=65536, description="Values sharing one (lo, step) "
+                            "pair; smaller: a finer step, more overhead (8 bytes per block).")
+    min_elements: int = Field(1024, ge=1, description="Float tensors with fewer values (biases, "
+                              "norms) travel as they are.")
+
+
 FilterSpec = Annotated[
-    ExcludeFilter | PercentileFilter | ClipFilter | GaussianFilter, Field(discriminator="type")
+    ExcludeFilter | PercentileFilter | ClipFilter | GaussianFilter | QuantizeFilter,
+    Field(discriminator="type"),
 ]
 
 
@@ -95,14 +110,29 @@ def _gaussian_needs_clip(filters: list[Any], where: str) -> None:
                              "(its noise is noise_multiplier times that clip's max_norm)")
 
 
+def _quantize_last(filters: list[Any], where: str) -> None:
+    for i, spec in enumerate(filters):
+        if isinstance(spec, QuantizeFilter) and i != len(filters) - 1:
+            raise ValueError(f"{where}[{i}]: quantize must be the last filter (it is how the "
+                             "values travel, after every change to them)")
+
+
+def quantize_filter(filters: list[Any]) -> QuantizeFilter | None:
+    """The ``quantize`` filter of a list (its last entry), or None."""
+    return filters[-1] if filters and isinstance(filters[-1], QuantizeFilter) else None
+
+
 class Filters(_Strict):
-    task: list[FilterSpec] = Field(default_factory=list, description="Applied to tasks received.")
+    task: list[FilterSpec] = Field(default_factory=list, description="Applied to tasks received "
+                                   "(quantize: the server sends the task quantized).")
     reply: list[FilterSpec] = Field(default_factory=list, description="Applied to train replies.")
 
     @model_validator(mode="after")
     def _noise_after_clip(self) -> Filters:
         _gaussian_needs_clip(self.task, "task")
         _gaussian_needs_clip(self.reply, "reply")
+        _quantize_last(self.task, "task")
+        _quantize_last(self.reply, "reply")
         return self
 
 
@@ -167,15 +197,26 @@ class PrivacySettings(_Strict):
         if self.dp is not None and self.dp.mode == "server" and self.secure_aggregation:
             raise ValueError("dp.mode: server clips each site's update at the server, which "
                              "secure aggregation hides from it; use dp.mode: client")
+        if self.secure_aggregation is not None and quantize_filter(self.filters.reply):
+            raise ValueError("filters.reply: quantize cannot follow secure aggregation's masking "
+                             "(masked words are uniformly random: they do not compress); leave "
+                             "one of them out")
         return self
 
     def reply_pipeline(self) -> list[Any]:
-        """Every filter a site applies to its train reply, in order (client-mode DP last)."""
-        pipeline = list(self.filters.reply)
+        """Every filter a site applies to its train reply, in order (client-mode DP after the
+        job's filters, a quantize filter last of all)."""
+        quantize = quantize_filter(self.filters.reply)
+        pipeline = [spec for spec in self.filters.reply if spec is not quantize]
         if self.dp is not None and self.dp.mode == "client":
             pipeline += [ClipFilter(type="clip", max_norm=self.dp.clip_norm),
                          GaussianFilter(type="gaussian", noise_multiplier=self.dp.noise_multiplier)]
-        return pipeline
+        return pipeline + ([quantize] if quantize is not None else [])
+
+    @property
+    def task_quantization(self) -> QuantizeFilter | None:
+        """``{type: quantize}`` last in filters.task: the server sends its models 8-bit."""
+        return quantize_filter(self.filters.task)
 
     @property
     def changes_updates(self) -> bool:
@@ -222,6 +263,7 @@ class Requirements(_Strict):
     max_clip_norm: float | None = Field(None, gt=0, description="Largest clip norm allowed.")
     min_noise_multiplier: float | None = Field(None, gt=0, description="Least noise allowed.")
     secure_aggregation: bool = Field(False, description="Replies only through secure sums.")
+    quantize: bool = Field(False, description="Updates leave 8-bit quantized (a slow link).")
 
 
 class Budget(_Strict):
@@ -297,6 +339,9 @@ def policy_violations(job: PrivacySettings, policy: SitePrivacyPolicy | None) ->
     if need.secure_aggregation and job.secure_aggregation is None:
         found.append(Violation("require.secure_aggregation", "the server may only learn the sum "
                                "of the sites' updates; set privacy.secure_aggregation: {}"))
+    if need.quantize and quantize_filter(pipeline) is None:
+        found.append(Violation("require.quantize", "this site sends its updates 8-bit "
+                               "quantized; add {type: quantize} last in privacy.filters.reply"))
     if policy.budget is not None and noise is None and job.dp_sgd is None:
         found.append(Violation("budget.epsilon", f"this site allows epsilon "
                                f"{policy.budget.epsilon} per study, and the job adds no noise at the "

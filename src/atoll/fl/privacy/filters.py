@@ -10,6 +10,8 @@ not be shared becomes zero, which in a diff means "no change".
 - ``clip``: the whole update is scaled so its L2 norm is at most ``max_norm``.
 - ``gaussian``: N(0, (noise_multiplier * C)^2) is added to every entry, C being the norm of the
   clip before it (the Gaussian mechanism of DP-FedAvg).
+- ``quantize``: nothing here; it is how the update travels (``atoll.fl.serde`` encodes it, 8-bit,
+  with ``atoll.fl.quantization``), so the spec keeps it last, after every change above.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from atoll.spec.privacy import ClipFilter, ExcludeFilter, GaussianFilter, PercentileFilter
+from atoll.spec.privacy import (
+    ClipFilter,
+    ExcludeFilter,
+    GaussianFilter,
+    PercentileFilter,
+    QuantizeFilter,
+)
 
 Params = dict[str, np.ndarray]
 
@@ -100,6 +108,8 @@ def apply(pipeline: list[Any], update: Params, rng: np.random.Generator | None =
             if clip_norm is None:  # spec.privacy refuses this order; never noise unscaled
                 raise ValueError("a gaussian filter needs a clip filter before it")
             update = gaussian(update, spec.noise_multiplier * clip_norm, rng)
+        elif isinstance(spec, QuantizeFilter):
+            continue  # the wire encoding, applied as the model is sent
         else:
             raise TypeError(f"unknown filter {spec!r}")
     return update

@@ -50,6 +50,7 @@ class ServerPrivacy:
                  else reply_noise(settings.reply_pipeline())[1])
         delta = dp.delta if dp is not None else 1e-5
         self._spare: dict[str, np.ndarray] = {}  # last round's sum memory, for the next sum
+        self.task_quantization = settings.task_quantization  # the model sent 8-bit
         self.ledger = (Ledger(noise, delta, dp.max_epsilon if dp else None,
                               owner="the job (app.yaml privacy.dp.max_epsilon)")
                        if noise is not None else None)
@@ -93,7 +94,8 @@ class ServerPrivacy:
         caller reads ``mean_update()`` once ``outcome`` is accounted for."""
         if not self.secure:
             central = CentralDP(global_params, *self._central_settings())
-            task_id = channel.send(list(active), "train", headers, encode(outgoing))
+            task_id = channel.send(list(active), "train", headers,
+                                   encode(outgoing, quantize=self.task_quantization))
             result = PrivateRound(central)
             result.outcome = gather(channel, task_id, active, timeout, result.take_plain,
                                     min_clients)
@@ -105,7 +107,8 @@ class ServerPrivacy:
         self._spare = {}
         sites = secure.setup(list(active))
         outgoing.meta = {**outgoing.meta, SECAGG_META: secure.train_meta()}
-        task_id = channel.send(sites, "train", headers, encode(outgoing))
+        task_id = channel.send(sites, "train", headers,
+                               encode(outgoing, quantize=self.task_quantization))
         outgoing.meta.pop(SECAGG_META)
         result = PrivateRound(secure)
         result.outcome = gather(channel, task_id, sites, timeout, result.take_masked, min_clients)

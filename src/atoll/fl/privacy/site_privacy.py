@@ -42,6 +42,7 @@ from atoll.spec.privacy import (
     SitePrivacyPolicy,
     parse_site_policy,
     policy_violations,
+    quantize_filter,
     reply_noise,
 )
 from atoll.spec.worker_env import PRIVACY_POLICY as POLICY_ENV
@@ -80,6 +81,9 @@ class SitePrivacy:
         if self.task_excluded:  # what the site kept back from the task never leaves it either
             self.reply_filters.insert(0, ExcludeFilter(type="exclude",
                                                        patterns=self.task_excluded))
+        # app.yaml's {type: quantize}, last in the reply pipeline: the update leaves 8-bit
+        # (serde encodes it; a reply without float params of its size is unchanged by it)
+        self.reply_quantization = quantize_filter(self.reply_filters)
         self.ledger = self._ledger(policy)
         self.secagg = _secagg_client(settings, policy, site, job_id, identity)
         self._received: dict[str, np.ndarray] = {}  # the global model this round's update is from

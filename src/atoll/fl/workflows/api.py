@@ -161,6 +161,9 @@ class Context:
         self.min_clients = resolve_min_clients(requested, self.job_args, self.sites)
         self.active: list[str] = list(self.sites)  # sites that have not dropped out
         self.dropped: dict[str, str] = {}
+        privacy = self.job_args.get("privacy")  # app.yaml's {type: quantize} in filters.task:
+        self.task_quantization = (  # every model sent to the sites travels 8-bit
+            privacy.task_quantization if privacy is not None else None)
         self.task_filters: list[Filter] = []
         self.result_filters: list[Filter] = []
         self._metrics: MetricsLog | None = None
@@ -215,9 +218,11 @@ class Context:
         headers: dict[str, Any] = {"round": outgoing.round}
         if "total_rounds" in meta:
             headers["total_rounds"] = meta["total_rounds"]
-        task_id = self._channel.send(chosen, task, headers, encode(outgoing))
+        quantize = self.task_quantization
+        task_id = self._channel.send(chosen, task, headers, encode(outgoing, quantize=quantize))
         return Sent(task_id, task, tuple(chosen), outgoing.round,
-                    lambda site: self._channel.send([site], task, headers, encode(outgoing)))
+                    lambda site: self._channel.send([site], task, headers,
+                                                    encode(outgoing, quantize=quantize)))
 
     def send_file(self, task: str, path: Path, targets: Sequence[str], headers: dict) -> Sent:
         """Send a saved model file as it is, streamed (cross-site evaluation of saved models)."""
