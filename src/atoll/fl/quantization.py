@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from atoll.fl import bfloat16
+from atoll.spec.errors import EXIT_INVALID, AtollError
 
 METADATA_KEY = "quantized"
 SCHEME = "q8"
@@ -53,8 +54,10 @@ class Settings(Protocol):
     min_elements: int
 
 
-class QuantizedPayloadError(ValueError):
+class QuantizedPayloadError(AtollError, ValueError):
     """A received quantized payload that does not hold together; serde refuses it with this."""
+
+    exit_code = EXIT_INVALID
 
 
 def _wide(values: np.ndarray) -> np.ndarray:

@@ -38,7 +38,8 @@ stdlib base its callers catch; tests/unit/spec/test_error_root.py checks the dra
     │   CAError, CheckpointDamaged, ControlTooLarge, CredentialsTooLarge, CRLError, DecodeError,
     │   Denied[NoSuchStudy], FrameError[HandoffError], IdentifierError, IdentityError,
     │   IntakeError, IssuesError, JobFileError, JobRefused, KitError, LaunchError,
-    │   NotAdmitted, NotTrusted, ProvenanceError, ProvisionError, Refused, RelayError,
+    │   NotAdmitted, NotTrusted, ProvenanceError, ProvisionError, QuantizedPayloadError,
+    │   Refused, RelayError,
     │   Replayed,
     │   SandboxUnavailable, SerdeError, SignatureError, SimulationError,
     │   SpecError[ProjectError], Unvouched
