@@ -4,12 +4,15 @@ own writing in flare_examples/), exported by FLARE's own recipe classes
 with ``atoll job import-flare`` and run with ``atoll job simulate --sites 2``: hello-numpy
 (NumpyFedAvgRecipe with TensorBoard tracking), hello-numpy-cse (the same with
 add_cross_site_evaluation) and hello-pt-recipe (FLARE's PyTorch FedAvgRecipe, tracking and
-cross-site evaluation; synthetic images) and hello-lightning (the same recipe with a
-LightningModule, the script federating its Trainer with ``nvflare.client.lightning.patch``).
+cross-site evaluation; synthetic images), hello-lightning (the same recipe with a
+LightningModule, the script federating its Trainer with ``nvflare.client.lightning.patch``)
+and hello-huggingface (the same recipe with a tiny GPT-2 built from a config, the script
+federating its Hugging Face Trainer with ``nvflare.client.hf.patch``).
 
 Each example's note: import-flare changes the scripts' import lines only, and what it lists
 as not translated is FLARE's server widgets (result files, model selection, the TensorBoard
-receiver and its event converter: atoll writes its own metrics, plot and best model) and, for
+receiver and its event converter: atoll writes its own metrics, plot and best model), the
+PyTorch persistor's ``allow_numpy_conversion`` (atoll's server holds arrays) and, for
 cross-site evaluation, NPValidator's dummy validation, whose validate tasks the script answers.
 
 hello-numpy's final model is compared with FLARE's own simulator's (same rounds, same initial
@@ -75,6 +78,18 @@ EXPECTED = {
             "import atoll.compat.flare_lightning as flare",
         ],
         "not_translated": [f"app/config/config_fed_server.json {w}" for w in SERVER_WIDGETS] + [
+            "app/config/config_fed_server.json components.locator: "
+            "nvflare.app_opt.pt.file_model_locator.PTFileModelLocator", EVENT_TO_FED],
+    },
+    "hello-huggingface": {
+        "rewritten": [
+            "app/client.py:11: import nvflare.client.hf as flare -> "
+            "import atoll.compat.flare_hf as flare",
+        ],
+        "not_translated": [f"app/config/config_fed_server.json {w}" for w in SERVER_WIDGETS
+                           if "model_selector" not in w] + [
+            "app/config/config_fed_server.json components.persistor.args."
+            "allow_numpy_conversion: the server keeps its own models",
             "app/config/config_fed_server.json components.locator: "
             "nvflare.app_opt.pt.file_model_locator.PTFileModelLocator", EVENT_TO_FED],
     },
@@ -241,3 +256,68 @@ def test_hello_lightning_patches_the_trainer_and_federates_it(tmp_path):
     # 300 examples in batches of 32 (10 steps), 2 epochs a round: NUM_STEPS_CURRENT_ROUND
     assert {r["num_examples"] for r in train} == {20}
     assert all({"val_acc_epoch", "val_loss", "train_loss"} <= set(r["metrics"]) for r in train)
+
+
+def test_hello_huggingface_patches_the_trainer_and_federates_it(tmp_path):
+    """FLARE's Hugging Face Client API (``flare.patch(trainer)``, the loop ``trainer.evaluate();
+    trainer.train()``): round one starts from the persistor's TinyGPT2, each result is the
+    trained model with the global model's evaluation, weighed as FLARE weighs it."""
+    _, results = import_and_simulate("hello-huggingface", tmp_path)
+    final = load_file(results / "global_model_final.safetensors").params
+    assert "transformer.wte.weight" in final and final["transformer.wte.weight"].shape == (32, 32)
+    records = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["phase"] == "train" and r["site"] != "global"]
+    assert sorted((r["site"], r["round"]) for r in train) == [
+        (site, n) for site in ("site-1", "site-2") for n in (1, 2)]
+    # NUM_STEPS_CURRENT_ROUND: 8 steps of 16 sequences (128 at each site, one epoch a round)
+    assert {r["num_examples"] for r in train} == {128}
+    # evaluate() before train() measures the global model: round 2's is the trained average
+    loss = {(r["site"], r["round"]): r["metrics"]["eval_loss"] for r in train}
+    assert all(loss[(site, 2)] < loss[(site, 1)] - 0.1 for site in ("site-1", "site-2"))
+
+
+def test_hello_huggingface_answers_cross_site_evaluation(tmp_path):
+    """A validate task: the patched ``trainer.evaluate()`` loads the model to evaluate and answers
+    with its metrics; the ``trainer.train()`` after it in the loop does nothing."""
+    out = tmp_path / "job"
+    assert atoll("job", "import-flare", str(JOBS / "hello-huggingface"), str(out),
+                 cwd=tmp_path).returncode == 0
+    results = tmp_path / "results"
+    done = atoll("job", "simulate", str(out), "--sites", "2", "--set", "num_rounds=1",
+                 "--set", "cross_site_eval=all", "--out", str(results), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = results.iterdir()
+    summary = json.loads((run / "results" / "summary.json").read_text())
+    table = summary["cross_site_eval"]
+    assert {model: set(row) for model, row in table.items()} == {
+        model: {"site-1", "site-2"} for model in ("global_final", "site-1", "site-2")}
+    assert all(row[site]["eval_loss"] > 0 for row in table.values() for site in row)
+
+
+def test_lightning_flcallback_and_client_logger(tmp_path):
+    """FLARE's Lightning ``FLCallback`` given to the Trainer directly (no ``patch``) and its
+    ``logger`` (ClientLogger): the job federates the same, and the logged numbers, under the
+    logger's prefix, are the site's metrics."""
+    out = tmp_path / "job"
+    assert atoll("job", "import-flare", str(JOBS / "hello-lightning"), str(out),
+                 cwd=tmp_path).returncode == 0
+    script = out / "app" / "client.py"
+    text = script.read_text()
+    for old, new in (("enable_checkpointing=False,", "enable_checkpointing=False, "
+                      "callbacks=[flare.FLCallback(rank=0)], log_every_n_steps=5,"),
+                     ("logger=False,", "logger=flare.logger(prefix='lit'),"),
+                     ("    flare.patch(trainer)\n", "")):
+        assert old in text
+        text = text.replace(old, new)
+    script.write_text(text)
+    results = tmp_path / "results"
+    done = atoll("job", "simulate", str(out), "--sites", "2", "--set", "num_rounds=1",
+                 "--out", str(results), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = results.iterdir()
+    records = [json.loads(line) for line in
+               (run / "results" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["phase"] == "train" and r["site"] != "global"]
+    assert {r["num_examples"] for r in train} == {20}  # FLARE's weight: the round's steps
+    logged = {k for r in records if r["phase"] == "log" for k in r["metrics"]}
+    assert logged and all(k.startswith("lit-") for k in logged), logged

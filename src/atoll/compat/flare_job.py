@@ -70,6 +70,8 @@ FLARE_MODULES = {
     "nvflare.client.tracking": "atoll.compat.flare_tracking",
     "nvflare.client.lightning": "atoll.compat.flare_lightning",
     "nvflare.app_opt.lightning": "atoll.compat.flare_lightning",
+    "nvflare.client.hf": "atoll.compat.flare_hf",
+    "nvflare.app_opt.hf": "atoll.compat.flare_hf",
     "nvflare.app_common.np.constants": "atoll.compat.flare_constants",
     "nvflare.app_common.app_constant": "atoll.compat.flare_constants",
     "nvflare.apis.fl_constant": "atoll.compat.flare_constants",

@@ -50,6 +50,15 @@ def recipe(name):
                             model={"class_path": "model.LitNet", "args": {}},
                             train_script=script, train_args="--batch_size 32 --epochs 2",
                             key_metric="val_acc_epoch")
+    elif name == "hello-huggingface":  # FLARE's PyTorch recipe, as its hello-huggingface builds it
+        from nvflare.app_opt.pt.recipes.fedavg import FedAvgRecipe
+        from nvflare.client.config import ExchangeFormat
+
+        made = FedAvgRecipe(name=name, min_clients=2, num_rounds=2,
+                            model={"class_path": "model.TinyGPT2", "args": {}},
+                            train_script=script, train_args="--local_epochs 1 --batch_size 16",
+                            server_expected_format=ExchangeFormat.PYTORCH,  # as FLARE's keeps bf16
+                            key_metric="")  # no best-model selection, as in FLARE's example
     elif name == "hello-numpy":
         made = NumpyFedAvgRecipe(name=name, min_clients=2, num_rounds=3, model=HELLO_NUMPY_MODEL,
                                  train_script=script, train_args="--update_type full")
@@ -72,7 +81,8 @@ def record(result, target=None):
 def main(command, where, target=None):
     where = Path(where).resolve()
     if command == "export":
-        for name in ("hello-numpy", "hello-numpy-cse", "hello-pt", "hello-lightning"):
+        for name in ("hello-numpy", "hello-numpy-cse", "hello-pt", "hello-lightning",
+                     "hello-huggingface"):
             staging = where / f".{name}"
             recipe(name).export(str(staging))
             folder = where / FOLDER.get(name, name)
