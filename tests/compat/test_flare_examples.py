@@ -321,3 +321,18 @@ def test_lightning_flcallback_and_client_logger(tmp_path):
     assert {r["num_examples"] for r in train} == {20}  # FLARE's weight: the round's steps
     logged = {k for r in records if r["phase"] == "log" for k in r["metrics"]}
     assert logged and all(k.startswith("lit-") for k in logged), logged
+
+
+def test_hello_tabular_stats_is_refused_naming_what_to_do(tmp_path):
+    """FLARE's FedStatsRecipe export (StatisticsController, a DFStatisticsCore generator) is not
+    translated: import-flare stops at the server's workflow, says why and what to write
+    instead (docs/job-format.md lists it), and writes nothing."""
+    out = tmp_path / "out"
+    done = atoll("job", "import-flare", str(JOBS / "hello-tabular-stats"), str(out),
+                 cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "app_server/config/config_fed_server.json" in done.stderr
+    assert "workflows[0]: StatisticsController (FLARE's FedStatsRecipe) is not translated" in (
+        done.stderr)
+    assert "atoll job init --workflow stats" in done.stderr
+    assert not out.exists()

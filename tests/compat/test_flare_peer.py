@@ -50,7 +50,7 @@ def same_tree(a: Path, b: Path) -> list[str]:
 def test_flare_exports_the_checked_in_jobs(tmp_path):
     flare("export", str(tmp_path), cwd=tmp_path)
     for name in ("hello-numpy", "hello-numpy-cse", "hello-pt-recipe", "hello-lightning",
-                 "hello-huggingface"):
+                 "hello-huggingface", "hello-tabular-stats"):
         assert same_tree(tmp_path / name, HERE / "flare_jobs" / name) == [], name
 
 

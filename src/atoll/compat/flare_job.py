@@ -56,6 +56,7 @@ INITIAL_CKPT_STEM = "flare_initial_ckpt"  # + the checkpoint's own suffix
 PT_CHECKPOINTS = (".pt", ".pth", ".ckpt")
 NP_CHECKPOINTS = (".npy", ".npz")
 CROSS_SITE_EVAL = ("CrossSiteModelEval", "CrossSiteEval")
+STATISTICS = ("StatisticsController",)  # FLARE's FedStatsRecipe
 INITIAL_MODEL_FILE = "flare_initial_model.py"
 FLARE_FEDAVG_ROUNDS = 5  # FLARE's FedAvg default
 SCRIPT_PREFIXES = ("/local/custom/", "local/custom/", "custom/", "/")
@@ -76,6 +77,14 @@ FLARE_MODULES = {
     "nvflare.app_common.app_constant": "atoll.compat.flare_constants",
     "nvflare.apis.fl_constant": "atoll.compat.flare_constants",
 }
+STATISTICS_NOT_TRANSLATED = (
+    "StatisticsController (FLARE's FedStatsRecipe) is not translated: atoll's federated "
+    "statistics are a job of their own (atoll job init --workflow stats), in which each site "
+    "answers for numeric columns of a CSV under its own statistics rules (min_count, "
+    "precision, dp) and the job names the columns; FLARE's export names none (its sites "
+    "report their generator's features) and its generator computes the statistics itself. "
+    "Write what the generator's load_data() returns as a CSV at each site and name its "
+    "columns in the new job's app.yaml (docs/job-format.md, FLARE differences)")
 _NAME = r"[A-Za-z_]\w*"
 _DOTTED = rf"{_NAME}(?:\.{_NAME})*"
 _TAIL = r"\s*(?P<comment>#.*)?$"
@@ -210,6 +219,11 @@ def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None
     workflows = config.get("workflows") or []
     found = [(i, w) for i, w in enumerate(workflows)
              if isinstance(w, dict) and _short(w.get("path")) in FEDAVG]
+    statistics = [i for i, w in enumerate(workflows)
+                  if isinstance(w, dict) and _short(w.get("path")) in STATISTICS]
+    if not found and statistics:
+        raise SpecError([Issue(f"workflows[{statistics[0]}]", STATISTICS_NOT_TRANSLATED)],
+                        source=file)
     if not found:
         names = ", ".join(str(w.get("path")) for w in workflows if isinstance(w, dict))
         raise SpecError([Issue("workflows", f"has no FedAvg workflow ({names or 'none'}); "
