@@ -336,3 +336,21 @@ def test_hello_tabular_stats_is_refused_naming_what_to_do(tmp_path):
         done.stderr)
     assert "atoll job init --workflow stats" in done.stderr
     assert not out.exists()
+
+
+def test_hello_huggingface_loop_that_never_trains_fails_clearly(tmp_path):
+    """A loop that only ``evaluate()``s leaves each train task unanswered: the next
+    ``flare.is_running()`` stops the script with what to call (FLARE's rule), where waiting on
+    the same task would loop for ever."""
+    out = tmp_path / "job"
+    assert atoll("job", "import-flare", str(JOBS / "hello-huggingface"), str(out),
+                 cwd=tmp_path).returncode == 0
+    script = out / "app" / "client.py"
+    text = script.read_text()
+    assert "        trainer.train()\n" in text
+    script.write_text(text.replace("        trainer.train()\n", ""))
+    done = atoll("job", "simulate", str(out), "--sites", "2", "--set", "num_rounds=1",
+                 "--out", str(tmp_path / "results"), cwd=tmp_path)
+    assert done.returncode != 0
+    assert "the current task is not answered yet; call trainer.train()" in (
+        done.stdout + done.stderr)

@@ -80,10 +80,8 @@ __all__ = [
 class FlareTrainerCallback(FederatedTrainerCallback):
     """FLARE's names, weight and metrics for the callback's exchange."""
 
-    def __init__(self, trainer: Any, adapters_only: bool | None, strict: bool,
-                 key_prefix: str | None):
+    def __init__(self, adapters_only: bool | None, strict: bool, key_prefix: str | None):
         super().__init__(adapters_only=adapters_only, strict=strict)
-        self.trainer = trainer
         self.key_prefix = key_prefix or ""
         self.pre_train_metrics: dict[str, float] | None = None
 
@@ -222,7 +220,7 @@ def patch(trainer: Any, restore_state: bool = True, load_state_dict_strict: bool
     if getattr(trainer.args, "load_best_model_at_end", False):
         raise ValueError("flare.patch(): load_best_model_at_end=True would replace this round's "
                          "trained weights; turn it off for federated training")
-    callback = FlareTrainerCallback(trainer, SCOPES[params_scope], load_state_dict_strict,
+    callback = FlareTrainerCallback(SCOPES[params_scope], load_state_dict_strict,
                                     server_key_prefix)
     trainer.add_callback(callback)
     if stream_metrics:
