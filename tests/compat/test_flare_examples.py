@@ -6,8 +6,11 @@ with ``atoll job import-flare`` and run with ``atoll job simulate --sites 2``: h
 add_cross_site_evaluation) and hello-pt-recipe (FLARE's PyTorch FedAvgRecipe, tracking and
 cross-site evaluation; synthetic images), hello-lightning (the same recipe with a
 LightningModule, the script federating its Trainer with ``nvflare.client.lightning.patch``)
-and hello-huggingface (the same recipe with a tiny GPT-2 built from a config, the script
-federating its Hugging Face Trainer with ``nvflare.client.hf.patch``).
+hello-huggingface (the same recipe with a tiny GPT-2 built from a config, the script
+federating its Hugging Face Trainer with ``nvflare.client.hf.patch``) and hello-tabular-stats
+(FedStatsRecipe with a DFStatisticsCore generator over synthetic pandas tables, imported with
+the columns to ask about, ``--column``, and served by atoll's statistics under the sites'
+rules).
 
 Each example's note: import-flare changes the scripts' import lines only, and what it lists
 as not translated is FLARE's server widgets (result files, model selection, the TensorBoard
@@ -323,19 +326,92 @@ def test_lightning_flcallback_and_client_logger(tmp_path):
     assert logged and all(k.startswith("lit-") for k in logged), logged
 
 
-def test_hello_tabular_stats_is_refused_naming_what_to_do(tmp_path):
-    """FLARE's FedStatsRecipe export (StatisticsController, a DFStatisticsCore generator) is not
-    translated: import-flare stops at the server's workflow, says why and what to write
-    instead (docs/job-format.md lists it), and writes nothing."""
+def test_hello_tabular_stats_without_columns_is_refused_naming_what_to_do(tmp_path):
+    """FLARE's FedStatsRecipe export names no columns (its sites report their generator's
+    features): without --column, import-flare stops at the server's workflow, says what to
+    add, and writes nothing."""
     out = tmp_path / "out"
     done = atoll("job", "import-flare", str(JOBS / "hello-tabular-stats"), str(out),
                  cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "app_server/config/config_fed_server.json" in done.stderr
-    assert "workflows[0]: StatisticsController (FLARE's FedStatsRecipe) is not translated" in (
+    assert "workflows[0]: StatisticsController (FLARE's FedStatsRecipe): name the columns" in (
         done.stderr)
-    assert "atoll job init --workflow stats" in done.stderr
+    assert "--column DATASET/FEATURE" in done.stderr
     assert not out.exists()
+
+
+STATS_COLUMNS = ("train/Age", "train/Hours per week", "test/Age")
+
+
+def import_stats(tmp_path: Path) -> tuple[dict, Path]:
+    out = tmp_path / "hello-tabular-stats-atoll"
+    done = atoll("job", "import-flare", str(JOBS / "hello-tabular-stats"), str(out),
+                 *[a for c in STATS_COLUMNS for a in ("--column", c)], "--format", "json",
+                 cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), out
+
+
+def generator_tables(out: Path, site: str) -> dict:
+    """The DataFrames the user's generator loads at ``site``: what the statistics are of."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"df_stats_{site}",
+                                                  out / "app_site-1" / "df_stats.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class Context:
+        def get_identity_name(self, default=""):
+            return site
+
+    return module.SyntheticAdultStatistics().load_data(Context())
+
+
+def test_hello_tabular_stats_becomes_atolls_statistics_under_the_sites_rules(tmp_path):
+    """import-flare changes the generator's import lines only; atoll's statistics workflow asks
+    the named columns, and each site answers from the generator's DataFrames under its own
+    statistics rules (here the default: min_count 10, cells of 1): the global count, sum and
+    mean are those of the generator's tables, and no released histogram cell counts 1 to 9."""
+    report, out = import_stats(tmp_path)
+    for site in ("app_site-1", "app_site-2"):
+        original = (JOBS / "hello-tabular-stats" / site / "custom" / "df_stats.py").read_text()
+        imported = (out / site / "df_stats.py").read_text()
+        changed = [(a, b) for a, b in zip(original.splitlines(), imported.splitlines(),
+                                          strict=True) if a != b]
+        assert changed == [
+            ("from nvflare.apis.fl_context import FLContext",
+             "from atoll.compat.flare_statistics import FLContext"),
+            ("from nvflare.app_opt.statistics.df.df_core_statistics import DFStatisticsCore",
+             "from atoll.compat.flare_statistics import DFStatisticsCore")]
+    assert all("site's statistics rules" in line or "histogram" in line or
+               "JsonStatsFileWriter" in line for line in report["not_translated"])
+    # the simulator runs one site app for every site: FLARE's two identical ones, as one
+    meta = json.loads((out / "meta.json").read_text())
+    meta["deploy_map"] = {"app_server": ["server"], "app_site-1": ["site-1", "site-2"]}
+    (out / "meta.json").write_text(json.dumps(meta))
+    results = tmp_path / "results"
+    done = atoll("job", "simulate", str(out), "--sites", "2", "--out", str(results),
+                 cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "FINISHED:COMPLETED" in done.stdout
+    (run,) = results.iterdir()
+    stats = json.loads((run / "results" / "statistics.json").read_text())
+    tables = {site: generator_tables(out, site) for site in ("site-1", "site-2")}
+    for column in STATS_COLUMNS:
+        dataset, feature = column.split("/")
+        values = np.concatenate([tables[s][dataset][feature].to_numpy() for s in tables])
+        total = stats["columns"][column]["global"]
+        assert total["count"] == len(values)
+        assert total["sum"] == pytest.approx(values.sum())
+        assert total["mean"] == pytest.approx(values.mean())
+        assert total["std"] == pytest.approx(values.std(ddof=1))
+        for site in ("site-1", "site-2"):
+            cells = stats["columns"][column]["sites"][site]["histogram"]
+            assert all(c is None or c == 0 or c >= 10 for c in cells), (column, site)
+    assert stats["rules"]["site-1"]["min_count"] == 10
+    assert any("suppressed: under its min_count" in note for note in stats["notes"])
 
 
 def test_hello_huggingface_loop_that_never_trains_fails_clearly(tmp_path):
