@@ -147,3 +147,43 @@ def test_flare_recipe_export_of_hello_lightning_runs_on_a_federation(federation,
     assert [e["round"] for e in rounds] == [1, 2]
     assert all("val_acc_epoch" in e["sites"][site]["train"]
                for e in rounds for site in ("site-1", "site-2"))
+
+
+def test_flare_recipe_export_of_hello_huggingface_runs_on_a_federation(federation, tmp_path):  # noqa: F811
+    """hello-huggingface as FLARE 2.9's PyTorch FedAvgRecipe exported it (flare_jobs/): the
+    script's ``flare.patch(trainer)`` federates its Hugging Face Trainer through real workers,
+    round one from the persistor's TinyGPT2, each result weighed by its steps' examples."""
+    source = Path(__file__).parent / "flare_jobs" / "hello-huggingface"
+    out = tmp_path / "hello-huggingface-atoll"
+    subprocess.run([sys.executable, "-m", "atoll", "job", "import-flare", str(source),
+                    str(out)], check=True, capture_output=True, timeout=120)
+    with federation.session(ADMIN) as s:
+        job = s.submit(out, wait=True, timeout=300)
+        status = s.status(job["job_id"])
+    assert status["state"] == "FINISHED:COMPLETED", status
+    rounds = [e for e in status["progress"] if e.get("event") == "round"]
+    assert [e["round"] for e in rounds] == [1, 2]
+    for event in rounds:  # 8 steps of 16 sequences at each site
+        assert {site: r["num_examples"] for site, r in event["sites"].items()} == {
+            "site-1": 128, "site-2": 128}
+        assert all("eval_loss" in event["sites"][site]["train"] for site in ("site-1", "site-2"))
+
+
+def test_flare_recipe_export_of_hello_tabular_stats_runs_on_a_federation(federation, tmp_path):  # noqa: F811
+    """hello-tabular-stats as FLARE 2.9's FedStatsRecipe exported it (an app per site), imported
+    with the columns to ask about: each site's worker serves the user's DFStatisticsCore
+    generator through atoll's statistics under the site's own rules."""
+    source = Path(__file__).parent / "flare_jobs" / "hello-tabular-stats"
+    out = tmp_path / "hello-tabular-stats-atoll"
+    columns = ("train/Age", "test/Hours per week")
+    subprocess.run([sys.executable, "-m", "atoll", "job", "import-flare", str(source), str(out),
+                    *[a for c in columns for a in ("--column", c)]],
+                   check=True, capture_output=True, timeout=120)
+    with federation.session(ADMIN) as s:
+        job = s.submit(out, wait=True, timeout=300)
+        status = s.status(job["job_id"])
+    assert status["state"] == "FINISHED:COMPLETED", status
+    assert {name: part["state"] for name, part in status["parts"].items()} == {
+        name: "FINISHED:COMPLETED" for name in ("server", "site-1", "site-2")}
+    event = next(e for e in status["progress"] if e.get("event") == "statistics")
+    assert event["columns"] == list(columns)  # both released: every site's count is >= 10

@@ -13,19 +13,26 @@ from atoll.cli.common import format_option, handle_errors
 @click.command("import-flare")
 @click.argument("flare_job_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--column", "columns", multiple=True, metavar="DATASET/FEATURE",
+              help="A statistics job (FLARE's FedStatsRecipe): a column to ask about, the "
+                   "generator's dataset and feature (repeat: --column train/Age --column "
+                   "test/Age). FLARE's export names none.")
 @format_option
 @handle_errors
-def import_flare_command(flare_job_dir: Path, out_dir: Path, fmt: str) -> None:
+def import_flare_command(flare_job_dir: Path, out_dir: Path, columns: tuple[str, ...],
+                         fmt: str) -> None:
     """Translate a FLARE job folder (FedAvg recipe, Client API script) into OUT_DIR.
 
     Reads meta.json, each app's config_fed_server.json / config_fed_client.json and custom/
     folder; points the scripts' Client API import lines (nvflare.client, its tracking writers,
-    NPConstants, FLModel) at atoll.compat; lists everything it could not translate. Exits 2
+    NPConstants, FLModel, the Lightning and Hugging Face hooks, a statistics generator's base
+    classes) at atoll.compat; lists everything it could not translate. A statistics job
+    (FedStatsRecipe) becomes atoll's statistics workflow over the --column columns. Exits 2
     when the job cannot be translated.
     """
     from atoll.compat.flare_job import import_flare_job
 
-    report = import_flare_job(flare_job_dir, out_dir)
+    report = import_flare_job(flare_job_dir, out_dir, list(columns))
     if fmt == "json":
         click.echo(json.dumps({"ok": True, "out_dir": str(report.out_dir), "files": report.files,
                                "rewritten": report.rewritten,

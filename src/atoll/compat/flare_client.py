@@ -30,6 +30,8 @@ How FLARE's terms map to atoll's (``atoll.client``):
   ``nvflare.client.tracking``) record numbers with ``fl.log_metrics``: in the job's status and
   metrics files and the site's experiment tracker. Text, parameters and tags have no place in
   atoll's metrics and are dropped (one warning per kind).
+- ``ctx=`` is accepted wherever FLARE's functions take it (FLARE's ``APIContext``): a site
+  worker runs one script session, so there is one context and the argument is not read.
 - The ``@train``/``@evaluate`` decorators behave as FLARE's: the first argument is the received
   model; ``@evaluate``'s metrics ride with the next ``@train`` result, or answer a validate
   task on their own.
@@ -48,7 +50,7 @@ from enum import Enum, StrEnum
 from typing import Any
 
 import atoll.client as _atoll
-from atoll.compat.flare_constants import FLModelConst, MetaKey
+from atoll.compat.flare_constants import FLMetaKey, FLModelConst, MetaKey
 from atoll.fl.model import Model
 
 NUM_STEPS_CURRENT_ROUND = "NUM_STEPS_CURRENT_ROUND"
@@ -58,7 +60,8 @@ SUBMIT_MODEL = "submit_model"
 log_ = logging.getLogger(__name__)
 
 __all__ = [
-    "AnalyticsDataType", "FLModel", "FLModelConst", "MetaKey", "ParamsType", "evaluate", "get_config", "get_job_id",
+    "AnalyticsDataType", "FLMetaKey", "FLModel", "FLModelConst", "LogWriterName", "MetaKey",
+    "ParamsType", "clear", "evaluate", "get_config", "get_context", "get_job_id",
     "get_site_name", "get_task_name", "init", "is_evaluate", "is_running", "is_submit_model",
     "is_train", "log", "receive", "send", "shutdown", "system_info", "train",
 ]
@@ -80,6 +83,15 @@ class AnalyticsDataType(Enum):
     TAG = "TAG"
     TAGS = "TAGS"
     INIT_DATA = "INIT_DATA"
+
+
+class LogWriterName(Enum):
+    """FLARE's tracking back ends, named in ``flare.log(..., writer=)``; atoll's site decides
+    where numbers go, so the argument is not read."""
+
+    TORCH_TB = "TORCH_TENSORBOARD"
+    MLFLOW = "MLFLOW"
+    WANDB = "WEIGHTS_AND_BIASES"
 
 
 NUMBER_KINDS = {"SCALAR", "METRIC"}
@@ -110,16 +122,26 @@ class FLModel:
         self.meta = dict(self.meta or {})
 
 
+def get_context(ctx: Any = None) -> Any:
+    """FLARE's ``APIContext``: ``ctx`` when given. A site worker runs one script session, so
+    atoll needs no context object; every function accepts ``ctx=`` and does not read it."""
+    return ctx
+
+
+def clear(ctx: Any = None) -> None:
+    """FLARE's ``clear()`` of its received-model cache: atoll keeps no copy to clear."""
+
+
 def init(rank: int | str | None = None, config_file: str | None = None) -> None:
     """Start the Client API (FLARE's arguments are accepted; atoll needs neither)."""
     _atoll.init()
 
 
-def is_running() -> bool:
+def is_running(ctx: Any = None) -> bool:
     return _atoll.is_running()
 
 
-def receive(timeout: float | None = None) -> FLModel | None:
+def receive(timeout: float | None = None, ctx: Any = None) -> FLModel | None:
     """The current task's model; None once the job is over."""
     model = _atoll.receive(timeout)
     if model is None:
@@ -141,7 +163,7 @@ def receive(timeout: float | None = None) -> FLModel | None:
     )
 
 
-def send(model: FLModel, clear_cache: bool = True) -> None:
+def send(model: FLModel, clear_cache: bool = True, ctx: Any = None) -> None:
     """Answer the current task with ``model``."""
     if not isinstance(model, FLModel):
         raise TypeError(f"flare.send() takes an FLModel, not {type(model).__name__}")
@@ -183,37 +205,37 @@ def _exchange_format() -> str:
     return str(_atoll.job_args().get(FORMAT_KEY, "numpy"))
 
 
-def is_train() -> bool:
+def is_train(ctx: Any = None) -> bool:
     return _atoll.is_train()
 
 
-def is_evaluate() -> bool:
+def is_evaluate(ctx: Any = None) -> bool:
     return _atoll.is_evaluate()
 
 
-def is_submit_model() -> bool:
+def is_submit_model(ctx: Any = None) -> bool:
     return _atoll.task_name() == SUBMIT_MODEL
 
 
-def get_site_name() -> str:
+def get_site_name(ctx: Any = None) -> str:
     return _atoll.site_name()
 
 
-def get_job_id() -> str:
+def get_job_id(ctx: Any = None) -> str:
     return _atoll.job_id()
 
 
-def system_info() -> dict[str, str]:
+def system_info(ctx: Any = None) -> dict[str, str]:
     """FLARE's ``system_info()``: the site's name and the job's id."""
     return {"site_name": get_site_name(), "job_id": get_job_id()}
 
 
-def get_config() -> dict[str, Any]:
+def get_config(ctx: Any = None) -> dict[str, Any]:
     """The site's settings for the script (app.yaml ``site.config``)."""
     return _atoll.job_args()
 
 
-def get_task_name() -> str | None:
+def get_task_name(ctx: Any = None) -> str | None:
     """The current task's name: ``train``, ``validate`` or ``submit_model``."""
     return _atoll.task_name()
 
@@ -222,7 +244,7 @@ _dropped: set[str] = set()
 
 
 def log(key: str, value: Any, data_type: AnalyticsDataType | str | None = None,
-        **kwargs: Any) -> None:
+        ctx: Any = None, **kwargs: Any) -> None:
     """FLARE's ``flare.log``: numbers (SCALAR/METRIC, or a mapping for SCALARS/METRICS) become
     ``fl.log_metrics`` values; ``global_step`` or ``step`` is the step. Other kinds are
     dropped with one warning per kind: atoll's metrics are numbers."""
@@ -300,5 +322,5 @@ def evaluate(_func: Callable | None = None, **_options: Any) -> Callable:
     return decorator if _func is None else decorator(_func)
 
 
-def shutdown() -> None:
+def shutdown(ctx: Any = None) -> None:
     """Nothing to release: the worker ends the script's session."""

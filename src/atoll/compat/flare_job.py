@@ -18,10 +18,14 @@ Client API script:
   pointed at ``atoll.compat`` (their one change; atoll installs nothing under FLARE's name,
   which would shadow it).
 
+A statistics job (FLARE's ``FedStatsRecipe``: ``StatisticsController``, ``StatisticsExecutor``)
+becomes atoll's statistics workflow over the columns the importer names
+(``flare_statistics_job``).
+
 Everything else (other components, filters, executor options such as an external process) is
 listed in the report as not translated, with the file and the path it came from. A workflow
-other than FedAvg, a job without a Client API executor, or a ``.conf`` (HOCON) config stops the
-import with an error naming the file and the field.
+other than FedAvg or statistics, a job without a Client API executor, or a ``.conf`` (HOCON)
+config stops the import with an error naming the file and the field.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from atoll.compat import flare_statistics_job
 from atoll.spec.errors import Issue, SpecError
 
 SERVER_CONFIG = "config_fed_server"
@@ -56,6 +61,7 @@ INITIAL_CKPT_STEM = "flare_initial_ckpt"  # + the checkpoint's own suffix
 PT_CHECKPOINTS = (".pt", ".pth", ".ckpt")
 NP_CHECKPOINTS = (".npy", ".npz")
 CROSS_SITE_EVAL = ("CrossSiteModelEval", "CrossSiteEval")
+STATISTICS = flare_statistics_job.CONTROLLERS  # FLARE's FedStatsRecipe
 INITIAL_MODEL_FILE = "flare_initial_model.py"
 FLARE_FEDAVG_ROUNDS = 5  # FLARE's FedAvg default
 SCRIPT_PREFIXES = ("/local/custom/", "local/custom/", "custom/", "/")
@@ -70,10 +76,20 @@ FLARE_MODULES = {
     "nvflare.client.tracking": "atoll.compat.flare_tracking",
     "nvflare.client.lightning": "atoll.compat.flare_lightning",
     "nvflare.app_opt.lightning": "atoll.compat.flare_lightning",
+    "nvflare.client.hf": "atoll.compat.flare_hf",
+    "nvflare.app_opt.hf": "atoll.compat.flare_hf",
     "nvflare.app_common.np.constants": "atoll.compat.flare_constants",
     "nvflare.app_common.app_constant": "atoll.compat.flare_constants",
     "nvflare.apis.fl_constant": "atoll.compat.flare_constants",
+    "nvflare.apis.fl_context": "atoll.compat.flare_statistics",
+    "nvflare.app_common.abstract.statistics_spec": "atoll.compat.flare_statistics",
+    "nvflare.app_opt.statistics.df.df_core_statistics": "atoll.compat.flare_statistics",
 }
+STATISTICS_NEEDS_COLUMNS = (
+    "StatisticsController (FLARE's FedStatsRecipe): name the columns to ask about, "
+    "import again with --column DATASET/FEATURE for each (for example --column train/Age): "
+    "FLARE's export names none (its sites report their generator's features), and in atoll "
+    "the job names the columns its sites answer for under their statistics rules")
 _NAME = r"[A-Za-z_]\w*"
 _DOTTED = rf"{_NAME}(?:\.{_NAME})*"
 _TAIL = r"\s*(?P<comment>#.*)?$"
@@ -94,11 +110,13 @@ class ImportReport:
     not_translated: list[str] = field(default_factory=list)
 
 
-def import_flare_job(source: Path, out_dir: Path) -> ImportReport:
+def import_flare_job(source: Path, out_dir: Path,
+                     columns: list[str] | None = None) -> ImportReport:
     """Translate the FLARE job folder ``source`` into the atoll job folder ``out_dir``.
 
-    Raises SpecError naming the file and field that stops the import; ``out_dir`` must not
-    exist or be empty.
+    ``columns``: for a statistics job (FLARE's FedStatsRecipe), the ``DATASET/FEATURE`` columns
+    to ask about. Raises SpecError naming the file and field that stops the import; ``out_dir``
+    must not exist or be empty.
     """
     from atoll.spec.meta import load_meta  # pydantic: not for `job submit`'s flare_apps check
 
@@ -118,7 +136,7 @@ def import_flare_job(source: Path, out_dir: Path) -> ImportReport:
                             source=str(source / "meta.json"))
         config: dict[str, Any] = {}
         if runs_server:
-            config["server"] = _server_section(app_dir, report, meta.min_clients)
+            config["server"] = _server_section(app_dir, report, meta.min_clients, columns)
         if runs_site:
             config["site"] = _site_section(app_dir, report)
         apps[app] = config
@@ -128,6 +146,9 @@ def import_flare_job(source: Path, out_dir: Path) -> ImportReport:
     _write(out_dir / "meta.json", json.dumps(canonical, indent=2) + "\n", report)
     for app, config in apps.items():
         _copy_custom(source / app, out_dir / app, report)
+        for part in ("server", "site"):
+            for name, text in config.get(part, {}).pop("_files", {}).items():
+                _write(out_dir / app / name, text, report)
         initial = config.get("server", {}).pop("_initial_model", None)
         checkpoint = config.get("server", {}).pop("_initial_ckpt", None)
         if checkpoint is not None:
@@ -200,7 +221,8 @@ def _short(path: Any) -> str:
     return str(path).rsplit(".", 1)[-1] if isinstance(path, str) else ""
 
 
-def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None) -> dict:
+def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None,
+                    columns: list[str] | None) -> dict:
     file = f"{app_dir.name}/config/{SERVER_CONFIG}.json"
     config = _read_config(app_dir / "config", SERVER_CONFIG, file)
     if config is None:
@@ -208,6 +230,20 @@ def _server_section(app_dir: Path, report: ImportReport, min_clients: int | None
     workflows = config.get("workflows") or []
     found = [(i, w) for i, w in enumerate(workflows)
              if isinstance(w, dict) and _short(w.get("path")) in FEDAVG]
+    statistics = [i for i, w in enumerate(workflows)
+                  if isinstance(w, dict) and _short(w.get("path")) in STATISTICS]
+    if not found and statistics:
+        if not columns:
+            raise SpecError([Issue(f"workflows[{statistics[0]}]", STATISTICS_NEEDS_COLUMNS)],
+                            source=file)
+        components = {c.get("id"): c for c in config.get("components") or []
+                      if isinstance(c, dict)}
+        section = flare_statistics_job.server_section(
+            file, statistics[0], workflows[statistics[0]], components, columns,
+            report.not_translated)
+        if isinstance(min_clients, int):
+            section["args"]["min_clients"] = min_clients
+        return section
     if not found:
         names = ", ".join(str(w.get("path")) for w in workflows if isinstance(w, dict))
         raise SpecError([Issue("workflows", f"has no FedAvg workflow ({names or 'none'}); "
@@ -367,6 +403,18 @@ def _site_section(app_dir: Path, report: ImportReport) -> dict[str, Any]:
     if config is None:
         raise SpecError([Issue("", "missing: the app runs on sites")], source=file)
     executors = config.get("executors") or []
+    statistics = [(i, e["executor"]) for i, e in enumerate(executors)
+                  if isinstance(e, dict) and isinstance(e.get("executor"), dict)
+                  and _short(e["executor"].get("path")) in flare_statistics_job.EXECUTORS]
+    if statistics:
+        index, executor = statistics[0]
+        section = flare_statistics_job.site_section(file, config, index, executor,
+                                                    report.not_translated)
+        if section is None:
+            raise SpecError([Issue(f"executors[{index}].executor.args.generator_id",
+                                   "names no generator component with a module path")],
+                            source=file)
+        return section
     found = [(i, e.get("executor")) for i, e in enumerate(executors)
              if isinstance(e, dict) and isinstance(e.get("executor"), dict)
              and _short(e["executor"].get("path")) in CLIENT_API_EXECUTORS]

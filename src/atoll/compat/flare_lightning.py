@@ -27,8 +27,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from atoll.compat import flare_client as _flare
 from atoll.compat.flare_client import (  # FLARE's module re-exports them
     NUM_STEPS_CURRENT_ROUND,
+    AnalyticsDataType,
     FLModel,
     ParamsType,
     _json_safe,
@@ -49,12 +51,18 @@ from atoll.compat.flare_client import (  # FLARE's module re-exports them
 )
 from atoll.fl.lightning_callback import FederatedHooks, add_to
 
+try:  # FLARE's module is pytorch_lightning's; lightning.pytorch where that is all there is
+    import pytorch_lightning as _pl
+except ModuleNotFoundError:
+    import lightning.pytorch as _pl
+
 FL_META_KEY = "__fl_meta__"
 
 __all__ = [
-    "FL_META_KEY", "FLModel", "ParamsType", "get_config", "get_job_id", "get_site_name",
-    "get_task_name", "init", "is_evaluate", "is_running", "is_submit_model", "is_train", "log",
-    "patch", "receive", "send", "shutdown", "system_info",
+    "FL_META_KEY", "AnalyticsDataType", "FLCallback", "FLModel", "ParamsType", "get_config",
+    "get_job_id", "get_site_name", "get_task_name", "init", "is_evaluate", "is_running",
+    "is_submit_model", "is_train", "log", "logger", "patch", "receive", "send", "shutdown",
+    "system_info",
 ]
 
 
@@ -73,6 +81,48 @@ class FlareHooks(FederatedHooks):
         weight = meta[NUM_STEPS_CURRENT_ROUND]
         weight = weight if isinstance(weight, int) and not isinstance(weight, bool) else 1
         return max(weight, 0), _json_safe(meta)
+
+
+class FLCallback(FlareHooks, _pl.Callback):
+    """FLARE's ``FLCallback``, for a trainer given it directly (``callbacks=[FLCallback()]``)
+    rather than through ``patch``. ``update_fit_loop`` is accepted: atoll's callback always
+    counts ``max_epochs`` per round, as FLARE's default ``True`` does."""
+
+    def __init__(self, rank: int = 0, load_state_dict_strict: bool = True,
+                 update_fit_loop: bool = True) -> None:
+        init(rank=rank)
+        super().__init__(strict=load_state_dict_strict)
+
+
+class ClientLogger(_pl.loggers.Logger):
+    """FLARE's Lightning ``logger`` (its ``ClientLogger``): the trainer's logged numbers become
+    the site's metrics, each name after ``prefix`` and ``-``; hyperparameters are not
+    recorded (they are not numbers over steps)."""
+
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(self, prefix: str = "") -> None:
+        super().__init__()
+        self._prefix = prefix
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        _flare.log("", {}, AnalyticsDataType.PARAMETERS)  # dropped, with its one warning
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if self._prefix:
+            metrics = {f"{self._prefix}{self.LOGGER_JOIN_CHAR}{k}": v for k, v in metrics.items()}
+        _flare.log("", dict(metrics), AnalyticsDataType.METRICS, global_step=step)
+
+    @property
+    def name(self) -> str:
+        return "nvflare"
+
+    @property
+    def version(self) -> str:
+        return "atoll"
+
+
+logger = ClientLogger  # FLARE's module exports the class under this name
 
 
 def patch(trainer: Any, restore_state: bool = True, load_state_dict_strict: bool = True) -> None:

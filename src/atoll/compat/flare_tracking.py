@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from atoll.compat import flare_client as _flare
-from atoll.compat.flare_client import AnalyticsDataType
+from atoll.compat.flare_client import AnalyticsDataType, LogWriterName
 
-__all__ = ["MLflowWriter", "SummaryWriter", "WandBWriter", "init", "log", "shutdown"]
+__all__ = ["AnalyticsDataType", "LogWriterName", "MLflowWriter", "SummaryWriter", "WandBWriter",
+           "get_context", "init", "log", "shutdown"]
 
 
 def init(rank: Any = None, config_file: str | None = None) -> None:
@@ -26,6 +27,11 @@ def init(rank: Any = None, config_file: str | None = None) -> None:
 
 def shutdown(ctx: Any = None) -> None:
     """Nothing to stop."""
+
+
+def get_context(ctx: Any = None) -> Any:
+    """FLARE's tracking context: ``ctx`` when given; atoll's worker holds the one session."""
+    return ctx
 
 
 def log(key: str, value: Any, data_type: AnalyticsDataType, ctx: Any = None,

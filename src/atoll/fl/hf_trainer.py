@@ -48,9 +48,11 @@ from atoll.fl.torch_bridge import to_params, to_state_dict
 class FederatedTrainerCallback(TrainerCallback):
     """Receive the global model before ``train()``, send the result after."""
 
-    def __init__(self, num_examples: int | None = None, adapters_only: bool | None = None):
+    def __init__(self, num_examples: int | None = None, adapters_only: bool | None = None,
+                 strict: bool = True):
         self.num_examples = num_examples
         self.adapters_only = adapters_only  # None: True for a PEFT model
+        self.strict = strict  # of load_state_dict, for a whole model
         self._training = False
         self._eval_metrics: dict[str, float] = {}
 
@@ -68,12 +70,17 @@ class FederatedTrainerCallback(TrainerCallback):
             return to_params(get_peft_model_state_dict(model))
         return to_params(model.state_dict())
 
+    def global_params(self) -> dict[str, Any]:
+        """The current task's global model as exchanged (empty without one)."""
+        received = fl.receive()
+        return dict(received.params) if received is not None else {}
+
     def load(self, model: Any) -> None:
         """Load the current task's global model into ``model`` (no-op without params)."""
-        received = fl.receive()
-        if received is None or not received.params:
+        params = self.global_params()
+        if not params:
             return
-        state = to_state_dict(received.params)
+        state = to_state_dict(params)
         if self._adapters(model):
             from peft import set_peft_model_state_dict
 
@@ -83,7 +90,7 @@ class FederatedTrainerCallback(TrainerCallback):
                 raise fl.ClientError(f"the global model has weights this model lacks: "
                                      f"{', '.join(sorted(unexpected)[:5])}")
         else:
-            model.load_state_dict(state, strict=True)
+            model.load_state_dict(state, strict=self.strict)
 
     # --- TrainerCallback hooks -------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,

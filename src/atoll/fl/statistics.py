@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from atoll.fl.statistics_release import spread, summarize
 from atoll.spec.errors import AtollError
 
 __all__ = ["SPREAD", "SUMMARY", "StatisticsError", "StatisticsRefused", "combine_histograms",
-           "combine_summaries", "effective_rules", "quantiles", "read_columns", "serve",
+           "combine_summaries", "effective_rules", "quantiles", "read_columns", "serve", "serve_values",
            "site_spread_stats", "spread", "summarize"]
 
 MISSING = {"", "na", "nan", "null", "none"}
@@ -98,7 +98,16 @@ def read_columns(path: Path, columns: Sequence[str]) -> dict[str, np.ndarray]:
 def serve(table: Path, *, spend: Spend | None = None,
           rng: np.random.Generator | None = None) -> None:
     """A site's whole part of a statistics job: answer its tasks from the CSV ``table`` with
-    this site's rules until the job ends. Other tasks are answered with an error.
+    this site's rules until the job ends (``serve_values`` over ``read_columns``)."""
+    serve_values(lambda asked: read_columns(table, asked), str(table), spend=spend, rng=rng)
+
+
+def serve_values(values: Callable[[list[str]], dict[str, np.ndarray]], source: str, *,
+                 spend: Spend | None = None, rng: np.random.Generator | None = None) -> None:
+    """Answer the job's statistics tasks with this site's rules until the job ends, the values
+    of each asked column read by ``values`` (the non-missing, finite numbers; an unknown
+    column raises StatisticsError naming the known ones); ``source`` names the table. Other
+    tasks are answered with an error.
 
     The job's questions go through one ``StatisticsGuard`` per worker (kept on the session, so
     a script that calls ``serve`` again gets the same one): rules frozen at the first question,
@@ -123,8 +132,7 @@ def serve(table: Path, *, spend: Spend | None = None,
             session.send(Model(meta={"error": f"not a statistics task: {task}"}))
             continue
         try:
-            answer = guard.answer(task, model.meta, lambda asked: read_columns(table, asked),
-                                  str(table))
+            answer = guard.answer(task, model.meta, values, source)
         except StatisticsRefused as exc:
             session.send(Model(meta={"refused": str(exc), "rules": _public(guard)}))
             continue
