@@ -13,6 +13,10 @@ print(result.results_dir, result.events[-1])
 
 Sites share the process: their scripts see one ``sys.argv`` and working directory (the site
 app's, set once), so every site app of a simulated job must use the same folder and arguments.
+They also share what ML libraries keep per process (accelerate's ``AcceleratorState``, which
+each Hugging Face ``TrainingArguments`` resets), so site scripts take turns: one runs at a time,
+and gives up its turn while it waits for a task (``Turns``); the server's workflow runs beside
+them.
 A site script that raises "drops out" exactly as a crashed worker would: the server sees an
 error reply for its pending and later tasks. ``Federation`` gives tests the channels directly.
 """
@@ -32,6 +36,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +89,40 @@ class MemoryLedger:
                 raise BudgetExhausted(str(exc)) from None
 
 
+class Turns:
+    """One site script runs at a time; a site gives up its turn while it waits for a task. In
+    a federation each site is its own process; in one process, two sites training at once
+    would change each other's library state mid-step (a Trainer's setup resetting the
+    AcceleratorState another site's Trainer is using)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holder: int | None = None
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        with self._lock:
+            self._holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._holder = None
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around a wait of the thread holding the turn (another thread just waits)."""
+        if self._holder != threading.get_ident():
+            yield
+            return
+        self._holder = None
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+            self._holder = threading.get_ident()
+
+
 class Federation:
     """The in-memory hub between one server channel and one channel per site."""
 
@@ -102,6 +141,7 @@ class Federation:
         self.events: list[dict[str, Any]] = []
         self._on_event = on_event
         self._lock = threading.Lock()
+        self.turns = Turns()
         self._inbox: dict[str, queue.Queue] = {s: queue.Queue() for s in self.sites}
         self._tasks: dict[str, _TaskState] = {}
         self.dead: dict[str, str] = {}
@@ -181,7 +221,8 @@ class Federation:
 
     def receive(self, site: str, timeout: float | None) -> Task | None:
         try:
-            return self._inbox[site].get(timeout=timeout)
+            with self.turns.waiting():
+                return self._inbox[site].get(timeout=timeout)
         except queue.Empty:
             return None
 
@@ -355,8 +396,9 @@ def simulate(
 
     def site_main(site: str) -> None:
         try:
-            run_site_app_in_thread(federation.site_channel(site), site_app, site, sites[site],
-                                   (statistics_rules or {}).get(site))
+            with federation.turns.turn():
+                run_site_app_in_thread(federation.site_channel(site), site_app, site,
+                                       sites[site], (statistics_rules or {}).get(site))
             federation.drop(site, f"{site}: the site script ended before answering")
         except BaseException as exc:  # noqa: BLE001 - a site's crash is a drop-out, reported
             site_errors[site] = traceback.format_exc()

@@ -123,9 +123,10 @@ def _runner(workflow_class, folder, resume=None, stop_after=None):
         if stop_after is not None:
             commit = ctx.checkpoint
 
-            def dying(round_, state):
-                commit(round_, state)
-                if round_ == stop_after:
+            def dying(round_, state, **how):
+                commit(round_, state, **how)
+                if round_ == stop_after:  # killed once that round's checkpoint is committed
+                    ctx.settle_checkpoint()
                     raise _Killed
             ctx.checkpoint = dying
         workflow = workflow_class(ctx)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,12 +172,15 @@ class Context:
         # where checkpoints go (the server worker's run folder; None: this run keeps none)
         self._checkpoints: Path | None = getattr(channel, "checkpoint_dir", None)
         self.resumed_round: int | None = None  # the checkpoint's round after a restart
+        # a checkpoint being written while the next round starts: (thread, round, outcome)
+        self._committing: tuple[threading.Thread, int, list[Any]] | None = None
 
     @property
     def channel(self) -> ServerChannel:
         """The job's link to its sites, for a protocol that runs a whole round itself (secure
         aggregation: masked replies must not pass ``result_filters``); workflows use
         ``send``/``gather``."""
+        self.settle_checkpoint()  # the protocol may change the state from here on
         return self._channel
 
     # --- tasks ------------------------------------------------------------------------------
@@ -261,6 +265,7 @@ class Context:
         )
 
         def take(site: str, stream: ModelStream) -> None:
+            self.settle_checkpoint()  # before a result can change the checkpoint's arrays
             if stream_in:
                 assert isinstance(aggregator, StreamingAggregator)
                 gathered.results[site] = aggregator.add_stream(site, stream)
@@ -280,6 +285,7 @@ class Context:
         gathered.outcome = gather(
             self._channel, sent.task_id, sent.targets, timeout, take, wanted, sent.resend
         )
+        self.settle_checkpoint()  # no result came: the workflow goes on from here
         self.note_dropouts(gathered.outcome)
         if what is None:
             what = sent.task + (f" in round {sent.round}" if sent.round is not None else "")
@@ -438,20 +444,54 @@ class Context:
         """The first round to run: 1, or the one after the restored checkpoint's."""
         return (self.resumed_round or 0) + 1
 
-    def checkpoint(self, round: int, state: dict[str, Any]) -> None:
+    def checkpoint(self, round: int, state: dict[str, Any], *, background: bool = False) -> None:
         """Commit ``state`` (the workflow's) as what the job resumes from after round ``round``,
-        with the context's own part; ``Workflow.checkpoint`` calls it."""
+        with the context's own part; ``Workflow.checkpoint`` calls it.
+
+        ``background``: write it while the next round starts (a large model's write and fsync
+        then cost the round nothing). The caller promises not to change ``state``'s arrays
+        until the next result arrives: ``gather`` (and ``channel``, for a protocol of its own)
+        wait for the write first, as do the next checkpoint and ``close``."""
         if self._checkpoints is None:
             return
         from atoll.fl import checkpoint
 
+        self.settle_checkpoint()
         own = {"active": list(self.active), "dropped": dict(self.dropped),
                "random": _random_state()}
         if self._privacy is not None and self._privacy.ledger is not None:
             own["dp"] = {"steps": self._privacy.ledger.steps,
                          "spent": list(self._privacy.ledger.spent)}
-        size = checkpoint.save(self._checkpoints, round, {"workflow": state, "context": own})
-        self.report({"event": "checkpoint", "round": round, "bytes": size})
+        folder, saved = self._checkpoints, {"workflow": state, "context": own}
+        if not background:
+            self._committed(round, checkpoint.save(folder, round, saved))
+            return
+        outcome: list[Any] = []  # the size written, or the exception that stopped it
+
+        def write() -> None:
+            try:
+                outcome.append(checkpoint.save(folder, round, saved))
+            except BaseException as exc:  # raised in the workflow's thread by settle
+                outcome.append(exc)
+
+        thread = threading.Thread(target=write, name=f"checkpoint-{round}", daemon=True)
+        thread.start()
+        self._committing = (thread, round, outcome)
+
+    def settle_checkpoint(self) -> None:
+        """Wait for a checkpoint being written in the background; its error, if it failed."""
+        if self._committing is None:
+            return
+        thread, round_, outcome = self._committing
+        self._committing = None
+        thread.join()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        self._committed(round_, outcome[0])
+
+    def _committed(self, round_: int, size: int) -> None:
+        # the server counts a round as resumable from this report on (lifecycle.py)
+        self.report({"event": "checkpoint", "round": round_, "bytes": size})
 
     def resume(self, expected: int | None = None) -> dict[str, Any] | None:
         """After a server restart: the workflow's state of the last checkpoint (the context's
@@ -497,6 +537,7 @@ class Context:
 
     def close(self) -> None:
         """Flush the metrics files and draw the curves (the runner calls it at the end)."""
+        self.settle_checkpoint()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None

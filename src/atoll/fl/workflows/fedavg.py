@@ -173,7 +173,11 @@ class FedAvgRun:
                     break
                 self.train_round(round_)
                 self.rounds_done = round_
-                self.ctx.checkpoint(round_, self.state())
+                # written while the next round's task goes out: the loop changes no array of
+                # the state before a result arrives (gather waits for the write first); not
+                # with the sum on disk, which lets the global model leave memory at once
+                self.ctx.checkpoint(round_, self.state(),
+                                    background=self.args.accumulator != "disk")
             final = save_file(self._global_model(self.rounds_done), self.results / FINAL_MODEL)
             if self.best is None:  # no usable validation: the final model is the best we know
                 shutil.copyfile(final, self.results / BEST_MODEL)
