@@ -172,8 +172,8 @@ class Context:
         # where checkpoints go (the server worker's run folder; None: this run keeps none)
         self._checkpoints: Path | None = getattr(channel, "checkpoint_dir", None)
         self.resumed_round: int | None = None  # the checkpoint's round after a restart
-        # a checkpoint being written while the next round starts: (thread, round, outcome)
-        self._committing: tuple[threading.Thread, int, list[Any]] | None = None
+        # a checkpoint being written while the next round starts, and what stopped it
+        self._committing: tuple[threading.Thread, list[BaseException]] | None = None
 
     @property
     def channel(self) -> ServerChannel:
@@ -466,28 +466,27 @@ class Context:
         if not background:
             self._committed(round, checkpoint.save(folder, round, saved))
             return
-        outcome: list[Any] = []  # the size written, or the exception that stopped it
+        outcome: list[BaseException] = []  # what stopped it, raised in the workflow's thread
 
         def write() -> None:
-            try:
-                outcome.append(checkpoint.save(folder, round, saved))
-            except BaseException as exc:  # raised in the workflow's thread by settle
+            try:  # reported at once: the server resumes from the last round it was told of
+                self._committed(round, checkpoint.save(folder, round, saved))
+            except BaseException as exc:
                 outcome.append(exc)
 
         thread = threading.Thread(target=write, name=f"checkpoint-{round}", daemon=True)
         thread.start()
-        self._committing = (thread, round, outcome)
+        self._committing = (thread, outcome)
 
     def settle_checkpoint(self) -> None:
         """Wait for a checkpoint being written in the background; its error, if it failed."""
         if self._committing is None:
             return
-        thread, round_, outcome = self._committing
+        thread, outcome = self._committing
         self._committing = None
         thread.join()
-        if isinstance(outcome[0], BaseException):
+        if outcome:
             raise outcome[0]
-        self._committed(round_, outcome[0])
 
     def _committed(self, round_: int, size: int) -> None:
         # the server counts a round as resumable from this report on (lifecycle.py)
