@@ -122,3 +122,39 @@ def test_the_site_scripts_libraries_are_imported_once_before_the_threads(tmp_pat
         sys.path.remove(str(app))
     assert "colorsys" in sys.modules and "email.mime.text" in sys.modules
     assert not (tmp_path / "imported").exists() and "helper_mod_xyz" not in sys.modules
+
+
+TURNS = """
+import sys, time
+import atoll.client as fl
+state = sys.modules.setdefault("turns_probe_state", type(sys)("turns_probe_state"))
+if not hasattr(state, "busy"):
+    state.busy, state.overlaps = set(), []
+fl.init()
+while fl.is_running():
+    model = fl.receive()
+    state.busy.add(fl.site_name())
+    if len(state.busy) > 1:
+        state.overlaps.append(sorted(state.busy))
+    time.sleep(0.05)  # a step of training: long enough for another site's to begin beside it
+    state.busy.discard(fl.site_name())
+    fl.send(fl.Model(params=model.params, num_examples=1))
+"""
+
+
+def test_site_scripts_take_turns_between_their_waits(tmp_path):
+    """Two sites' training never runs at once in one process (libraries keep process-wide
+    state: accelerate's, which a Hugging Face TrainingArguments resets); each still gets every
+    task, and gives its turn up while it waits."""
+    import sys
+
+    job = _job(tmp_path, {"num_rounds": 3})
+    (job / "app" / "echo.py").write_text(TURNS)
+    try:
+        result = simulate(job, {"a": {}, "b": {}, "c": {}}, results_dir=tmp_path / "out")
+        overlaps = sys.modules["turns_probe_state"].overlaps
+    finally:
+        sys.modules.pop("turns_probe_state", None)
+    assert not result.site_errors
+    assert [e["round"] for e in result.events if e["event"] == "round"] == [1, 2, 3]
+    assert overlaps == []
