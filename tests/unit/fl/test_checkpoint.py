@@ -170,6 +170,59 @@ def test_a_run_resumed_after_round_3_ends_on_the_uninterrupted_model(tmp_path, w
     assert digests == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_restart_during_the_cross_site_evaluation_evaluates_only_the_rest(tmp_path):
+    """The evaluation after the last round is checkpointed row by row: resumed after its first
+    model, the job asks the sites for the other models only, and ends on the same table."""
+    args = FedAvgArgs(num_rounds=2, evaluate_every=0, cross_site_eval="all")
+    shifts = {"a": 1.0, "b": -0.5}
+    asked: list[str] = []
+
+    def counted():
+        sites = _sites(shifts)
+
+        def site(name):
+            def handler(topic, model):
+                if topic == "validate":
+                    asked.append(name)
+                return sites[name](topic, model)
+            return handler
+        return {name: site(name) for name in sites}
+
+    def initial():
+        return Model(params={"w": np.array([1.0, 2.0, -3.0])})
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run_workflow(_runner(FedAvg, whole), args, counted(), whole, initial=initial())
+    rows = len(json.loads((whole / "cross_site_eval.json").read_text())["table"])
+    assert rows == 3 and len(asked) == 2 * rows  # the final model and both sites' own
+
+    def runner_dying_after_the_first_row(channel, args, initial, job_args):
+        channel.checkpoint_dir = cut / "checkpoint"
+        ctx = Context(channel, args, initial, job_args)
+        commit, commits = ctx.checkpoint, []
+
+        def dying(round_, state, **how):
+            commit(round_, state, **how)
+            commits.append(round_)
+            if len(commits) == 3:  # rounds 1 and 2, then the first model's row
+                ctx.settle_checkpoint()
+                raise _Killed
+        ctx.checkpoint = dying
+        try:
+            FedAvg(ctx).run()
+        finally:
+            ctx.close()
+
+    with pytest.raises(_Killed):
+        run_workflow(runner_dying_after_the_first_row, args, counted(), cut, initial=initial())
+    asked.clear()
+    run_workflow(_runner(FedAvg, cut, resume={"attempt": 1, "round": 2}), args, counted(), cut,
+                 initial=initial())
+    assert len(asked) == 2 * (rows - 1)  # the row saved before the restart is not asked again
+    table = json.loads((cut / "cross_site_eval.json").read_text())["table"]
+    assert table == json.loads((whole / "cross_site_eval.json").read_text())["table"]
+
+
 def test_a_missing_checkpoint_the_server_saw_committed_fails_the_resume(tmp_path):
     args = FedAvgArgs(num_rounds=3, evaluate_every=0, cross_site_eval="none")
     with pytest.raises(WorkflowError, match="checkpoint of round 2 is missing"):

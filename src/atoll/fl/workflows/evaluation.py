@@ -11,10 +11,10 @@ site's last local model. Results form a table model x site, saved as ``cross_sit
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from atoll.fl.model import Model
 from atoll.fl.workflows.rounds import Outcome
@@ -69,15 +69,25 @@ def cross_site_table(
     targets: Sequence[str],
     models: Iterable[tuple[str, Path]],
     timeout: float | None,
+    done: dict[str, Any] | None = None,
+    after: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, str]]]:
-    """Evaluate each saved model on every target: (model -> site -> metrics, model -> failures)."""
-    table: dict[str, dict[str, dict[str, float]]] = {}
-    failures: dict[str, dict[str, str]] = {}
+    """Evaluate each saved model on every target: (model -> site -> metrics, model -> failures).
+
+    ``done`` (``{"table": ..., "failures": ...}``, filled in as each model is evaluated): the
+    models it already holds are not evaluated again (a run resumed after a server restart);
+    ``after(label)`` is called once each new row is in it (the workflow's checkpoint)."""
+    done = done if done is not None else {"table": {}, "failures": {}}
+    table, failures = done["table"], done["failures"]
     for label, path in models:
+        if label in table:
+            continue
         result = evaluate_file(ctx, targets, path, label, timeout)
         table[label] = result.metrics
         if result.outcome.failed:
             failures[label] = result.outcome.failed
+        if after is not None:
+            after(label)
     return table, failures
 
 

@@ -150,6 +150,8 @@ class FedAvgRun:
         self.privacy = _privacy(ctx, bool(self.global_params))
         self.stopped: str | None = None  # why training ended before num_rounds
         self.rounds_done = 0
+        # the cross-site evaluation after the last round, as far as it went: model -> rows
+        self.cross_site_done: dict[str, Any] = {"table": {}, "failures": {}}
 
     @classmethod
     def on(
@@ -173,11 +175,7 @@ class FedAvgRun:
                     break
                 self.train_round(round_)
                 self.rounds_done = round_
-                # written while the next round's task goes out: the loop changes no array of
-                # the state before a result arrives (gather waits for the write first); not
-                # with the sum on disk, which lets the global model leave memory at once
-                self.ctx.checkpoint(round_, self.state(),
-                                    background=self.args.accumulator != "disk")
+                self._commit()
             final = save_file(self._global_model(self.rounds_done), self.results / FINAL_MODEL)
             if self.best is None:  # no usable validation: the final model is the best we know
                 shutil.copyfile(final, self.results / BEST_MODEL)
@@ -194,11 +192,20 @@ class FedAvgRun:
             "global": self.global_params, "rounds_done": self.rounds_done,
             "saw_diff": self.saw_diff, "last_validation": self.last_validation,
             "best": list(self.best) if self.best is not None else None,
+            "cross_site": self.cross_site_done,
         }
         optimizer_state = getattr(self.server_update, "state", None)
         if callable(optimizer_state):
             state["server_update"] = optimizer_state()
         return state
+
+    def _commit(self) -> None:
+        """Checkpoint after the last completed round (and each cross-site row after it),
+        written while the next task goes out: the loop changes no array of the state before a
+        result arrives, and gather waits for the write first. Not with the sum on disk, which
+        lets the global model leave memory at once."""
+        self.ctx.checkpoint(self.rounds_done, self.state(),
+                            background=self.args.accumulator != "disk")
 
     def restore(self, state: dict[str, Any]) -> None:
         self.global_params = dict(state["global"])
@@ -206,6 +213,9 @@ class FedAvgRun:
         self.saw_diff = bool(state["saw_diff"])
         self.last_validation = dict(state["last_validation"])
         self.best = tuple(state["best"]) if state.get("best") else None  # type: ignore[assignment]
+        done = state.get("cross_site") or {}
+        self.cross_site_done = {"table": dict(done.get("table") or {}),
+                                "failures": dict(done.get("failures") or {})}
         if "server_update" in state:
             self.server_update.restore(state["server_update"])  # type: ignore[union-attr]
         self._cut_digests(self.rounds_done)
@@ -415,8 +425,12 @@ class FedAvgRun:
                 for site in sorted(self.ctx.sites)
                 if (folder / f"{site}.safetensors").exists()
             ]
+        def evaluated(label: str) -> None:  # a restart from here evaluates only the rest
+            self._commit()
+
         table, failures = cross_site_table(
-            self.ctx, self.active, models, self.args.round_timeout
+            self.ctx, self.active, models, self.args.round_timeout,
+            done=self.cross_site_done, after=evaluated,
         )
         for label, row in table.items():
             for site, metrics in row.items():
