@@ -120,6 +120,10 @@ def test_the_record_verifies_offline_with_the_ca_and_the_model(finished):
     assert decision["approval"]["digest"] == bodies[("job.signed", "server")]["content_digest"]
     assert bodies[("site.decision", "site-1")]["code_approval"] == "not required"
     assert bodies[("site.launch", "site-1")]["launcher"] == "process"
+    for site in SITES:  # what its launcher rendered for the job (launchers/base.py)
+        assert bodies[("site.launch", site)]["render_digest"].startswith("sha256:")
+    assert (bodies[("site.launch", "site-1")]["render_digest"]
+            != bodies[("site.launch", "site-2")]["render_digest"])  # each site's own process
     assert (results / "provenance.json").is_file()  # the download holds the record too
     assert verify(results / "provenance.json", ca, "--model", model).returncode == 0
 
