@@ -63,9 +63,17 @@ def atoll(*args, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
+# site-1 maps a dataset and publishes its fingerprint: its launch entry states both, never the path
+FINGERPRINT = "sha256:" + "5e" * 32
+
+
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory):
-    fed = Federation.provisioned(tmp_path_factory.mktemp("prov"), SITES, USERS)
+    data = tmp_path_factory.mktemp("scans")
+    runtime = ("format_version: 2\nstudies:\n  default:\n    datasets:\n      scans: "
+               f"{{source: {data}, mode: ro, fingerprint: '{FINGERPRINT}'}}\n")
+    fed = Federation.provisioned(tmp_path_factory.mktemp("prov"), SITES, USERS,
+                                 runtime={"site-1": runtime})
     (fed.kit("site-2") / "local" / "authorization.json").write_text(json.dumps(APPROVAL))
     fed.start_all()
     fed.wait_online(ADMIN)
@@ -120,6 +128,10 @@ def test_the_record_verifies_offline_with_the_ca_and_the_model(finished):
     assert decision["approval"]["digest"] == bodies[("job.signed", "server")]["content_digest"]
     assert bodies[("site.decision", "site-1")]["code_approval"] == "not required"
     assert bodies[("site.launch", "site-1")]["launcher"] == "process"
+    assert bodies[("site.launch", "site-1")]["datasets"] == [
+        {"name": "scans", "mode": "ro", "fingerprint": FINGERPRINT}]  # the site's own word
+    assert "scans" not in str(bodies[("site.launch", "site-2")])
+    assert "/scans" not in record.read_text()  # the dataset's path is nowhere in the record
     for site in SITES:  # what its launcher rendered for the job (launchers/base.py)
         assert bodies[("site.launch", site)]["render_digest"].startswith("sha256:")
     assert (bodies[("site.launch", "site-1")]["render_digest"]
