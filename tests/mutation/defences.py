@@ -894,6 +894,11 @@ MUTATIONS: list[Mutation] = [
              ")",
              ["tests/unit/server/test_provenance_record.py::"
               "test_each_round_is_stated_as_its_report_arrives_and_once"]),
+    Mutation("provenance: a line a crash tore is cut before the chain goes on",
+             "src/atoll/server/provenance.py",
+             '        if data and not data.endswith(b"\\n"):\n', "        if False:\n",
+             ["tests/unit/server/test_provenance_record.py::"
+              "test_a_line_torn_by_a_crash_is_cut_and_the_chain_goes_on_whole"]),
     Mutation("dashboard: a request without the cookie is refused", DASHBOARD,
              "        if not cookie:\n", "        if False:\n", DASHBOARD_TESTS),
     Mutation("dashboard: a wrong cookie is refused", DASHBOARD,

@@ -4,10 +4,10 @@ states, signed with its own key, and the sites' signed entries, appended verbati
 Each job's items are kept one JSON line each in ``jobs/<id>/provenance.jsonl`` (0600, opened
 for appending only; fsynced once, with the job's last entry), with the certificate that signed
 each item, so a restarted server (or a resumed job) continues the same chain. A machine that
-crashes mid-job may lose the last lines: the chain kept is still whole (a torn line is
-skipped, and the next entry links to the last one kept). The record is exported with
-its head signed at that moment (``atoll job provenance``, and ``provenance.json`` in ``job
-download``'s results).
+crashes mid-job may lose the last lines: the chain kept is still whole (a torn last line is
+cut off when the file is read again, and the next entry links to the last one kept). The
+record is exported with its head signed at that moment (``atoll job provenance``, and
+``provenance.json`` in ``job download``'s results).
 
 The server's entries are signed in the server parent: cryptography is loaded by the first
 job's first entry, never by a parent at rest (pki/job_signature.py says why parents avoid it),
@@ -242,10 +242,19 @@ def _round_and_digest(round_: Any, digest: Any) -> bool:
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
+    """The kept items; a last line a crash tore (no newline) is cut off the file, so that the
+    next entry starts a line of its own rather than joining it, unreadable."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     except FileNotFoundError:
         return []
+    with os.fdopen(fd, "r+b") as fh:
+        data = fh.read()
+        if data and not data.endswith(b"\n"):
+            data = data[:data.rfind(b"\n") + 1]
+            fh.truncate(len(data))
+            log.warning("%s: a line torn by a crash was cut off; the chain goes on from the "
+                        "last whole entry", path)
     return _parsed(data)
 
 

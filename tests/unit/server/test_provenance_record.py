@@ -186,3 +186,20 @@ def test_a_round_lost_with_a_restart_is_stated_from_the_results_at_the_end(kits,
         + json.dumps({"round": 2, "digest": "md5:00"}) + "\n")
     prov.finished(JOB, "COMPLETED", "")
     assert _round_entries(prov.export(JOB)) == [(1, d1)]
+
+
+def test_a_line_torn_by_a_crash_is_cut_and_the_chain_goes_on_whole(kits, jobs_dir):
+    """A machine that crashed mid-write left half a line: the restarted server cuts it off, so
+    the next entry is a line of its own, linked to the last whole one."""
+    prov = ServerProvenance(kits["server"], jobs_dir, "9.9")
+    prov.taken_in(JOB, "alpha", "lead@a.org", "sha256:x")
+    items = jobs_dir / JOB / ITEMS_FILE
+    whole = items.read_bytes()
+    items.write_bytes(whole + b'{"item": {"seq": 2, "prev": "sha')  # torn: no newline
+    again = ServerProvenance(kits["server"], jobs_dir, "9.9")
+    again.round_model(JOB, 1, "sha256:" + "1" * 64)
+    again.finished(JOB, "COMPLETED", "")
+    verified = verify(again.export(JOB), kits["server"].ca.read_bytes())
+    assert [e.kind for e in verified.entries] == [
+        "job.signed", "server.intake", "round.model", "job.final"]
+    assert items.read_bytes().startswith(whole) and items.read_bytes().count(b"\n") == 4
