@@ -36,6 +36,7 @@ import os
 import re
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,12 +67,21 @@ ROUND_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 MAX_CACHED = 1000  # chains kept in memory
 
 
+@dataclass
+class _Rounds:
+    """A job's round.model entries: each round's last stated digest, and how many in all (a
+    round stated again with another digest counts again: job code cannot flip one forever)."""
+
+    digests: dict[int, str] = field(default_factory=dict)
+    entries: int = 0
+
+
 class ServerProvenance:
     def __init__(self, kit: Kit, jobs_dir: Path, version: str):
         self.kit, self.jobs_dir, self.version = kit, jobs_dir, version
         self._lock = threading.Lock()  # one chain per job; appends are rare and small
         self._chains: dict[str, Chain] = {}  # the running jobs', read once from their files
-        self._rounds: dict[str, dict[int, str]] = {}  # their round.model digests, by round
+        self._rounds: dict[str, _Rounds] = {}  # their round.model entries
 
     # -- what happens to a job ------------------------------------------------------------------
     def taken_in(self, job_id: str, study: str, submitter: str, digest: str) -> None:
@@ -169,9 +179,11 @@ class ServerProvenance:
                 chain = self._load(job_id)
                 if unless_round is not None:
                     rounds = self._rounds_of(job_id, chain)
-                    if rounds.get(unless_round[0]) == unless_round[1] or len(rounds) >= MAX_ROUNDS:
+                    if (rounds.digests.get(unless_round[0]) == unless_round[1]
+                            or rounds.entries >= MAX_ROUNDS):
                         return
-                    rounds[unless_round[0]] = unless_round[1]
+                    rounds.digests[unless_round[0]] = unless_round[1]
+                    rounds.entries += 1
                 cert = self.kit.cert.read_bytes()
                 item = chain.append(kind, ("server", self.kit.name), body,
                                     self.kit.key.read_bytes(), cert, int(time.time()))
@@ -197,15 +209,16 @@ class ServerProvenance:
             self._chains.pop(job_id, None)
             self._rounds.pop(job_id, None)
 
-    def _rounds_of(self, job_id: str, chain: Chain) -> dict[int, str]:
-        """Each round's last stated digest in the chain, read once per chain loaded."""
+    def _rounds_of(self, job_id: str, chain: Chain) -> _Rounds:
+        """The chain's round.model entries, read once per chain loaded."""
         rounds = self._rounds.get(job_id)
         if rounds is None:
-            rounds = self._rounds[job_id] = {}
+            rounds = self._rounds[job_id] = _Rounds()
             for item in chain.entries:
                 if '"kind":"round.model"' in item["entry"]:
                     body = json.loads(item["entry"])["body"]
-                    rounds[body["round"]] = body["digest"]
+                    rounds.digests[body["round"]] = body["digest"]
+                    rounds.entries += 1
         return rounds
 
     def _read(self, job_id: str) -> Chain:

@@ -203,3 +203,17 @@ def test_a_line_torn_by_a_crash_is_cut_and_the_chain_goes_on_whole(kits, jobs_di
     assert [e.kind for e in verified.entries] == [
         "job.signed", "server.intake", "round.model", "job.final"]
     assert items.read_bytes().startswith(whole) and items.read_bytes().count(b"\n") == 4
+
+
+def test_round_entries_are_bounded_even_when_one_round_flips_its_digest(kits, jobs_dir,
+                                                                         monkeypatch):
+    import atoll.server.provenance as server_provenance
+
+    monkeypatch.setattr(server_provenance, "MAX_ROUNDS", 3)
+    prov = ServerProvenance(kits["server"], jobs_dir, "9.9")
+    prov.taken_in(JOB, "alpha", "lead@a.org", "sha256:x")
+    for n in range(6):  # job code states round 1 again and again, each time differently
+        prov.round_model(JOB, 1, "sha256:" + "ab"[n % 2] * 64)
+    again = ServerProvenance(kits["server"], jobs_dir, "9.9")  # counted again from the file
+    again.round_model(JOB, 2, "sha256:" + "c" * 64)
+    assert len(_round_entries(again.export(JOB))) == 3
