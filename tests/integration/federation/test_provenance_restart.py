@@ -14,7 +14,6 @@ import time
 
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation, job_folder, wait_for
-from tests.integration.federation.jobs import round_taker
 from tests.integration.federation.test_provenance import APP as TWO_ROUNDS
 from tests.integration.federation.test_provenance import MODEL, atoll
 
@@ -79,13 +78,27 @@ def test_a_restarted_server_continues_the_jobs_chain(tmp_path):
 
 ROUNDS = 4
 RESUMABLE = TWO_ROUNDS.replace("num_rounds: 2", f"num_rounds: {ROUNDS}")
-# round 3 of 4 is in flight (each site holds its reply) long enough to kill the server in it
-TAKER = round_taker(6.0)
+# In round 3 of 4, site-1 leaves a marker in its run folder and holds its reply until the test
+# lets it go (a second marker): the server is killed while the round is in flight, whatever the
+# machine's load. The resumed round 3 comes again and is answered at once.
+HOLDS_ROUND_3 = """
+import os
+import time
+import atoll.client as fl
 
-
-def _worker_log(fed, job_id, site) -> str:
-    path = fed.workspace(site) / "jobs" / job_id / "logs" / "worker.log"
-    return path.read_text(errors="replace") if path.exists() else ""
+work = os.environ["ATOLL_WORKDIR"]
+fl.init()
+while fl.is_running():
+    model = fl.receive()
+    if model is None:
+        break
+    held = os.path.join(work, "held-round-3")
+    if fl.site_name() == "site-1" and model.current_round == 3 and not os.path.exists(held):
+        open(held, "w").close()
+        while not os.path.exists(os.path.join(work, "go")):
+            time.sleep(0.1)
+    fl.send(fl.Model(params=model.params, num_examples=1, metrics={"ok": 1.0}))
+"""
 
 
 def _rounds(items_file) -> list[int]:
@@ -98,18 +111,19 @@ def test_a_resumed_job_keeps_one_unbroken_chain(tmp_path):
     fed = Federation.provisioned(tmp_path / "fed", ["site-1", "site-2"], USERS)
     folder = job_folder(tmp_path / "resumed", {"name": "resumed",
                                                "deploy_map": {"app": ["@ALL"]}},
-                        RESUMABLE, {"train.py": TAKER, "model.py": MODEL})
+                        RESUMABLE, {"train.py": HOLDS_ROUND_3, "model.py": MODEL})
     fed.start_all()
     try:
         fed.wait_online(ADMIN)
         with fed.session(ADMIN) as s:
             job_id = s.submit(folder)["job_id"]
         items = fed.workspace("server") / "jobs" / job_id / "provenance.jsonl"
-        wait_for(lambda: "took round 3" in _worker_log(fed, job_id, "site-1"), 180,
-                 "site-1 in round 3")
+        [held] = wait_for(lambda: list(fed.workspace("site-1").rglob("held-round-3")), 180,
+                          "site-1 holding round 3")
         # each round is stated as it happens: rounds 1 and 2 are in the record mid-job
         assert _rounds(items) == [1, 2], _kinds(items)
         fed.kill("server", signal.SIGKILL)
+        (held.parent / "go").touch()  # its reply goes up to a server that is gone: lost
         fed.start_server()
         with fed.session(ADMIN) as s:
             final = s.wait(job_id, timeout=300)
