@@ -41,7 +41,10 @@ def record_tags(data: bytes, verified: Any) -> dict[str, str]:
     signed = next((e.body for e in verified.entries if e.kind == "job.signed"), {})
     intake = next((e.body for e in verified.entries if e.kind == "server.intake"), {})
     final = next((e.body for e in verified.entries if e.kind == "job.final"), {})
-    rounds = [e.body for e in verified.entries if e.kind == "round.model"]
+    # round -> its digest: a round stated again (re-run after a resume) is its later statement's
+    rounds: dict[Any, Any] = {}
+    for body in (e.body for e in verified.entries if e.kind == "round.model"):
+        rounds[body.get("round")] = body.get("digest")
     sites = sorted({e.by_name for e in verified.entries if e.kind == "site.launch"})
     tags = {
         "atoll.job_id": verified.job_id,
@@ -58,8 +61,9 @@ def record_tags(data: bytes, verified: Any) -> dict[str, str]:
         "atoll.sites": ",".join(sites),
         "atoll.rounds": str(len(rounds)),
     }
-    if rounds:
-        tags["atoll.last_round_digest"] = str(rounds[-1].get("digest", ""))
+    numbered = [r for r in rounds if isinstance(r, int)]
+    if numbered:
+        tags["atoll.last_round_digest"] = str(rounds[max(numbered)] or "")
     if "dp_epsilon" in final:
         tags["atoll.dp_epsilon"] = str(final["dp_epsilon"])
     for entry in verified.entries:  # each site's image digest, as that site signed it

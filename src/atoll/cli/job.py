@@ -330,7 +330,9 @@ def delete(job_id: str, kit: Path | None, study: str | None, fmt: str) -> None:
 @format_option
 @handle_errors
 def download(job_id: str, kit: Path | None, study: str | None, out: Path, fmt: str) -> None:
-    """Download a job's results (models, metrics, plots, logs) into OUT/JOB_ID."""
+    """Download a job's results (models, metrics, plots, logs) into OUT/JOB_ID, with the job's
+    provenance record as OUT/JOB_ID/provenance.json: check it offline with `atoll provenance
+    verify OUT/JOB_ID/provenance.json --ca rootCA.pem --model MODEL` (docs/provenance.md)."""
     with open_session(kit) as session:
         path = session.download(job_id, out, study)
     emit({"job_id": job_id, "path": str(path.resolve())}, fmt,

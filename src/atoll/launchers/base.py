@@ -9,6 +9,11 @@ Every backend is a small translation with two halves:
 
 The site parent's supervisor calls ``launch`` once per job, then ``wait`` in a thread of its own;
 ``wait`` returns when the worker has ended, whatever the cause. ``cancel`` is idempotent.
+
+Each ``launch`` keeps the digest of what it rendered for the job (``render_digest``, in its
+handle's ``extra``): the site's provenance entry names it, so an auditor can tell which exact
+container, Pod, batch script or process the site ran. A render holds no secret value, so
+neither does its digest.
 """
 
 from __future__ import annotations
@@ -90,6 +95,19 @@ class LaunchRequest:
     # What the worker's Python runs: `-m atoll.worker` in production. Tests of a launcher alone
     # may pass e.g. ("-c", "...") to run a tiny program under the same rendering rules.
     worker_args: tuple[str, ...] = ("-m", "atoll.worker")
+
+
+RENDER_DIGEST = "render_digest"  # the key of a launched handle's ``extra`` that holds it
+
+
+def render_digest(rendered: Mapping[str, Any]) -> str:
+    """``sha256:<hex>`` of a render (canonical JSON: sorted keys, no spaces; a path or other
+    value JSON lacks as its text): the same render, the same digest."""
+    import hashlib
+    import json
+
+    text = json.dumps(rendered, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 class Outcome(enum.Enum):

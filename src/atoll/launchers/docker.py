@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.base import (
+    RENDER_DIGEST,
     Handle,
     Launcher,
     LaunchError,
@@ -35,6 +36,7 @@ from atoll.launchers.base import (
     Outcome,
     ProgressCallback,
     WorkerExit,
+    render_digest,
 )
 from atoll.launchers.docker_render import network_plan, render_docker, site_gpu_ids
 from atoll.launchers.job_files import create_job_file
@@ -219,6 +221,7 @@ class DockerLauncher(Launcher):
                 "workdir": str(request.workdir),
                 "gpu_key": key,
                 "gpu_ids": gpus,
+                RENDER_DIGEST: render_digest(rendered),  # the create spec, before credentials
             },
         )
 

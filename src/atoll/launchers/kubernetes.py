@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.launchers.base import (
+    RENDER_DIGEST,
     Handle,
     Launcher,
     LaunchError,
@@ -26,6 +27,7 @@ from atoll.launchers.base import (
     Outcome,
     ProgressCallback,
     WorkerExit,
+    render_digest,
 )
 from atoll.launchers.kubernetes_render import MAIN_CONTAINER, render
 from atoll.launchers.kubernetes_states import interpret
@@ -142,6 +144,7 @@ class KubernetesLauncher(Launcher):
         from urllib3.exceptions import HTTPError
 
         objects = self.render(request)
+        rendered = render_digest(objects)  # before the Secret is given its values below
         pod, secret, policy = objects["pod"], objects["secret"], objects["network_policy"]
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         secret_name, policy_name = secret["metadata"]["name"], policy["metadata"]["name"]
@@ -176,6 +179,7 @@ class KubernetesLauncher(Launcher):
                 "launched_at": time.time(),
                 "workdir": str(request.workdir),
                 "image": str(_main_container(pod).get("image", "")),
+                RENDER_DIGEST: rendered,  # the Pod, its Secret's name, its NetworkPolicy
             },
         )
         if on_progress is not None:

@@ -42,6 +42,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal
 
 from atoll.launchers.base import (
+    RENDER_DIGEST,
     Handle,
     Launcher,
     LaunchError,
@@ -50,6 +51,7 @@ from atoll.launchers.base import (
     ProgressCallback,
     WorkerExit,
     check_identity,
+    render_digest,
 )
 from atoll.launchers.job_files import JobFileError, create_job_file
 from atoll.launchers.lent_folders import refuse_parent_folders
@@ -293,6 +295,7 @@ class ProcessLauncher(Launcher):
                 "memory_limit": cgroup.kind if cgroup else ("rlimit-as" if rlimit else None),
                 "log_file": spec["log_file"],
                 "sandbox": spec["sandbox"],
+                RENDER_DIGEST: render_digest(spec),  # argv, environment (no secret), limits
             },
         )
 

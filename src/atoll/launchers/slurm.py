@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from atoll.launchers.base import (
+    RENDER_DIGEST,
     Handle,
     Launcher,
     LaunchError,
@@ -34,6 +35,7 @@ from atoll.launchers.base import (
     Outcome,
     ProgressCallback,
     WorkerExit,
+    render_digest,
 )
 from atoll.launchers.file_digests import FileDigests
 from atoll.launchers.job_files import read_job_file, read_tail
@@ -129,7 +131,8 @@ class SlurmLauncher(Launcher):
             native_id,
             request.identity.job_id,
             extra={**limits, "log_file": log_file, "secrets_file": str(secrets),
-                   "image": sandbox_image(request)},
+                   "image": sandbox_image(request),
+                   RENDER_DIGEST: render_digest(rendered)},  # sbatch's argv, the batch script
         )
         self._watch(handle, on_progress)
         return handle

@@ -154,8 +154,9 @@ class ServerParent:
         # which needs local/'s check (started before this process imported gRPC).
         endpoint = self.local.endpoint
         self._endpoint = start_worker_endpoint(
-            self.tokens, ServerWorkerBackend(self.jobs, self.store, self.kit.ca), endpoint.host,
-            endpoint.port, endpoint.dial_host, endpoint.uses_tls)
+            self.tokens,
+            ServerWorkerBackend(self.jobs, self.store, self.kit.ca, self.jobs.provenance),
+            endpoint.host, endpoint.port, endpoint.dial_host, endpoint.uses_tls)
         self._workers, self.worker_address = self._endpoint.server, self._endpoint.address
         self.jobs.launch_resumed()  # the jobs `recover` resumed: their new server workers
         self.scheduler.start()

@@ -4,10 +4,10 @@ states, signed with its own key, and the sites' signed entries, appended verbati
 Each job's items are kept one JSON line each in ``jobs/<id>/provenance.jsonl`` (0600, opened
 for appending only; fsynced once, with the job's last entry), with the certificate that signed
 each item, so a restarted server (or a resumed job) continues the same chain. A machine that
-crashes mid-job may lose the last lines: the chain kept is still whole (a torn line is
-skipped, and the next entry links to the last one kept). The record is exported with
-its head signed at that moment (``atoll job provenance``, and ``provenance.json`` in ``job
-download``'s results).
+crashes mid-job may lose the last lines: the chain kept is still whole (a torn last line is
+cut off when the file is read again, and the next entry links to the last one kept). The
+record is exported with its head signed at that moment (``atoll job provenance``, and
+``provenance.json`` in ``job download``'s results).
 
 The server's entries are signed in the server parent: cryptography is loaded by the first
 job's first entry, never by a parent at rest (pki/job_signature.py says why parents avoid it),
@@ -17,10 +17,15 @@ this job's signed statement, and to pass verification where it is placed (the CA
 certificate of that site, a site's kind of entry, its signature), so that no site can make the
 record fail for everyone; whoever verifies the record checks it all again.
 
-What the server states about a round's and the final model is read from the server worker's
-results folder (job code writes it): the final model's and the metrics' digests are of the
-files the download holds; ``round.model`` digests are the workflow's own statement (from
-``results/model_digests.jsonl``, when the workflow writes one).
+What the server states about a round's and the final model comes from the server worker (job
+code): a ``round.model`` entry is appended as each round's report arrives (the workflow's own
+statement of its global model's digest, `round_model`), so a record exported mid-job already
+names the rounds done; at the job's end, any round of ``results/model_digests.jsonl`` not yet
+stated with that digest is stated then (a report lost to a server restart), and the final
+model's and the metrics' digests are of the files the download holds. A round already stated
+with the same digest is never stated again: a job resumed after a restart, which runs the
+interrupted round again, keeps each round once (a re-run round whose model came out
+differently is stated again; the later entry is the round's).
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +62,18 @@ FINAL_MODEL = "global_model_final.safetensors"
 METRICS = "metrics.jsonl"
 ROUND_DIGESTS = "model_digests.jsonl"
 RESULTS = "run/server/results"
-MAX_ROUNDS = 100_000
+MAX_ROUNDS = 100_000  # round.model entries per job
+ROUND_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 MAX_CACHED = 1000  # chains kept in memory
+
+
+@dataclass
+class _Rounds:
+    """A job's round.model entries: each round's last stated digest, and how many in all (a
+    round stated again with another digest counts again: job code cannot flip one forever)."""
+
+    digests: dict[int, str] = field(default_factory=dict)
+    entries: int = 0
 
 
 class ServerProvenance:
@@ -64,6 +81,7 @@ class ServerProvenance:
         self.kit, self.jobs_dir, self.version = kit, jobs_dir, version
         self._lock = threading.Lock()  # one chain per job; appends are rare and small
         self._chains: dict[str, Chain] = {}  # the running jobs', read once from their files
+        self._rounds: dict[str, _Rounds] = {}  # their round.model entries
 
     # -- what happens to a job ------------------------------------------------------------------
     def taken_in(self, job_id: str, study: str, submitter: str, digest: str) -> None:
@@ -103,15 +121,24 @@ class ServerProvenance:
                 log.warning("job %s: a provenance entry of %s was left out: %s", job_id, site,
                             exc)
 
+    def round_model(self, job_id: str, round_: Any, digest: Any) -> None:
+        """A round's global model digest, as the server worker's round report states it (job
+        code: checked for shape only); stated once per round and digest."""
+        if not _round_and_digest(round_, digest):
+            log.warning("job %s: a round report named no round and model digest the record "
+                        "can hold; its round.model entry was not made", job_id)
+            return
+        self._state(job_id, "round.model", {"round": round_, "digest": digest,
+                                            "stated_by": "the server worker"},
+                    unless_round=(round_, digest))
+
     def finished(self, job_id: str, state: str, reason: str) -> None:
-        """The round models the workflow named, the final model's and the metrics' digests and
-        the DP epsilon spent, from the server worker's results."""
+        """The round models the workflow named and no round report stated, the final model's
+        and the metrics' digests and the DP epsilon spent, from the server worker's results."""
         folder = self._folder(job_id)  # job code wrote its results: read as the job's files
         for line in _parsed(_job_bytes(folder, ROUND_DIGESTS, 4 << 20))[:MAX_ROUNDS]:
-            if isinstance(line.get("round"), int) and isinstance(line.get("digest"), str):
-                self._state(job_id, "round.model", {"round": line["round"],
-                                                    "digest": line["digest"][:80],
-                                                    "stated_by": "the server worker"})
+            if _round_and_digest(line.get("round"), line.get("digest")):
+                self.round_model(job_id, line["round"], line["digest"])
         body: dict[str, Any] = {"state": state, "reason": reason[:2000]}
         for key, name in (("model_digest", FINAL_MODEL), ("metrics_digest", METRICS)):
             digest = _job_file_digest(folder, name)
@@ -123,6 +150,7 @@ class ServerProvenance:
         self._state(job_id, "job.final", body, sync=True)
         with self._lock:
             self._chains.pop(job_id, None)  # its file has it all: an export reads it again
+            self._rounds.pop(job_id, None)
 
     def export(self, job_id: str) -> bytes:
         """The record, its head signed now."""
@@ -144,10 +172,18 @@ class ServerProvenance:
         return True
 
     # -- the chain ------------------------------------------------------------------------------
-    def _state(self, job_id: str, kind: str, body: dict[str, Any], sync: bool = False) -> None:
+    def _state(self, job_id: str, kind: str, body: dict[str, Any], sync: bool = False,
+               unless_round: tuple[int, str] | None = None) -> None:
         try:
             with self._lock:
                 chain = self._load(job_id)
+                if unless_round is not None:
+                    rounds = self._rounds_of(job_id, chain)
+                    if (rounds.digests.get(unless_round[0]) == unless_round[1]
+                            or rounds.entries >= MAX_ROUNDS):
+                        return
+                    rounds.digests[unless_round[0]] = unless_round[1]
+                    rounds.entries += 1
                 cert = self.kit.cert.read_bytes()
                 item = chain.append(kind, ("server", self.kit.name), body,
                                     self.kit.key.read_bytes(), cert, int(time.time()))
@@ -164,12 +200,26 @@ class ServerProvenance:
         if chain is None:
             if len(self._chains) >= MAX_CACHED:  # jobs cancelled in the queue never finish
                 self._chains.clear()
+                self._rounds.clear()
             chain = self._chains[job_id] = self._read(job_id)
         return chain
 
     def _forget(self, job_id: str) -> None:
         with self._lock:
             self._chains.pop(job_id, None)
+            self._rounds.pop(job_id, None)
+
+    def _rounds_of(self, job_id: str, chain: Chain) -> _Rounds:
+        """The chain's round.model entries, read once per chain loaded."""
+        rounds = self._rounds.get(job_id)
+        if rounds is None:
+            rounds = self._rounds[job_id] = _Rounds()
+            for item in chain.entries:
+                if '"kind":"round.model"' in item["entry"]:
+                    body = json.loads(item["entry"])["body"]
+                    rounds.digests[body["round"]] = body["digest"]
+                    rounds.entries += 1
+        return rounds
 
     def _read(self, job_id: str) -> Chain:
         chain = Chain(self.kit.project, job_id)
@@ -198,11 +248,26 @@ class ServerProvenance:
             os.close(fd)
 
 
+def _round_and_digest(round_: Any, digest: Any) -> bool:
+    return (isinstance(round_, int) and not isinstance(round_, bool)
+            and 1 <= round_ <= MAX_ROUNDS
+            and isinstance(digest, str) and ROUND_DIGEST.fullmatch(digest) is not None)
+
+
 def _lines(path: Path) -> list[dict[str, Any]]:
+    """The kept items; a last line a crash tore (no newline) is cut off the file, so that the
+    next entry starts a line of its own rather than joining it, unreadable."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     except FileNotFoundError:
         return []
+    with os.fdopen(fd, "r+b") as fh:
+        data = fh.read()
+        if data and not data.endswith(b"\n"):
+            data = data[:data.rfind(b"\n") + 1]
+            fh.truncate(len(data))
+            log.warning("%s: a line torn by a crash was cut off; the chain goes on from the "
+                        "last whole entry", path)
     return _parsed(data)
 
 

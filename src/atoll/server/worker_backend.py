@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from atoll.base.reasons import clip
 from atoll.parent.worker_endpoint import BackendError
@@ -28,17 +28,29 @@ log = logging.getLogger(__name__)
 BENCHMARK_OFF = "ATOLL_BENCHMARK_NO_CHECKPOINT"
 
 
+class RoundStatements(Protocol):
+    """Where a round report's model digest goes: the job's provenance record
+    (server/provenance.py's ServerProvenance)."""
+
+    def round_model(self, job_id: str, round_: Any, digest: Any) -> None: ...
+
+
 class ServerWorkerBackend:
     """What the server worker (the workflow) can do through the server parent's endpoint."""
 
-    def __init__(self, jobs: RunningJobs, store: Store, ca_file: Path):
+    def __init__(self, jobs: RunningJobs, store: Store, ca_file: Path,
+                 rounds: RoundStatements | None = None):
         self.jobs = jobs
         self.store = store
         self.ca_pem = ca_file.read_text(encoding="ascii")
+<<<<<<< HEAD
         self.checkpoints = os.environ.get(BENCHMARK_OFF) != "1"
         if not self.checkpoints:
             log.warning("%s=1: this server's jobs keep no checkpoint and cannot resume after a "
                         "restart (for benchmarks only)", BENCHMARK_OFF)
+=======
+        self.rounds = rounds  # None: this server keeps no provenance records
+>>>>>>> w17-prov
 
     def _live(self, job_id: str) -> LiveJob:
         live = self.jobs.running(job_id)
@@ -119,6 +131,9 @@ class ServerWorkerBackend:
     def report(self, job_id, body):
         self._live(job_id)
         self.store.add_event(job_id, "server", body)
+        if self.rounds is not None and body.get("event") == "round" and "model_digest" in body:
+            # as the round happens, not at the job's end: a record read mid-job names it
+            self.rounds.round_model(job_id, body.get("round"), body["model_digest"])
 
     def finish(self, job_id, ok, error):
         live = self._live(job_id)

@@ -4,10 +4,12 @@
 Two entries per job it launches: ``site.decision`` (the rule of its ``authorization.json``
 that allowed each right, the approval it found where ``code_approval: required``, the digests
 of its authorization.json and privacy.yaml as they were read) and ``site.launch`` (its
-launcher, the image and the image's content digest where the launcher reports one, the
-dataset names and modes the study maps here: never their host paths or PVC names, and the
-site's atoll version). Each is bound to the job's signed statement the site verified itself,
-so the server can place it in the record but not change it or write one in the site's name.
+launcher, the digest of what it rendered, the image and the image's content digest where the
+launcher reports one, the dataset names and modes the study maps here, each with the content
+fingerprint the site chooses to publish (study_runtime.yaml's ``fingerprint``), never their
+host paths or PVC names, and the site's atoll version). Each is bound to the job's signed
+statement the site verified itself, so the server can place it in the record but not change
+it or write one in the site's name.
 
 Signing loads cryptography in the site parent when the job is launched, never at rest; the key
 stays in the process that already holds it (pki/job_signature.py says why parents avoid it).
@@ -65,11 +67,14 @@ def decision_body(kit: Kit, study: str, signed: Signed) -> dict[str, Any]:
 
 def launch_body(launcher: str, entry: StudyEntry | None, extra: dict[str, Any],
                 version: str) -> dict[str, Any]:
-    """What the launcher ran: the image and its digest where the engine reports one, and the
-    dataset names and modes (never their sources)."""
+    """What the launcher ran: its render's digest, the image and its digest where the engine
+    reports one, and the dataset names, modes and published fingerprints (never their
+    sources)."""
     body: dict[str, Any] = {"launcher": launcher, "atoll_version": version}
     if entry is not None:
-        body["datasets"] = [{"name": n, "mode": d.mode} for n, d in sorted(entry.datasets.items())]
+        body["datasets"] = [{"name": n, "mode": d.mode,
+                             **({"fingerprint": d.fingerprint} if d.fingerprint else {})}
+                            for n, d in sorted(entry.datasets.items())]
         if entry.container is not None:
             body["image"] = str(getattr(entry.container, "image", ""))
     if "image" not in body and isinstance(extra.get("image"), str) and extra["image"]:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from atoll.base.files import PRIVATE, private_dir
 from atoll.base.reasons import public
-from atoll.launchers.base import Handle, LaunchError, Outcome, WorkerExit
+from atoll.launchers.base import RENDER_DIGEST, Handle, LaunchError, Outcome, WorkerExit
 from atoll.launchers.job_files import JobFileError, read_tail
 from atoll.site.job_log import JobLog
 from atoll.site.running_parts import Rejoin, RunningParts
@@ -403,12 +403,15 @@ class Supervisor:
 
     def _launched_image(self, job: SiteJob) -> dict[str, Any]:
         """The image the worker runs and its digest, as the launcher learns it (a Pod's once
-        its container started): the launch entry waits for it, the job does not."""
+        its container started): the launch entry waits for it, the job does not; and the
+        digest of what the launcher rendered (launchers/base.py)."""
+        rendered = job.handle.extra.get(RENDER_DIGEST) if job.handle is not None else None
         try:
-            return dict(self.host.launcher.launched_image(job.handle))
+            image = dict(self.host.launcher.launched_image(job.handle))
         except Exception:  # noqa: BLE001 - the entry then names no digest
             log.exception("job %s: its image's digest was not learnt", job.job_id)
-            return {}
+            image = {}
+        return {**image, **({RENDER_DIGEST: rendered} if rendered else {})}
 
     def _refused_entry(self, job_id: str, signed: Signed, reason: str) -> None:
         from atoll.pki.provenance import switched_off

@@ -38,6 +38,7 @@ from atoll.spec.study_runtime_rules import cross_issues
 from atoll.spec.worker_env import RESERVED_ENV, RESERVED_ENV_PREFIX
 
 RUNTIME_FILE = "study_runtime.yaml"
+MAX_FINGERPRINT = 200  # a dataset's published fingerprint: a digest and its algorithm, not data
 FORMAT_VERSION = 2
 DATA_ROOT = "/data"
 # Which launchers read each launcher-specific field; a field of another launcher is an error.
@@ -97,6 +98,19 @@ class Dataset(NoNullModel):
 
     source: str = Field(min_length=1, description="k8s: a PVC name; others: an absolute host path")
     mode: Literal["ro", "rw"] = Field(description="ro (read-only) or rw; required")
+    fingerprint: str | None = Field(
+        None, description="A content fingerprint the site chooses to publish in each job's "
+        "provenance record (e.g. sha256:...): the site's own statement, printable, at most "
+        f"{MAX_FINGERPRINT} characters")
+
+    @field_validator("fingerprint")
+    @classmethod
+    def _fingerprint(cls, value: str) -> str:
+        if not 1 <= len(value) <= MAX_FINGERPRINT or not value.isprintable() \
+                or not value.isascii() or value != value.strip():
+            raise ValueError(f"a fingerprint is 1 to {MAX_FINGERPRINT} printable ASCII "
+                             "characters without leading or trailing spaces, e.g. sha256:<hex>")
+        return value
 
     @field_validator("source")
     @classmethod

@@ -1,6 +1,6 @@
 """For the federation tests on the real engines: a finished job's provenance record, exported
 with `atoll job provenance` and verified offline (`atoll provenance verify`) with the project's
-CA certificate alone, and one site's launch entry from it."""
+CA certificate alone, and one site's launch entry from it (naming its render's digest)."""
 
 from __future__ import annotations
 
@@ -32,4 +32,6 @@ def verified_launch_entry(fed: Federation, admin: str, job_id: str, site: str,
     launches = [e["body"] for e in entries
                 if e["kind"] == "site.launch" and e["by"] == {"kind": "site", "name": site}]
     assert len(launches) == 1, entries
+    # what the site's launcher rendered for the job, by its digest (launchers/base.py)
+    assert launches[0]["render_digest"].startswith("sha256:"), launches[0]
     return launches[0]

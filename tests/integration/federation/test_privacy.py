@@ -106,6 +106,16 @@ def test_a_compliant_job_runs_with_secure_aggregation_and_reports_epsilon(strict
     # N(0, 0.5^2) per site and entry, averaged over three sites and two rounds
     assert final.shape == (4, 4) and np.isfinite(final).all()
     assert not np.allclose(final, 0.04)  # noised, so not the plain mean
+    # the job's provenance record states the epsilon spent in its end entry, and verifies with
+    # the project's CA and the downloaded model (docs/provenance.md)
+    from atoll.pki.provenance import file_digest, verify
+
+    ca = (strict_federation.kit(ADMIN) / "startup" / "rootCA.pem").read_bytes()
+    model = next(folder.rglob("global_model_final.safetensors"))
+    record = verify(next(folder.rglob("provenance.json")).read_bytes(), ca, file_digest(model))
+    end = record.entries[-1]
+    assert end.kind == "job.final"
+    assert end.body["dp_epsilon"] == pytest.approx(summary["privacy"]["epsilon"])
 
 
 def test_the_site_worker_applies_the_sites_budget_the_parent_cannot_count(strict_federation,

@@ -2,16 +2,27 @@
 kits, SQLite): a FedAvg job's record, exported with `atoll job provenance`, verifies offline
 with the CA certificate and the downloaded model alone; site-2 runs under `code_approval:
 required` and its entry names the approval; a byte changed in the record, the model or an
-entry dropped fails, naming the entry. Each site's own log lists the job."""
+entry dropped fails, naming the entry; an entry the server's key signed in a site's name fails
+verification naming it, and the server refuses one a site's own link sends. Each site's own log
+lists the job."""
 
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
+import time
 
+import grpc
 import pytest
 
+from atoll import __version__
+from atoll.pki.kit import load_kit
+from atoll.pki.provenance import site_entry
+from atoll.pki.tls import channel_credentials
+from atoll.wire import messages as msg
+from atoll.wire import rpc
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation, job_folder
 
@@ -52,9 +63,17 @@ def atoll(*args, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
+# site-1 maps a dataset and publishes its fingerprint: its launch entry states both, never the path
+FINGERPRINT = "sha256:" + "5e" * 32
+
+
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory):
-    fed = Federation.provisioned(tmp_path_factory.mktemp("prov"), SITES, USERS)
+    data = tmp_path_factory.mktemp("scans")
+    runtime = ("format_version: 2\nstudies:\n  default:\n    datasets:\n      scans: "
+               f"{{source: {data}, mode: ro, fingerprint: '{FINGERPRINT}'}}\n")
+    fed = Federation.provisioned(tmp_path_factory.mktemp("prov"), SITES, USERS,
+                                 runtime={"site-1": runtime})
     (fed.kit("site-2") / "local" / "authorization.json").write_text(json.dumps(APPROVAL))
     fed.start_all()
     fed.wait_online(ADMIN)
@@ -109,6 +128,14 @@ def test_the_record_verifies_offline_with_the_ca_and_the_model(finished):
     assert decision["approval"]["digest"] == bodies[("job.signed", "server")]["content_digest"]
     assert bodies[("site.decision", "site-1")]["code_approval"] == "not required"
     assert bodies[("site.launch", "site-1")]["launcher"] == "process"
+    assert bodies[("site.launch", "site-1")]["datasets"] == [
+        {"name": "scans", "mode": "ro", "fingerprint": FINGERPRINT}]  # the site's own word
+    assert "scans" not in str(bodies[("site.launch", "site-2")])
+    assert "/scans" not in record.read_text()  # the dataset's path is nowhere in the record
+    for site in SITES:  # what its launcher rendered for the job (launchers/base.py)
+        assert bodies[("site.launch", site)]["render_digest"].startswith("sha256:")
+    assert (bodies[("site.launch", "site-1")]["render_digest"]
+            != bodies[("site.launch", "site-2")]["render_digest"])  # each site's own process
     assert (results / "provenance.json").is_file()  # the download holds the record too
     assert verify(results / "provenance.json", ca, "--model", model).returncode == 0
 
@@ -186,3 +213,90 @@ def test_a_sites_refusal_is_its_own_signed_entry_and_in_its_log(fed, finished, t
     line = next(r for r in log["jobs"] if r["job_id"] == job["job_id"])
     assert line["decision"] == "refused"
     assert line["job_digest"] == entries[0]["body"]["content_digest"]
+
+
+def _forged_in_site2s_name(fed, job_id: str, statement: str, body: dict) -> dict:
+    """A site.decision in site-2's name, about the job's very submission, signed with the
+    server kit's key: what a server (or whoever holds its key) would write for a site."""
+    server = load_kit(fed.kit("server"))
+    return site_entry(job_id, statement, "site.decision", "site-2", body,
+                      server.key.read_bytes(), server.cert.read_bytes(), at=int(time.time()))
+
+
+def test_an_entry_the_server_signed_in_a_sites_name_fails_naming_it(fed, finished, tmp_path):
+    """site-2's real site.decision replaced by one the server's key signed (same place, same
+    link): verification fails at that entry, saying who signed it."""
+    job_id, record, _, _, ca = finished
+    doc = json.loads(record.read_text())
+    seq = next(i for i, e in enumerate(doc["entries"])
+               if '"kind":"site.decision"' in e["entry"] and '"name":"site-2"' in e["entry"])
+    real = json.loads(doc["entries"][seq]["entry"])
+    forged = _forged_in_site2s_name(fed, job_id, real["job_statement"],
+                                    {**real["body"], "code_approval": "not required"})
+    doc["entries"][seq] = {"seq": seq, "prev": doc["entries"][seq]["prev"], **forged}
+    out = tmp_path / "forged.json"
+    out.write_text(json.dumps(doc))
+    done = verify(out, ca)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert json.loads(done.stdout)["error"]["message"].startswith(
+        f"entry {seq} (site.decision by site site-2) is stated in the name of site site-2 but "
+        "signed by server server")
+
+
+def test_the_server_refuses_a_sites_entry_not_signed_by_that_site(fed, finished, tmp_path):
+    """The live path: site-2's own link (its real kit, mutual TLS) reports an entry in its own
+    name signed with the server's key, then one signed with its own. The server keeps only the
+    second; the record verifies."""
+    fed.kill("site-2")  # its link is ours for this test
+    site2 = load_kit(fed.kit("site-2"))
+    channel = grpc.secure_channel(site2.server_address, channel_credentials(site2))
+    outbox: queue.Queue = queue.Queue()
+
+    def events():
+        yield msg.SiteEvent(hello=json.dumps({"launcher": "process", "version": __version__,
+                                              "capacity": {}, "running_jobs": []}))
+        while (body := outbox.get()) is not None:
+            yield msg.SiteEvent(job_state=json.dumps(body))
+
+    stream = rpc.stub(channel, "Federation").Connect(events(), timeout=120)
+    try:
+        assert next(stream).WhichOneof("kind") == "welcome"
+        folder = job_folder(tmp_path / "live", {"name": "live", "deploy_map": {"app": ["@ALL"]},
+                                                "min_clients": 1},
+                            APP, {"train.py": TRAIN, "model.py": MODEL})
+        atoll("site", "approve", fed.kit("site-2"), folder)
+        with fed.session(ADMIN) as s:
+            job_id = s.submit(folder)["job_id"]
+        for command in stream:  # the server dispatches the job to site-2
+            if command.WhichOneof("kind") == "dispatch" \
+                    and json.loads(command.dispatch)["job_id"] == job_id:
+                break
+        items = fed.workspace("server") / "jobs" / job_id / "provenance.jsonl"
+        statement = json.loads(json.loads(items.read_text().splitlines()[0])["item"]["entry"])[
+            "body"]["statement_digest"]
+        server_cert = load_kit(fed.kit("server")).cert.read_text()
+        forged = _forged_in_site2s_name(fed, job_id, statement, {"decision": "accepted"})
+        own = site_entry(job_id, statement, "site.note", "site-2", {"note": "its own"},
+                         site2.key.read_bytes(), site2.cert.read_bytes(), at=int(time.time()))
+        outbox.put({"job_id": job_id, "state": "PROVENANCE", "reason": "",
+                    "provenance": [forged], "certificate": server_cert})
+        outbox.put({"job_id": job_id, "state": "PROVENANCE", "reason": "",
+                    "provenance": [own], "certificate": site2.cert.read_text()})
+        outbox.put({"job_id": job_id, "state": "FINISHED:FAILED", "reason": "left on purpose"})
+        with fed.session(ADMIN) as s:
+            assert s.wait(job_id, timeout=300)["state"].startswith("FINISHED:")
+    finally:
+        outbox.put(None)
+        channel.close()
+        fed.start_site("site-2")
+    record = tmp_path / "live.json"
+    atoll("job", "provenance", job_id, "--out", record, "--kit", fed.kit(ADMIN))
+    done = verify(record, finished[4])
+    assert done.returncode == 0, done.stdout + done.stderr
+    entries = [json.loads(e["entry"]) for e in json.loads(record.read_text())["entries"]]
+    by_site2 = [(e["kind"], e["body"]) for e in entries if e["by"]["name"] == "site-2"]
+    assert by_site2 == [("site.note", {"note": "its own"})], by_site2
+    said = (fed.root / "server.log").read_text(errors="replace")
+    assert (f"job {job_id}: a provenance entry of site-2 was left out: entry" in said
+            and "stated in the name of site site-2 but signed by server server" in said), said
+    fed.wait_online(ADMIN)

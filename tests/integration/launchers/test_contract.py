@@ -40,7 +40,15 @@ from typing import Any
 
 import pytest
 
-from atoll.launchers.base import Handle, JobIdentity, Launcher, LaunchRequest, Outcome
+from atoll.launchers.base import (
+    RENDER_DIGEST,
+    Handle,
+    JobIdentity,
+    Launcher,
+    LaunchRequest,
+    Outcome,
+    render_digest,
+)
 from atoll.launchers.request import worker_env
 from atoll.spec.quantity import memory_to_bytes
 from atoll.spec.resources import Resources
@@ -431,8 +439,11 @@ def test_launch_then_wait_gives_the_outcome_and_the_code(
     backend: Backend, tmp_path: Path, program: str, outcome: Outcome, code: int, output: str
 ):
     workdir = tmp_path / "run"
-    handle = backend.launcher.launch(backend.request(workdir, program, LAUNCHED))
+    request = backend.request(workdir, program, LAUNCHED)
+    rendered = render_digest(backend.launcher.render(request))
+    handle = backend.launcher.launch(request)
     assert handle.backend == backend.name and handle.native_id
+    assert handle.extra[RENDER_DIGEST] == rendered  # the site's launch entry names what ran
     result = backend.launcher.wait(handle)
     assert (result.outcome, result.exit_code) == (outcome, code), result.reason
     if code:

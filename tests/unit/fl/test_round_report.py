@@ -37,7 +37,8 @@ def test_a_round_event_carries_sites_globals_failures_best_and_privacy(caplog):
                  train={"site-1": ({"loss": 1.0}, 10), "site-2": ({"loss": 2.0}, 30)},
                  global_train={"loss": 1.75}, validation=VALIDATION,
                  failed={"site-4": "dropped out: gone"}, active=["site-1", "site-2", "site-3"],
-                 best=(2, 0.85), privacy={"epsilon": 1.23456, "delta": 1e-5})
+                 best=(2, 0.85), privacy={"epsilon": 1.23456, "delta": 1e-5},
+                 model_digest="sha256:" + "ab" * 32)
     [event] = ctx.events
     assert event == {
         "event": "round", "round": 3, "total_rounds": 5, "num_rounds": 5,
@@ -52,6 +53,7 @@ def test_a_round_event_carries_sites_globals_failures_best_and_privacy(caplog):
         "active": ["site-1", "site-2", "site-3"],
         "best": {"round": 2, "accuracy": 0.85},
         "privacy": {"epsilon": 1.23456, "delta": 1e-5},
+        "model_digest": "sha256:" + "ab" * 32,  # the server's round.model entry
     }
     assert caplog.messages == [
         "round 3 of 5: 2 result(s), validation {'accuracy': 0.8, 'loss': 0.4}, failed: "
@@ -65,7 +67,7 @@ def test_a_round_without_validation_best_or_privacy_leaves_them_out(caplog):
                  global_train={"loss": 1.0}, validation=None, failed={}, active=["site-1"],
                  best=None)
     [event] = ctx.events
-    assert "best" not in event and "privacy" not in event
+    assert "best" not in event and "privacy" not in event and "model_digest" not in event
     assert event["global"] == {"train": {"loss": 1.0}, "validate": {}}
     assert event["metrics"] == {"train_loss": 1.0}
     assert caplog.messages == ["round 1 of 2: 1 result(s)"]

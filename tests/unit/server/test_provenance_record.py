@@ -136,3 +136,84 @@ def test_a_site_entry_that_would_not_verify_is_left_out(kits, jobs_dir, caplog, 
 def test_a_job_without_a_record_says_so(kits, jobs_dir):
     with pytest.raises(ProvenanceError, match="has no provenance record"):
         ServerProvenance(kits["server"], jobs_dir, "9.9").export(JOB)
+
+
+def _round_entries(record: bytes) -> list[tuple[int, str]]:
+    entries = [json.loads(e["entry"]) for e in json.loads(record)["entries"]]
+    return [(e["body"]["round"], e["body"]["digest"]) for e in entries
+            if e["kind"] == "round.model"]
+
+
+def test_each_round_is_stated_as_its_report_arrives_and_once(kits, jobs_dir, caplog):
+    """A round.model entry per round report, at once (a record exported mid-job names the rounds
+    done); a round stated again with the same digest (a resumed job's re-run round, or the
+    results file read at the end) is not stated twice, also by a restarted server."""
+    d1, d2, d2b = ("sha256:" + c * 64 for c in "12b")
+    prov = ServerProvenance(kits["server"], jobs_dir, "9.9")
+    prov.taken_in(JOB, "alpha", "lead@a.org", "sha256:x")
+    prov.round_model(JOB, 1, d1)
+    assert _round_entries(prov.export(JOB)) == [(1, d1)]  # mid-job
+    prov.round_model(JOB, 1, d1)
+    again = ServerProvenance(kits["server"], jobs_dir, "9.9")  # a restarted server
+    again.round_model(JOB, 1, d1)
+    again.round_model(JOB, 2, d2)
+    for bad in ((0, d1), (True, d1), ("3", d1), (3, "sha256:12"), (3, d1.upper()), (3, None)):
+        again.round_model(JOB, *bad)  # job code's report: only a round and a digest are kept
+    assert "its round.model entry was not made" in caplog.text
+    results = jobs_dir / JOB / "run" / "server" / "results"
+    results.mkdir(parents=True)
+    (results / "model_digests.jsonl").write_text(
+        "".join(json.dumps({"round": r, "digest": d}) + "\n" for r, d in ((1, d1), (2, d2))))
+    again.finished(JOB, "COMPLETED", "")
+    verified = verify(again.export(JOB), kits["server"].ca.read_bytes())
+    assert [e.kind for e in verified.entries] == [
+        "job.signed", "server.intake", "round.model", "round.model", "job.final"]
+    assert _round_entries(again.export(JOB)) == [(1, d1), (2, d2)]
+    # a re-run round whose model came out differently is stated again: the later one counts
+    third = ServerProvenance(kits["server"], jobs_dir, "9.9")
+    third.round_model(JOB, 2, d2b)
+    assert _round_entries(third.export(JOB))[-1] == (2, d2b)
+
+
+def test_a_round_lost_with_a_restart_is_stated_from_the_results_at_the_end(kits, jobs_dir):
+    d1 = "sha256:" + "a" * 64
+    prov = ServerProvenance(kits["server"], jobs_dir, "9.9")
+    prov.taken_in(JOB, "alpha", "lead@a.org", "sha256:x")
+    results = jobs_dir / JOB / "run" / "server" / "results"
+    results.mkdir(parents=True)
+    (results / "model_digests.jsonl").write_text(
+        json.dumps({"round": 1, "digest": d1}) + "\nnot json\n"
+        + json.dumps({"round": 2, "digest": "md5:00"}) + "\n")
+    prov.finished(JOB, "COMPLETED", "")
+    assert _round_entries(prov.export(JOB)) == [(1, d1)]
+
+
+def test_a_line_torn_by_a_crash_is_cut_and_the_chain_goes_on_whole(kits, jobs_dir):
+    """A machine that crashed mid-write left half a line: the restarted server cuts it off, so
+    the next entry is a line of its own, linked to the last whole one."""
+    prov = ServerProvenance(kits["server"], jobs_dir, "9.9")
+    prov.taken_in(JOB, "alpha", "lead@a.org", "sha256:x")
+    items = jobs_dir / JOB / ITEMS_FILE
+    whole = items.read_bytes()
+    items.write_bytes(whole + b'{"item": {"seq": 2, "prev": "sha')  # torn: no newline
+    again = ServerProvenance(kits["server"], jobs_dir, "9.9")
+    again.round_model(JOB, 1, "sha256:" + "1" * 64)
+    again.finished(JOB, "COMPLETED", "")
+    verified = verify(again.export(JOB), kits["server"].ca.read_bytes())
+    assert [e.kind for e in verified.entries] == [
+        "job.signed", "server.intake", "round.model", "job.final"]
+    assert items.read_bytes().startswith(whole) and items.read_bytes().count(b"\n") == 4
+
+
+def test_round_entries_are_bounded_even_when_one_round_flips_its_digest(kits, jobs_dir,
+                                                                         monkeypatch):
+    import atoll.server.provenance as server_provenance
+
+    monkeypatch.setattr(server_provenance, "MAX_ROUNDS", 3)
+    prov = ServerProvenance(kits["server"], jobs_dir, "9.9")
+    prov.taken_in(JOB, "alpha", "lead@a.org", "sha256:x")
+    for n in range(6):  # job code states round 1 again and again, each time differently
+        prov.round_model(JOB, 1, "sha256:" + "ab"[n % 2] * 64)
+    again = ServerProvenance(kits["server"], jobs_dir, "9.9")  # counted again from the file
+    again.round_model(JOB, 2, "sha256:" + "c" * 64)
+    assert len(_round_entries(again.export(JOB))) == 3

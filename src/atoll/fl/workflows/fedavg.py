@@ -335,12 +335,12 @@ class FedAvgRun:
         if spent:  # the job's privacy budget, through the metrics files like any metric
             self.metrics.record(round_, "privacy", "global", spent)
         validation = self.validate(round_) if self._evaluation_due(round_) else None
-        self._note_digest(round_)
+        digest = self._note_digest(round_)
         report_round(self.ctx, round_, self.args, train, global_train, validation,
                      {**outcome.failed, **(validation["failed"] if validation else {})},
-                     list(self.active), self.best, spent)
+                     list(self.active), self.best, spent, model_digest=digest)
 
-    def _note_digest(self, round_: int) -> None:
+    def _note_digest(self, round_: int) -> str:
         """The round's global model's SHA-256, as its .safetensors file would have it (the last
         round's is the final model's): the job's provenance record states each one
         (server/provenance.py, docs/provenance.md). One pass over the model's buffers."""
@@ -349,9 +349,10 @@ class FedAvgRun:
         digest = hashlib.sha256()
         for chunk in encode(self._global_model(round_)):
             digest.update(chunk)
+        stated = "sha256:" + digest.hexdigest()
         with open(self.results / "model_digests.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"round": round_, "digest": "sha256:" + digest.hexdigest()})
-                     + "\n")
+            fh.write(json.dumps({"round": round_, "digest": stated}) + "\n")
+        return stated
 
     def _evaluation_due(self, round_: int) -> bool:
         every = self.args.evaluate_every

@@ -2,8 +2,8 @@
 
 One ``round`` event through ``ctx.report``, for live progress (``--wait``, ``job status``) and
 the job's log: each site's train and validation metrics, the global ones, the sites that failed
-and why, the best round so far and, with differential privacy, the budget spent; plus one log
-line.
+and why, the best round so far, with differential privacy the budget spent, and the round's
+global model digest (the server's ``round.model`` provenance entry); plus one log line.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def report_round(
     active: list[str],
     best: tuple[int, float] | None,
     privacy: dict[str, float] | None = None,
+    model_digest: str | None = None,
 ) -> None:
     sites: dict[str, Any] = {
         site: {"train": metrics, "num_examples": n} for site, (metrics, n) in train.items()
@@ -62,6 +63,8 @@ def report_round(
         event["best"] = {"round": best[0], args.key_metric: best[1]}
     if privacy:
         event["privacy"] = privacy
+    if model_digest:  # the server states it in the job's provenance record as it arrives
+        event["model_digest"] = model_digest
     log.info(
         "round %d of %d: %d result(s)%s%s%s",
         round_,
