@@ -43,14 +43,11 @@ class ServerWorkerBackend:
         self.jobs = jobs
         self.store = store
         self.ca_pem = ca_file.read_text(encoding="ascii")
-<<<<<<< HEAD
         self.checkpoints = os.environ.get(BENCHMARK_OFF) != "1"
         if not self.checkpoints:
             log.warning("%s=1: this server's jobs keep no checkpoint and cannot resume after a "
                         "restart (for benchmarks only)", BENCHMARK_OFF)
-=======
         self.rounds = rounds  # None: this server keeps no provenance records
->>>>>>> w17-prov
 
     def _live(self, job_id: str) -> LiveJob:
         live = self.jobs.running(job_id)
