@@ -446,6 +446,9 @@ class Context:
             own["dp"] = {"steps": self._privacy.ledger.steps,
                          "spent": list(self._privacy.ledger.spent)}
         size = checkpoint.save(self._checkpoints, round, {"workflow": state, "context": own})
+        committed = getattr(self._channel, "checkpoint_committed", None)
+        if committed is not None:  # a run folder that goes with its worker: sent home first
+            committed(round)
         self.report({"event": "checkpoint", "round": round, "bytes": size})
 
     def resume(self, expected: int | None = None) -> dict[str, Any] | None:
