@@ -14,12 +14,14 @@ server's Service is installed and its endpoints checked), and the parents reach 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,14 @@ from kubernetes import client, watch
 
 from atoll.pki.project import parse_project
 from atoll.pki.provision import provision
-from tests.integration.federation.harness import PROJECT, Federation, free_port, project_doc
-from tests.integration.federation.jobs import STALL, make_job
+from tests.integration.federation.harness import (
+    PROJECT,
+    Federation,
+    free_port,
+    job_folder,
+    project_doc,
+)
+from tests.integration.federation.jobs import STALL, make_job, round_taker
 from tests.integration.k8s.conftest import SESSION_ID, SESSION_LABEL, Cluster
 from tests.integration.k8s.helm_support import (
     CHART,
@@ -97,6 +105,22 @@ def _small_job(path: Path, **how: Any) -> Path:
     meta["launcher_spec"] = {"default": {"k8s": {"cpu_request": "100m"}}}
     (job_dir / "meta.json").write_text(json.dumps(meta))
     return job_dir
+
+
+SLOW_ROUNDS = 6
+INITIAL = "import numpy as np\n\ndef make():\n    return {'w': np.zeros(4)}\n"
+
+
+def _fedavg_job(path: Path) -> Path:
+    """FedAvg with a checkpoint after each round, whose site takes 8 s a round: long enough
+    for the server to be upgraded mid-job."""
+    app = ("server:\n  workflow: fedavg\n"
+           f"  args: {{num_rounds: {SLOW_ROUNDS}, evaluate_every: 0, cross_site_eval: none, "
+           "round_timeout: 300}\n  initial_model: model.py:make\nsite:\n  script: train.py\n")
+    meta = {"name": path.name, "deploy_map": {"app": ["@ALL"]},
+            "resource_spec": {"@default": {"memory": "512Mi"}},
+            "launcher_spec": {"default": {"k8s": {"cpu_request": "100m"}}}}
+    return job_folder(path, meta, app, {"train.py": round_taker(8), "model.py": INITIAL})
 
 
 def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster,
@@ -175,6 +199,14 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
         wait_until(lambda: not api.list_namespaced_pod(ns, label_selector=JOB_PODS).items, 60,
               "no job Pod left after the job")
 
+        # A FedAvg job of several slow rounds runs while the server is upgraded: its server
+        # worker Pod's checkpoint of round 1 is on the server's claim when the upgrade starts.
+        jobs_on_claim = volume_root / "volume" / "workspace" / "jobs"
+        with fed.session(ADMIN) as session:
+            slow = session.submit(_fedavg_job(tmp_path / "slow"))["job_id"]
+        held = jobs_on_claim / slow / "checkpoint-home.zip"
+        wait_until(held.is_file, 300, "the checkpoint of round 1 sent home to the server")
+
         # An upgrade replaces the server Pod (its config changed); the job store and kits stay.
         server_values["config"]["site"]["k8s"]["pending_timeout"] = 180
         run(helm.Upgrade(config).run(server_release, str(CHART), values=server_values, wait=False))
@@ -183,7 +215,22 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
         wait_online(fed, ADMIN, cluster, [server_release, site_release], 120)
         with fed.session(ADMIN) as session:
             kept = {j["job_id"]: j["state"] for j in session.list_jobs()}
-        assert kept.get(job["job_id"]) == "FINISHED:COMPLETED", kept
+            assert kept.get(job["job_id"]) == "FINISHED:COMPLETED", kept
+            # ... and the job that ran through it ends by itself, every round once
+            final = session.wait(slow, timeout=600)
+            assert final["state"] == "FINISHED:COMPLETED", (final["reason"], final["parts"])
+            events = session.logs(slow)["events"]
+            status = session.status(slow)
+            out = session.download(slow, tmp_path / "slow-out")
+        resumed = [e["round"] for e in events if e.get("event") == "resumed"]
+        assert len(resumed) == 1 and 2 <= resumed[0] <= SLOW_ROUNDS, events  # mid-job
+        assert f"resumed at round {resumed[0]} after a server restart" in str(status), status
+        with open(next(out.rglob("metrics.csv")), newline="") as fh:
+            rows = Counter((r["round"], r["site"]) for r in csv.DictReader(fh)
+                           if r["phase"] == "train" and r["metric"] == "ok")
+        assert rows == Counter({(str(r), site): 1 for r in range(1, SLOW_ROUNDS + 1)
+                                for site in (SITE, "global")}), rows
+        assert not held.exists()  # freed with the job's end
         for kit in (f"server-kit-{SESSION_ID}", f"site-kit-{SESSION_ID}"):  # not the chart's
             assert api.read_namespaced_secret(kit, ns).data.keys() >= {"kit.yaml", "rootCA.pem"}
         assert any((volume_root / "volume" / "workspace").iterdir())  # the store is there
