@@ -34,9 +34,9 @@ from atoll.wire.job_archive import (
     MAX_ENTRIES,
     Incoming,
     IntakeError,
-    _check_directory,
-    _check_entries,
     add_file,
+    check_directory,
+    check_entries,
 )
 
 HELD = "checkpoint-home.zip"  # in the job's folder on the parent
@@ -117,7 +117,7 @@ def check(path: Path, max_bytes: int = MAX_BYTES) -> Manifest:
     import zipfile
     import zlib
 
-    _check_directory(path)
+    check_directory(path)
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, ValueError, EOFError, OverflowError, NotImplementedError,
@@ -128,7 +128,7 @@ def check(path: Path, max_bytes: int = MAX_BYTES) -> Manifest:
         if len(infos) > MAX_ENTRIES:
             raise IntakeError(f"checkpoint refused: {len(infos)} entries; the limit is "
                               f"{MAX_ENTRIES}")
-        keys = _check_entries(infos, max_bytes)
+        keys = check_entries(infos, max_bytes)
         outside = ["/".join(k) for k in keys if k[0] not in (CHECKPOINT, RESULTS) or len(k) < 2]
         if outside:
             raise IntakeError(f"checkpoint refused: {outside[0]!r} is outside {CHECKPOINT}/ and "
