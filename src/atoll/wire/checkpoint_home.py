@@ -89,21 +89,23 @@ def keep_checkpoint(chunks, job_folder: Path, max_bytes: int = MAX_BYTES) -> dic
         except FrameError as exc:
             raise IntakeError(f"checkpoint refused: {exc}") from None
         manifest = check(incoming, max_bytes)
-        fd = os.open(incoming, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(incoming)
         os.replace(incoming, job_folder / HELD)
-        folder = os.open(job_folder, os.O_RDONLY)
-        try:
-            os.fsync(folder)  # the rename itself, durably
-        finally:
-            os.close(folder)
+        _fsync(job_folder)  # the rename itself, durably
+    except OSError as exc:  # strerror only: the exception names the parent's own path
+        raise IntakeError(f"the checkpoint could not be kept: {exc.strerror}") from None
     finally:
         incoming.unlink(missing_ok=True)
         incoming.with_name(incoming.name + ".part").unlink(missing_ok=True)
     return {"round": manifest.round, "bytes": size}
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def held_checkpoint(job_folder: Path) -> Path | None:

@@ -157,3 +157,11 @@ def test_a_held_checkpoint_damaged_on_the_parent_fails_the_unpack_naming_it(tmp_
     with pytest.raises(IntakeError, match="state of round 2 is damaged"):
         unpack_checkpoint(file_chunks(job / HELD), fresh)
     assert not (fresh / "checkpoint").exists()
+
+
+def test_a_checkpoint_that_cannot_be_stored_is_refused_without_the_parents_paths(tmp_path):
+    archive = zip_checkpoint(_pod(tmp_path), tmp_path / "c.zip")
+    gone = tmp_path / "jobs" / "deleted-meanwhile"
+    with pytest.raises(IntakeError, match="could not be kept: No such file") as refused:
+        keep_checkpoint(file_chunks(archive), gone)
+    assert str(tmp_path) not in str(refused.value)
