@@ -224,6 +224,7 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
             out = session.download(slow, tmp_path / "slow-out")
         resumed = [e["round"] for e in events if e.get("event") == "resumed"]
         assert len(resumed) == 1 and 2 <= resumed[0] <= SLOW_ROUNDS, events  # mid-job
+        print(f"helm upgrade mid-job: resumed at round {resumed[0]} of {SLOW_ROUNDS}")
         assert f"resumed at round {resumed[0]} after a server restart" in str(status), status
         with open(next(out.rglob("metrics.csv")), newline="") as fh:
             rows = Counter((r["round"], r["site"]) for r in csv.DictReader(fh)
