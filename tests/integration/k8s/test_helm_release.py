@@ -123,6 +123,48 @@ def _fedavg_job(path: Path) -> Path:
     return job_folder(path, meta, app, {"train.py": round_taker(8), "model.py": INITIAL})
 
 
+def _kill_parent_container(cluster: Cluster, pod: str) -> None:
+    """SIGKILL the parent's container of ``pod`` in the kubelet's engine (the Pod stays)."""
+    import docker
+
+    engine = docker.DockerClient(base_url=cluster.env["ATOLL_K8S_DOCKER_HOST"])
+    [container] = engine.containers.list(filters={"label": [
+        f"io.kubernetes.pod.name={pod}", "io.kubernetes.container.name=parent"]})
+    container.kill("SIGKILL")
+
+
+def _slow_job_past_round_1(fed: Federation, path: Path, jobs_on_claim: Path) -> str:
+    """Submit the slow FedAvg job; its id once its checkpoint of round 1 is on the server's
+    claim (its server worker Pod sent it home)."""
+    with fed.session(ADMIN) as session:
+        job_id = session.submit(_fedavg_job(path))["job_id"]
+    held = jobs_on_claim / job_id / "checkpoint-home.zip"
+    wait_until(held.is_file, 300, "the checkpoint of round 1 sent home to the server")
+    return job_id
+
+
+def _resumed_once_and_completed(fed: Federation, job_id: str, tmp_path: Path,
+                                jobs_on_claim: Path, what: str) -> None:
+    """The job resumed once, mid-job, and COMPLETED by itself, each round once per site in
+    metrics.csv; the checkpoint the server kept for it is gone with its end."""
+    with fed.session(ADMIN) as session:
+        final = session.wait(job_id, timeout=600)
+        assert final["state"] == "FINISHED:COMPLETED", (final["reason"], final["parts"])
+        events = session.logs(job_id)["events"]
+        status = session.status(job_id)
+        out = session.download(job_id, tmp_path / f"{job_id}-out")
+    resumed = [e["round"] for e in events if e.get("event") == "resumed"]
+    assert len(resumed) == 1 and 2 <= resumed[0] <= SLOW_ROUNDS, events  # mid-job
+    print(f"{what} mid-job: resumed at round {resumed[0]} of {SLOW_ROUNDS}")
+    assert f"resumed at round {resumed[0]} after a server restart" in str(status), status
+    with open(next(out.rglob("metrics.csv")), newline="") as fh:
+        rows = Counter((r["round"], r["site"]) for r in csv.DictReader(fh)
+                       if r["phase"] == "train" and r["metric"] == "ok")
+    assert rows == Counter({(str(r), site): 1 for r in range(1, SLOW_ROUNDS + 1)
+                            for site in (SITE, "global")}), rows
+    assert not (jobs_on_claim / job_id / "checkpoint-home.zip").exists()  # gone with the job
+
+
 def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster,
                                                      tmp_path: Path) -> None:
     parent_image = cluster.env.get("ATOLL_K8S_PARENT_IMAGE")
@@ -202,36 +244,31 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
         # A FedAvg job of several slow rounds runs while the server is upgraded: its server
         # worker Pod's checkpoint of round 1 is on the server's claim when the upgrade starts.
         jobs_on_claim = volume_root / "volume" / "workspace" / "jobs"
-        with fed.session(ADMIN) as session:
-            slow = session.submit(_fedavg_job(tmp_path / "slow"))["job_id"]
-        held = jobs_on_claim / slow / "checkpoint-home.zip"
-        wait_until(held.is_file, 300, "the checkpoint of round 1 sent home to the server")
+        slow = _slow_job_past_round_1(fed, tmp_path / "slow", jobs_on_claim)
 
         # An upgrade replaces the server Pod (its config changed); the job store and kits stay.
         server_values["config"]["site"]["k8s"]["pending_timeout"] = 180
         run(helm.Upgrade(config).run(server_release, str(CHART), values=server_values, wait=False))
-        wait_until(lambda: (pod := running_pod(cluster, server_release)) and pod.metadata.uid != (
-            server_pod.metadata.uid), 180, "the upgraded server Pod")
+        upgraded = wait_until(lambda: (pod := running_pod(cluster, server_release))
+                              and pod.metadata.uid != server_pod.metadata.uid and pod,
+                              180, "the upgraded server Pod")
         wait_online(fed, ADMIN, cluster, [server_release, site_release], 120)
         with fed.session(ADMIN) as session:
             kept = {j["job_id"]: j["state"] for j in session.list_jobs()}
-            assert kept.get(job["job_id"]) == "FINISHED:COMPLETED", kept
-            # ... and the job that ran through it ends by itself, every round once
-            final = session.wait(slow, timeout=600)
-            assert final["state"] == "FINISHED:COMPLETED", (final["reason"], final["parts"])
-            events = session.logs(slow)["events"]
-            status = session.status(slow)
-            out = session.download(slow, tmp_path / "slow-out")
-        resumed = [e["round"] for e in events if e.get("event") == "resumed"]
-        assert len(resumed) == 1 and 2 <= resumed[0] <= SLOW_ROUNDS, events  # mid-job
-        print(f"helm upgrade mid-job: resumed at round {resumed[0]} of {SLOW_ROUNDS}")
-        assert f"resumed at round {resumed[0]} after a server restart" in str(status), status
-        with open(next(out.rglob("metrics.csv")), newline="") as fh:
-            rows = Counter((r["round"], r["site"]) for r in csv.DictReader(fh)
-                           if r["phase"] == "train" and r["metric"] == "ok")
-        assert rows == Counter({(str(r), site): 1 for r in range(1, SLOW_ROUNDS + 1)
-                                for site in (SITE, "global")}), rows
-        assert not held.exists()  # freed with the job's end
+        assert kept.get(job["job_id"]) == "FINISHED:COMPLETED", kept
+        # ... and the job that ran through it ends by itself, every round once
+        _resumed_once_and_completed(fed, slow, tmp_path, jobs_on_claim, "helm upgrade")
+
+        # A server parent killed mid-job (SIGKILL, as the OOM killer does: nothing stopped)
+        # leaves its server worker Pod behind; the kubelet starts the parent again, which
+        # removes that Pod and resumes the job under the same names.
+        killed = _slow_job_past_round_1(fed, tmp_path / "killed", jobs_on_claim)
+        _kill_parent_container(cluster, upgraded.metadata.name)
+        wait_until(lambda: (pod := running_pod(cluster, server_release)) and any(
+            c.restart_count for c in pod.status.container_statuses), 180,
+            "the server parent started again in its Pod")
+        wait_online(fed, ADMIN, cluster, [server_release, site_release], 120)
+        _resumed_once_and_completed(fed, killed, tmp_path, jobs_on_claim, "server Pod killed")
         for kit in (f"server-kit-{SESSION_ID}", f"site-kit-{SESSION_ID}"):  # not the chart's
             assert api.read_namespaced_secret(kit, ns).data.keys() >= {"kit.yaml", "rootCA.pem"}
         assert any((volume_root / "volume" / "workspace").iterdir())  # the store is there
