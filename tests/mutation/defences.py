@@ -918,6 +918,18 @@ MUTATIONS: list[Mutation] = [
              '        if data and not data.endswith(b"\\n"):\n', "        if False:\n",
              ["tests/unit/server/test_provenance_record.py::"
               "test_a_line_torn_by_a_crash_is_cut_and_the_chain_goes_on_whole"]),
+    Mutation("checkpoint home: the state file's SHA-256 and size are checked before the parent "
+             "keeps it", "src/atoll/wire/checkpoint_home.py",
+             "if size != manifest.bytes or digest.hexdigest() != manifest.sha256:", "if False:",
+             ["tests/unit/wire/test_checkpoint_home.py"]),
+    Mutation("checkpoint home: nothing outside checkpoint/ and results/ is kept",
+             "src/atoll/wire/checkpoint_home.py", "        if outside:\n", "        if False:\n",
+             ["tests/unit/wire/test_checkpoint_home.py"]),
+    Mutation("checkpoint home: checkpoint/ holds only the manifest and the file it names",
+             "src/atoll/wire/checkpoint_home.py",
+             'if extra or f"{CHECKPOINT}/{manifest.file}" not in by_name:',
+             'if f"{CHECKPOINT}/{manifest.file}" not in by_name:',
+             ["tests/unit/wire/test_checkpoint_home.py"]),
     Mutation("dashboard: a request without the cookie is refused", DASHBOARD,
              "        if not cookie:\n", "        if False:\n", DASHBOARD_TESTS),
     Mutation("dashboard: a wrong cookie is refused", DASHBOARD,

@@ -47,7 +47,9 @@ class ServerChannel(Protocol):
     sites: list[str]  # the job's sites, in a stable order
     results_dir: Path  # what the workflow writes here becomes the job's downloadable result
     # optional: ``checkpoint_dir`` (a Path), where the workflow's checkpoints go so that the job
-    # survives a server restart (atoll.fl.checkpoint); a channel without one keeps none
+    # survives a server restart (atoll.fl.checkpoint); a channel without one keeps none; and
+    # ``checkpoint_committed(round)``, called once each is committed, before it is reported
+    # (a worker whose run folder goes with it sends it to its parent: wire/checkpoint_home.py)
 
     def send(
         self, targets: Sequence[str], topic: str, headers: dict[str, Any], payload: Iterable[Chunk]

@@ -23,7 +23,6 @@ str, numbers, bool, None); arrays may sit anywhere in dicts and lists.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -32,10 +31,10 @@ import numpy as np
 
 from atoll.fl.model import Model
 from atoll.fl.serde import SerdeError, encode, load_file
+from atoll.spec.checkpoint_manifest import FORMAT, MANIFEST, Manifest, parse_manifest, state_file
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
-FORMAT = 1
-MANIFEST = "checkpoint.json"
+__all__ = ["FORMAT", "MANIFEST", "CheckpointDamaged", "load", "save", "size_on_disk"]
 STATE_KEY = "atoll_checkpoint"  # the metadata entry that holds the JSON part of the state
 _ARRAY = "__array__"
 
@@ -53,10 +52,9 @@ def save(folder: Path, round_: int, state: dict[str, Any]) -> int:
     arrays: dict[str, np.ndarray] = {}
     tree = _flatten(state, "", arrays)
     model = Model(params=arrays, round=round_, meta={STATE_KEY: tree})
-    name = f"round-{round_}.safetensors"
+    name = state_file(round_)
     digest, size = _write_atomic(folder / name, encode(model))
-    manifest = {"format": FORMAT, "round": round_, "file": name, "sha256": digest, "bytes": size}
-    _write_atomic(folder / MANIFEST, [json.dumps(manifest, sort_keys=True).encode()])
+    _write_atomic(folder / MANIFEST, [Manifest(round_, name, digest, size).document()])
     for old in folder.glob("round-*.safetensors"):
         if old.name != name:
             old.unlink(missing_ok=True)
@@ -74,14 +72,10 @@ def load(folder: Path) -> tuple[int, dict[str, Any]] | None:
     except OSError as exc:
         raise CheckpointDamaged(f"the checkpoint's {MANIFEST} cannot be read: {exc}") from None
     try:
-        manifest = json.loads(raw)
-        round_, name, digest, size = (manifest["round"], manifest["file"], manifest["sha256"],
-                                      manifest["bytes"])
-        if (manifest.get("format") != FORMAT or not isinstance(round_, int)
-                or name != f"round-{round_}.safetensors"):
-            raise ValueError("unexpected fields")
-    except (ValueError, KeyError, TypeError) as exc:
+        manifest = parse_manifest(raw)
+    except ValueError as exc:
         raise CheckpointDamaged(f"the checkpoint's {MANIFEST} is damaged: {exc}") from None
+    round_, name, digest, size = manifest.round, manifest.file, manifest.sha256, manifest.bytes
     path = folder / name
     try:
         found, length = _digest(path)

@@ -175,5 +175,11 @@ class Launcher(ABC):
         or this launcher's workers do not outlive their parent (the default)."""
         return False
 
+    def remove_leftovers(self, request: LaunchRequest) -> None:  # noqa: B027 - optional hook
+        """Before ``request``'s worker starts again under the same job and role (the server
+        worker of a job resumed after a server restart): remove what an earlier parent's worker
+        of it left that would stand in the way (a Pod and its objects, of the same names). By
+        default nothing: the worker died with its parent, or leaves nothing of a fixed name."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release clients and background threads."""

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 IMAGE_POLL_SECONDS = 0.5  # how often a starting Pod is read for its container's imageID
 WATCH_SECONDS = 300  # longest single watch request; the watch is reopened after it
 LOG_CHUNK = 64 * 1024
+LEFTOVER_SECONDS = 120  # how long an earlier worker's Pod may take to go (a finalizer...)
 
 
 def explain_api_error(err: Exception, action: str, namespace: str) -> str:
@@ -340,6 +341,33 @@ class KubernetesLauncher(Launcher):
             return False
         phase = getattr(getattr(pod, "status", None), "phase", None)
         return phase in ("Pending", "Running")
+
+    def remove_leftovers(self, request: LaunchRequest) -> None:
+        """The Pod, Secret and NetworkPolicy of ``request``'s names that an earlier parent
+        created (it was killed, so it deleted nothing), deleted; returns once the Pod's name is
+        free for ``launch``. Whatever that worker still did, its parent and session are gone."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        objects = self.render(request)
+        ns, name = objects["pod"]["metadata"]["namespace"], objects["pod"]["metadata"]["name"]
+        self._delete(ns, name, objects["secret"]["metadata"]["name"], strict=True)
+        deadline = time.monotonic() + LEFTOVER_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                self.api.read_namespaced_pod(name, ns)
+            except ApiException as err:
+                if err.status == 404:
+                    return
+                raise LaunchError(explain_api_error(err, "read the earlier worker Pod",
+                                                    ns)) from None
+            except HTTPError as err:
+                raise LaunchError(explain_api_error(err, "read the earlier worker Pod",
+                                                    ns)) from None
+            time.sleep(IMAGE_POLL_SECONDS)
+        raise LaunchError(f"the earlier worker Pod {ns}/{name} was still there "
+                          f"{LEFTOVER_SECONDS} s after its deletion; delete it (kubectl delete "
+                          "pod --force) and resubmit the job")
 
     def _was_cancelled(self, handle: Handle) -> bool:
         with self._lock:

@@ -36,7 +36,9 @@ def recorded_pid(workspace: Path, role: str) -> int | None:
 def read_pid(workspace: Path, role: str) -> int | None:
     """The pid of the running parent, None when the file is absent or names a dead process."""
     pid = recorded_pid(workspace, role)
-    return pid if pid is not None and alive(pid) else None
+    # our own pid is no other parent: the file of a killed parent whose container started
+    # again in its Pod, where each is PID 1 (an OOM kill), names the one now asking
+    return pid if pid is not None and pid != os.getpid() and alive(pid) else None
 
 
 def write_pid(workspace: Path, role: str) -> None:

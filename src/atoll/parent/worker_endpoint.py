@@ -50,6 +50,8 @@ class WorkerBackend(Protocol):
     def finish(self, job_id: str, ok: bool, error: str) -> None: ...
     def spend_budget(self, job_id: str, body: dict[str, Any]) -> dict[str, Any]: ...
     def run_folder(self, job_id: str) -> Path: ...
+    def keep_checkpoint(self, job_id: str, chunks: Iterator[bytes]) -> dict[str, int]: ...
+    def held_checkpoint(self, job_id: str) -> Path | None: ...
 
 
 class BackendError(AtollError):
@@ -228,6 +230,32 @@ class WorkerLinkServicer:
         log.info("job %s: its worker sent %d result files (%d bytes) home", job_id,
                  got["files"], got["bytes"])
         return msg.Json(body=json.dumps(got))
+
+    def SendCheckpoint(self, request_iterator, context):
+        """A server worker whose run folder goes with it (a Pod) sends each committed
+        checkpoint home (wire/checkpoint_home.py): checked, then kept in place of the last."""
+        from atoll.wire.job_archive import IntakeError
+
+        job_id = self._job(context)
+        _, chunks = frames.split(request_iterator)
+        try:
+            got = self._call(context, self.backend.keep_checkpoint, job_id, chunks)
+        except IntakeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        log.info("job %s: its worker sent the checkpoint of round %d home (%d bytes)", job_id,
+                 got["round"], got["bytes"])
+        return msg.Json(body=json.dumps(got))
+
+    def FetchCheckpoint(self, request, context):
+        """What the last SendCheckpoint kept, for the job's server worker started again."""
+        job_id = self._job(context)
+        path = self._call(context, self.backend.held_checkpoint, job_id)
+        if path is None:
+            yield frames.header({"none": True})
+            return
+        with open(path, "rb") as held:  # the file, even if a later one replaces its name
+            yield frames.header({"size": os.fstat(held.fileno()).st_size})
+            yield from frames.data_frames(iter(lambda: held.read(frames.CHUNK), b""))
 
     @staticmethod
     def _call(context, fn, *args):

@@ -58,10 +58,17 @@ class Lifecycle:
     max_resumes: int  # restarts.max_resumes in the server's local/site.yaml
     _lock: threading.RLock
     rejoin_s: float = 300.0  # how long a site's parts wait for a disconnected site parent
+    stopping: bool = False  # the parent stops: a server worker's end is not the job's
 
     # (`_revoked(tree, held)`, the signer check, is server/jobs.py's: see JobManager)
 
     def _server_ended(self, live: LiveJob, exit: WorkerExit) -> None:
+        if self.stopping and not (exit.outcome is Outcome.COMPLETED and live.report
+                                  and live.report[0]):
+            # this parent stops (an upgrade, `atoll server stop`): the job stays RUNNING in the
+            # store and the next start resumes it from its checkpoint (`recover`)
+            log.info("job %s: its server worker stopped with the server parent", live.id)
+            return
         if live.aborting:
             state, reason = "ABORTED", live.aborting
         elif exit.outcome is Outcome.COMPLETED and live.report and live.report[0]:
@@ -230,6 +237,9 @@ class Lifecycle:
         # the workflow's checkpoint (a model's size) is of no use once the job has ended;
         # rmtree never follows a link the job could have put there
         shutil.rmtree(live.folder / "run" / "server" / CHECKPOINTS, ignore_errors=True)
+        from atoll.wire.checkpoint_home import HELD
+
+        (live.folder / HELD).unlink(missing_ok=True)  # ... or the one a Pod sent home
         self.queue.wake()  # what the job held at its sites is free
         log.info("job %s finished: %s %s", live.id, live.server_state, reason)
 
@@ -358,6 +368,9 @@ class Lifecycle:
         return max(rounds, default=0)
 
     def stop_all(self) -> None:
+        """The parent stops: its server workers stop too, and their jobs stay as they were in
+        the store, for the next start to resume."""
+        self.stopping = True
         for live in list(self.live.values()):
             if live.handle is not None:
                 self.host.launcher.cancel(live.handle)

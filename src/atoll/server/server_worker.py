@@ -58,6 +58,8 @@ class ServerWorkerLaunch:
                 self._server_ended(live, WorkerExit(Outcome.FAILED, live.aborting))
                 return
             self.store.set_part_state(live.id, "server", "STARTING")
+            if live.resumes:  # what the server worker before the restart left (a Pod)
+                self.host.launcher.remove_leftovers(request)
             live.handle = self.host.launcher.launch(request)
         except (LaunchError, SpecError, OSError) as exc:
             self._server_ended(live, WorkerExit(Outcome.FAILED, self._public(

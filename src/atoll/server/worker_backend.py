@@ -125,6 +125,17 @@ class ServerWorkerBackend:
     def run_folder(self, job_id):
         return self._live(job_id).folder / "run" / "server"
 
+    def keep_checkpoint(self, job_id, chunks):
+        """A Pod's checkpoint, kept in the job's own folder (wire/checkpoint_home.py)."""
+        from atoll.wire.checkpoint_home import keep_checkpoint
+
+        return keep_checkpoint(chunks, self._live(job_id).folder)
+
+    def held_checkpoint(self, job_id):
+        from atoll.wire.checkpoint_home import held_checkpoint
+
+        return held_checkpoint(self._live(job_id).folder)
+
     def report(self, job_id, body):
         self._live(job_id)
         self.store.add_event(job_id, "server", body)

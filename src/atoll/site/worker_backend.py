@@ -164,6 +164,12 @@ class SiteWorkerBackend:
     def run_folder(self, job_id: str) -> Path:
         return self._job(job_id).workdir
 
+    def keep_checkpoint(self, job_id, chunks):
+        raise BackendError("a site worker keeps no checkpoint; the server worker does")
+
+    def held_checkpoint(self, job_id):
+        raise BackendError("a site worker keeps no checkpoint; the server worker does")
+
     def report(self, job_id: str, body: dict[str, Any]) -> None:
         beat = body == {"kind": "heartbeat"}  # life, not progress: its own thread sends it
         self._job(job_id, progress=not beat)

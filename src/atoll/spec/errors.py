@@ -29,8 +29,8 @@ stdlib base its callers catch; tests/unit/spec/test_error_root.py checks the dra
 
     AtollError
     ├── 1 FAILED: the job's own code or a protocol step failed; its log says why
-    │   AggregateCorrupted, BudgetExhausted, CheckTimeout, ClientError, CredentialError,
-    │   CredentialNotIssued, EncodingError, LedgerRefused, PeerNotAuthenticated,
+    │   AggregateCorrupted, BudgetExhausted, CheckpointHomeError, CheckTimeout, ClientError,
+    │   CredentialError, CredentialNotIssued, EncodingError, LedgerRefused, PeerNotAuthenticated,
     │   PrivacyRefused, RankError, ResultRejected, SecAggRefused, ShareDecryptError,
     │   SiteScriptError, StatisticsError, StatisticsRefused, TrackingError, WorkflowError
     ├── 2 INVALID: change the input or request the message names, then retry

@@ -77,7 +77,7 @@ class Incoming:
         import zipfile
         import zlib
 
-        _check_directory(self.zip_path)
+        check_directory(self.zip_path)
         try:
             archive = zipfile.ZipFile(self.zip_path)
         except UnicodeDecodeError:
@@ -90,7 +90,7 @@ class Incoming:
             infos = archive.infolist()
             if len(infos) > MAX_ENTRIES:
                 raise IntakeError(f"job folder has {len(infos)} entries; the limit is {MAX_ENTRIES}")
-            keys = _check_entries(infos, max_bytes)
+            keys = check_entries(infos, max_bytes)
             self.tree.mkdir()
             for info, key in zip(infos, keys, strict=True):
                 target = self.tree.joinpath(*key)
@@ -124,7 +124,7 @@ class Incoming:
         return destination
 
 
-def _check_directory(path: Path) -> None:
+def check_directory(path: Path) -> None:
     """Count the entries in the raw central directory before zipfile makes an object of each."""
     import zipfile
 
@@ -148,7 +148,7 @@ def _check_directory(path: Path) -> None:
         raise IntakeError(f"job folder has {count} entries; the limit is {MAX_ENTRIES}")
 
 
-def _check_entries(infos: list[zipfile.ZipInfo], max_bytes: int) -> list[tuple[str, ...]]:
+def check_entries(infos: list[zipfile.ZipInfo], max_bytes: int) -> list[tuple[str, ...]]:
     """Each entry's path as a tuple of names, once every entry passed; else IntakeError."""
     total = 0
     keys: list[tuple[str, ...]] = []

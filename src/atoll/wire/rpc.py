@@ -43,6 +43,8 @@ SERVICES: dict[str, dict[str, tuple[str, str, bool, bool]]] = {
         "Finish": ("Json", "Json", False, False),
         "SpendBudget": ("Json", "Json", False, False),  # a site worker, before each DP release
         "SendResults": (RAW, "Json", True, False),  # a Pod's results/, before Finish
+        "SendCheckpoint": (RAW, "Json", True, False),  # a Pod's server worker, each round
+        "FetchCheckpoint": ("Json", RAW, False, True),  # ... resumed after a server restart
     },
 }
 

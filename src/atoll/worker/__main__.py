@@ -294,12 +294,17 @@ def main() -> int:
             trusted()  # the job's signature and signer, checked before any of its code runs
             results = workdir / "results"
             results.mkdir(parents=True, exist_ok=True)
+            send_home = os.environ.get(RESULTS_HOME_VAR) == SEND_RESULTS  # a Pod's emptyDir
             channel = GrpcServerChannel(stub, session, job_id, info["sites"], results,
-                                        _handoff(info))
+                                        _handoff(info), send_home=send_home)
             if info.get("checkpoints") is False:  # the parent's benchmark switch
                 channel.checkpoint_dir = None
+            job_args = info.get("job_args", {})
+            if send_home and job_args.get("resume"):  # its checkpoint is at the parent
+                print(f"atoll worker: the checkpoint of round {channel.fetch_checkpoint()} "
+                      "fetched from the parent", flush=True)
             gc.freeze()  # see _exit_now
-            run_server_app(channel, workdir / "app", info.get("job_args", {}))
+            run_server_app(channel, workdir / "app", job_args)
         else:
             from atoll.fl.distributed import Ranks
             from atoll.fl.runner import run_site_app

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from atoll.fl.channels import Chunk, Reply, Task
+from atoll.spec.errors import EXIT_FAILED, AtollError
 from atoll.spec.names import check_round, check_task_id, check_task_name
 from atoll.wire import frames
 from atoll.wire import messages as msg
@@ -30,9 +31,16 @@ class _Link:
         self.stub.Report(msg.Json(body=json.dumps(event)), metadata=self.metadata)
 
 
+class CheckpointHomeError(AtollError):
+    """A checkpoint that goes home to the parent (the run folder goes with the worker) did not
+    go, or came back damaged."""
+
+    exit_code = EXIT_FAILED
+
+
 class GrpcServerChannel(_Link):
     def __init__(self, stub, session: str, job_id: str, sites: list[str], results_dir: Path,
-                 handoff: HandoffDir | None = None):
+                 handoff: HandoffDir | None = None, send_home: bool = False):
         super().__init__(stub, session, job_id)
         self.sites = list(sites)
         self.results_dir = results_dir
@@ -40,6 +48,44 @@ class GrpcServerChannel(_Link):
         self.checkpoint_dir: Path | None = Path(results_dir).parent / "checkpoint"
         self._expected: dict[str, int] = {}
         self.handoff = handoff  # payloads come and go as files in it (wire/handoff.py)
+        # the run folder goes with the worker (a Pod): each checkpoint goes home to the parent
+        # (wire/checkpoint_home.py), and a resumed worker fetches it from there
+        self.send_home = send_home
+
+    def checkpoint_committed(self, round_: int) -> None:
+        """The workflow committed its checkpoint of ``round_`` (atoll.fl.checkpoint): where
+        the run folder goes with the worker, send it home with the results so far before the
+        workflow reports it, so that the server holds every round it says was committed."""
+        if not self.send_home:
+            return
+        from atoll.wire.checkpoint_home import zip_checkpoint
+
+        run_folder = Path(self.results_dir).parent
+        archive = zip_checkpoint(run_folder, run_folder / "checkpoint-home.zip")
+        try:
+            self.stub.SendCheckpoint(frames.payload_frames({}, frames.file_chunks(archive)),
+                                     metadata=self.metadata, timeout=3600)
+        except grpc.RpcError as exc:
+            raise CheckpointHomeError(f"the checkpoint of round {round_} could not be sent to the "
+                                    f"server parent: {exc.details()}") from None
+        finally:
+            archive.unlink(missing_ok=True)
+
+    def fetch_checkpoint(self) -> int:
+        """After a server restart: the checkpoint (and the results so far) the parent kept,
+        unpacked into the run folder; its round (0: the parent kept none)."""
+        from atoll.wire.checkpoint_home import unpack_checkpoint
+        from atoll.wire.job_archive import IntakeError
+
+        stream = self.stub.FetchCheckpoint(msg.Json(body="{}"), metadata=self.metadata)
+        head, chunks = frames.split(iter(stream))
+        if head.get("none"):
+            return 0
+        try:
+            return unpack_checkpoint(chunks, Path(self.results_dir).parent)
+        except IntakeError as exc:
+            raise CheckpointHomeError(f"cannot resume after the server restart: the checkpoint "
+                                    f"the server parent kept is damaged: {exc}") from None
 
     def send(self, targets: Sequence[str], topic: str, headers: dict[str, Any],
              payload: Iterable[Chunk]) -> str:

@@ -14,12 +14,14 @@ server's Service is installed and its endpoints checked), and the parents reach 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,14 @@ from kubernetes import client, watch
 
 from atoll.pki.project import parse_project
 from atoll.pki.provision import provision
-from tests.integration.federation.harness import PROJECT, Federation, free_port, project_doc
-from tests.integration.federation.jobs import STALL, make_job
+from tests.integration.federation.harness import (
+    PROJECT,
+    Federation,
+    free_port,
+    job_folder,
+    project_doc,
+)
+from tests.integration.federation.jobs import STALL, make_job, round_taker
 from tests.integration.k8s.conftest import SESSION_ID, SESSION_LABEL, Cluster
 from tests.integration.k8s.helm_support import (
     CHART,
@@ -97,6 +105,64 @@ def _small_job(path: Path, **how: Any) -> Path:
     meta["launcher_spec"] = {"default": {"k8s": {"cpu_request": "100m"}}}
     (job_dir / "meta.json").write_text(json.dumps(meta))
     return job_dir
+
+
+SLOW_ROUNDS = 6
+INITIAL = "import numpy as np\n\ndef make():\n    return {'w': np.zeros(4)}\n"
+
+
+def _fedavg_job(path: Path) -> Path:
+    """FedAvg with a checkpoint after each round, whose site takes 8 s a round: long enough
+    for the server to be upgraded mid-job."""
+    app = ("server:\n  workflow: fedavg\n"
+           f"  args: {{num_rounds: {SLOW_ROUNDS}, evaluate_every: 0, cross_site_eval: none, "
+           "round_timeout: 300}\n  initial_model: model.py:make\nsite:\n  script: train.py\n")
+    meta = {"name": path.name, "deploy_map": {"app": ["@ALL"]},
+            "resource_spec": {"@default": {"memory": "512Mi"}},
+            "launcher_spec": {"default": {"k8s": {"cpu_request": "100m"}}}}
+    return job_folder(path, meta, app, {"train.py": round_taker(8), "model.py": INITIAL})
+
+
+def _kill_parent_container(cluster: Cluster, pod: str) -> None:
+    """SIGKILL the parent's container of ``pod`` in the kubelet's engine (the Pod stays)."""
+    import docker
+
+    engine = docker.DockerClient(base_url=cluster.env["ATOLL_K8S_DOCKER_HOST"])
+    [container] = engine.containers.list(filters={"label": [
+        f"io.kubernetes.pod.name={pod}", "io.kubernetes.container.name=parent"]})
+    container.kill("SIGKILL")
+
+
+def _slow_job_past_round_1(fed: Federation, path: Path, jobs_on_claim: Path) -> str:
+    """Submit the slow FedAvg job; its id once its checkpoint of round 1 is on the server's
+    claim (its server worker Pod sent it home)."""
+    with fed.session(ADMIN) as session:
+        job_id = session.submit(_fedavg_job(path))["job_id"]
+    held = jobs_on_claim / job_id / "checkpoint-home.zip"
+    wait_until(held.is_file, 300, "the checkpoint of round 1 sent home to the server")
+    return job_id
+
+
+def _resumed_once_and_completed(fed: Federation, job_id: str, tmp_path: Path,
+                                jobs_on_claim: Path, what: str) -> None:
+    """The job resumed once, mid-job, and COMPLETED by itself, each round once per site in
+    metrics.csv; the checkpoint the server kept for it is gone with its end."""
+    with fed.session(ADMIN) as session:
+        final = session.wait(job_id, timeout=600)
+        assert final["state"] == "FINISHED:COMPLETED", (final["reason"], final["parts"])
+        events = session.logs(job_id)["events"]
+        status = session.status(job_id)
+        out = session.download(job_id, tmp_path / f"{job_id}-out")
+    resumed = [e["round"] for e in events if e.get("event") == "resumed"]
+    assert len(resumed) == 1 and 2 <= resumed[0] <= SLOW_ROUNDS, events  # mid-job
+    print(f"{what} mid-job: resumed at round {resumed[0]} of {SLOW_ROUNDS}")
+    assert f"resumed at round {resumed[0]} after a server restart" in str(status), status
+    with open(next(out.rglob("metrics.csv")), newline="") as fh:
+        rows = Counter((r["round"], r["site"]) for r in csv.DictReader(fh)
+                       if r["phase"] == "train" and r["metric"] == "ok")
+    assert rows == Counter({(str(r), site): 1 for r in range(1, SLOW_ROUNDS + 1)
+                            for site in (SITE, "global")}), rows
+    assert not (jobs_on_claim / job_id / "checkpoint-home.zip").exists()  # gone with the job
 
 
 def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster,
@@ -175,15 +241,34 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
         wait_until(lambda: not api.list_namespaced_pod(ns, label_selector=JOB_PODS).items, 60,
               "no job Pod left after the job")
 
+        # A FedAvg job of several slow rounds runs while the server is upgraded: its server
+        # worker Pod's checkpoint of round 1 is on the server's claim when the upgrade starts.
+        jobs_on_claim = volume_root / "volume" / "workspace" / "jobs"
+        slow = _slow_job_past_round_1(fed, tmp_path / "slow", jobs_on_claim)
+
         # An upgrade replaces the server Pod (its config changed); the job store and kits stay.
         server_values["config"]["site"]["k8s"]["pending_timeout"] = 180
         run(helm.Upgrade(config).run(server_release, str(CHART), values=server_values, wait=False))
-        wait_until(lambda: (pod := running_pod(cluster, server_release)) and pod.metadata.uid != (
-            server_pod.metadata.uid), 180, "the upgraded server Pod")
+        upgraded = wait_until(lambda: (pod := running_pod(cluster, server_release))
+                              and pod.metadata.uid != server_pod.metadata.uid and pod,
+                              180, "the upgraded server Pod")
         wait_online(fed, ADMIN, cluster, [server_release, site_release], 120)
         with fed.session(ADMIN) as session:
             kept = {j["job_id"]: j["state"] for j in session.list_jobs()}
         assert kept.get(job["job_id"]) == "FINISHED:COMPLETED", kept
+        # ... and the job that ran through it ends by itself, every round once
+        _resumed_once_and_completed(fed, slow, tmp_path, jobs_on_claim, "helm upgrade")
+
+        # A server parent killed mid-job (SIGKILL, as the OOM killer does: nothing stopped)
+        # leaves its server worker Pod behind; the kubelet starts the parent again, which
+        # removes that Pod and resumes the job under the same names.
+        killed = _slow_job_past_round_1(fed, tmp_path / "killed", jobs_on_claim)
+        _kill_parent_container(cluster, upgraded.metadata.name)
+        wait_until(lambda: (pod := running_pod(cluster, server_release)) and any(
+            c.restart_count for c in pod.status.container_statuses), 180,
+            "the server parent started again in its Pod")
+        wait_online(fed, ADMIN, cluster, [server_release, site_release], 120)
+        _resumed_once_and_completed(fed, killed, tmp_path, jobs_on_claim, "server Pod killed")
         for kit in (f"server-kit-{SESSION_ID}", f"site-kit-{SESSION_ID}"):  # not the chart's
             assert api.read_namespaced_secret(kit, ns).data.keys() >= {"kit.yaml", "rootCA.pem"}
         assert any((volume_root / "volume" / "workspace").iterdir())  # the store is there

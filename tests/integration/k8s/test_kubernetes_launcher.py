@@ -71,6 +71,30 @@ def test_pod_completes_and_its_log_is_saved(cluster: Cluster, tmp_path: Path) ->
     assert gone(cluster.api.read_namespaced_secret, handle.extra["secret"], ns)
 
 
+def test_a_new_parent_removes_an_earlier_parents_pod_before_it_launches_again(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A server parent killed mid-job deletes nothing: its server worker's Pod, Secret and
+    NetworkPolicy stay under the names the resumed worker takes. The next parent removes them
+    first (``remove_leftovers``), then launches under the same names."""
+    earlier = make_launcher(cluster)
+    request = make_request(earlier, "sleep 3600", tmp_path)
+    old = earlier.launch(request)
+    ns, pod, secret = cluster.namespace, old.native_id, old.extra["secret"]
+    later = make_launcher(cluster)  # the next parent: nothing of the earlier one's state
+    start = time.monotonic()
+    later.remove_leftovers(request)
+    print(f"\n[k8s] leftovers removed in {time.monotonic() - start:.2f} s")
+    assert gone(cluster.api.read_namespaced_pod, pod, ns)
+    assert gone(cluster.api.read_namespaced_secret, secret, ns)
+    assert gone(later.networking.read_namespaced_network_policy, f"{pod}-net", ns)
+    new = later.launch(request)
+    try:
+        assert new.native_id == pod and new.extra["uid"] != old.extra["uid"]
+    finally:
+        later.cancel(new)
+    later.remove_leftovers(request)  # nothing left: a no-op
+
+
 def test_python_job_image_runs_atoll_in_a_pod(cluster: Cluster, tmp_path: Path) -> None:
     launcher = make_launcher(cluster, python="python3", default_image=cluster.job_image)
     script = (

@@ -300,3 +300,31 @@ def test_cyclic_resumed_after_visit_4_ends_on_the_uninterrupted_trail(tmp_path):
     visits = json.loads((cut / "cyclic.json").read_text())["visits"]
     assert [(v["cycle"], v["site"], v["metrics"]["length"]) for v in visits] == [
         (1, "c", 1), (1, "a", 2), (1, "b", 3), (2, "c", 4), (2, "a", 5), (2, "b", 6)]
+
+
+def test_a_channel_that_sends_checkpoints_home_gets_each_once_committed_before_its_report(
+        tmp_path):
+    """A server worker whose run folder goes with it (a Pod) sends each checkpoint home
+    (worker/grpc_channels.py): the context calls its channel's ``checkpoint_committed`` once the
+    checkpoint is on disk and before it reports it, so that the server holds every round it was
+    told was committed."""
+    seen = []
+
+    def run(channel, args, initial, job_args):
+        folder = tmp_path / "checkpoint"
+        channel.checkpoint_dir = folder
+        reported = channel._federation.events
+
+        def sent_home(round_):
+            told = [e["round"] for e in reported if e.get("event") == "checkpoint"]
+            seen.append((round_, checkpoint.load(folder)[0], told))
+        channel.checkpoint_committed = sent_home
+        ctx = Context(channel, args, initial, job_args)
+        try:
+            FedAvg(ctx).run()
+        finally:
+            ctx.close()
+
+    args = FedAvgArgs(num_rounds=3, evaluate_every=0, cross_site_eval="none")
+    run_workflow(run, args, _sites({"a": 1.0}), tmp_path, initial=Model(params={"w": np.ones(2)}))
+    assert seen == [(1, 1, []), (2, 2, [1]), (3, 3, [1, 2])]

@@ -286,3 +286,29 @@ def _ca_file(jobs):
     path = jobs.workspace / "ca.pem"
     path.write_text("-----BEGIN CERTIFICATE-----\n")
     return path
+
+
+def test_a_stopping_server_leaves_its_running_jobs_to_resume(jobs):
+    """A server parent that stops (`helm upgrade`, `atoll server stop`) stops its server
+    workers; their end is not the job's: the store keeps the job running and the next start
+    resumes it. A workflow that had completed just before is recorded as completed."""
+    cancelled = []
+    jobs.host.launcher.cancel = cancelled.append
+    live = _dispatch(jobs)
+    live.handle = "the worker's handle"
+    jobs.site_state("site-1", {"job_id": JOB, "state": "RUNNING"})
+    jobs.stop_all()
+    assert cancelled == ["the worker's handle"]
+    jobs._server_ended(live, WorkerExit(Outcome.ABORTED, "aborted: the worker pod was deleted"))
+    state, parts = _parts(jobs)
+    assert state == "RUNNING" and not parts["server"][0].startswith("FINISHED"), parts
+    assert jobs.links.sent == [("site-1", "dispatch", JOB), ("site-2", "dispatch", JOB)]
+    jobs.stopping = False  # the next start
+    _restart(jobs)
+    resumed = jobs.live[JOB]
+    assert resumed.resumes == 1
+
+    jobs.stop_all()
+    resumed.report = (True, "")
+    jobs._server_ended(resumed, WorkerExit(Outcome.COMPLETED, ""))
+    assert _parts(jobs)[1]["server"] == ("FINISHED:COMPLETED", "")

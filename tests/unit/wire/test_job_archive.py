@@ -163,7 +163,7 @@ def test_more_entries_than_the_limit_are_refused_before_zipfile_reads_them(tmp_p
 def test_the_entry_list_is_counted_again_as_zipfile_reads_it(tmp_path, monkeypatch):
     # a second line behind the raw count of the central directory
     monkeypatch.setattr(job_archive, "MAX_ENTRIES", 5)
-    monkeypatch.setattr(job_archive, "_check_directory", lambda path: None)
+    monkeypatch.setattr(job_archive, "check_directory", lambda path: None)
     _refused(tmp_path, [(f"app/{i}.py", b"x") for i in range(6)], "6 entries; the limit is 5")
 
 

@@ -13,12 +13,19 @@ from typing import Any
 import grpc
 import pytest
 
+from atoll.fl import checkpoint
 from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
 from atoll.wire import frames, rpc
 from atoll.wire import messages as msg
+from atoll.wire.checkpoint_home import held_checkpoint, keep_checkpoint
 from atoll.wire.handoff import KEY, HandoffDir
 from atoll.wire.worker_link import worker_channel
-from atoll.worker.grpc_channels import POLL_S, GrpcServerChannel, GrpcSiteChannel
+from atoll.worker.grpc_channels import (
+    POLL_S,
+    CheckpointHomeError,
+    GrpcServerChannel,
+    GrpcSiteChannel,
+)
 
 JOB = "job-1"
 BIG = os.urandom(3 * frames.CHUNK + 5)  # several data frames
@@ -67,6 +74,14 @@ class _Parent:
 
     def report(self, job_id, body):
         self.reports.append((job_id, body))
+
+    job_folder: Path | None = None  # where a Pod's checkpoint is kept (wire/checkpoint_home.py)
+
+    def keep_checkpoint(self, job_id, chunks):
+        return keep_checkpoint(chunks, self.job_folder)
+
+    def held_checkpoint(self, job_id):
+        return held_checkpoint(self.job_folder)
 
     def message(self, head: dict[str, Any], data: bytes | None = None) -> list[bytes]:
         """One header-then-data message as the parent sends it: data in a file if it can."""
@@ -185,3 +200,43 @@ def test_a_channel_without_a_valid_session_is_refused(link):
         channel.report({"event": "x"})
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert parent.reports == []
+
+
+def test_a_pods_checkpoint_goes_home_and_a_resumed_worker_fetches_it(link, tmp_path):
+    """A server worker whose run folder goes with it (a Pod) sends each committed checkpoint
+    and its results so far home; the worker started again after a server restart gets them
+    back into its own, new run folder."""
+    import numpy as np
+
+    parent, stub, session, _ = link
+    parent.job_folder = tmp_path / "parent-job"
+    parent.job_folder.mkdir()
+    pod = tmp_path / "pod"
+    channel = GrpcServerChannel(stub, session, JOB, ["site-1"], pod / "results", send_home=True)
+    assert channel.fetch_checkpoint() == 0  # nothing held yet
+    (pod / "results").mkdir(parents=True)
+    (pod / "results" / "metrics.csv").write_text("1,site-1,0.5\n2,site-1,0.25\n")
+    checkpoint.save(channel.checkpoint_dir, 2, {"w": np.ones(3)})
+    channel.checkpoint_committed(2)
+    assert not (pod / "checkpoint-home.zip").exists()  # the worker's copy of the zip is gone
+
+    resumed = tmp_path / "resumed-pod"
+    again = GrpcServerChannel(stub, session, JOB, ["site-1"], resumed / "results",
+                              send_home=True)
+    assert again.fetch_checkpoint() == 2
+    round_, state = checkpoint.load(again.checkpoint_dir)
+    assert round_ == 2 and state["w"].tolist() == [1.0, 1.0, 1.0]
+    assert (resumed / "results" / "metrics.csv").read_text() == "1,site-1,0.5\n2,site-1,0.25\n"
+
+    # refused by the parent (here: a damaged state file): the workflow fails, naming the round
+    (channel.checkpoint_dir / "round-2.safetensors").write_bytes(b"damaged")
+    with pytest.raises(CheckpointHomeError, match="checkpoint of round 2 could not be sent"):
+        channel.checkpoint_committed(2)
+    third = GrpcServerChannel(stub, session, JOB, ["site-1"], tmp_path / "third" / "results",
+                              send_home=True)
+    assert third.fetch_checkpoint() == 2  # the parent still holds the good one
+
+    # a process worker's channel (its run folder is the parent's) sends nothing home
+    local = GrpcServerChannel(stub, session, JOB, ["site-1"], pod / "results")
+    parent.job_folder = tmp_path / "nowhere"
+    local.checkpoint_committed(2)

@@ -489,6 +489,9 @@ class Context:
             raise outcome[0]
 
     def _committed(self, round_: int, size: int) -> None:
+        committed = getattr(self._channel, "checkpoint_committed", None)
+        if committed is not None:  # a run folder that goes with its worker: sent home first
+            committed(round_)
         # the server counts a round as resumable from this report on (lifecycle.py)
         self.report({"event": "checkpoint", "round": round_, "bytes": size})
 
