@@ -100,3 +100,19 @@ while fl.is_running():
     time.sleep({seconds})
     fl.send(fl.Model(params=model.params, num_examples=1, metrics={{"ok": 1.0}}))
 '''
+
+
+# A 2-round FedAvg job whose server makes the model (model.py:make) and whose app.yaml carries
+# the privacy section given: for the tests of sites' privacy.yaml rules.
+PRIVACY_APP = """server:
+  workflow: fedavg
+  args: {{num_rounds: 2, round_timeout: 120}}
+  initial_model: model.py:make
+site:
+  script: train.py
+{privacy}"""
+
+
+def privacy_job(path: Path, privacy: str, train: str, model: str) -> Path:
+    return job_folder(path, {"name": path.name, "deploy_map": {"app": ["@ALL"]}},
+                      PRIVACY_APP.format(privacy=privacy), {"train.py": train, "model.py": model})

@@ -14,6 +14,7 @@ import pytest
 
 from tests.integration.federation.conftest import ADMIN, USERS
 from tests.integration.federation.harness import Federation, job_folder
+from tests.integration.federation.jobs import privacy_job
 
 SITES = ["site-1", "site-2", "site-3"]
 STRICT = """format_version: 1
@@ -39,13 +40,6 @@ import numpy as np
 def make():
     return {"w": np.zeros((4, 4), np.float32)}
 '''
-APP = """server:
-  workflow: fedavg
-  args: {{num_rounds: 2, round_timeout: 120}}
-  initial_model: model.py:make
-site:
-  script: train.py
-{privacy}"""
 COMPLIANT = """privacy:
   dp: {clip_norm: 1.0, noise_multiplier: 0.5, delta: 1.0e-5}
   secure_aggregation: {threshold: 3}
@@ -63,8 +57,7 @@ def strict_federation(tmp_path_factory):
 
 
 def _job(path, privacy: str):
-    return job_folder(path, {"name": path.name, "deploy_map": {"app": ["@ALL"]}},
-                      APP.format(privacy=privacy), {"train.py": TRAIN, "model.py": MODEL})
+    return privacy_job(path, privacy, TRAIN, MODEL)
 
 
 def test_a_strict_site_refuses_a_job_without_privacy_naming_its_rules(strict_federation, tmp_path):

@@ -12,7 +12,8 @@ import pytest
 
 from atoll.fl.serde import load_file
 from tests.integration.federation.conftest import ADMIN, USERS
-from tests.integration.federation.harness import Federation, job_folder
+from tests.integration.federation.harness import Federation
+from tests.integration.federation.jobs import privacy_job
 
 SITES = ["site-1", "site-2"]
 REQUIRE = "format_version: 1\nrequire: {quantize: true}\n"
@@ -37,13 +38,6 @@ import numpy as np
 def make():
     return {"w": np.random.default_rng(0).normal(0, 1, (64, 64)).astype(np.float32)}
 '''
-APP = """server:
-  workflow: fedavg
-  args: {{num_rounds: 2, round_timeout: 120}}
-  initial_model: model.py:make
-site:
-  script: train.py
-{privacy}"""
 QUANTIZED = """privacy:
   filters:
     task: [{type: quantize}]
@@ -62,8 +56,7 @@ def federation(tmp_path_factory):
 
 
 def _job(path, privacy: str):
-    return job_folder(path, {"name": path.name, "deploy_map": {"app": ["@ALL"]}},
-                      APP.format(privacy=privacy), {"train.py": TRAIN, "model.py": MODEL})
+    return privacy_job(path, privacy, TRAIN, MODEL)
 
 
 def test_a_site_requiring_quantized_updates_refuses_a_job_without_them(federation, tmp_path):
