@@ -37,6 +37,8 @@ class Dispatch:
     relay_budget: Budget
     _lock: threading.RLock
 
+    # (`_abort_sites(live, reason)` is server/lifecycle.py's: see JobManager)
+
     def held(self) -> dict[str, list[Resources]]:
         """What the running jobs hold at each site, until that site's part has ended."""
         used: dict[str, list[Resources]] = {}
@@ -76,6 +78,8 @@ class Dispatch:
             except ControlTooLarge as exc:  # intake bounds the meta: only a bug gets here
                 self.site_state(site, {"job_id": record.id, "state": "FINISHED:FAILED",
                                        "reason": f"the job could not be sent to {site}: {exc}"})
+        if live.aborting:  # aborted while its sites were sent it: the abort may have gone
+            self._abort_sites(live, live.aborting)  # first, to a site that knew no such job
         threading.Thread(target=self._run_server_worker, args=(live,),
                          name=f"server-worker-{record.id[:8]}", daemon=True).start()
 

@@ -262,13 +262,16 @@ class Lifecycle:
             return
         live.aborting = reason
         live.relay.end()
-        for site in self._unfinished_sites(live):
-            if not self.links.send(site, "abort", {"job_id": job_id, "reason": reason}):
-                self.site_state(site, {"job_id": job_id, "state": "FINISHED:ABORTED",
-                                       "reason": f"{reason} (site offline)"})
+        self._abort_sites(live, reason)
         if live.handle is not None:  # in the background: the admin's call returns at once
             threading.Thread(target=self.host.launcher.cancel, args=(live.handle,),
                              name=f"cancel-{job_id[:8]}", daemon=True).start()
+
+    def _abort_sites(self, live: LiveJob, reason: str) -> None:
+        for site in self._unfinished_sites(live):
+            if not self.links.send(site, "abort", {"job_id": live.id, "reason": reason}):
+                self.site_state(site, {"job_id": live.id, "state": "FINISHED:ABORTED",
+                                       "reason": f"{reason} (site offline)"})
 
     def signers_revoked(self, held: RevocationList) -> list[str]:
         """A newer revocation list is in force: cancel every waiting job and abort every

@@ -153,6 +153,9 @@ class Supervisor:
         self.server = server
         self.tokens = tokens
         self.jobs: dict[str, SiteJob] = {}
+        # dispatched, not admitted yet (its thread parses the meta first): an abort that comes
+        # meanwhile waits here for it, with its reason
+        self._arriving: dict[str, str | None] = {}
         self.signed_jobs = SignedJobs(kit.workspace)  # each signed statement under one job id
         self.job_log = JobLog(kit.workspace)  # every job run or refused here (site jobs KIT)
         self.parts = RunningParts(kit.workspace)  # its workers' handles, for its successor
@@ -175,9 +178,11 @@ class Supervisor:
                 self.link.send_state(body["job_id"], "FINISHED:FAILED",
                                      f"{self.kit.name} refused the job: {exc}")
             return
-        if job_id in self.jobs:  # the server taking back a site whose link broke: it runs
-            log.info("job %s: dispatched again, and runs here already", job_id)
-            return
+        with self._lock:
+            if job_id in self.jobs or job_id in self._arriving:  # the server taking back a
+                log.info("job %s: dispatched again, and runs here already", job_id)  # site
+                return  # whose link broke: it runs
+            self._arriving[job_id] = None
         threading.Thread(target=self._run, args=(body,), daemon=True,
                          name=f"job-{job_id[:8]}").start()
 
@@ -203,6 +208,7 @@ class Supervisor:
                 raise NotAdmitted(f"site {site} has no room for the job: {short}")
             job = SiteJob(job_id, study, self.host.runs_root() / JOBS / job_id, resources,
                           runtime, entry)
+            job.aborting = self._arriving.pop(job_id, None)
             self.jobs[job_id] = job
         return job
 
@@ -224,6 +230,10 @@ class Supervisor:
                 raise NotAdmitted(f"{site} refused the job: the server sent no meta document")
             dispatched = load_meta(served)  # parsed once here; job_acceptance compares it
             job = self._admit(job_id, study, dispatched)
+            if job.aborting:  # aborted on its way here: nothing fetched, nothing started
+                self._forget(job_id, job)
+                self._report(job_id, "FINISHED:ABORTED", job.aborting)
+                return
             accepted = self._fetch(job, body, dispatched)
             meta, job.signed = accepted.meta, accepted.signed  # what the submitter signed
             check_revoked(site, accepted.signed)  # with the newest list, just before launch
@@ -504,6 +514,7 @@ class Supervisor:
         woken by it) that must find the room."""
         self.tokens.revoke(job_id)
         with self._lock:
+            self._arriving.pop(job_id, None)  # refused before admission
             if job is not None and self.jobs.get(job_id) is job:
                 del self.jobs[job_id]
         if job is not None and job.handle is not None:
@@ -537,9 +548,12 @@ class Supervisor:
     def abort(self, job_id: str, reason: str) -> None:
         if not _known_id(job_id, "abort"):
             return
-        job = self.jobs.get(job_id)
-        if job is None:
-            return
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                if job_id in self._arriving:  # its thread takes the abort at admission
+                    self._arriving[job_id] = self._arriving[job_id] or reason
+                return
         job.aborting = job.aborting or reason
         job.ended.set()
         if job.handle is not None:

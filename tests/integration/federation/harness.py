@@ -146,6 +146,20 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition", poll: fl
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def wait_checkpointed(fed: Federation, user: str, job_id: str, round_: int,
+                      timeout: float = 120.0) -> None:
+    """Wait until the server has recorded the job's checkpoint of ``round_``: its worker commits
+    it in the background while the next round's tasks go out, so a site holding that next round
+    does not yet mean a restart would resume after ``round_``."""
+    def committed() -> bool:
+        with fed.session(user) as s:
+            events = s.logs(job_id)["events"]
+        return any(e.get("event") == "checkpoint" and e.get("source") == "server"
+                   and e.get("round") == round_ for e in events)
+
+    wait_for(committed, timeout, f"the checkpoint of round {round_}", poll=0.2)
+
+
 def job_folder(path: Path, meta: dict[str, Any], app_yaml: str, files: dict[str, str]) -> Path:
     """Write a job folder: meta.json, app/app.yaml and the app's files."""
     (path / "app").mkdir(parents=True)

@@ -13,7 +13,7 @@ import signal
 import time
 
 from tests.integration.federation.conftest import ADMIN, USERS
-from tests.integration.federation.harness import Federation, job_folder, wait_for
+from tests.integration.federation.harness import Federation, job_folder, wait_checkpointed, wait_for
 from tests.integration.federation.test_provenance import APP as TWO_ROUNDS
 from tests.integration.federation.test_provenance import MODEL, atoll
 
@@ -122,6 +122,7 @@ def test_a_resumed_job_keeps_one_unbroken_chain(tmp_path):
                           "site-1 holding round 3")
         # each round is stated as it happens: rounds 1 and 2 are in the record mid-job
         assert _rounds(items) == [1, 2], _kinds(items)
+        wait_checkpointed(fed, ADMIN, job_id, 2)  # the restart resumes at round 3
         fed.kill("server", signal.SIGKILL)
         (held.parent / "go").touch()  # its reply goes up to a server that is gone: lost
         fed.start_server()

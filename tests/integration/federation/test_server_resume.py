@@ -20,14 +20,16 @@ import pytest
 
 from atoll.fl.serde import load_file
 from tests.integration.federation.conftest import ADMIN, USERS
-from tests.integration.federation.harness import Federation, job_folder, wait_for
+from tests.integration.federation.harness import Federation, job_folder, wait_checkpointed, wait_for
 
 ROUNDS = 8
 
 # Deterministic: the result depends only on the model received and the round. On round 3 of the
-# run the test interrupts, the site leaves a marker and holds its reply, so that the server is
-# killed while the round is in flight. With HOLD, site-1 then holds round 4 (of the resumed run)
-# until the test leaves a "go" file beside the marker: the job is surely live while it watches.
+# run site-1 leaves a marker and holds its reply until the test leaves a "go-3" file beside it,
+# once it has killed the server: the round is in flight at the kill whatever the machine's load,
+# and the reply goes up to a server that is gone (lost: the task comes again). With HOLD, site-1
+# then holds round 4 (of the resumed run) until a "go" file: the job is surely live while the
+# test watches it.
 MARKS = '''
 import os
 import time
@@ -36,14 +38,18 @@ MARK = {mark!r} and os.path.join(os.environ["ATOLL_WORKDIR"], {mark!r})
 HOLD = {hold!r} and os.path.join(os.environ["ATOLL_WORKDIR"], {hold!r})
 
 
+def _until(name):
+    while not os.path.exists(name):
+        time.sleep(0.05)
+
+
 def interrupt(site, round_):
-    if MARK and round_ == 3 and not os.path.exists(MARK):
+    if MARK and round_ == 3 and site == "site-1" and not os.path.exists(MARK):
         open(MARK, "w").close()
-        time.sleep(3)  # the reply goes up after the server's kill: lost, the task comes again
+        _until(os.path.join(os.path.dirname(MARK), "go-3"))
     if HOLD and round_ == 4 and site == "site-1" and not os.path.exists(HOLD):
         open(HOLD, "w").close()
-        while not os.path.exists(os.path.join(os.path.dirname(HOLD), "go")):
-            time.sleep(0.05)
+        _until(os.path.join(os.path.dirname(HOLD), "go"))
 '''
 
 SITE = '''
@@ -202,8 +208,7 @@ def test_a_kill_9_of_the_server_in_round_3_and_the_job_completes_by_itself(fed, 
         assert whole["state"] == "FINISHED:COMPLETED", whole
         expected = _final(s.download(whole["job_id"], tmp_path / "whole-out"))
         job_id = s.submit(_job(tmp_path / "cut", workflow, mark, "in-round-4"))["job_id"]
-    wait_for(lambda: list(fed.workspace("site-1").rglob(mark)), 120, "round 3 in flight")
-    fed.kill("server", signal.SIGKILL)
+    _kill_when_held(fed, job_id, mark)
     fed.start_server()
     # site-1 holds round 4 of the resumed run: the job is live while `job watch` attaches
     [held] = wait_for(lambda: list(fed.workspace("site-1").rglob("in-round-4")), 120,
@@ -244,11 +249,19 @@ def test_a_kill_9_of_the_server_in_round_3_and_the_job_completes_by_itself(fed, 
         assert rows == _once("site-1", "site-2", "global"), rows
 
 
+def _kill_when_held(fed, job_id, mark):
+    """Kill the server while site-1 holds round 3, once round 2's checkpoint is recorded (the
+    restart resumes at round 3); then let site-1's reply go up to the server that is gone."""
+    [held] = wait_for(lambda: list(fed.workspace("site-1").rglob(mark)), 120, "round 3 in flight")
+    wait_checkpointed(fed, ADMIN, job_id, 2)
+    fed.kill("server", signal.SIGKILL)
+    (held.parent / "go-3").touch()
+
+
 def _kill_in_round_3(fed, tmp_path, workflow="fedavg"):
     with fed.session(ADMIN) as s:
         job_id = s.submit(_job(tmp_path / "cut", workflow, "in-round-3"))["job_id"]
-    wait_for(lambda: list(fed.workspace("site-1").rglob("in-round-3")), 120, "round 3 in flight")
-    fed.kill("server", signal.SIGKILL)
+    _kill_when_held(fed, job_id, "in-round-3")
     return job_id
 
 

@@ -312,3 +312,21 @@ def test_a_stopping_server_leaves_its_running_jobs_to_resume(jobs):
     resumed.report = (True, "")
     jobs._server_ended(resumed, WorkerExit(Outcome.COMPLETED, ""))
     assert _parts(jobs)[1]["server"] == ("FINISHED:COMPLETED", "")
+
+
+def test_an_abort_while_the_sites_are_sent_the_job_reaches_each_after_its_dispatch(jobs):
+    # the job is live (abortable) before its dispatch goes out: an abort in that window must
+    # not reach a site before the dispatch it would stop (the site would not know the job, drop
+    # the abort, and then run the job for good)
+    send = jobs.links.send
+
+    def abort_at_the_first_dispatch(site, kind, body):
+        if kind == "dispatch" and site == "site-1":
+            jobs.abort(JOB, "aborted by lead")
+        return send(site, kind, body)
+
+    jobs.links.send = abort_at_the_first_dispatch
+    _dispatch(jobs)
+    for site in ("site-1", "site-2"):
+        kinds = [k for s, k, _ in jobs.links.sent if s == site]
+        assert "dispatch" in kinds and "abort" in kinds[kinds.index("dispatch"):], kinds

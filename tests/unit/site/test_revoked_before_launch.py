@@ -142,3 +142,23 @@ def test_a_newer_list_aborts_the_running_jobs_it_revokes_here(supervisor, monkey
     assert unchecked.aborting is None  # its own check, or the one before launch, will ask
     assert supervisor.host.launcher.cancel_called.wait(30)  # on a thread of its own
     assert supervisor.host.launcher.cancelled == [running.handle]
+
+
+def test_an_abort_that_comes_before_the_job_is_admitted_is_kept(supervisor, monkeypatch):
+    # the dispatch's thread has not reached admission (it parses the meta first) when the
+    # server's abort arrives on the link: the abort is kept for it and the job never starts
+    run, done = supervisor._run, threading.Event()
+
+    def aborted_on_arrival(body):
+        try:
+            supervisor.abort(JOB_ID, "aborted by lead@a.org")
+            run(body)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(supervisor, "_run", aborted_on_arrival)
+    supervisor.dispatch(body())
+    assert done.wait(30)
+    assert supervisor.host.launcher.launched == []
+    assert supervisor.link.states == [(JOB_ID, "FINISHED:ABORTED", "aborted by lead@a.org")]
+    assert supervisor.running_jobs() == [] and not supervisor._arriving
