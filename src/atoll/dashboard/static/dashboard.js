@@ -355,7 +355,8 @@ async function abortJob() {
   const msg = $("abortmsg");
   msg.hidden = answer.ok;
   msg.textContent = answer.ok ? "" : `abort refused: ${body.error || answer.status}`;
-  if (answer.ok) renderStatus(body);
+  // the job's change comes with the page's stream: the answer's status (the job as it was at
+  // the abort) is not drawn, as it may come after the stream has shown the job's end
 }
 
 async function showProvenance() {
