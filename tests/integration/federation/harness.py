@@ -146,6 +146,13 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition", poll: fl
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def found(root: Path, name: str) -> list[Path]:
+    """The files or folders called ``name`` under ``root``, read while the parents write there:
+    a folder that goes while it is walked (a site's fetch in progress) is passed over, where
+    ``Path.rglob`` would raise."""
+    return [Path(top) / name for top, dirs, files in os.walk(root) if name in dirs or name in files]
+
+
 def wait_checkpointed(fed: Federation, user: str, job_id: str, round_: int,
                       timeout: float = 120.0) -> None:
     """Wait until the server has recorded the job's checkpoint of ``round_``: its worker commits

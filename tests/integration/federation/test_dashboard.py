@@ -6,7 +6,7 @@ server restart is survived by the overview and by a running job's page, whose jo
 (each says it reconnected); a lead of another study sees none of it, and that study's job URL
 answers as an unknown id does; abort asks for confirmation, works for the job's lead and is
 refused for a member; no page logs a console error; Ctrl-C stops the dashboard cleanly. Each
-page's screenshot goes to docs/dashboard/."""
+page's screenshot goes to build/dashboard/ (docs/dashboard/ with ATOLL_SCREENSHOTS=docs)."""
 
 from __future__ import annotations
 

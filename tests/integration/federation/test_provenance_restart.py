@@ -13,7 +13,13 @@ import signal
 import time
 
 from tests.integration.federation.conftest import ADMIN, USERS
-from tests.integration.federation.harness import Federation, job_folder, wait_checkpointed, wait_for
+from tests.integration.federation.harness import (
+    Federation,
+    found,
+    job_folder,
+    wait_checkpointed,
+    wait_for,
+)
 from tests.integration.federation.test_provenance import APP as TWO_ROUNDS
 from tests.integration.federation.test_provenance import MODEL, atoll
 
@@ -118,7 +124,7 @@ def test_a_resumed_job_keeps_one_unbroken_chain(tmp_path):
         with fed.session(ADMIN) as s:
             job_id = s.submit(folder)["job_id"]
         items = fed.workspace("server") / "jobs" / job_id / "provenance.jsonl"
-        [held] = wait_for(lambda: list(fed.workspace("site-1").rglob("held-round-3")), 180,
+        [held] = wait_for(lambda: found(fed.workspace("site-1"), "held-round-3"), 180,
                           "site-1 holding round 3")
         # each round is stated as it happens: rounds 1 and 2 are in the record mid-job
         assert _rounds(items) == [1, 2], _kinds(items)

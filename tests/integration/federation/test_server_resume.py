@@ -20,7 +20,13 @@ import pytest
 
 from atoll.fl.serde import load_file
 from tests.integration.federation.conftest import ADMIN, USERS
-from tests.integration.federation.harness import Federation, job_folder, wait_checkpointed, wait_for
+from tests.integration.federation.harness import (
+    Federation,
+    found,
+    job_folder,
+    wait_checkpointed,
+    wait_for,
+)
 
 ROUNDS = 8
 
@@ -211,7 +217,7 @@ def test_a_kill_9_of_the_server_in_round_3_and_the_job_completes_by_itself(fed, 
     _kill_when_held(fed, job_id, mark)
     fed.start_server()
     # site-1 holds round 4 of the resumed run: the job is live while `job watch` attaches
-    [held] = wait_for(lambda: list(fed.workspace("site-1").rglob("in-round-4")), 120,
+    [held] = wait_for(lambda: found(fed.workspace("site-1"), "in-round-4"), 120,
                       "round 4 of the resumed run")
     watch = atoll("job", "watch", job_id, "--kit", fed.kit(ADMIN), "--timeout", 300)
     seen = []
@@ -249,12 +255,13 @@ def test_a_kill_9_of_the_server_in_round_3_and_the_job_completes_by_itself(fed, 
         assert rows == _once("site-1", "site-2", "global"), rows
 
 
-def _kill_when_held(fed, job_id, mark):
-    """Kill the server while site-1 holds round 3, once round 2's checkpoint is recorded (the
-    restart resumes at round 3); then let site-1's reply go up to the server that is gone."""
-    [held] = wait_for(lambda: list(fed.workspace("site-1").rglob(mark)), 120, "round 3 in flight")
+def _kill_when_held(fed, job_id, mark, sig=signal.SIGKILL, **kill):
+    """Kill (or stop) the server while site-1 holds round 3, once round 2's checkpoint is
+    recorded (the restart resumes at round 3); then let site-1's reply go up to the server
+    that is gone."""
+    [held] = wait_for(lambda: found(fed.workspace("site-1"), mark), 120, "round 3 in flight")
     wait_checkpointed(fed, ADMIN, job_id, 2)
-    fed.kill("server", signal.SIGKILL)
+    fed.kill("server", sig, **kill)
     (held.parent / "go-3").touch()
 
 

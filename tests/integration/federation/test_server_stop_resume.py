@@ -11,8 +11,13 @@ from collections import Counter
 import pytest
 
 from tests.integration.federation.conftest import ADMIN, USERS
-from tests.integration.federation.harness import Federation, wait_for
-from tests.integration.federation.test_server_resume import ROUNDS, _job, _train_rows
+from tests.integration.federation.harness import Federation
+from tests.integration.federation.test_server_resume import (
+    ROUNDS,
+    _job,
+    _kill_when_held,
+    _train_rows,
+)
 
 
 @pytest.fixture
@@ -27,8 +32,7 @@ def fed(tmp_path):
 def test_a_server_stopped_in_round_3_resumes_the_job_when_it_starts_again(fed, tmp_path):
     with fed.session(ADMIN) as s:
         job_id = s.submit(_job(tmp_path / "cut", "fedavg", "in-round-3"))["job_id"]
-    wait_for(lambda: list(fed.workspace("site-1").rglob("in-round-3")), 120, "round 3 in flight")
-    fed.kill("server", signal.SIGTERM, timeout=60)
+    _kill_when_held(fed, job_id, "in-round-3", signal.SIGTERM, timeout=60)
     fed.start_server()
     with fed.session(ADMIN) as s:
         final = s.wait(job_id, timeout=300)
