@@ -179,9 +179,10 @@ class Supervisor:
                                      f"{self.kit.name} refused the job: {exc}")
             return
         with self._lock:
-            if job_id in self.jobs or job_id in self._arriving:  # the server taking back a
-                log.info("job %s: dispatched again, and runs here already", job_id)  # site
-                return  # whose link broke: it runs
+            # the server taking back a site whose link broke: the job runs here already
+            if job_id in self.jobs or job_id in self._arriving:
+                log.info("job %s: dispatched again, and runs here already", job_id)
+                return
             self._arriving[job_id] = None
         threading.Thread(target=self._run, args=(body,), daemon=True,
                          name=f"job-{job_id[:8]}").start()
