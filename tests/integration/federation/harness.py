@@ -158,13 +158,10 @@ def wait_checkpointed(fed: Federation, user: str, job_id: str, round_: int,
     """Wait until the server has recorded the job's checkpoint of ``round_``: its worker commits
     it in the background while the next round's tasks go out, so a site holding that next round
     does not yet mean a restart would resume after ``round_``."""
-    def committed() -> bool:
-        with fed.session(user) as s:
-            events = s.logs(job_id)["events"]
-        return any(e.get("event") == "checkpoint" and e.get("source") == "server"
-                   and e.get("round") == round_ for e in events)
-
-    wait_for(committed, timeout, f"the checkpoint of round {round_}", poll=0.2)
+    with fed.session(user) as s:  # one session for the whole wait
+        wait_for(lambda: any(e.get("event") == "checkpoint" and e.get("source") == "server"
+                             and e.get("round") == round_ for e in s.logs(job_id)["events"]),
+                 timeout, f"the checkpoint of round {round_}", poll=0.2)
 
 
 def job_folder(path: Path, meta: dict[str, Any], app_yaml: str, files: dict[str, str]) -> Path:
