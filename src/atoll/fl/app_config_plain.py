@@ -1,15 +1,16 @@
-"""``app.yaml`` at a site worker, checked without pydantic when the file is of a common shape.
+"""``app.yaml`` checked without pydantic when the file is of a common shape.
 
-The site worker checks its app's app.yaml before the job's script runs (fl/runner.py): the
+The site worker checks its app's app.yaml before the job's script runs (fl/runner.py), and the
+CLI checks every app of a job folder before it sends the job (fl/job_folder_check.py): the
 same strict check as everywhere (fl/app_config.py's models, all of the file, the server's
 section and its workflow's arguments included). Importing those models is most of a site
 worker's own CPU (pydantic and the privacy models: 130 ms of a ~300 ms worker on a quiet
 machine), so the common shapes are checked here in plain Python first:
 
-- ``vouch(data)`` returns the site's section when every rule of the models holds for the
-  whole document, and ``None`` as soon as anything is outside what it knows (a privacy or
-  MLflow section, a custom key, a value of an unexpected type, a non-finite number, any
-  error). ``None`` is never a verdict: the caller then runs the models, which accept or raise
+- ``vouch(data)`` returns the site's and the server's sections when every rule of the models
+  holds for the whole document, and ``None`` as soon as anything is outside what it knows (a
+  privacy or MLflow section, a custom key, a value of an unexpected type, a non-finite number,
+  any error). ``None`` is never a verdict: the caller then runs the models, which accept or raise
   the error naming each field. So this module only ever accepts what the models accept, with
   the same values, and it never words an error itself.
 - tests/unit/fl/test_app_config_plain.py holds it to that: its tables match the models'
@@ -69,12 +70,55 @@ class PlainSite:
     config: dict[str, Any] = field(default_factory=dict)
 
 
+class PlainArgs:
+    """A built-in workflow's arguments as its model (fl/app_config.py) holds them: every field,
+    defaults filled in, read as attributes and never changed."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: dict[str, Any]):
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"the workflow's arguments are read-only ({name})")
+
+    def __repr__(self) -> str:
+        return f"PlainArgs({self._values!r})"
+
+
+@dataclass(frozen=True)
+class PlainTracking:
+    """app.yaml's ``server.tracking`` without MLflow (a section with MLflow goes to the models)."""
+
+    tensorboard: bool | None = None
+    mlflow: None = None
+
+
+@dataclass(frozen=True)
+class PlainServer:
+    """app.yaml's ``server:`` as the models would give it; ``args`` only for a built-in
+    workflow (a job's own class validates them with its own ``Args`` model)."""
+
+    workflow: str
+    initial_model: str | None = None
+    args: PlainArgs | None = None
+    tracking: PlainTracking = field(default_factory=PlainTracking)
+
+
 @dataclass(frozen=True)
 class PlainApp:
-    """What a site worker reads of an app.yaml this module vouched for: no privacy section."""
+    """What a site worker, or the check of a job folder, reads of an app.yaml this module
+    vouched for: no privacy section."""
 
     site: PlainSite | None
     privacy: None = None
+    server: PlainServer | None = None
 
 
 class Unvouched(AtollError):
@@ -189,9 +233,12 @@ def _fields(data: Any, fields: dict[str, tuple]) -> dict[str, Any]:
                 raise Unvouched
             out[name] = default
             continue
+        value = data[name]
         if kind not in ("section", "object?"):
-            _value(data[name], kind, bounds)
-        out[name] = data[name]
+            _value(value, kind, bounds)
+        if kind in ("float", "float?") and type(value) is int:
+            value = float(value)  # as the models hold it: 3600 -> 3600.0
+        out[name] = value
     return out
 
 
@@ -202,17 +249,21 @@ def _relative(value: str, suffixes: tuple[str, ...]) -> None:
         raise Unvouched from None
 
 
-def _server(data: Any) -> None:
+def _server(data: Any) -> PlainServer:
     server = _fields(data, SECTION_FIELDS["server"])
+    tracking = PlainTracking()
     if "tracking" in data:  # absent: the models' default; null is refused by them
-        if _fields(data["tracking"], SECTION_FIELDS["tracking"])["mlflow"] is not None:
+        section = _fields(data["tracking"], SECTION_FIELDS["tracking"])
+        if section["mlflow"] is not None:
             raise Unvouched
+        tracking = PlainTracking(section["tensorboard"])
     workflow = server["workflow"]
     custom = custom_workflow(workflow)
+    args = None
     if custom is None:
         if workflow not in WORKFLOW_FIELDS:
             raise Unvouched
-        _fields(server["args"], WORKFLOW_FIELDS[workflow])
+        args = PlainArgs(_fields(server["args"], WORKFLOW_FIELDS[workflow]))
     else:  # the class's own Args are checked by the server worker that loads it
         _relative(custom[0], (".py",))
         if not custom[1].isidentifier():
@@ -226,6 +277,7 @@ def _server(data: Any) -> None:
             _relative(file, (".py",))
             if not function.isidentifier():
                 raise Unvouched
+    return PlainServer(workflow, model, args, tracking)
 
 
 def vouch(data: Any) -> PlainApp | None:
@@ -238,14 +290,13 @@ def vouch(data: Any) -> PlainApp | None:
             raise Unvouched
         if data.get("privacy") is not None:
             raise Unvouched
-        if data.get("server") is not None:
-            _server(data["server"])
+        server = _server(data["server"]) if data.get("server") is not None else None
         site = None
         if data.get("site") is not None:
             section = _fields(data["site"], SECTION_FIELDS["site"])
             _relative(section["script"], (".py",))
             site = PlainSite(section["script"], list(section["args"]), dict(section["config"]))
-        return PlainApp(site)
+        return PlainApp(site, server=server)
     except Unvouched:
         return None
     except Exception:  # noqa: BLE001 - an odd value (an unhashable key...): the models decide

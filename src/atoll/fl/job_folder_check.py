@@ -17,15 +17,20 @@ from __future__ import annotations
 import ast
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from atoll.fl.app_config import APP_FILE, AppConfigError, parse_app_config
+# The plain checks first (no pydantic: ~0.2 CPU-s of every `atoll job submit`); the models
+# (fl/app_config.py, spec/meta.py) load only for a file of a shape the plain checks leave to them.
+from atoll.fl.app_config_plain import APP_FILE, AppConfigError, vouch
 from atoll.spec.admission import study_issues
 from atoll.spec.errors import Issue, SpecError
-from atoll.spec.meta import META_FILE, JobMeta, parse_meta, read_meta_bytes
+from atoll.spec.meta_plain import META_FILE, PlainMeta, read_meta, read_meta_bytes
 from atoll.spec.names import ALL_SITES, SERVER
+
+if TYPE_CHECKING:
+    from atoll.spec.meta import JobMeta
 
 Problem = dict[str, str]  # {"file", "path", "message"}: what the CLI's render_error lists
 
@@ -105,7 +110,7 @@ def check_job(job_dir: Path, study: str | None = None, study_sites: list[str] | 
         return [_problem(label, "", f"no {META_FILE}: a job folder holds meta.json and its apps "
                          "(`atoll job init DIR` writes one)")]
     try:
-        meta = parse_meta(read_meta_bytes(job_dir / META_FILE), meta_file)
+        meta = read_meta(read_meta_bytes(job_dir / META_FILE), meta_file)
     except SpecError as exc:
         return [_problem(meta_file, i.path, i.message) for i in exc.issues]
     problems: list[Problem] = []
@@ -134,8 +139,9 @@ def _check_app_yaml(app_dir: Path, label: str, targets: list[str],
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         return [_problem(source, "", f"not valid YAML: {exc}")]
     problems = _unused_overrides(data, overrides, source)
+    data = apply_overrides(data, overrides)
     try:
-        config, _ = parse_app_config(apply_overrides(data, overrides), source)
+        config = vouch(data) or _models(data, source)
     except AppConfigError as exc:
         problems += [_split(source, e, overrides) for e in exc.errors]
         site = data.get("site") if isinstance(data, dict) else None
@@ -168,6 +174,13 @@ def _check_app_yaml(app_dir: Path, label: str, targets: list[str],
     if model and ":" in model:
         problems += _check_function(app_dir, label, model)
     return problems
+
+
+def _models(data: Any, source: str) -> Any:
+    """The app.yaml through the models: its AppConfig, or AppConfigError naming each problem."""
+    from atoll.fl.app_config import parse_app_config
+
+    return parse_app_config(data, source)[0]
 
 
 def _is_file(app_dir: Path, relative: str) -> bool:
@@ -233,7 +246,7 @@ def _compile_all(app_dir: Path, label: str) -> list[Problem]:
     return problems
 
 
-def _check_sites(meta: JobMeta, meta_file: str, study: str, study_sites: list[str]
+def _check_sites(meta: PlainMeta | JobMeta, meta_file: str, study: str, study_sites: list[str]
                  ) -> list[Problem]:
     """What makes a job wait forever in ``study`` (spec/admission.py, as the server's intake)."""
     return [_problem(meta_file, i.path, i.message)

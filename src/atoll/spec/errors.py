@@ -42,7 +42,7 @@ stdlib base its callers catch; tests/unit/spec/test_error_root.py checks the dra
     │   Refused, RelayError,
     │   Replayed,
     │   SandboxUnavailable, SerdeError, SignatureError, SimulationError,
-    │   SpecError[ProjectError], Unvouched
+    │   SpecError[ProjectError], Unvouched, UnvouchedMeta
     ├── 3 CONNECTION: check the peer runs and is reachable, then retry
     │   ConnectionFailed, ParentGone, RegistryError, SpoolError, Stalled
     ├── 4 AUTH: run `atoll login`, or renew the certificate

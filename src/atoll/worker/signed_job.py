@@ -34,7 +34,7 @@ from atoll.pki.job_signature import (
 )
 from atoll.pki.revocation import CRLError
 from atoll.spec.errors import EXIT_INVALID, AtollError
-from atoll.spec.meta import META_FILE
+from atoll.spec.meta_plain import META_FILE
 
 SIGNED_DIR = "signed"  # beside the worker's app/: the job's meta.json and signature
 KEPT = (META_FILE, SIGNATURE_FILE)
@@ -125,10 +125,10 @@ def _revoked(ca_pem: bytes, crl_pem: str) -> dict[int, str]:
 
 def _server_app(meta_bytes: bytes) -> str:
     from atoll.spec.errors import SpecError
-    from atoll.spec.meta import parse_meta
+    from atoll.spec.meta_plain import read_meta  # the models only for an uncommon meta
 
     try:
-        app = parse_meta(meta_bytes).app_for("server")
+        app = read_meta(meta_bytes).app_for("server")
     except SpecError as exc:
         raise SignatureError(f"the job's meta.json cannot be read: {exc}") from None
     if app is None:

@@ -177,8 +177,39 @@ def test_it_vouches_only_for_what_the_models_accept_with_their_values(base):
         else:
             assert (plain.site.script, plain.site.args, plain.site.config) == (
                 config.site.script, config.site.args, config.site.config), doc
+        _same_server(plain, config, doc)
     assert vouch(copy.deepcopy(base)) is not None  # the base itself takes the fast path
     assert refused > 0
+
+
+def _same_server(plain, config, doc):
+    """The server's section as the server worker reads it: workflow, model, tracking, and a
+    built-in workflow's every argument, of the models' value and type."""
+    if config.server is None:
+        assert plain.server is None, doc
+        return
+    server = plain.server
+    assert (server.workflow, server.initial_model) == (
+        config.server.workflow, config.server.initial_model), doc
+    assert server.tracking.tensorboard is config.server.tracking.tensorboard, doc
+    assert server.tracking.mlflow is None and config.server.tracking.mlflow is None
+    if config.server.workflow not in models.WORKFLOW_ARGS:
+        assert server.args is None, doc  # a job's own class validates with its own Args
+        return
+    _, args = models.parse_app_config(copy.deepcopy(doc))
+    for name in type(args).model_fields:
+        value = getattr(server.args, name)
+        assert value == getattr(args, name) and type(value) is type(getattr(args, name)), (
+            name, doc)
+
+
+def test_the_plain_arguments_are_read_only():
+    plain = vouch({"server": {"workflow": "fedavg", "args": {"num_rounds": 2}}})
+    assert plain.server.args.num_rounds == 2 and plain.server.args.aggregator == "weighted_mean"
+    with pytest.raises(AttributeError):
+        plain.server.args.num_rounds = 3
+    with pytest.raises(AttributeError):
+        plain.server.args.no_such_argument  # noqa: B018 - the read is the test
 
 
 def test_what_it_leaves_to_the_models():
@@ -237,3 +268,43 @@ def test_a_site_worker_reads_a_common_app_yaml_without_pydantic(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert json.loads(out) == {"pydantic": False, "site": ["train.py", ["--x"], {"k": 1}]}
+
+
+def test_the_server_worker_reads_a_common_app_yaml_without_pydantic(tmp_path):
+    """In a fresh interpreter, as the server worker: its modules, the signed meta's app, the
+    app.yaml and the built-in workflow's arguments; the model still answers ``FedAvg.Args``."""
+    app = _app(tmp_path, "server: {workflow: fedavg, args: {num_rounds: 3, round_timeout: 60},"
+                         " tracking: {tensorboard: false}}\nsite: {script: train.py}\n")
+    code = (
+        "import sys, json\n"
+        "from pathlib import Path\n"
+        "import atoll.worker.grpc_channels, atoll.fl.tracking\n"
+        "from atoll.worker.signed_job import _server_app\n"
+        "from atoll.fl.runner import _server_config\n"
+        "from atoll.fl.workflows import BUILTINS\n"
+        "app = _server_app(b'{\"name\": \"j\", \"deploy_map\": {\"app\": [\"@ALL\"]}}')\n"
+        f"config, args = _server_config(Path({str(app)!r}))\n"
+        "loaded = 'pydantic' in sys.modules\n"
+        "workflow = BUILTINS[config.server.workflow]\n"
+        "print(json.dumps({'pydantic': loaded, 'app': app, 'args': [args.num_rounds,\n"
+        "    args.round_timeout, args.aggregator], 'tensorboard': config.server.tracking.tensorboard,\n"
+        "    'model': workflow.Args.__name__}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(out) == {"pydantic": False, "app": "app",
+                               "args": [3, 60.0, "weighted_mean"], "tensorboard": False,
+                               "model": "FedAvgArgs"}
+
+
+def test_the_server_worker_reads_privacy_and_its_own_workflow_with_the_models(tmp_path):
+    from atoll.fl.runner import _server_config
+
+    app = _app(tmp_path, "server: {workflow: fedavg, args: {num_rounds: 2}}\n"
+                         "site: {script: train.py}\n"
+                         "privacy: {dp: {mode: client, clip_norm: 1.0, noise_multiplier: 1.0}}\n")
+    config, args = _server_config(app)
+    assert isinstance(config, models.AppConfig) and isinstance(args, models.FedAvgArgs)
+    (app / "app.yaml").write_text("server: {workflow: 'flow.py:Mine', args: {x: 1}}\n")
+    config, args = _server_config(app)
+    assert isinstance(config, models.AppConfig) and config.server.args == {"x": 1}

@@ -8,23 +8,25 @@ functions take ``(channel, args, initial_model, job_args)`` and run one built-in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from atoll.fl.app_config import FedProxArgs
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
-from atoll.fl.workflows.api import Context, Workflow
+from atoll.fl.workflows.api import BuiltinArgs, Context, Workflow
 from atoll.fl.workflows.fedavg import FedAvg, FedAvgFamily, FedAvgRun, run_fedavg
 from atoll.fl.workflows.fedopt import FedOpt, run_fedopt
 from atoll.fl.workflows.rounds import WorkflowError
 from atoll.fl.workflows.scatter_gather import ScatterGather, run_scatter_gather
+
+if TYPE_CHECKING:  # the model loads on first use (api.BuiltinArgs)
+    from atoll.fl.app_config import FedProxArgs
 
 
 class FedProx(FedAvgFamily):
     """FedProx (Li et al. 2020): FedAvg on the server; the sites add the proximal term
     (``atoll.fl.fedprox.proximal_term``) with the ``mu`` they find in ``model.meta['fedprox_mu']``."""
 
-    Args = FedProxArgs
+    Args = BuiltinArgs("FedProxArgs")
 
     def make_loop(self) -> FedAvgRun:
         return FedAvgRun.on(self.ctx, "fedprox", site_meta={"fedprox_mu": self.args.mu})

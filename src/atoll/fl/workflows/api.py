@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
-from pydantic import BaseModel
 
 from atoll.fl.aggregation import weighted_metrics
 from atoll.fl.channels import ServerChannel
@@ -68,6 +67,8 @@ from atoll.fl.workflows.rounds import (
 from atoll.fl.workflows.secure import SecureResult, private_round, server_privacy
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from atoll.fl.privacy.server_privacy import PrivateRound, ServerPrivacy
 
 log = logging.getLogger(__name__)
@@ -543,6 +544,21 @@ class Context:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+
+
+class BuiltinArgs:
+    """A built-in workflow's ``Args`` (its model in fl/app_config.py), loaded on first use: the
+    server worker runs a built-in workflow of a plain app.yaml without pydantic (its arguments
+    as fl/app_config_plain.py's PlainArgs), while ``FedAvg.Args`` (a job's own
+    ``class Args(FedAvg.Args)``, the docs, the tests) is still the model."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj: object, owner: type | None = None) -> type[BaseModel]:
+        from atoll.fl import app_config
+
+        return getattr(app_config, self.name)
 
 
 class Workflow:

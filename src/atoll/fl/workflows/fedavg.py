@@ -39,16 +39,16 @@ import numpy as np
 
 from atoll.fl.aggregation import weighted_metrics
 from atoll.fl.aggregators import CoordinateMedian, TrimmedMean, WeightedAverage
-from atoll.fl.app_config import FedAvgArgs
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, encode, save_file
-from atoll.fl.workflows.api import Aggregator, Context, Workflow
+from atoll.fl.workflows.api import Aggregator, BuiltinArgs, Context, Workflow
 from atoll.fl.workflows.evaluation import cross_site_table, evaluate, format_table, save_table
 from atoll.fl.workflows.round_report import report_round
 from atoll.fl.workflows.rounds import Outcome, WorkflowError, require
 
 if TYPE_CHECKING:
+    from atoll.fl.app_config import FedAvgArgs
     from atoll.fl.privacy.server_privacy import ServerPrivacy
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class FedAvgFamily(Workflow):
 class FedAvg(FedAvgFamily):
     """``workflow: fedavg``: the loop below, on the public workflow API."""
 
-    Args = FedAvgArgs
+    Args = BuiltinArgs("FedAvgArgs")
 
     def make_loop(self) -> FedAvgRun:
         return FedAvgRun.on(self.ctx, "fedavg")

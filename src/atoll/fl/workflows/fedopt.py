@@ -19,15 +19,18 @@ The state (m, v) is kept in each parameter's own float dtype, two extra copies o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from atoll.fl import bfloat16
-from atoll.fl.app_config import FedOptArgs
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
+from atoll.fl.workflows.api import BuiltinArgs
 from atoll.fl.workflows.fedavg import FedAvgFamily, FedAvgRun, Params, run_fedavg
+
+if TYPE_CHECKING:  # the model loads on first use (api.BuiltinArgs)
+    from atoll.fl.app_config import FedOptArgs
 
 
 class ServerOptimizer:
@@ -111,7 +114,7 @@ def run_fedopt(
 class FedOpt(FedAvgFamily):
     """``workflow: fedopt``: FedAvg's loop with the server optimizer as its server update."""
 
-    Args = FedOptArgs
+    Args = BuiltinArgs("FedOptArgs")
 
     def make_loop(self) -> FedAvgRun:
         args = self.args

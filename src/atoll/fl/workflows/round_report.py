@@ -9,11 +9,13 @@ global model digest (the server's ``round.model`` provenance entry); plus one lo
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from atoll.fl.app_config import FedAvgArgs
 from atoll.fl.workflows.api import Context
 from atoll.fl.workflows.rounds import describe
+
+if TYPE_CHECKING:
+    from atoll.fl.app_config import FedAvgArgs
 
 log = logging.getLogger("atoll.fl.workflows.fedavg")  # the workflow's own log, as before
 

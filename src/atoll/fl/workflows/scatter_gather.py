@@ -16,15 +16,17 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atoll.fl.app_config import ScatterGatherArgs
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
-from atoll.fl.workflows.api import Context, Workflow
+from atoll.fl.workflows.api import BuiltinArgs, Context, Workflow
 from atoll.fl.workflows.rounds import require
+
+if TYPE_CHECKING:  # the model loads on first use (api.BuiltinArgs)
+    from atoll.fl.app_config import ScatterGatherArgs
 
 
 def make_payload(size: int) -> np.ndarray:
@@ -45,7 +47,7 @@ def run_scatter_gather(
 class ScatterGather(Workflow):
     """``workflow: scatter_gather``."""
 
-    Args = ScatterGatherArgs
+    Args = BuiltinArgs("ScatterGatherArgs")
 
     params: dict[str, np.ndarray]
     rounds: list[dict[str, Any]]
