@@ -80,7 +80,10 @@ NOTES = [
     "(app.yaml `initial_model: model.py:make`) as FLARE's persistor and Flower's ServerApp do. "
     "Jobs are submitted, listed and aborted with each system's "
     "own CLI (`nvflare job …`, `flwr run|ls|stop`, `atoll job …`), timed from the start of the "
-    "command; readiness and completion are watched with each system's own API at 0.1 s.",
+    "command; readiness and completion are watched with each system's own API at 0.1 s, by a "
+    "poller started (interpreter, imports and, for a job, its connection) before the clock "
+    "starts (since 2026-12-06; before, it started after the deployment or the submit, on the "
+    "same cores).",
     "",
     "Definitions: the model is float32 layers of at most 64 MiB made in place on the server, "
     "each client adds 1.0 and replies, nobody writes the model to disk. Per-round time = mean "

@@ -127,6 +127,7 @@ def _growth(sampler: RssSampler) -> list[list]:
 def _abort(driver: Driver, marks: Path, metrics: dict) -> None:
     marks.mkdir(parents=True, exist_ok=True)
     run = driver.submit(driver.prepare_job(TINY_MB, ABORT_ROUNDS, marks))
+    driver.forget(run)  # not waited for: aborted
     wait_until(lambda: read_marks(marks), 180, 0.1, "the first round to reach a client")
     wait_until(driver.job_processes, 30, 0.05, "the job's processes")
     t0 = time.time()
@@ -153,9 +154,13 @@ def run_cycle(driver: Driver, wanted: list[str], opts: Options) -> dict:
     work = driver.workdir
     try:
         driver.prepare()
+        ready = driver.watcher("ready")  # armed before the clock starts (drivers/base.py)
         t0 = time.time()
-        driver.start_deployment()
-        driver.wait_ready(opts.ready_timeout)
+        try:
+            driver.start_deployment()
+            driver.wait_ready(ready, opts.ready_timeout)
+        finally:
+            ready.drop()
         metrics["d_ready_s"] = time.time() - t0
         metrics["d_processes"] = len(driver.deployment_pids())
     except (DriverError, NotImplementedError, OSError) as exc:

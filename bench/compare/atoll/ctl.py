@@ -3,6 +3,9 @@
   ctl.py KIT ready N TIMEOUT     -> waits until the server accepts the admin and lists N sites online
   ctl.py KIT wait JOB_ID TIMEOUT -> waits until the job is FINISHED:*; then, outside the time
                                     measured, reads the checkpoint's size from its events
+  ctl.py KIT armed-ready|armed-wait  -> the same, armed first (drivers/base.py Watcher): the
+                                    imports (and for wait the session's TLS handshake) done, it
+                                    prints {"armed": true} and reads "ARG TIMEOUT" from stdin
 
 Both keep one `atoll.admin.session.Session` (one mutual-TLS channel) and poll every 0.1 s, so the
 measured time is atoll's, not the cost of a new `atoll` process per poll. Until the server's
@@ -64,9 +67,9 @@ def ready(kit: str, expected: int, timeout: float) -> int:
     return 1
 
 
-def wait(kit: str, job_id: str, timeout: float) -> int:
+def wait(kit: str, job_id: str, timeout: float, session: Session | None = None) -> int:
     deadline = time.monotonic() + timeout
-    session = _session(kit, deadline)
+    session = session or _session(kit, deadline)
     if session is None:
         print(json.dumps({"finished": False, "last": "the server's port never opened"}))
         return 1
@@ -95,11 +98,22 @@ def _checkpoint_bytes(session: Session, job_id: str) -> int | None:
 
 
 def main() -> int:
-    kit, verb, arg, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    kit, verb = sys.argv[1], sys.argv[2]
+    session = None
+    if verb.startswith("armed-"):
+        verb = verb.removeprefix("armed-")
+        if verb == "wait":  # connected now: the job's time is not the handshake's
+            session = _session(kit, time.monotonic() + 60)
+            if session is not None:
+                session.sites()
+        print(json.dumps({"armed": True}), flush=True)
+        arg, timeout = sys.stdin.readline().split()
+    else:
+        arg, timeout = sys.argv[3], sys.argv[4]
     if verb == "ready":
-        return ready(kit, int(arg), timeout)
+        return ready(kit, int(arg), float(timeout))
     if verb == "wait":
-        return wait(kit, arg, timeout)
+        return wait(kit, arg, float(timeout), session)
     print(f"ctl.py: unknown verb {verb!r} (use ready, wait)", file=sys.stderr)
     return 2
 

@@ -30,7 +30,6 @@ from drivers.base import (
     free_port_block,
     layer_counts,
 )
-from drivers.flare import _last_json
 
 ATOLL_DIR = COMPARE_DIR / "atoll"
 VENV = REPO / ".venv"
@@ -118,10 +117,8 @@ class AtollDriver(Driver):
         for proc in parents:
             threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
 
-    def wait_ready(self, timeout: float) -> None:
-        answer = self._ctl("ready", str(len(SITES)), timeout)
-        if not answer.get("ready"):
-            raise DriverError(f"atoll: not ready in {timeout} s: {answer}; see {self.workdir}/*.log")
+    def watcher_argv(self, verb: str) -> list[str]:
+        return [self.python, str(ATOLL_DIR / "ctl.py"), str(self.admin_kit), verb]
 
     # -- jobs --------------------------------------------------------------------------
     def prepare_job(
@@ -170,24 +167,26 @@ class AtollDriver(Driver):
         if self.measure_cpu:
             parents = [p.pid for p in ProcessTable.scan(self.table) if p.role == "deployment"]
             cpu = CpuSampler(parents)
+        watcher = self.watcher("wait")
         t0 = time.time()
         try:
             answer = self._admin("job", "submit", str(job), timeout=600)
         except BaseException:
+            watcher.drop()
             if cpu is not None:
                 cpu.stop()
             raise
         job_id = answer.get("job_id") if isinstance(answer, dict) else None
         if not job_id:
             raise DriverError(f"atoll: no job_id in the submit output: {answer}")
-        extra = {"submit_cli_s": time.time() - t0}
+        extra = {"submit_cli_s": time.time() - t0, "watcher": watcher}
         if cpu is not None:
             extra["cpu_sampler"] = cpu
         return JobRun(job_id=job_id, submitted_at=t0, extra=extra)
 
     def wait_finished(self, run: JobRun, timeout: float) -> None:
         try:
-            answer = self._ctl("wait", run.job_id, timeout)
+            answer = run.extra.pop("watcher").go(run.job_id, timeout)
         except BaseException:
             if "cpu_sampler" in run.extra:
                 run.extra.pop("cpu_sampler").stop()
@@ -241,17 +240,6 @@ class AtollDriver(Driver):
         if not AtollDriver._compiled:
             self.run_cmd([self.python, "-m", "compileall", "-q", str(REPO / "src")], timeout=300)
             AtollDriver._compiled = True
-
-    def _ctl(self, verb: str, arg: str, timeout: float) -> dict:
-        res = self.run_cmd(
-            [self.python, str(ATOLL_DIR / "ctl.py"), str(self.admin_kit), verb, arg, str(timeout)],
-            timeout=timeout + 30,
-            check=False,
-        )
-        answer = _last_json(res.stdout)
-        if not answer and res.returncode:
-            answer = {"error": res.stderr[-800:]}
-        return answer
 
 
 class WorkerAwareTable(ProcessTable):

@@ -12,7 +12,9 @@ nothing is left running.
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import socket
 import subprocess
 import time
@@ -109,6 +111,50 @@ class JobRun:
     extra: dict = field(default_factory=dict)
 
 
+CLIENTS = 2  # every system runs a server and two clients
+
+
+class Watcher:
+    """A system's own status poller (its ctl.py ``armed-ready`` / ``armed-wait``), started before
+    the clock starts and armed: its interpreter, its imports and (to wait for a job) its
+    connection are done when ``armed`` returns. What is timed is then the system's own work, not
+    the start of the harness's poller on the same two cores (about 0.3 CPU-s for each system's
+    client libraries, which a 1-2 s job would otherwise share its cores with). ``go`` hands it
+    the job (or the number of sites) and waits for its answer."""
+
+    def __init__(self, driver: Driver, argv: list[str], arm_timeout: float = 120):
+        self.driver = driver
+        self.proc = subprocess.Popen(argv, env=driver.env("admin"), cwd=driver.workdir,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], arm_timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if '"armed"' not in line:
+            self.drop()
+            raise DriverError(f"{driver.name}: the poller did not arm in {arm_timeout} s: "
+                              f"{line.strip()} {_tail(self.proc.stderr.read())}")
+
+    def go(self, arg: str, timeout: float) -> dict:
+        try:
+            out, err = self.proc.communicate(f"{arg} {timeout}\n", timeout=timeout + 30)
+        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            self.drop()
+            return {"error": f"the poller: {exc}"}
+        for line in reversed(out.strip().splitlines()):
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(answer, dict):
+                return answer
+        return {"error": _tail(err, 800)}
+
+    def drop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
 class Driver(ABC):
     """One system under test. Subclasses set `name` (CLI id) and `title` (table column)."""
 
@@ -136,9 +182,13 @@ class Driver(ABC):
     def start_deployment(self) -> None:
         """Start server and two clients as separate processes; return without waiting."""
 
-    @abstractmethod
-    def wait_ready(self, timeout: float) -> None:
-        """Block until the server accepts admin calls and both clients are connected."""
+    def wait_ready(self, watcher: Watcher, timeout: float) -> None:
+        """Block until the server accepts admin calls and both clients are connected, as the
+        ``watcher`` armed before the deployment started (``self.watcher("ready")``) sees it."""
+        answer = watcher.go(str(CLIENTS), timeout)
+        if not answer.get("ready"):
+            raise DriverError(f"{self.name}: not ready in {timeout} s: {answer}; see "
+                              f"{self.workdir}/*.log")
 
     @abstractmethod
     def prepare_job(
@@ -148,7 +198,14 @@ class Driver(ABC):
 
     @abstractmethod
     def submit(self, job: object) -> JobRun:
-        """Submit with the system's own admin tool; returns once the system accepted it."""
+        """Submit with the system's own admin tool; returns once the system accepted it. The
+        job's poller is armed first (``run.extra["watcher"]``, before ``submitted_at``)."""
+
+    def forget(self, run: JobRun) -> None:
+        """Stop the run's poller: a job that is aborted, not waited for."""
+        watcher = run.extra.pop("watcher", None)
+        if watcher is not None:
+            watcher.drop()
 
     @abstractmethod
     def wait_finished(self, run: JobRun, timeout: float) -> None:
@@ -169,6 +226,14 @@ class Driver(ABC):
     @abstractmethod
     def is_job_process(self, cmdline: str) -> bool:
         """True for a per-job process (server or client job worker), not a long-lived one."""
+
+    def watcher(self, verb: str) -> Watcher:
+        """This system's poller for ``verb`` (``ready`` or ``wait``), armed (``Watcher``)."""
+        return Watcher(self, self.watcher_argv(f"armed-{verb}"))
+
+    @abstractmethod
+    def watcher_argv(self, verb: str) -> list[str]:
+        """The argv of this system's ctl.py for ``verb`` (``armed-ready`` / ``armed-wait``)."""
 
     # -- convenience built on the contract ---------------------------------------------
     def submit_and_wait(

@@ -97,15 +97,8 @@ class FlareDriver(Driver):
                 f"flare: `nvflare poc start` exited {rc}; see {self.workdir}/poc_start.log"
             )
 
-    def wait_ready(self, timeout: float) -> None:
-        res = self.run_cmd(
-            [self.python, str(FLARE_DIR / "ctl.py"), str(self.kit), "ready", "2", str(timeout)],
-            timeout=timeout + 30,
-            check=False,
-        )
-        answer = _last_json(res.stdout)
-        if not answer.get("ready"):
-            raise DriverError(f"flare: not ready in {timeout} s: {answer or res.stderr[-500:]}")
+    def watcher_argv(self, verb: str) -> list[str]:
+        return [self.python, str(FLARE_DIR / "ctl.py"), str(self.kit), verb]
 
     def prepare_job(
         self, model_mb: float, rounds: int, mark_dir: Path, shape: str = "flat"
@@ -134,33 +127,27 @@ class FlareDriver(Driver):
         return Path(res.stdout.strip().splitlines()[-1])
 
     def submit(self, job: object) -> JobRun:
+        watcher = self.watcher("wait")
         t0 = time.time()
-        res = self.run_cmd(
-            [self.nvflare, "--format", "json", "job", "submit", "-j", str(job)], timeout=120
-        )
-        job_id = _find_key(_last_json(res.stdout), "job_id")
-        if not job_id:
-            raise DriverError(f"flare: no job_id in submit output: {res.stdout[-500:]}")
-        return JobRun(job_id=job_id, submitted_at=t0, extra={"submit_cli_s": time.time() - t0})
+        try:
+            res = self.run_cmd(
+                [self.nvflare, "--format", "json", "job", "submit", "-j", str(job)], timeout=120
+            )
+            job_id = _find_key(_last_json(res.stdout), "job_id")
+            if not job_id:
+                raise DriverError(f"flare: no job_id in submit output: {res.stdout[-500:]}")
+        except BaseException:
+            watcher.drop()
+            raise
+        return JobRun(job_id=job_id, submitted_at=t0,
+                      extra={"submit_cli_s": time.time() - t0, "watcher": watcher})
 
     def wait_finished(self, run: JobRun, timeout: float) -> None:
-        res = self.run_cmd(
-            [
-                self.python,
-                str(FLARE_DIR / "ctl.py"),
-                str(self.kit),
-                "wait",
-                run.job_id,
-                str(timeout),
-            ],
-            timeout=timeout + 30,
-            check=False,
-        )
-        answer = _last_json(res.stdout)
+        answer = run.extra.pop("watcher").go(run.job_id, timeout)
         if not answer.get("finished"):
             raise DriverError(
                 f"flare: job {run.job_id} not finished in {timeout} s: "
-                f"{answer or res.stderr[-500:]}"
+                f"{answer}"
             )
         run.finished_at, run.status = answer["t"], answer["status"]
 

@@ -168,15 +168,8 @@ class FlowerDriver(Driver):
                 f"supernode-{i}.log",
             )
 
-    def wait_ready(self, timeout: float) -> None:
-        res = self.run_cmd(
-            [str(self.bin / "python"), str(FLOWER_DIR / "ctl.py"), "ready", "2", str(timeout)],
-            timeout=timeout + 30,
-            check=False,
-        )
-        answer = _last_json(res.stdout)
-        if not answer.get("ready"):
-            raise DriverError(f"flower: not ready in {timeout} s: {answer or res.stderr[-500:]}")
+    def watcher_argv(self, verb: str) -> list[str]:
+        return [str(self.bin / "python"), str(FLOWER_DIR / "ctl.py"), verb]
 
     # -- jobs ----------------------------------------------------------------------------
     def prepare_job(
@@ -186,35 +179,28 @@ class FlowerDriver(Driver):
         return [f"num-server-rounds={rounds}", f'layers="{layers}"', f'mark-dir="{mark_dir}"']
 
     def submit(self, job: object) -> JobRun:
-        t0 = time.time()
         argv = [str(self.bin / "flwr"), "run", str(APP_DIR), "bench", "--format", "json"]
         for item in job:  # type: ignore[attr-defined]
             argv += ["--run-config", item]
-        res = self.run_cmd(argv, timeout=300)
-        answer = _last_json(res.stdout)
-        if not answer.get("success") or "run-id" not in answer:
-            raise DriverError(f"flower: `flwr run` gave no run id: {res.stdout[-500:]}")
-        return JobRun(
-            job_id=str(answer["run-id"]), submitted_at=t0, extra={"submit_cli_s": time.time() - t0}
-        )
+        watcher = self.watcher("wait")
+        t0 = time.time()
+        try:
+            res = self.run_cmd(argv, timeout=300)
+            answer = _last_json(res.stdout)
+            if not answer.get("success") or "run-id" not in answer:
+                raise DriverError(f"flower: `flwr run` gave no run id: {res.stdout[-500:]}")
+        except BaseException:
+            watcher.drop()
+            raise
+        return JobRun(job_id=str(answer["run-id"]), submitted_at=t0,
+                      extra={"submit_cli_s": time.time() - t0, "watcher": watcher})
 
     def wait_finished(self, run: JobRun, timeout: float) -> None:
-        res = self.run_cmd(
-            [
-                str(self.bin / "python"),
-                str(FLOWER_DIR / "ctl.py"),
-                "wait",
-                run.job_id,
-                str(timeout),
-            ],
-            timeout=timeout + 30,
-            check=False,
-        )
-        answer = _last_json(res.stdout)
+        answer = run.extra.pop("watcher").go(run.job_id, timeout)
         if not answer.get("finished"):
             raise DriverError(
                 f"flower: run {run.job_id} not finished in {timeout} s: "
-                f"{answer or res.stderr[-500:]}"
+                f"{answer}"
             )
         run.finished_at, run.status = answer["t"], answer["status"]
 

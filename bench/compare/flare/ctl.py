@@ -2,6 +2,9 @@
 
   ctl.py KIT ready N TIMEOUT   -> waits until the server accepts the admin and sees N clients
   ctl.py KIT wait JOB_ID TIMEOUT -> waits until the job is in a terminal state
+  ctl.py KIT armed-ready|armed-wait -> the same, armed first (drivers/base.py Watcher): the
+                                  imports (and for wait the admin login) done, it prints
+                                  {"armed": true} and reads "ARG TIMEOUT" from stdin
 
 Both keep one admin session (FLARE's own Session API) and poll every 0.1 s, so the measured
 time is FLARE's, not the cost of a new `nvflare` process per poll. KIT is the admin's
@@ -53,9 +56,9 @@ def ready(kit: str, expected: int, timeout: float) -> int:
         sess.close()
 
 
-def wait(kit: str, job_id: str, timeout: float) -> int:
+def wait(kit: str, job_id: str, timeout: float, sess=None) -> int:
     deadline = time.monotonic() + timeout
-    sess = _session(kit, deadline)
+    sess = sess or _session(kit, deadline)
     try:
         while time.monotonic() < deadline:
             status = sess.get_job_meta(job_id).get("status", "")
@@ -70,11 +73,20 @@ def wait(kit: str, job_id: str, timeout: float) -> int:
 
 
 def main() -> int:
-    kit, verb, arg, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    kit, verb = sys.argv[1], sys.argv[2]
+    sess = None
+    if verb.startswith("armed-"):
+        verb = verb.removeprefix("armed-")
+        if verb == "wait":  # logged in now: the job's time is not the login's
+            sess = _session(kit, time.monotonic() + 60)
+        print(json.dumps({"armed": True}), flush=True)
+        arg, timeout = sys.stdin.readline().split()
+    else:
+        arg, timeout = sys.argv[3], sys.argv[4]
     if verb == "ready":
-        return ready(kit, int(arg), timeout)
+        return ready(kit, int(arg), float(timeout))
     if verb == "wait":
-        return wait(kit, arg, timeout)
+        return wait(kit, arg, float(timeout), sess)
     print(f"ctl.py: unknown verb {verb!r} (use ready, wait)", file=sys.stderr)
     return 2
 

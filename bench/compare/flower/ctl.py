@@ -2,6 +2,9 @@
 
   ctl.py ready N TIMEOUT   -> waits until the SuperLink answers and N SuperNodes are online
   ctl.py wait RUN_ID TIMEOUT -> waits until the run is finished, prints its final status
+  ctl.py armed-ready|armed-wait -> the same, armed first (drivers/base.py Watcher): the imports
+                              (and for wait the connection) done, it prints {"armed": true}
+                              and reads "ARG TIMEOUT" from stdin
 
 Both poll every 0.1 s over one kept connection, so the measured time is Flower's, not the
 cost of starting a new `flwr` process for every poll. The connection is the "bench" entry of
@@ -46,8 +49,8 @@ def ready(expected: int, timeout: float) -> int:
     return 1
 
 
-def wait(run_id: int, timeout: float) -> int:
-    client = _client()
+def wait(run_id: int, timeout: float, client=None) -> int:
+    client = client or _client()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         res = client.ListRuns(ListRunsRequest(run_id=run_id))
@@ -70,11 +73,21 @@ def wait(run_id: int, timeout: float) -> int:
 
 
 def main() -> int:
-    verb, arg, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    verb = sys.argv[1]
+    client = None
+    if verb.startswith("armed-"):
+        verb = verb.removeprefix("armed-")
+        if verb == "wait":  # connected now: the run's time is not the connection's
+            client = _client()
+            client.ListRuns(ListRunsRequest())
+        print(json.dumps({"armed": True}), flush=True)
+        arg, timeout = sys.stdin.readline().split()
+    else:
+        arg, timeout = sys.argv[2], sys.argv[3]
     if verb == "ready":
-        return ready(arg, timeout)
+        return ready(int(arg), float(timeout))
     if verb == "wait":
-        return wait(arg, timeout)
+        return wait(int(arg), float(timeout), client)
     print(f"ctl.py: unknown verb {verb!r} (use ready, wait)", file=sys.stderr)
     return 2
 
