@@ -127,12 +127,16 @@ class Watcher:
         self.proc = subprocess.Popen(argv, env=driver.env("admin"), cwd=driver.workdir,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
-        ready, _, _ = select.select([self.proc.stdout], [], [], arm_timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if '"armed"' not in line:
-            self.drop()
-            raise DriverError(f"{driver.name}: the poller did not arm in {arm_timeout} s: "
-                              f"{line.strip()} {_tail(self.proc.stderr.read())}")
+        deadline, seen = time.monotonic() + arm_timeout, []
+        while not seen or '"armed"' not in seen[-1]:  # a client library may print first
+            ready, _, _ = select.select([self.proc.stdout], [], [],
+                                        max(0.0, deadline - time.monotonic()))
+            line = self.proc.stdout.readline() if ready else ""
+            if not line:  # timed out, or the poller ended
+                self.drop()
+                raise DriverError(f"{driver.name}: the poller did not arm in {arm_timeout} s: "
+                                  f"{_tail(''.join(seen))} {_tail(self.proc.stderr.read())}")
+            seen.append(line)
 
     def go(self, arg: str, timeout: float) -> dict:
         try:
