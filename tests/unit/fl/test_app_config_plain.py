@@ -265,9 +265,13 @@ def test_a_site_worker_reads_a_common_app_yaml_without_pydantic(tmp_path):
         "print(json.dumps({'pydantic': 'pydantic' in sys.modules,\n"
         "                  'site': [site.script, site.args, site.config]}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    assert json.loads(out) == {"pydantic": False, "site": ["train.py", ["--x"], {"k": 1}]}
+    assert _fresh(code) == {"pydantic": False, "site": ["train.py", ["--x"], {"k": 1}]}
+
+
+def _fresh(code: str) -> dict:
+    """What ``code`` prints as JSON, run in a fresh interpreter (nothing imported yet)."""
+    return json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                     text=True, check=True).stdout)
 
 
 def test_the_server_worker_reads_a_common_app_yaml_without_pydantic(tmp_path):
@@ -290,11 +294,9 @@ def test_the_server_worker_reads_a_common_app_yaml_without_pydantic(tmp_path):
         "    args.round_timeout, args.aggregator], 'tensorboard': config.server.tracking.tensorboard,\n"
         "    'model': workflow.Args.__name__}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    assert json.loads(out) == {"pydantic": False, "app": "app",
-                               "args": [3, 60.0, "weighted_mean"], "tensorboard": False,
-                               "model": "FedAvgArgs"}
+    assert _fresh(code) == {"pydantic": False, "app": "app",
+                            "args": [3, 60.0, "weighted_mean"], "tensorboard": False,
+                            "model": "FedAvgArgs"}
 
 
 def test_the_server_worker_reads_privacy_and_its_own_workflow_with_the_models(tmp_path):
