@@ -3,9 +3,9 @@
 Why a process: a parent never loads cryptography (pki/job_signature.py). Checking each job in
 a new interpreter cost 0.15-0.3 s of the path from submit to the first task, at the server and
 again at each site: starting Python, importing atoll and cryptography. The verifier pays that
-once, a second after the parent started (``prestart``: once the parent is up) or at the first
-request, whichever comes first, then answers requests on its stdin/stdout, one
-JSON line each way::
+once, as soon as the parent is up (``parent_up``; ``prestart``'s timer a second after the
+parent started is the fallback) or at the first request, whichever comes first, then answers
+requests on its stdin/stdout, one JSON line each way::
 
     -> {"ca": CA_FILE, "tree": TREE}
     <- {"code": 0, "out": WHAT_THE_SIGNATURE_SAYS_AS_JSON} | {"code": 2, "out": REASON}
@@ -31,8 +31,9 @@ from pathlib import Path
 from atoll.spec.errors import EXIT_FAILED, AtollError
 
 IDLE_S = 600.0  # a parent without jobs for ten minutes gives the verifier's memory back
-# A parent starts its verifier this long after its own start (0.3-0.6 s to ready), so that the
-# verifier's interpreter and cryptography (0.1 CPU-s) do not slow that start down.
+# A parent starts its verifier once it is up (parent_up: its interpreter and cryptography, 0.1
+# CPU-s, then do not slow that start down), or this long after its own start if it is not up
+# by then (a site that cannot reach its server yet).
 START_AFTER_S = 1.0
 MODULE = "atoll.pki.verifier"
 
@@ -121,6 +122,14 @@ def prestart(delay: float = 0.0) -> None:
     timer = threading.Timer(delay, _PARENTS.start)
     timer.daemon = True
     timer.start()
+
+
+def parent_up() -> None:
+    """The parent is up (the server listens; the site has started its link): start its
+    verifier now rather than at prestart's timer, so that a job sent right after a start (a
+    `poc up` and a submit) does not wait for the verifier's interpreter and cryptography."""
+    if _PARENTS is not None:
+        _PARENTS.start()
 
 
 def check(ca_file: Path, tree: Path, timeout: float) -> tuple[int, str]:

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from atoll.base.reasons import clip
+from atoll.pki import verifier
 from atoll.wire import messages as msg
 
 log = logging.getLogger("atoll.site.connection")
@@ -67,6 +68,7 @@ class ServerLink:
                         self.connected.set()
                         attempt = 0
                         log.info("connected to the server")
+                        verifier.parent_up()  # up: its signature verifier starts now
                     kind = command.WhichOneof("kind")
                     if kind != "welcome" and (body := _command_body(kind, command)) is not None:
                         self.on_command(kind, body)

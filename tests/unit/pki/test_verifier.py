@@ -116,3 +116,19 @@ def test_a_check_before_the_delayed_start_starts_it(job, lead, ca_pem, monkeypat
         assert os.readlink(f"/proc/{proc.pid}/cwd") == "/"
     finally:
         verifier._PARENTS._drop()
+
+
+def test_a_parent_that_is_up_starts_it_before_its_timer(monkeypatch):
+    monkeypatch.setattr(verifier, "_PARENTS", None)
+    verifier.parent_up()  # not a parent (no prestart): nothing to start
+    assert verifier._PARENTS is None
+    verifier.prestart(3600.0)  # a parent's timer, which has not fired yet
+    try:
+        assert verifier._PARENTS._proc is None
+        verifier.parent_up()  # a site connected to its server (site/connection.py)
+        proc = verifier._PARENTS._proc
+        assert proc is not None and proc.poll() is None
+        verifier.parent_up()  # once: the same process
+        assert verifier._PARENTS._proc is proc
+    finally:
+        verifier._PARENTS._drop()
