@@ -28,24 +28,24 @@ def online(fed: Federation) -> set[str]:
 
 def test_a_site_newer_than_its_server_is_refused_with_both_versions(tmp_path):
     fed = Federation.provisioned(tmp_path, ["site-1"], USERS)
-    fed.start_server()
-    log_path = tmp_path / "newer-site.log"
-    with open(log_path, "ab") as log:
-        newer = subprocess.Popen([sys.executable, "-c", AS_NEWER, NEWER, "site",
-                                  str(fed.kit("site-1"))], stdout=log, stderr=log,
-                                 start_new_session=True)
-    try:
-        expected = (f"this site runs atoll {NEWER}, newer than the server's {__version__}: "
-                    "upgrade the server first")
-        wait_for(lambda: expected in log_path.read_text(errors="replace"), 60,
-                 what="the newer site to be told why it was refused")
-        assert "FAILED_PRECONDITION" in log_path.read_text()
-        assert f"refused site site-1: {expected}" in fed.log("server")
-        assert online(fed) == set()
-    finally:
-        newer.terminate()
-        newer.wait(30)
-    try:
+    try:  # the server stops however the test ends (a mutated defence fails it midway)
+        fed.start_server()
+        log_path = tmp_path / "newer-site.log"
+        with open(log_path, "ab") as log:
+            newer = subprocess.Popen([sys.executable, "-c", AS_NEWER, NEWER, "site",
+                                      str(fed.kit("site-1"))], stdout=log, stderr=log,
+                                     start_new_session=True)
+        try:
+            expected = (f"this site runs atoll {NEWER}, newer than the server's {__version__}: "
+                        "upgrade the server first")
+            wait_for(lambda: expected in log_path.read_text(errors="replace"), 60,
+                     what="the newer site to be told why it was refused")
+            assert "FAILED_PRECONDITION" in log_path.read_text()
+            assert f"refused site site-1: {expected}" in fed.log("server")
+            assert online(fed) == set()
+        finally:
+            newer.terminate()
+            newer.wait(30)
         fed.start_site("site-1")
         fed.wait_online(ADMIN)
         # a user's CLI newer than the server logs in, warned with both versions
