@@ -205,7 +205,9 @@ def test_helm_release_trains_upgrades_and_uninstalls(helm: Any, cluster: Cluster
         print(f"\nhelm install -> site online: {time.monotonic() - started:.1f} s")
         server_pod = wait_until(lambda: running_pod(cluster, server_release), 60,
                                 "server Pod ready")
-        assert running_pod(cluster, site_release)
+        # The kubelet posts a Pod's status a moment after its container runs, so a site can be
+        # online before its Pod reads Running.
+        wait_until(lambda: running_pod(cluster, site_release), 60, "site Pod running")
         # The server's Service selects the server Pod's grpc port. (The test node routes no
         # Service, and its endpoints controller refuses the Pod's loopback address.)
         service = api.read_namespaced_service(server_release, ns)
