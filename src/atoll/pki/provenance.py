@@ -39,8 +39,9 @@ decision (the rule that allowed it), what its launcher ran and the datasets it m
 site states about its data is the site's own statement: the record proves who said it, not that
 it is true (docs/provenance.md).
 
-cryptography is imported only inside the functions that sign or verify: parents load it when a
-job's entry is signed, not at rest (see pki/job_signature.py for why parents avoid it).
+cryptography is imported only inside the functions that sign or verify, and a parent's signing
+and its check of a site's entry go to its verifier process (pki/verifier.py), which has it
+loaded already: a parent never loads it (see pki/job_signature.py for why parents avoid it).
 """
 
 from __future__ import annotations
@@ -155,16 +156,30 @@ def item_digest(item: dict[str, Any]) -> str:
 
 
 def sign(text: bytes, key_pem: bytes, cert_pem: bytes) -> dict[str, str]:
-    """A signed item of a record: ``text`` signed with the PEM EC key ``key_pem``."""
+    """A signed item of a record: ``text`` signed with the PEM EC key ``key_pem`` (by the
+    parent's verifier, which has cryptography loaded already: pki/verifier.py)."""
+    from atoll.pki import verifier
+
+    answer = verifier.ask("sign", text=text.decode("ascii"), key=key_pem.decode("ascii"))
+    if answer is None:
+        signature = signature_here(text, key_pem)
+    elif answer[0] == 0:
+        signature = answer[1]
+    else:
+        raise ProvenanceError(answer[1])
+    return {"entry": text.decode("ascii"), "signature": signature,
+            "signer": fingerprint(cert_pem)}
+
+
+def signature_here(text: bytes, key_pem: bytes) -> str:
+    """The base64 ECDSA (SHA-256) signature of ``text``, made in this process."""
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = serialization.load_pem_private_key(key_pem, password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ProvenanceError("the signing key is not an EC key; re-provision this kit")
-    return {"entry": text.decode("ascii"),
-            "signature": base64.b64encode(key.sign(text, ec.ECDSA(hashes.SHA256()))).decode(),
-            "signer": fingerprint(cert_pem)}
+    return base64.b64encode(key.sign(text, ec.ECDSA(hashes.SHA256()))).decode()
 
 
 class Chain:
@@ -302,7 +317,26 @@ def check_site_item(item: dict[str, Any], cert_pem: bytes, ca_pem: bytes, site: 
                     job_id: str, job_statement: str, seq: int, prev: str) -> None:
     """What the server checks before it appends a site's entry at ``seq``: that it would pass
     verification there (the CA's certificate of ``site``, a site's kind of entry, about this
-    submission, signed by that site), so that no site can make the record fail for all."""
+    submission, signed by that site), so that no site can make the record fail for all. Checked
+    by the parent's verifier where it has one (pki/verifier.py), else here."""
+    from atoll.pki import verifier
+
+    try:
+        args = {"item": {k: str(item[k]) for k in ("entry", "signature", "signer")},
+                "cert": cert_pem.decode("ascii"), "ca": ca_pem.decode("ascii"), "site": site,
+                "job_id": job_id, "job_statement": job_statement, "seq": seq, "prev": prev}
+    except (KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ProvenanceError(f"entry {seq} is malformed ({exc})") from None
+    answer = verifier.ask("site_item", args=args)
+    if answer is None:
+        check_site_item_here(item, cert_pem, ca_pem, site, job_id, job_statement, seq, prev)
+    elif answer[0] != 0:
+        raise ProvenanceError(answer[1])
+
+
+def check_site_item_here(item: dict[str, Any], cert_pem: bytes, ca_pem: bytes, site: str,
+                         job_id: str, job_statement: str, seq: int, prev: str) -> None:
+    """``check_site_item`` in this process."""
     fp = fingerprint(cert_pem)
     signers = _signers({fp: cert_pem.decode("ascii")}, ca_pem)
     placed = {"seq": seq, "prev": prev, **{k: item.get(k) for k in ("entry", "signature",

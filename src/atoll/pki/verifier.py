@@ -17,6 +17,12 @@ but the paths its parent names, and exits when its parent's end of the pipe clos
 ended, however) or after ``IDLE_S`` without a request, so a quiet parent carries nothing. A
 request that finds it busy (another job being checked), gone or broken is checked in a new
 process as before: no job waits for another's hashing, and a crash costs one retry.
+
+The parent's other uses of cryptography go to the same process (``ask``), so that no parent
+loads it with its first job (0.1 CPU-s and 15 MiB each, at the server on the submit's path):
+signing its provenance entries (``{"op": "sign"}``: the key's PEM goes down the pipe, never
+into argv or a file) and the server's check of a site's entry (``{"op": "site_item"}``).
+Those are answered in the parent itself when there is no verifier or it is busy.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from atoll.spec.errors import EXIT_FAILED, AtollError
 
@@ -80,12 +87,16 @@ class Verifier:
 
     def check(self, ca_file: Path, tree: Path, timeout: float) -> tuple[int, str] | None:
         """The verifier's answer, or None when it is busy or broke (check in a new process)."""
+        return self.ask({"op": "check", "ca": str(Path(ca_file).absolute()),
+                         "tree": str(Path(tree).absolute())}, timeout)
+
+    def ask(self, request: dict[str, Any], timeout: float) -> tuple[int, str] | None:
+        """The answer to one request, or None when the verifier is busy or broke."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
             proc = self._running()
             assert proc.stdin is not None and proc.stdout is not None
-            request = {"ca": str(Path(ca_file).absolute()), "tree": str(Path(tree).absolute())}
             try:
                 proc.stdin.write(json.dumps(request).encode("utf-8") + b"\n")
                 proc.stdin.flush()
@@ -132,6 +143,18 @@ def parent_up() -> None:
         _PARENTS.start()
 
 
+def ask(op: str, timeout: float = 60.0, **args: Any) -> tuple[int, str] | None:
+    """``op`` answered by this parent's verifier: (0, OUT), or (2, REASON) for a refusal; None
+    when this process has no verifier (not a parent), or it is busy or broke: answer here."""
+    if _PARENTS is None:
+        return None
+    try:
+        answer = _PARENTS.ask({"op": op, **args}, timeout)
+    except CheckTimeout:  # it hung, and was stopped: a small request is answered here
+        return None
+    return None if answer is None or answer[0] == 1 else answer
+
+
 def check(ca_file: Path, tree: Path, timeout: float) -> tuple[int, str]:
     """``check_tree`` of ``tree`` in a process of its own: this parent's verifier when it has
     one and it is free, else a new ``python -m atoll.pki.job_signature``."""
@@ -171,12 +194,32 @@ def serve(idle_s: float = IDLE_S) -> int:
         if not line:
             return 0  # the parent ended
         try:
-            request = json.loads(line)
-            code, out = check_tree(Path(request["ca"]), Path(request["tree"]))
+            code, out = _answer(json.loads(line), check_tree)
         except Exception:  # noqa: BLE001 - the parent logs it and refuses the job
             code, out = 1, traceback.format_exc()
         stdout.write(json.dumps({"code": code, "out": out}).encode("utf-8") + b"\n")
         stdout.flush()
+
+
+def _answer(request: dict[str, Any], check_tree: Any) -> tuple[int, str]:
+    from atoll.pki import provenance
+
+    op = request.get("op", "check")
+    if op == "check":
+        return check_tree(Path(request["ca"]), Path(request["tree"]))
+    try:
+        if op == "sign":
+            return 0, provenance.signature_here(request["text"].encode("ascii"),
+                                                request["key"].encode("ascii"))
+        if op == "site_item":
+            args = request["args"]
+            provenance.check_site_item_here(
+                args["item"], args["cert"].encode("ascii"), args["ca"].encode("ascii"),
+                args["site"], args["job_id"], args["job_statement"], args["seq"], args["prev"])
+            return 0, ""
+    except provenance.ProvenanceError as exc:
+        return 2, str(exc)
+    raise ValueError(f"unknown request {op!r}")
 
 
 if __name__ == "__main__":

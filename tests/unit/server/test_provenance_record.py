@@ -44,6 +44,29 @@ def jobs_dir(tmp_path, kits) -> Path:
     return tmp_path / "jobs"
 
 
+@pytest.fixture(autouse=True, params=["in the parent", "by its verifier"])
+def where(request, monkeypatch):
+    """Each test twice: signing and the check of a site's entry made in this process, and as a
+    parent does, by its verifier process (pki/verifier.py), never answered here."""
+    from atoll.pki import provenance, verifier
+
+    monkeypatch.setattr(verifier, "_PARENTS", None)
+    if request.param == "in the parent":
+        yield request.param
+        return
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("answered in the parent, not by its verifier")
+
+    verifier.prestart()
+    monkeypatch.setattr(provenance, "signature_here", not_here)
+    monkeypatch.setattr(provenance, "check_site_item_here", not_here)
+    try:
+        yield request.param
+    finally:
+        verifier._PARENTS._drop()
+
+
 def statement(jobs_dir: Path) -> str:
     from atoll.pki.provenance import job_signed_body
 
@@ -217,3 +240,4 @@ def test_round_entries_are_bounded_even_when_one_round_flips_its_digest(kits, jo
     again = ServerProvenance(kits["server"], jobs_dir, "9.9")  # counted again from the file
     again.round_model(JOB, 2, "sha256:" + "c" * 64)
     assert len(_round_entries(again.export(JOB))) == 3
+
