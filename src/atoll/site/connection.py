@@ -15,7 +15,6 @@ from typing import Any
 import grpc
 
 from atoll.base.reasons import clip
-from atoll.pki import verifier
 from atoll.wire import messages as msg
 
 log = logging.getLogger("atoll.site.connection")
@@ -30,8 +29,10 @@ _WAKE = object()  # wakes the events of a call that ended, so that they stop tak
 class ServerLink:
     def __init__(self, channel: grpc.Channel, stub, hello: Callable[[], dict[str, Any]],
                  on_command: Callable[[str, dict[str, Any]], None], address: str = "",
-                 redial: Callable[[], tuple[grpc.Channel, Any, str] | None] | None = None):
+                 redial: Callable[[], tuple[grpc.Channel, Any, str] | None] | None = None,
+                 on_up: Callable[[], None] | None = None):
         self.channel = channel
+        self._on_up = on_up  # once, when the link first connects (site/app.py)
         # Asked whenever the server is out of reach: a new channel when the site's kit now
         # names another server (site/server_channel.py), else None.
         self._redial = redial
@@ -68,7 +69,9 @@ class ServerLink:
                         self.connected.set()
                         attempt = 0
                         log.info("connected to the server")
-                        verifier.parent_up()  # up: its signature verifier starts now
+                        if self._on_up is not None:
+                            self._on_up()
+                            self._on_up = None
                     kind = command.WhichOneof("kind")
                     if kind != "welcome" and (body := _command_body(kind, command)) is not None:
                         self.on_command(kind, body)
