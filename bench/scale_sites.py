@@ -2,7 +2,8 @@
 
 Each simulated site is what a site parent looks like to the server, without a parent process,
 a launcher or a worker: its own mutual-TLS channel with its own certificate (issued by the
-project's CA), the `Federation.Connect` control stream with hello and a heartbeat every 5 s,
+project's CA), the `Federation.Connect` control stream with hello and a heartbeat as often as the server's
+welcome asks (site/connection.py's rule),
 and, when a job is dispatched to it, the same calls a site parent and its worker make: fetch the
 app (`FetchJob`), report STARTING and RUNNING, then `PullTask` -> `PushReply` (the payload echoed
 back) until the task stream says end, then FINISHED:COMPLETED. All sites of a process share one
@@ -31,11 +32,11 @@ from typing import Any
 import grpc
 
 from atoll import __version__
+from atoll.site.connection import HEARTBEAT_S, heartbeat_of
 from atoll.wire import frames, rpc
 from atoll.wire import messages as msg
 from atoll.wire.grpc_setup import OPTIONS
 
-HEARTBEAT_S = 5.0
 PULL_WAIT_S = 30.0
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 NICE = 10
@@ -51,6 +52,7 @@ class SimSite:
         self.jobs: dict[str, asyncio.Task] = {}
         self.channel: grpc.aio.Channel | None = None
         self.stub: object | None = None
+        self.heartbeat_s = HEARTBEAT_S
 
     def record(self, event: str, job_id: str = "", round_: int | None = None) -> None:
         self.log.append((self.name, event, job_id, round_, time.time()))
@@ -64,12 +66,15 @@ class SimSite:
         attempt = 0
         while True:
             call = self.stub.Connect(self._events())
+            welcomed = False
             try:
                 async for command in call:
                     kind = command.WhichOneof("kind")
-                    if kind == "welcome":
-                        attempt = 0
-                        self.record("connected")
+                    if kind == "welcome":  # its heartbeat period, as a site parent takes it
+                        self.heartbeat_s = heartbeat_of(json.loads(command.welcome))
+                        if not welcomed:  # the call's first: the server restates it later
+                            welcomed, attempt = True, 0  # as the federation grows
+                            self.record("connected")
                     else:
                         self._on_command(kind, json.loads(getattr(command, kind)))
             except grpc.aio.AioRpcError as exc:
@@ -90,7 +95,7 @@ class SimSite:
         )
         while True:
             try:
-                body = await asyncio.wait_for(self.outbox.get(), HEARTBEAT_S)
+                body = await asyncio.wait_for(self.outbox.get(), self.heartbeat_s)
             except TimeoutError:
                 yield msg.SiteEvent(heartbeat=json.dumps({"running_jobs": list(self.jobs)}))
                 continue

@@ -34,7 +34,7 @@ from atoll.server.provenance import ServerProvenance
 from atoll.server.revocation import ServerRevocations
 from atoll.server.scheduler import JobQueue, Scheduler
 from atoll.server.sessions import SessionSigner
-from atoll.server.site_links import SiteLinks
+from atoll.server.site_links import CONNECT_QUIET_S, SiteLinks
 from atoll.server.store import JobRecord, Store, open_store
 from atoll.server.studies import Studies
 from atoll.server.study_ops import study_ops
@@ -132,6 +132,7 @@ class ServerParent:
         self.jobs.max_resumes = self.local.max_resumes
         self.jobs.recover()  # before sites may connect: a resumed job is live when they do
         from atoll.wire.aio_server import LoopServer
+        from atoll.wire.guard import Deadlines
 
         server = LoopServer(HANDLER_THREADS)
         self._grpc = server
@@ -144,7 +145,10 @@ class ServerParent:
             signer=self.signer, scratch=self.workspace / "tmp", stopping=self._stopped.is_set,
             ops={**_study_ops(self.studies, self.store, self.kit.ca, self.revocations),
                  **self.revocations.ops()})
-        server.serve("Federation", federation, federation.admit)
+        # A site's control stream is as quiet as its heartbeat period (site_links.py): its
+        # liveness is the stale-link check's (four of its periods), not a 30 s read deadline.
+        server.serve("Federation", federation, federation.admit,
+                     deadlines={"Connect": Deadlines(next_s=CONNECT_QUIET_S)})
         server.serve("Admin", admin, admin.admit)
         self.port = server.add_secure_port(self.kit.listen_address, server_credentials(self.kit))
         if self.port == 0:
@@ -171,6 +175,8 @@ class ServerParent:
             for link in self.links.stale():
                 log.warning("site %s missed its heartbeats; dropping its link", link.name)
                 link.close()
+            for link in self.links.repace():  # the federation grew: fewer heartbeats each
+                link.send("welcome", {"heartbeat_s": link.heartbeat_s})
 
     def stop(self, grace: float = 0.2) -> None:
         if self._stopped.is_set():

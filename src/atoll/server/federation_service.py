@@ -28,7 +28,7 @@ from atoll import __version__
 from atoll.server import site_ops
 from atoll.server.auth import Gate, peer_identity_async
 from atoll.server.relay import END, RelayError
-from atoll.server.site_links import HEARTBEAT_S, SiteLink, SiteLinks
+from atoll.server.site_links import SiteLink, SiteLinks
 from atoll.server.site_ops import SiteJobs
 from atoll.server.spool import SpoolError
 from atoll.spec.names import IdentifierError, check_job_id, check_task_id
@@ -86,7 +86,8 @@ class FederationService:
             log.warning("refused site %s: %s", who.name, why)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         loop = asyncio.get_running_loop()
-        link = SiteLink(who.name, who.org, hello.doc, loop)
+        link = SiteLink(who.name, who.org, hello.doc, loop,
+                        heartbeat_s=self.links.heartbeat_period())
         await loop.run_in_executor(None, self.studies.remember_site, who.name, who.org)
         # its parts that had not ended before this link: dispatched on an earlier one
         known = self.jobs.parts_at(who.name)
@@ -95,7 +96,7 @@ class FederationService:
         log.info("site %s connected (%s)", who.name, link.hello.get("launcher", "?"))
         reader = asyncio.create_task(self._read(link, events), name=f"site-{who.name}")
         try:
-            yield msg.ServerCommand(welcome=json.dumps({"heartbeat_s": HEARTBEAT_S,
+            yield msg.ServerCommand(welcome=json.dumps({"heartbeat_s": link.heartbeat_s,
                                                        "server_time": time.time()}))
             # reconcile after a reconnect
             for job_id in site_ops.stale_jobs(self.jobs, who.name, hello.running_jobs):

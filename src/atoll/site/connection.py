@@ -20,7 +20,8 @@ from atoll.wire import messages as msg
 log = logging.getLogger("atoll.site.connection")
 
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
-HEARTBEAT_S = 5.0
+HEARTBEAT_S = 5.0  # until the server's welcome says otherwise
+HEARTBEAT_BOUNDS_S = (1.0, 300.0)  # what the site accepts of the server's word
 READY_WAIT_S = 10.0  # how often "waiting for the server" is logged while it is away
 KEEP_FINAL = 200  # final job states re-sent after a reconnect, in case one was lost
 _WAKE = object()  # wakes the events of a call that ended, so that they stop taking reports
@@ -41,6 +42,7 @@ class ServerLink:
         self.hello = hello
         self.on_command = on_command
         self.connected = threading.Event()
+        self.heartbeat_s = HEARTBEAT_S  # the server's welcome sets it (a large federation's longer)
         self._outbox: queue.Queue = queue.Queue()
         self._final: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._generation = 0
@@ -73,7 +75,9 @@ class ServerLink:
                             self._on_up()
                             self._on_up = None
                     kind = command.WhichOneof("kind")
-                    if kind != "welcome" and (body := _command_body(kind, command)) is not None:
+                    if kind == "welcome":
+                        self.heartbeat_s = heartbeat_of(_command_body(kind, command))
+                    elif (body := _command_body(kind, command)) is not None:
                         self.on_command(kind, body)
             except grpc.RpcError as exc:
                 if not self._stop.is_set():
@@ -114,7 +118,7 @@ class ServerLink:
             yield msg.SiteEvent(job_state=json.dumps(body))
         while not self._stop.is_set() and generation == self._generation:
             try:
-                body = self._outbox.get(timeout=HEARTBEAT_S)
+                body = self._outbox.get(timeout=self.heartbeat_s)
             except queue.Empty:
                 yield msg.SiteEvent(heartbeat=json.dumps(
                     {"running_jobs": self.hello().get("running_jobs", [])}))
@@ -130,6 +134,15 @@ class ServerLink:
 
 
 MAX_COMMAND_BYTES = 16 * 1024 * 1024  # a dispatch carries the job's meta.json (bounded too)
+
+
+def heartbeat_of(welcome: dict[str, Any] | None) -> float:
+    """The period the server's welcome asks for, within HEARTBEAT_BOUNDS_S; else the default."""
+    value = (welcome or {}).get("heartbeat_s")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return HEARTBEAT_S
+    low, high = HEARTBEAT_BOUNDS_S
+    return float(min(max(value, low), high))
 
 
 def _command_body(kind: str | None, command: Any) -> dict[str, Any] | None:

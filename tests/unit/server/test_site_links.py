@@ -1,12 +1,15 @@
 """A command too large for one control message is refused before it is queued: the site's link,
-and every other job of the site with it, stays up."""
+and every other job of the site with it, stays up; and a large federation's sites are asked for
+fewer heartbeats."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from atoll.server import site_links
 from atoll.server.site_links import ControlTooLarge, SiteLink
 from atoll.wire.frames import MAX_CONTROL
 
@@ -24,3 +27,43 @@ def test_an_oversized_command_is_refused_and_nothing_is_queued():
         assert link.outbox.get_nowait().WhichOneof("kind") == "abort"
     finally:
         loop.close()
+
+
+def test_a_large_federation_asks_for_fewer_heartbeats_and_waits_longer_for_them():
+    """Each site connecting is asked for a heartbeat every HEARTBEAT_S until BEATS_PER_S would
+    be passed, then less often (at most MAX_HEARTBEAT_S); each link is stale after its own
+    STALE_BEATS periods, never before STALE_S."""
+    links = site_links.SiteLinks()
+    periods = []
+    for n in range(2500):
+        periods.append(links.heartbeat_period())
+        links.attach(SiteLink(f"site-{n}", "org", {}, None, heartbeat_s=periods[-1]))
+    assert periods[0] == periods[998] == site_links.HEARTBEAT_S  # 1,000 sites: every 5 s
+    assert periods[1999] == 10.0 and periods[-1] == 2500 / site_links.BEATS_PER_S
+    # the first thousand connected when few were online: asked again, to a period 12.5 s
+    repaced = links.repace()
+    assert len(repaced) == 2000 and {link.heartbeat_s for link in repaced} == {12.5}
+    assert links.repace() == []  # once: nothing more until the federation grows again
+    beats = sum(1 / link.heartbeat_s for link in links.online().values())
+    assert beats <= site_links.BEATS_PER_S * site_links.REPACE  # what the server takes a second
+    many = site_links.SiteLinks()
+    many._links = {f"s{n}": None for n in range(100_000)}  # only their count matters here
+    assert many.heartbeat_period() == site_links.MAX_HEARTBEAT_S
+    few = site_links.SiteLinks()  # a period is never shortened by a shrinking federation
+    few.attach(SiteLink("s", "o", {}, None, heartbeat_s=50.0))
+    assert few.repace() == [] and few.get("s").heartbeat_s == 50.0
+
+    now = time.monotonic()
+    early, late = links.get("site-0"), links.get("site-2499")
+    early.heartbeat_s = site_links.HEARTBEAT_S
+    early.last_seen = late.last_seen = now - site_links.STALE_S - 1
+    stale = {link.name for link in links.stale()}
+    assert "site-0" in stale and "site-2499" not in stale  # 4 x 12.5 s > STALE_S
+    late.last_seen = now - site_links.STALE_BEATS * late.heartbeat_s - 1
+    assert "site-2499" in {link.name for link in links.stale()}
+
+
+def test_the_control_streams_read_deadline_leaves_liveness_to_the_stale_check():
+    """A site asked for a heartbeat every MAX_HEARTBEAT_S sends nothing for that long: the
+    server's read of its stream (wire/guard.py) must wait longer than any link can be stale."""
+    assert site_links.CONNECT_QUIET_S > site_links.STALE_BEATS * site_links.MAX_HEARTBEAT_S

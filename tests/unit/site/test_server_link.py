@@ -146,3 +146,19 @@ def test_its_first_connection_tells_the_site_once_and_later_ones_do_not():
     link._stop = Waits(3)
     link.run()
     assert len(stub.calls) == 3 and ups == [2]  # the second call was the first to get through
+
+
+@pytest.mark.parametrize(("welcome", "period"), [
+    ({"heartbeat_s": 50.0}, 50.0),  # a large federation's server asks for fewer
+    ({"heartbeat_s": 1e9}, connection.HEARTBEAT_BOUNDS_S[1]),  # the server's word, bounded
+    ({"heartbeat_s": 0.001}, connection.HEARTBEAT_BOUNDS_S[0]),
+    ({"heartbeat_s": "often"}, connection.HEARTBEAT_S),
+    ({"heartbeat_s": True}, connection.HEARTBEAT_S),
+    ({"heartbeat_s": float("nan")}, connection.HEARTBEAT_S),
+    ({}, connection.HEARTBEAT_S),
+])
+def test_the_welcome_sets_the_heartbeat_within_bounds(welcome, period):
+    stub = Stub([(1, [msg.ServerCommand(welcome=json.dumps(welcome))])])
+    link = link_for(stub, waits=1)
+    link.run()
+    assert link.heartbeat_s == period
