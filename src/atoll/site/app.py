@@ -69,8 +69,7 @@ class SiteParent:
         self.server = ServerChannel(kit)
         self.stub = CurrentStub(self.server)
         self.link = ServerLink(self.server.channel, self.server.stub, self._hello,
-                               self._on_command, self.server.address, self.server.redial,
-                               on_up=self._up)
+                               self._on_command, self.server.address, self.server.redial)
         self.supervisor = Supervisor(kit, host=self, link=self.link, server=self.stub,
                                      tokens=self.tokens)
         self._runs_root: Path | None = None  # on first use: it needs site.yaml's model
@@ -138,16 +137,6 @@ class SiteParent:
         if self.local.supervision[2] <= 0 or self.launcher.name == "process":
             return None
         return _dial_identity(self.worker_address, self._endpoint.cert_pem)
-
-    def _up(self) -> None:
-        """Connected for the first time: start what the first job would otherwise wait for,
-        the signature verifier (pki/verifier.py) and the job path's modules
-        (parent/first_job.py)."""
-        from atoll.parent import first_job
-        from atoll.pki import verifier
-
-        verifier.parent_up()
-        first_job.load_soon(first_job.SITE_MODULES, self.local.launcher_name)
 
     def _hello(self) -> dict[str, Any]:
         self._serving.wait()  # no job may arrive before its workers have an endpoint to dial

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from atoll.base.reasons import clip
+from atoll.pki import verifier
 from atoll.wire import messages as msg
 
 log = logging.getLogger("atoll.site.connection")
@@ -30,10 +31,8 @@ _WAKE = object()  # wakes the events of a call that ended, so that they stop tak
 class ServerLink:
     def __init__(self, channel: grpc.Channel, stub, hello: Callable[[], dict[str, Any]],
                  on_command: Callable[[str, dict[str, Any]], None], address: str = "",
-                 redial: Callable[[], tuple[grpc.Channel, Any, str] | None] | None = None,
-                 on_up: Callable[[], None] | None = None):
+                 redial: Callable[[], tuple[grpc.Channel, Any, str] | None] | None = None):
         self.channel = channel
-        self._on_up = on_up  # once, when the link first connects (site/app.py)
         # Asked whenever the server is out of reach: a new channel when the site's kit now
         # names another server (site/server_channel.py), else None.
         self._redial = redial
@@ -71,9 +70,7 @@ class ServerLink:
                         self.connected.set()
                         attempt = 0
                         log.info("connected to the server")
-                        if self._on_up is not None:
-                            self._on_up()
-                            self._on_up = None
+                        verifier.parent_up()  # up: its signature verifier starts now
                     kind = command.WhichOneof("kind")
                     if kind == "welcome":
                         self.heartbeat_s = heartbeat_of(_command_body(kind, command))

@@ -135,19 +135,6 @@ def test_a_command_that_is_not_a_json_object_is_ignored_and_the_link_stays_up(te
     assert got == [("end", {"job_id": "e" * 32})]
 
 
-def test_its_first_connection_tells_the_site_once_and_later_ones_do_not():
-    """`on_up` (site/app.py: the verifier's start, the first job's modules) runs when the first
-    call got through, not while the server is out of reach, and never again on a reconnect."""
-    ups = []
-    stub = Stub([(1, []), (1, [WELCOME]), (1, [WELCOME])])
-    link = ServerLink(channel=None, stub=stub, hello=lambda: dict(HELLO),
-                      on_command=lambda kind, body: None, on_up=lambda: ups.append(len(stub.calls)))
-    link._wait_for_server = lambda: True
-    link._stop = Waits(3)
-    link.run()
-    assert len(stub.calls) == 3 and ups == [2]  # the second call was the first to get through
-
-
 @pytest.mark.parametrize(("welcome", "period"), [
     ({"heartbeat_s": 50.0}, 50.0),  # a large federation's server asks for fewer
     ({"heartbeat_s": 1e9}, connection.HEARTBEAT_BOUNDS_S[1]),  # the server's word, bounded
