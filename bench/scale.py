@@ -267,11 +267,13 @@ class ScaleRun:
         self.result["job_profile"] = str(out)
         return subprocess.Popen(
             # SCALE_PROFILE=native: C frames too (gRPC's core, OpenSSL); py-spy then pauses
-            # the process at each sample, so its CPU figures are not comparable
+            # the process at each sample, so its CPU figures are not comparable.
+            # SCALE_PROFILE=gil: only the thread holding the GIL, where Python's CPU goes (a
+            # thread waiting for the GIL after a SQLite call otherwise counts as busy)
             [str(ROOT / ".venv" / "bin" / "py-spy"), "record", "--pid", str(self.server.pid),
              "--rate", "50", "--format", "raw", "--output", str(out),
-             *(["--native", "--threads"] if os.environ.get("SCALE_PROFILE") == "native"
-               else ["--nonblocking"])],
+             *{"native": ["--native", "--threads"], "gil": ["--gil", "--nonblocking"]}.get(
+                 os.environ.get("SCALE_PROFILE", ""), ["--nonblocking"])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 

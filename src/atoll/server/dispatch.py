@@ -68,11 +68,12 @@ class Dispatch:
             self.live[record.id] = live
         record.state = "DISPATCHED"
         self.store.set_job_state(record.id, "DISPATCHED")
-        for site, reason in skipped.items():
-            self.store.set_part_state(record.id, site, "FINISHED:FAILED", reason)
+        # all stored before any is sent: a site's STARTING never lands under its DISPATCHED
+        self.store.set_part_states(record.id, {
+            **{site: ("FINISHED:FAILED", reason) for site, reason in skipped.items()},
+            **{site: ("DISPATCHED", "") for site in sites}})
         body = dispatch_body(record)
         for site in sites:
-            self.store.set_part_state(record.id, site, "DISPATCHED")
             try:
                 self.links.send(site, "dispatch", body)
             except ControlTooLarge as exc:  # intake bounds the meta: only a bug gets here

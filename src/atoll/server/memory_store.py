@@ -80,12 +80,17 @@ class MemoryStore:
         self._bump()
 
     def set_part_state(self, job_id: str, participant: str, state: str, reason: str = "") -> None:
+        self.set_part_states(job_id, {participant: (state, reason)})
+
+    def set_part_states(self, job_id: str, parts: dict[str, tuple[str, str]]) -> None:
+        now = time.time()
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None:
-                if job.parts.get(participant) != (state, reason):
-                    self._history.append((job_id, time.time(), participant, state, reason))
-                job.parts[participant] = (state, reason)
+                for participant, (state, reason) in parts.items():
+                    if job.parts.get(participant) != (state, reason):
+                        self._history.append((job_id, now, participant, state, reason))
+                    job.parts[participant] = (state, reason)
         self._bump()
 
     def part_history(self, job_id: str) -> list[dict[str, Any]]:

@@ -46,7 +46,9 @@ class ServerRevocations:
         self.store.load()
         self.links, self.audit_store = links, store
         self._lock = threading.Lock()
-        self._serials: dict[int, tuple[Any, int]] = {}  # id(link) -> (link, its serial)
+        # site -> (its newest control link, that link's serial): one entry per site, so a
+        # connection is watched in constant work (10,000 sites connect at once)
+        self._serials: dict[str, tuple[Any, int]] = {}
         # a newer list is in force: end the jobs it revokes; the ids of those ended
         self.on_change: Callable[[RevocationList], list[str]] | None = None
 
@@ -80,8 +82,8 @@ class ServerRevocations:
             link.close()
             return
         with self._lock:
-            self._serials = {k: v for k, v in self._serials.items() if not v[0].closed.is_set()}
-            self._serials[id(link)] = (link, serial)
+            if not link.closed.is_set():  # an older link starting late never hides the live one
+                self._serials[link.name] = (link, serial)
             held = self.current
         if serial in held.entries:  # revoked between its admission and now
             link.close()

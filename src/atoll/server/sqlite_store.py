@@ -132,20 +132,33 @@ class SqliteStore:
                    (state, reason, time.time(), job_id))
 
     def set_part_state(self, job_id: str, participant: str, state: str, reason: str = "") -> None:
+        self.set_part_states(job_id, {participant: (state, reason)})
+
+    def set_part_states(self, job_id: str, parts: dict[str, tuple[str, str]]) -> None:
         now = time.time()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                before = self._db.execute(
-                    "SELECT state, reason FROM parts WHERE job_id=? AND participant=?",
-                    (job_id, participant)).fetchone()
-                self._db.execute(
+                if len(parts) == 1:
+                    (name,) = parts
+                    rows = self._db.execute(
+                        "SELECT participant, state, reason FROM parts WHERE job_id=? AND "
+                        "participant=?", (job_id, name)).fetchall()
+                else:
+                    rows = self._db.execute(
+                        "SELECT participant, state, reason FROM parts WHERE job_id=?",
+                        (job_id,)).fetchall()
+                before = {r[0]: (r[1], r[2]) for r in rows}
+                self._db.executemany(
                     "INSERT INTO parts VALUES (?,?,?,?,?) ON CONFLICT(job_id, participant) DO "
                     "UPDATE SET state=excluded.state, reason=excluded.reason, "
-                    "updated=excluded.updated", (job_id, participant, state, reason, now))
-                if before is None or (before["state"], before["reason"]) != (state, reason):
-                    self._db.execute("INSERT INTO part_states VALUES (?,?,?,?,?)",
-                                     (job_id, now, participant, state, reason))
+                    "updated=excluded.updated",
+                    [(job_id, name, state, reason, now)
+                     for name, (state, reason) in parts.items()])
+                self._db.executemany(
+                    "INSERT INTO part_states VALUES (?,?,?,?,?)",
+                    [(job_id, now, name, state, reason) for name, (state, reason) in parts.items()
+                     if before.get(name) != (state, reason)])
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

@@ -75,6 +75,11 @@ class Store(Protocol):
         """The part's state now; a change of its state or reason is kept in its history."""
         ...
 
+    def set_part_states(self, job_id: str, parts: dict[str, tuple[str, str]]) -> None:
+        """``set_part_state`` for many parts at once (``{part: (state, reason)}``): one write
+        for the 10,000 sites a job is dispatched to."""
+        ...
+
     def part_history(self, job_id: str) -> list[dict[str, Any]]:
         """Every change of each part's state, in time order, from SUBMITTED at the job's
         intake: ``{"at", "part", "state", "reason"}``, ``at`` the server's time of the change."""

@@ -124,3 +124,48 @@ def test_the_auth_gate_refuses_a_revoked_caller_on_every_call(gate, tmp_path, mo
         assert check_peer(Caller(OTHER_PEM, "other@a.org"), "admin").name == "other@a.org"
     finally:
         store.close()
+
+
+class CountingEvent(threading.Event):
+    """A link's `closed`, counting how often the gate looks at it."""
+
+    looks = 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return super().is_set()
+
+
+def test_a_connecting_site_does_not_make_the_gate_look_at_every_other_link(gate):
+    # 10,000 sites connecting: a walk over every watched link per connection was 50 million
+    # looks on the server's event loop. Each connection is watched in constant work.
+    first = Link("site-0")
+    first.closed = CountingEvent()
+    gate.on_connect(first, Context(SITE_A))
+    for n in range(1, 300):
+        gate.on_connect(Link(f"site-{n}"), Context(SITE_B))
+    assert first.closed.looks <= 2
+
+
+def test_a_reconnected_site_is_watched_on_its_newest_link_only(gate):
+    links = []
+    for _ in range(50):  # the site reconnects: each new link replaces (and closes) the last
+        if links:
+            links[-1].close()
+        links.append(Link("site-a"))
+        gate.on_connect(links[-1], Context(SITE_A))
+    b = Link("site-b")
+    gate.on_connect(b, Context(SITE_B))
+    assert len(gate._serials) == 2  # one per site, however often it reconnected
+    out = gate.push(ADMIN, "default", {"crl": _crl(SITE_A)})
+    assert out["sites_dropped"] == ["site-a"]
+    assert links[-1].closed.is_set() and b.sent == [("revocations", 1)]
+
+
+def test_a_link_closed_before_it_is_watched_does_not_hide_the_sites_live_one(gate):
+    live, old = Link("site-a"), Link("site-a")
+    gate.on_connect(live, Context(SITE_A))
+    old.close()  # an older link's late start: already replaced
+    gate.on_connect(old, Context(SITE_A))
+    gate.push(ADMIN, "default", {"crl": _crl(SITE_A)})
+    assert live.closed.is_set()

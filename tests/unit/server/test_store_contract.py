@@ -77,6 +77,23 @@ def test_each_parts_state_changes_are_kept_with_the_servers_time(store):
     assert store.part_history("a") == [] and len(store.part_history("b")) == 3
 
 
+def test_many_parts_change_in_one_write_and_only_changes_are_kept(store):
+    _add(store, "a", parts=("server", "site-a", "site-b"))
+    store.set_part_state("a", "site-a", "DISPATCHED")
+    store.set_part_states("a", {"site-a": ("DISPATCHED", ""), "site-b": ("DISPATCHED", ""),
+                                "site-c": ("FINISHED:FAILED", "offline")})
+    assert store.get_job("a").parts == {
+        "server": {"state": "SUBMITTED", "reason": ""},
+        "site-a": {"state": "DISPATCHED", "reason": ""},
+        "site-b": {"state": "DISPATCHED", "reason": ""},
+        "site-c": {"state": "FINISHED:FAILED", "reason": "offline"}}
+    changes = [(h["part"], h["state"]) for h in store.part_history("a")
+               if h["state"] != "SUBMITTED"]
+    # site-a's second DISPATCHED is not a change
+    assert sorted(changes) == [("site-a", "DISPATCHED"), ("site-b", "DISPATCHED"),
+                               ("site-c", "FINISHED:FAILED")]
+
+
 def test_a_job_kept_before_the_history_shows_each_parts_state_since_its_last_change(tmp_path):
     store = SqliteStore(tmp_path / "atoll.db")
     _add(store, "a")
