@@ -125,7 +125,10 @@ class JobManager(Dispatch, ServerWorkerLaunch, Lifecycle):
 
 
 def job_summary(record: JobRecord) -> dict[str, Any]:
+    """The record as a status shows it: a copy, never the record's own dicts. (Not through
+    JSON and back: at 10,000 sites that took 13 ms of every status call.)"""
     out = record.summary()
-    out["deploy_map"] = record.meta.get("deploy_map")
-    return json.loads(json.dumps(out))
+    out["parts"] = {name: dict(part) for name, part in record.parts.items()}
+    out["deploy_map"] = json.loads(json.dumps(record.meta.get("deploy_map")))
+    return out
 
