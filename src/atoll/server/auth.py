@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import hashlib
 import logging
 import threading
@@ -51,6 +52,13 @@ class PeerRefused(AtollError):
     def __init__(self, code: grpc.StatusCode, details: str):
         super().__init__(details)
         self.code, self.details = code, details
+
+
+# The caller a Gate admitted, with the call (its context) it admitted it for. A handler on the
+# event loop runs in the task its admission ran in (gRPC starts a task per call), so it takes
+# the caller from here instead of reading and checking the certificate a second time.
+_ADMITTED: contextvars.ContextVar[tuple[object, Identity] | None] = contextvars.ContextVar(
+    "atoll_admitted", default=None)
 
 
 @lru_cache(maxsize=1024)
@@ -113,7 +121,11 @@ def peer_identity(context: grpc.ServicerContext, kind: str) -> Identity:
 
 
 async def peer_identity_async(context, kind: str) -> Identity:
-    """check_peer for a handler on the event loop (whose context.abort is a coroutine)."""
+    """check_peer for a handler on the event loop (whose context.abort is a coroutine); the
+    caller its Gate admitted for this very call, if it did."""
+    admitted = _ADMITTED.get()
+    if admitted is not None and admitted[0] is context and admitted[1].kind == kind:
+        return admitted[1]
     try:
         return check_peer(context, kind)
     except PeerRefused as exc:
@@ -251,10 +263,12 @@ class Gate:
     async def admit(self, context, method: str) -> Callable[[], None]:
         """enter() for wire/guard.py: a refused call is aborted."""
         try:
-            return self.enter(context, method)[1]
+            who, release = self.enter(context, method)
         except PeerRefused as exc:
             await context.abort(exc.code, exc.details)
             raise
+        _ADMITTED.set((context, who))
+        return release
 
     def open_calls(self, kind: str, name: str) -> int:
         with self._lock:

@@ -113,3 +113,55 @@ def test_session_tokens_are_checked_for_their_user(tmp_path):
     expired = signer.check(signer.issue("lead@a", "alpha", ttl_s=-10), "lead@a")
     assert expired is not None and expired.expired
     assert signer.verify(signer.issue("lead@a", "alpha", ttl_s=-10), "lead@a") is None
+
+
+class CountingContext(Context):
+    reads = 0
+
+    def auth_context(self):
+        self.reads += 1
+        return super().auth_context()
+
+
+def test_a_handler_takes_its_caller_from_the_gate_that_admitted_its_call(store):
+    # The certificate is read and checked once per call, at admission, not again by the
+    # handler: at 10,000 sites every call's second check was server CPU spent twice.
+    import asyncio
+
+    from atoll.server.auth import peer_identity_async
+
+    gate = Gate("Federation", "site", store, _limits(calls=10))
+    call, other_call = CountingContext("site-1", "site"), CountingContext("site-2", "site")
+
+    async def one_call():
+        release = await gate.admit(call, "PullTask")
+        try:
+            who = await peer_identity_async(call, "site")
+            # another call's context in this task is checked in full: never this caller
+            other = await peer_identity_async(other_call, "site")
+        finally:
+            release()
+        return who, other
+
+    who, other = asyncio.run(one_call())
+    assert (who.name, other.name) == ("site-1", "site-2")
+    assert (call.reads, other_call.reads) == (1, 1)
+
+
+def test_a_call_that_was_not_admitted_is_checked_in_full(store):
+    import asyncio
+
+    from atoll.server.auth import peer_identity_async
+
+    gate = Gate("Federation", "site", store, _limits(calls=10))
+    call = CountingContext("site-1", "site")
+
+    async def admitted_elsewhere():  # a task of its own, as gRPC starts one per call
+        await gate.admit(call, "PullTask")
+
+    async def main():
+        await asyncio.create_task(admitted_elsewhere())
+        return await peer_identity_async(call, "site")
+
+    assert asyncio.run(main()).name == "site-1"
+    assert call.reads == 2  # the admission's task kept its caller to itself
