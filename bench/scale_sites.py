@@ -2,11 +2,11 @@
 
 Each simulated site is what a site parent looks like to the server, without a parent process,
 a launcher or a worker: its own mutual-TLS channel with its own certificate (issued by the
-project's CA), the `Federation.Connect` control stream with hello and a heartbeat as often as the server's
-welcome asks (site/connection.py's rule),
-and, when a job is dispatched to it, the same calls a site parent and its worker make: fetch the
-app (`FetchJob`), report STARTING and RUNNING, then `PullTask` -> `PushReply` (the payload echoed
-back) until the task stream says end, then FINISHED:COMPLETED. All sites of a process share one
+project's CA), the `Federation.Connect` control stream with hello and a heartbeat as often as
+the server's welcome asks (site/connection.py's rule), and, when a job is dispatched to it, the
+same calls a site parent and its worker make: fetch the app (`FetchJob`), report STARTING and
+RUNNING, then `PullTask` -> `PushReply` (the payload echoed back) until the task stream says
+end, then FINISHED:COMPLETED. All sites of a process share one
 asyncio event loop (grpc.aio), so a thousand of them fit in a few processes.
 
     .venv/bin/python -m bench.scale_sites MANIFEST.json --first 0 --count 500 --events OUT.jsonl

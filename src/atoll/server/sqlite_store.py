@@ -190,8 +190,9 @@ class SqliteStore:
         if not rows:
             return None
         job = self._record(rows[0])
-        job.parts = {name: {"state": state, "reason": reason} for name, state, reason in self._tuples(
-            "SELECT participant, state, reason FROM parts WHERE job_id=?", (job_id,))}
+        parts = self._tuples("SELECT participant, state, reason FROM parts WHERE job_id=?",
+                             (job_id,))
+        job.parts = {name: {"state": state, "reason": reason} for name, state, reason in parts}
         return job
 
     def list_jobs(self, study: str | None = None, states: Iterable[str] | None = None,
