@@ -5,8 +5,9 @@ a launcher or a worker: its own mutual-TLS channel with its own certificate (iss
 project's CA), the `Federation.Connect` control stream with hello and a heartbeat as often as
 the server's welcome asks (site/connection.py's rule), and, when a job is dispatched to it, the
 same calls a site parent and its worker make: fetch the app (`FetchJob`), report STARTING and
-RUNNING, then `PullTask` -> `PushReply` (the payload echoed back) until the task stream says
-end, then FINISHED:COMPLETED. All sites of a process share one
+RUNNING, then on one `Tasks` call (site/task_stream.py) a pull, the reply (the payload echoed
+back), a pull... until the server says end, then FINISHED:COMPLETED. SCALE_TASKS=calls makes
+each pull and reply a call of its own (`PullTask`, `PushReply`), as site parents did before. All sites of a process share one
 asyncio event loop (grpc.aio), so a thousand of them fit in a few processes.
 
     .venv/bin/python -m bench.scale_sites MANIFEST.json --first 0 --count 500 --events OUT.jsonl
@@ -38,6 +39,7 @@ from atoll.wire import messages as msg
 from atoll.wire.grpc_setup import OPTIONS
 
 PULL_WAIT_S = 30.0
+TASKS = os.environ.get("SCALE_TASKS", "stream")  # or "calls": a call per pull and per reply
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 NICE = 10
 
@@ -124,7 +126,9 @@ class SimSite:
                 pass  # the app zip: a real site unpacks it for its worker
             self._state(job_id, "STARTING", "simulated worker")
             self._state(job_id, "RUNNING", "simulated worker connected")
-            while True:
+            if TASKS == "stream":
+                await self._tasks(job_id)
+            while TASKS != "stream":
                 head, data = await self._pull(job_id)
                 if head.get("end"):
                     break
@@ -142,6 +146,34 @@ class SimSite:
             self._state(job_id, "FINISHED:FAILED", f"{exc.code().name}: {exc.details()}")
         finally:
             self.jobs.pop(job_id, None)
+
+    async def _tasks(self, job_id: str) -> None:
+        """Pull and reply on one call for the whole job."""
+        call = self.stub.Tasks()
+        await call.write(frames.header({"job_id": job_id}))
+        while True:
+            await call.write(frames.header({"pull": PULL_WAIT_S}))
+            head = frames.read_header(await call.read())
+            if head.get("end"):
+                break
+            if head.get("none"):
+                continue
+            data = []
+            while frames.is_data(raw := await call.read()):
+                data.append(raw)  # up to the task's {done}
+            round_ = (head.get("headers") or {}).get("round")
+            self.record("task", job_id, round_)
+            async for raw in _reply_frames(job_id, head, data):
+                if frames.is_data(raw):
+                    await call.write(raw)
+                else:  # the reply's header, on this call without its job id
+                    reply = frames.read_header(raw)
+                    reply.pop("job_id")
+                    await call.write(frames.header({"reply": reply}))
+            await call.write(frames.header({"sent": True}))
+            await call.read()  # {ack}
+            self.record("reply", job_id, round_)
+        await call.done_writing()
 
     async def _pull(self, job_id: str) -> tuple[dict[str, Any], list[bytes]]:
         assert self.stub is not None

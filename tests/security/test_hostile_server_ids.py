@@ -122,7 +122,10 @@ class HostileServer:
         yield from frames.file_frames(path)
 
     def PullTask(self, request, context):
-        pending = self.tasks.get(request.job_id) or []
+        yield from self._task(request.job_id)
+
+    def _task(self, job_id: str):
+        pending = self.tasks.get(job_id) or []
         if not pending:
             yield frames.header({"end": True})
             return
@@ -136,6 +139,24 @@ class HostileServer:
             pass
         self.replies.append(head)
         return msg.Json(body="{}")
+
+    def Tasks(self, request_iterator, context):
+        """The same tasks on a site's task stream (site/task_stream.py)."""
+        requests = iter(request_iterator)
+        job_id = frames.read_header(next(requests))["job_id"]
+        for raw in requests:
+            head = frames.read_header(raw)
+            if "pull" in head:
+                sent = list(self._task(job_id))
+                yield from sent
+                if len(sent) == 1:  # {end}
+                    return
+                yield frames.header({"done": True})
+            else:  # a reply: its data up to {sent}
+                while frames.is_data(next(requests)):
+                    pass
+                self.replies.append({**head["reply"], "job_id": job_id})
+                yield frames.header({"ack": {}})
 
     def Report(self, request, context):
         return msg.Json(body="{}")

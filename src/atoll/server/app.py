@@ -27,7 +27,7 @@ from atoll.parent.worker_endpoint import WorkerTokens, start_worker_endpoint
 from atoll.pki.kit import Kit
 from atoll.pki.tls import server_credentials
 from atoll.server.admin_service import AdminService
-from atoll.server.federation_service import FederationService
+from atoll.server.federation_service import TASKS_QUIET_S, FederationService
 from atoll.server.job_signing import SubmissionCheck
 from atoll.server.jobs import JobManager
 from atoll.server.provenance import ServerProvenance
@@ -146,9 +146,11 @@ class ServerParent:
             ops={**_study_ops(self.studies, self.store, self.kit.ca, self.revocations),
                  **self.revocations.ops()})
         # A site's control stream is as quiet as its heartbeat period (site_links.py): its
-        # liveness is the stale-link check's (four of its periods), not a 30 s read deadline.
+        # liveness is the stale-link check's (four of its periods), not a 30 s read deadline;
+        # a job's task stream, as quiet as its site's training between a task and its reply.
         server.serve("Federation", federation, federation.admit,
-                     deadlines={"Connect": Deadlines(next_s=CONNECT_QUIET_S)})
+                     deadlines={"Connect": Deadlines(next_s=CONNECT_QUIET_S),
+                                "Tasks": Deadlines(next_s=TASKS_QUIET_S)})
         server.serve("Admin", admin, admin.admit)
         self.port = server.add_secure_port(self.kit.listen_address, server_credentials(self.kit))
         if self.port == 0:

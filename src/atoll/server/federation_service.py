@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
@@ -35,12 +35,17 @@ from atoll.spec.names import IdentifierError, check_job_id, check_task_id
 from atoll.wire import frames
 from atoll.wire import messages as msg
 from atoll.wire.bodies import Heartbeat, Hello, JobState, SiteReport
-from atoll.wire.guard import Stalled
+from atoll.wire.guard import Deadlines, Stalled
 
 if TYPE_CHECKING:
     from atoll.server.store import Store
 
 log = logging.getLogger("atoll.server.federation")
+
+# A Tasks call is quiet while its site trains on a task, for as long as a round takes; inside a
+# reply, each frame comes within a stream's usual deadline.
+TASKS_QUIET_S = 7 * 24 * 3600.0
+REPLY_FRAME_S = Deadlines().next_s
 
 
 class SiteRegistry(Protocol):
@@ -149,39 +154,76 @@ class FederationService:
     async def PullTask(self, request, context):
         site = (await peer_identity_async(context, "site")).name
         await _checked_id(context, request.job_id)
-        live = self.jobs.running_at(request.job_id, site)
+        head, data = await self._next_task(context, site, request.job_id, request.wait_s)
+        yield frames.header(head)
+        if data is not None:
+            async for raw in data:
+                yield raw
+
+    async def PushReply(self, request_iterator, context):
+        site = (await peer_identity_async(context, "site")).name
+        stream = request_iterator.__aiter__()
+        head = await _first_header(context, stream)
+        answer = await self._take_reply(context, site, head, stream)
+        return msg.Json(body=json.dumps(answer))
+
+    async def Tasks(self, request_iterator, context):
+        """One job's tasks and replies for the calling site, on one call for the job's life
+        rather than two calls a round (issue 40: the calls, not the bytes, are the server's cost
+        at 10,000 sites). The site sends {job_id}, then in turn {pull: wait_s}, answered as
+        PullTask answers and a task's data closed by {done}; or {reply: {task_id, headers}},
+        the reply's data and {sent: true}, answered by {ack: ...} as PushReply answers."""
+        site = (await peer_identity_async(context, "site")).name
+        stream = request_iterator.__aiter__()
+        job_id = (await _first_header(context, stream)).get("job_id")
+        await _checked_id(context, job_id)
+        async for raw in stream:  # quiet while the site trains: TASKS_QUIET_S (app.py)
+            head = await _header(context, raw)
+            if "pull" in head:
+                task, data = await self._next_task(context, site, job_id, head["pull"])
+                yield frames.header(task)
+                if data is not None:
+                    async for out in data:
+                        yield out
+                    yield frames.header({"done": True})
+                if task.get("end"):
+                    return
+            elif isinstance(head.get("reply"), dict):
+                reply = head["reply"]
+                answer = await self._take_reply(
+                    context, site,
+                    {"job_id": job_id, "task_id": reply.get("task_id"),
+                     "headers": reply.get("headers")},
+                    _reply_data(stream))
+                yield frames.header({"ack": answer})
+            else:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    "expected {pull: seconds} or {reply: {task_id, headers}}")
+
+    async def _next_task(self, context, site: str, job_id: str, wait_s: Any
+                         ) -> tuple[dict[str, Any], AsyncIterator[bytes] | None]:
+        """The header of the site's next task and its data frames; or {end} or {none} (after
+        wait_s, at most 30 s) with no data."""
+        live = self.jobs.running_at(job_id, site)
         if live is None:
-            yield frames.header({"end": True})
-            return
-        wait_s = request.wait_s if math.isfinite(request.wait_s) else 0.0
+            return {"end": True}, None
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) \
+                or not math.isfinite(wait_s):
+            wait_s = 0.0
         try:
             entry = await live.relay.wait_task(site, min(max(wait_s, 0.0), 30.0))
         except RelayError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if entry is END:
-            yield frames.header({"end": True})
-            return
+            return {"end": True}, None
         if entry is None:
-            yield frames.header({"none": True})
-            return
-        yield frames.header({"task_id": entry.task_id, "topic": entry.topic,
-                             "headers": entry.headers})
-        try:
-            async for raw in entry.spool.aread(site):
-                yield raw
-        except SpoolError as exc:
-            await context.abort(grpc.StatusCode.ABORTED, f"task {entry.task_id} broke off: {exc}")
+            return {"none": True}, None
+        return ({"task_id": entry.task_id, "topic": entry.topic, "headers": entry.headers},
+                _spooled(context, entry, site))
 
-    async def PushReply(self, request_iterator, context):
-        site = (await peer_identity_async(context, "site")).name
-        stream = request_iterator.__aiter__()
-        try:
-            head = frames.read_header(await stream.__anext__())
-        except StopAsyncIteration:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "empty stream: expected a header frame")
-        except frames.FrameError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    async def _take_reply(self, context, site: str, head: dict[str, Any],
+                          data: AsyncIterator[bytes]) -> dict[str, Any]:
+        """One reply of the site's: head {job_id, task_id, headers}, then its data frames."""
         job_id, headers = head.get("job_id"), head.get("headers") or {}
         await _checked_id(context, job_id)
         await _checked_id(context, head.get("task_id"), check_task_id, "task_id")
@@ -190,15 +232,15 @@ class FederationService:
                                 "the reply's headers must be a JSON object")
         live = await _mapped(context, _now(site_ops.running, self.jobs, job_id, site))
         if live.relay.stale(head["task_id"]):  # to the run a server restart interrupted:
-            async for _ in stream:  # read and dropped; the site gets the task again
+            async for _ in data:  # read and dropped; the site gets the task again
                 pass
-            return msg.Json(body=json.dumps({"stale": True}))
+            return {"stale": True}
         try:
             reply = live.relay.open_reply(site, head["task_id"], headers)
         except RelayError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         try:
-            async for raw in stream:
+            async for raw in data:
                 reply.append(frames.data_only(raw))
         except frames.FrameError as exc:
             reply.abandon()
@@ -207,7 +249,7 @@ class FederationService:
             reply.abandon()
             raise
         reply.commit()
-        return msg.Json(body="{}")
+        return {}
 
     async def Report(self, request, context):
         site = (await peer_identity_async(context, "site")).name
@@ -215,6 +257,53 @@ class FederationService:
         await _mapped(context, asyncio.get_running_loop().run_in_executor(
             None, site_ops.report, self.store, self.jobs, site, body))
         return msg.Json(body="{}")
+
+
+async def _spooled(context, entry, site: str) -> AsyncIterator[bytes]:
+    """A task's data frames from its spool, as the site reads them."""
+    try:
+        async for raw in entry.spool.aread(site):
+            yield raw
+    except SpoolError as exc:
+        await context.abort(grpc.StatusCode.ABORTED, f"task {entry.task_id} broke off: {exc}")
+
+
+async def _reply_data(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A reply's data frames on a Tasks call, up to its {sent: true}; each within the read
+    deadline of a stream's next message, whatever the call's quiet deadline between tasks."""
+    while True:
+        try:
+            async with asyncio.timeout(REPLY_FRAME_S):
+                raw = await stream.__anext__()
+        except StopAsyncIteration:
+            raise frames.FrameError("the call ended inside a reply: expected {sent: true}") \
+                from None
+        except TimeoutError:
+            raise Stalled(f"the server received nothing for {REPLY_FRAME_S:g} s inside a "
+                          "reply; send it without pausing") from None
+        if frames.is_data(raw):
+            yield raw
+        elif frames.read_header(raw) == {"sent": True}:
+            return
+        else:
+            raise frames.FrameError("a reply's data must end with {sent: true}")
+
+
+async def _first_header(context, stream: AsyncIterator[bytes]) -> dict[str, Any]:
+    try:
+        raw = await stream.__anext__()
+    except StopAsyncIteration:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            "empty stream: expected a header frame")
+    return await _header(context, raw)
+
+
+async def _header(context, raw: bytes) -> dict[str, Any]:
+    """raw's header (a JSON object), or INVALID_ARGUMENT."""
+    try:
+        return frames.read_header(raw)
+    except frames.FrameError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 async def _now(call: Callable[..., Any], *args: Any) -> Any:

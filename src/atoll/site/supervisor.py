@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from atoll.pki.job_signature import Signed
     from atoll.pki.kit import Kit
     from atoll.site.job_acceptance import Accepted
+    from atoll.site.task_stream import TaskStream
     from atoll.spec.meta import JobMeta
     from atoll.spec.resources import Resources
     from atoll.spec.study_runtime import StudyEntry, StudyRuntime
@@ -88,6 +89,7 @@ class SiteJob:
     aborting: str | None = None
     report: tuple[bool, str] | None = None
     handoff: HandoffDir | None = None  # made when its worker registers (site/worker_backend.py)
+    tasks: TaskStream | None = None  # its call for tasks and replies, from its first pull
     # The parent's own copy of the app, served to a worker that asks (FetchApp). Outside the run
     # folder: what the job can write there (a link in place of app.zip) is never served.
     app_zip: Path | None = None
@@ -522,6 +524,8 @@ class Supervisor:
             self.parts.ended(job_id)
         if job is not None and job.app_zip is not None:
             job.app_zip.unlink(missing_ok=True)
+        if job is not None and job.tasks is not None:
+            job.tasks.close()
         if job is not None and job.handoff is not None:
             import shutil
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 
 from atoll.parent.worker_endpoint import BackendError
+from atoll.site.task_stream import TaskCalls, TaskStream
 from atoll.spec.errors import AtollError
 from atoll.spec.names import IdentifierError, check_round, check_task_id, check_task_name
 from atoll.wire import frames
@@ -44,12 +46,8 @@ class SiteJobs(Protocol):
     def job(self, job_id: str) -> SiteJob | None: ...
 
 
-class ServerCalls(Protocol):
+class ServerCalls(TaskCalls, Protocol):
     """The calls a worker's traffic takes to the server (the parent's Federation stub)."""
-
-    def PullTask(self, request: Any, timeout: float | None = None) -> Iterator[bytes]: ...
-
-    def PushReply(self, request_iterator: Iterator[bytes]) -> Any: ...
 
     def Report(self, request: Any) -> Any: ...
 
@@ -70,6 +68,7 @@ class SiteWorkerBackend:
         self.link = link  # a worker's registration is its job's RUNNING
         self.server = server
         self.host = host  # whether workers share this host: tasks and replies go as files
+        self._lock = threading.Lock()
 
     def _job(self, job_id: str, progress: bool = True) -> SiteJob:
         job = self.jobs.job(job_id)
@@ -105,9 +104,7 @@ class SiteWorkerBackend:
             yield frames.header({"end": True})
             return
         try:
-            stream = self.server.PullTask(
-                msg.PullRequest(job_id=job_id, wait_s=min(max(wait_s, 0.0), 30.0)),
-                timeout=max(wait_s, 0.0) + 600)
+            stream = self._tasks(job).pull(min(max(wait_s, 0.0), 30.0))
             if as_files and job.handoff is not None:
                 yield from _as_file(iter(stream), job.handoff, job)
             else:
@@ -123,7 +120,7 @@ class SiteWorkerBackend:
         except IdentifierError as exc:  # the server's header, refused before the worker sees it
             raise BackendError(f"the server sent a task this site refuses: {exc}") from None
         except (frames.FrameError, OSError) as exc:  # a bad stream, or no room for its file
-            raise BackendError(f"the task could not be handed over as a file: {exc}") from None
+            raise BackendError(f"the task could not be handed over: {exc}") from None
 
     def send_reply(self, job_id: str, head: dict[str, Any], chunks: frames.Payload) -> dict:
         job = self._job(job_id)
@@ -138,22 +135,29 @@ class SiteWorkerBackend:
         data = payload_of(head, chunks, job.handoff)
 
         def relay() -> Iterator[bytes]:
-            yield frames.header(upstream)
             for frame in data:  # forwarded as received: no copy here
                 _progressed(job)
                 yield frame
 
         try:
-            answer = self.server.PushReply(relay())
+            return self._tasks(job).reply(upstream, relay())
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:  # the server is restarting: a job
                 log.warning("job %s: the server was unreachable; the reply to %s is lost (a "
                             "resumed job sends the task again)", job_id, task_id)
                 return {"lost": True}
             raise BackendError(f"the server refused the reply: {exc.details()}") from None
+        except frames.FrameError as exc:  # the server's answer out of its shape
+            raise BackendError(f"the server's answer to the reply is refused: {exc}") from None
         finally:
             job.progress = None  # replied: it holds no task until the next hand-over
-        return json.loads(answer.body or "{}")
+
+    def _tasks(self, job: SiteJob) -> TaskStream:
+        """The job's task stream to the server, made at its first use."""
+        with self._lock:
+            if job.tasks is None:
+                job.tasks = TaskStream(self.server, job.job_id)
+            return job.tasks
 
     def send_task(self, job_id, head, chunks):
         raise BackendError("a site worker cannot send tasks; the server worker runs the workflow")

@@ -144,6 +144,11 @@ class Payload:
             yield memoryview(raw)[start:]
 
 
+def is_data(raw: bytes | memoryview) -> bool:
+    """Whether raw is a data frame (else a header; FrameError if it is neither)."""
+    return _parse(raw)[0] == DATA_TAG
+
+
 def data_only(raw: bytes) -> bytes:
     """raw itself, if it is a data frame: what may follow a payload's header."""
     if _parse(raw)[0] != DATA_TAG:

@@ -25,6 +25,7 @@ SERVICES: dict[str, dict[str, tuple[str, str, bool, bool]]] = {
         "FetchJob": ("JobRef", RAW, False, True),
         "PullTask": ("PullRequest", RAW, False, True),
         "PushReply": (RAW, "Json", True, False),
+        "Tasks": (RAW, RAW, True, True),  # one job's pulls and replies on one call
         "Report": ("Json", "Json", False, False),
     },
     "Admin": {

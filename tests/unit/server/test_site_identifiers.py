@@ -121,3 +121,54 @@ def test_a_report_naming_a_crafted_job_id_is_refused_before_any_lookup(bad):
     body = json.dumps({"job_id": "j1", "event": {"kind": "progress"}})
     ok = _refusal(_service(jobs).Report(msg.Json(body=body), SiteCall()))
     assert ok.code == grpc.StatusCode.NOT_FOUND and jobs.asked == [("j1", "site-1")]
+
+
+# -- the same on a site's task stream (Federation.Tasks) -----------------------------------------
+async def _drain(handler) -> list[bytes]:
+    return [raw async for raw in handler]
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "x" * 65, 7, None])
+def test_a_task_stream_for_a_crafted_job_id_is_refused_before_any_lookup(bad):
+    import grpc
+
+    from atoll.wire import frames
+
+    jobs = Jobs()
+    opened = frames.header({"job_id": bad})
+    pull = frames.header({"pull": 1})
+    refused = _refusal(_drain(_service(jobs).Tasks(_frames(opened, pull), SiteCall())))
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT and "job_id" in refused.details
+    assert jobs.asked == []
+    # the control: a job id of its grammar is looked up, and a job not running here ends
+    sent = __import__("asyncio").run(_drain(_service(jobs).Tasks(
+        _frames(frames.header({"job_id": "j1"}), pull), SiteCall())))
+    assert [frames.read_header(raw) for raw in sent] == [{"end": True}]
+    assert jobs.asked == [("j1", "site-1")]
+
+
+@pytest.mark.parametrize("reply", [{"task_id": "../t"}, {"task_id": 7},
+                                   {"task_id": "t1", "headers": [1]}])
+def test_a_reply_on_a_task_stream_out_of_its_grammar_is_refused_before_any_lookup(reply):
+    import grpc
+
+    from atoll.wire import frames
+
+    jobs = Jobs()
+    sent = _frames(frames.header({"job_id": "j1"}), frames.header({"reply": reply}),
+                   frames.data(b"x"), frames.header({"sent": True}))
+    refused = _refusal(_drain(_service(jobs).Tasks(sent, SiteCall())))
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT, refused.details
+    assert jobs.asked == []
+
+
+@pytest.mark.parametrize("op", [{}, {"reply": "t1"}, {"push": 1}])
+def test_a_task_stream_operation_that_is_neither_pull_nor_reply_is_refused(op):
+    import grpc
+
+    from atoll.wire import frames
+
+    sent = _frames(frames.header({"job_id": "j1"}), frames.header(op))
+    refused = _refusal(_drain(_service(Jobs()).Tasks(sent, SiteCall())))
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "pull" in refused.details and "reply" in refused.details

@@ -1,0 +1,151 @@
+"""One job's tasks and replies on one long-lived call to the server (`Federation.Tasks`).
+
+A site parent relayed each of its worker's pulls and replies as a call of its own: two calls a
+round. At 10,000 sites it is the calls, not the bytes, that cost the server (issue 40), so a
+job's pulls and replies share one call, opened at the first pull and closed when the job ends
+here. The frames a pull yields and a reply sends are those of `PullTask` and `PushReply`: the
+site checks them the same way (site/worker_backend.py).
+
+The stream serves one operation at a time. A second that comes while one holds it (a worker
+that pulls on one thread and replies on another) goes as a call of its own, as before. An
+operation that breaks off leaves the stream in an unknown place, so it is dropped; the next
+operation opens a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+from atoll.wire import frames
+from atoll.wire import messages as msg
+
+OUTBOX = 4  # frames queued for gRPC to send: a reply streams through, never held whole
+PUT_POLL_S = 1.0  # how often a sender blocked on a full outbox looks whether the call ended
+
+
+class TaskCalls(Protocol):
+    """The server's calls for a job's tasks (the parent's Federation stub)."""
+
+    def Tasks(self, request_iterator: Iterator[bytes]) -> Any: ...
+
+    def PullTask(self, request: Any, timeout: float | None = None) -> Iterator[bytes]: ...
+
+    def PushReply(self, request_iterator: Iterator[bytes]) -> Any: ...
+
+
+class TaskStream:
+    def __init__(self, server: TaskCalls, job_id: str):
+        self.server, self.job_id = server, job_id
+        self._lock = threading.Lock()  # held by the one operation on the stream
+        self._call: Any = None
+        self._out: queue.Queue[bytes | None] | None = None
+
+    def pull(self, wait_s: float) -> Iterator[bytes]:
+        """The job's next task as PullTask streams it: its header and data frames, or a lone
+        {end} or {none} header. gRPC errors and FrameError as they come."""
+        if not self._lock.acquire(blocking=False):
+            yield from self.server.PullTask(msg.PullRequest(job_id=self.job_id, wait_s=wait_s),
+                                            timeout=wait_s + 600)
+            return
+        whole = False
+        try:
+            self._open()
+            self._send(frames.header({"pull": wait_s}))
+            first = self._next()
+            head = frames.read_header(first)
+            yield first
+            if "task_id" in head:
+                while frames.is_data(raw := self._next()):
+                    yield raw
+                if frames.read_header(raw) != {"done": True}:
+                    raise frames.FrameError("the server's task did not end with {done}")
+            whole = "end" not in head  # the server ends the call after {end}
+        finally:
+            if not whole:
+                self._drop()
+            self._lock.release()
+
+    def reply(self, head: dict[str, Any], data: Iterable[bytes]) -> dict[str, Any]:
+        """Send one reply (head: job_id, task_id, headers; then its data frames); the server's
+        answer, as PushReply's."""
+        if not self._lock.acquire(blocking=False):
+            return _body(self.server.PushReply(_reply_frames(head, data)))
+        whole = False
+        try:
+            self._open()
+            self._send(frames.header({"reply": {"task_id": head["task_id"],
+                                                "headers": head["headers"]}}))
+            for raw in data:
+                self._send(raw)
+            self._send(frames.header({"sent": True}))
+            answer = frames.read_header(self._next()).get("ack")
+            if not isinstance(answer, dict):
+                raise frames.FrameError("the server did not acknowledge the reply")
+            whole = True
+            return answer
+        finally:
+            if not whole:
+                self._drop()
+            self._lock.release()
+
+    def close(self) -> None:
+        """The job ended here: end the call (from any thread; an operation waiting on it gets
+        CANCELLED)."""
+        self._drop()
+
+    def _open(self) -> None:
+        if self._call is not None and not self._call.done():
+            return
+        self._drop()
+        out: queue.Queue[bytes | None] = queue.Queue(maxsize=OUTBOX)
+        out.put(frames.header({"job_id": self.job_id}))
+        self._out, self._call = out, self.server.Tasks(_drain(out))
+
+    def _drop(self) -> None:
+        call, out = self._call, self._out
+        self._call = self._out = None
+        if call is not None:
+            call.cancel()
+        if out is not None:
+            try:  # gRPC's sending thread, if it waits on an empty outbox, stops
+                out.put_nowait(None)
+            except queue.Full:  # it is not waiting, and sends no more of a cancelled call
+                pass
+
+    def _send(self, raw: bytes) -> None:
+        call, out = self._call, self._out
+        if call is None or out is None:
+            raise frames.FrameError("the task stream was closed")
+        while True:
+            try:
+                out.put(raw, timeout=PUT_POLL_S)
+                return
+            except queue.Full:
+                if call.done():  # the call ended: no one sends the outbox any more
+                    raise call from None  # (a gRPC call is its own RpcError)
+
+    def _next(self) -> bytes:
+        if self._call is None:
+            raise frames.FrameError("the task stream was closed")
+        try:
+            return next(self._call)
+        except StopIteration:
+            raise frames.FrameError("the server ended the task stream") from None
+
+
+def _drain(out: queue.Queue[bytes | None]) -> Iterator[bytes]:
+    while (raw := out.get()) is not None:
+        yield raw
+
+
+def _reply_frames(head: dict[str, Any], data: Iterable[bytes]) -> Iterator[bytes]:
+    yield frames.header(head)
+    yield from data
+
+
+def _body(answer: Any) -> dict[str, Any]:
+    return json.loads(answer.body or "{}")

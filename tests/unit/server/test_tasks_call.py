@@ -1,0 +1,118 @@
+"""A site's task stream as the server serves it (`Federation.Tasks`, federation_service.py):
+pulls and replies of many rounds on one call, against a real relay; a reply the site leaves
+unfinished is never delivered half, and may be sent again."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import grpc
+import pytest
+
+from atoll.server.relay import JobRelay
+from atoll.server.spool import Budget
+from atoll.wire import frames
+from tests.unit.server.test_site_identifiers import Aborted, SiteCall, _service
+
+SITE = "site-1"
+
+
+class Live:
+    def __init__(self, relay: JobRelay):
+        self.relay = relay
+
+
+class Jobs:
+    def __init__(self, relay: JobRelay):
+        self.live = Live(relay)
+
+    def running_at(self, job_id, site):
+        return self.live if (job_id, site) == ("j1", SITE) else None
+
+
+class Site:
+    """The site's side of one Tasks call: what it sends, fed as the test goes."""
+
+    def __init__(self, service, relay):
+        self.sent: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.handler = service.Tasks(self._requests(), SiteCall()).__aiter__()
+        self.relay = relay
+
+    async def _requests(self):
+        while (raw := await self.sent.get()) is not None:
+            yield raw
+
+    def send(self, *heads_or_frames) -> None:
+        for item in heads_or_frames:
+            self.sent.put_nowait(frames.header(item) if isinstance(item, dict) else item)
+
+    async def read(self) -> bytes:
+        return await self.handler.__anext__()
+
+
+def _relay(tmp_path) -> JobRelay:
+    return JobRelay("j1", tmp_path, [SITE], Budget(1 << 20))
+
+
+def _task(relay: JobRelay, round_: int, data: bytes) -> str:
+    writer = threading.Thread(target=relay.add_task,
+                              args=([SITE], "train", {"round": round_}, [frames.data(data)]))
+    writer.start()
+    writer.join(5)
+    return relay._queues[SITE][-1]
+
+
+def test_rounds_of_pulls_and_replies_go_on_one_call(tmp_path):
+    relay = _relay(tmp_path)
+    service = _service(Jobs(relay))
+
+    async def main():
+        site = Site(service, relay)
+        site.send({"job_id": "j1"})
+        for round_ in range(3):
+            task_id = _task(relay, round_, bytes([round_]) * 10)
+            site.send({"pull": 5})
+            head = frames.read_header(await site.read())
+            assert head == {"task_id": task_id, "topic": "train", "headers": {"round": round_}}
+            assert await site.read() == frames.data(bytes([round_]) * 10)
+            assert frames.read_header(await site.read()) == {"done": True}
+            site.send({"reply": {"task_id": task_id, "headers": {"round": round_}}},
+                      frames.data(b"r" * round_), {"sent": True})
+            assert frames.read_header(await site.read()) == {"ack": {}}
+            reply = relay.next_reply(task_id, 0)
+            assert reply is not None and reply.site == SITE
+            assert list(reply.spool.read("workflow")) == [frames.data(b"r" * round_)]
+        site.send({"pull": 0})
+        assert frames.read_header(await site.read()) == {"none": True}
+        relay.end()
+        site.send({"pull": 5})
+        assert frames.read_header(await site.read()) == {"end": True}
+        with pytest.raises(StopAsyncIteration):  # the server ends the call after {end}
+            await site.read()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("cut", ["ends", "another header"])
+def test_a_reply_left_unfinished_is_refused_and_never_delivered(tmp_path, cut):
+    relay = _relay(tmp_path)
+    service = _service(Jobs(relay))
+
+    async def main():
+        site = Site(service, relay)
+        task_id = _task(relay, 1, b"t")
+        site.send({"job_id": "j1"}, {"pull": 5})
+        for _ in range(3):  # the task, its data, {done}
+            await site.read()
+        site.send({"reply": {"task_id": task_id, "headers": {}}}, frames.data(b"half"))
+        site.send(None if cut == "ends" else frames.header({"pull": 1}))
+        with pytest.raises(Aborted) as err:
+            await site.read()
+        return task_id, err.value
+
+    task_id, refused = asyncio.run(main())
+    assert refused.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "sent" in refused.details
+    assert relay.next_reply(task_id, 0) is None  # nothing half-received reached the workflow
+    relay.open_reply(SITE, task_id, {}).abandon()  # and the site may send it again

@@ -1,0 +1,175 @@
+"""A job's pulls and replies on one call to the server (site/task_stream.py), against a small
+Federation service on a real gRPC server: one call for many rounds; a task or an answer out of
+the stream's shape refused, and the next use opens a new call; a second operation at once goes
+as a call of its own; closing the stream frees a pull that waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import grpc
+import pytest
+
+from atoll.site.task_stream import TaskStream
+from atoll.wire import frames, rpc
+from atoll.wire import messages as msg
+from atoll.wire.grpc_setup import new_server
+
+
+class Server:
+    """Serves tasks on Tasks and PullTask; `misbehave` names what to get wrong."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.replies: list[tuple[dict, list[bytes]]] = []
+        self.misbehave = ""
+        self.hold = threading.Event()  # a pull waits for it when misbehave == "hold"
+        self.rounds = 0
+
+    def _task(self) -> list[bytes]:
+        self.rounds += 1
+        return [frames.header({"task_id": f"t{self.rounds}", "topic": "train",
+                               "headers": {"round": self.rounds}}),
+                frames.data(b"x" * self.rounds)]
+
+    def Tasks(self, request_iterator, context):
+        self.calls["Tasks"] += 1
+        requests = iter(request_iterator)
+        assert frames.read_header(next(requests)) == {"job_id": "j1"}
+        for raw in requests:
+            head = frames.read_header(raw)
+            if "pull" in head:
+                if self.misbehave == "hold":
+                    self.hold.wait(10)
+                if self.misbehave == "end":
+                    yield frames.header({"end": True})
+                    return
+                yield from self._task()
+                yield frames.header({"done": True} if self.misbehave != "no done"
+                                    else {"task_id": "t9"})
+            else:
+                data = []
+                while frames.is_data(raw := next(requests)):
+                    data.append(raw)
+                self.replies.append((head["reply"], data))
+                yield frames.header({"ack": {}} if self.misbehave != "no ack" else {"ok": 1})
+
+    def PullTask(self, request, context):
+        self.calls["PullTask"] += 1
+        yield from self._task()
+
+    def PushReply(self, request_iterator, context):
+        self.calls["PushReply"] += 1
+        head, payload = frames.split(iter(request_iterator))
+        self.replies.append((head, list(payload.frames())))
+        return msg.Json(body='{"stale": true}')
+
+    def Connect(self, request_iterator, context):
+        yield from ()
+
+    def FetchJob(self, request, context):
+        yield from ()
+
+    def Report(self, request, context):
+        return msg.Json(body="{}")
+
+
+@pytest.fixture
+def served():
+    service = Server()
+    server = new_server(8)
+    rpc.add_servicer(server, "Federation", service)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield service, rpc.stub(channel, "Federation")
+    service.hold.set()
+    channel.close()
+    server.stop(0)
+
+
+def _round(stream: TaskStream, n: int) -> dict:
+    got = list(stream.pull(5))
+    head = frames.read_header(got[0])
+    assert head["task_id"] == f"t{n}" and got[1:] == [frames.data(b"x" * n)]
+    return stream.reply({"job_id": "j1", "task_id": head["task_id"], "headers": {"round": n}},
+                        iter([frames.data(b"reply")]))
+
+
+def test_rounds_go_on_one_call(served):
+    service, stub = served
+    stream = TaskStream(stub, "j1")
+    for n in (1, 2, 3):
+        assert _round(stream, n) == {}
+    assert service.calls == {"Tasks": 1}
+    assert service.replies == [({"task_id": f"t{n}", "headers": {"round": n}},
+                                [frames.data(b"reply")]) for n in (1, 2, 3)]
+    stream.close()
+
+
+@pytest.mark.parametrize("wrong", ["no done", "no ack"])
+def test_a_server_out_of_the_streams_shape_is_refused_and_the_next_use_opens_a_new_call(
+        served, wrong):
+    service, stub = served
+    stream = TaskStream(stub, "j1")
+    service.misbehave = wrong
+    with pytest.raises(frames.FrameError):
+        _round(stream, 1)
+    service.misbehave = ""
+    assert _round(stream, 2) == {}
+    assert service.calls == {"Tasks": 2}
+    stream.close()
+
+
+def test_after_the_servers_end_the_next_pull_opens_a_new_call(served):
+    service, stub = served
+    stream = TaskStream(stub, "j1")
+    service.misbehave = "end"
+    assert [frames.read_header(raw) for raw in stream.pull(1)] == [{"end": True}]
+    service.misbehave = ""
+    assert _round(stream, 1) == {}
+    assert service.calls == {"Tasks": 2}
+    stream.close()
+
+
+def test_a_second_operation_at_once_goes_as_a_call_of_its_own(served):
+    service, stub = served
+    stream = TaskStream(stub, "j1")
+    service.misbehave = "hold"
+    pulled: list[bytes] = []
+    puller = threading.Thread(target=lambda: pulled.extend(stream.pull(5)))
+    puller.start()
+    while service.calls["Tasks"] == 0:
+        time.sleep(0.01)
+    time.sleep(0.1)  # the pull holds the stream
+    answer = stream.reply({"job_id": "j1", "task_id": "t0", "headers": {}},
+                          iter([frames.data(b"r")]))
+    assert answer == {"stale": True}  # PushReply's answer, not the stream's
+    assert service.calls["PushReply"] == 1
+    service.hold.set()
+    puller.join(10)
+    assert frames.read_header(pulled[0])["task_id"] == "t1"
+
+
+def test_closing_the_stream_frees_a_pull_that_waits(served):
+    service, stub = served
+    stream = TaskStream(stub, "j1")
+    service.misbehave = "hold"
+    raised: list[BaseException] = []
+
+    def pull() -> None:
+        try:
+            list(stream.pull(5))
+        except grpc.RpcError as exc:
+            raised.append(exc)
+
+    puller = threading.Thread(target=pull)
+    puller.start()
+    while service.calls["Tasks"] == 0:
+        time.sleep(0.01)
+    stream.close()
+    puller.join(5)
+    assert not puller.is_alive()
+    assert raised and raised[0].code() == grpc.StatusCode.CANCELLED
