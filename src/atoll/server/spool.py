@@ -154,6 +154,9 @@ class Spool:
         """The payload is complete."""
         with self._cond:
             self._done = True
+            if self._own is not None:  # it waits for its reader without a descriptor
+                self._own.seal()
+                self._file = None
             self._trim()
             if not self._cursor:
                 self._release()
@@ -261,6 +264,8 @@ class Spool:
         if self._spilled_at is None or position < self._spilled_at:
             raw = self._memory[position - self._base]
         else:  # under the lock: close() may not shut the file mid-read
+            if self._file is None and self._own is not None:  # sealed at finish
+                self._file = self._own.reopen()
             offset, length = self._offsets[position - self._spilled_at]
             raw = os.pread(self._file.fileno(), length, offset)
         self._cursor[reader] = position + 1

@@ -166,3 +166,42 @@ def test_a_reply_in_its_own_file_read_through_the_spool_or_dropped_is_removed(tm
     abandoned.append(payload[0])
     abandoned.close()  # the site broke off mid-reply
     assert list((tmp_path / "handoff").iterdir()) == []
+
+
+def _open_files(folder) -> list[str]:
+    """The files in folder that this process holds open."""
+    import os
+
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # the listing's own, closed by now
+            continue
+        if target.startswith(f"{folder}/"):
+            found.append(target)
+    return found
+
+
+def test_complete_replies_waiting_for_the_workflow_hold_no_open_file(tmp_path):
+    """At 10,000 sites a round's replies wait at once: each holding its file open ran the server
+    out of descriptors (EMFILE). A complete one is closed, and read or handed over as before."""
+    from atoll.wire.handoff import HandoffDir
+
+    folder = HandoffDir(tmp_path / "handoff", create=True)
+    spools = []
+    for i in range(50):
+        spool = Spool(SpillFiles(tmp_path), ["workflow"], Budget(1 << 20), live=False,
+                      own_file=folder.create())
+        spool.write(_payload(2 + i % 3))
+        spools.append(spool)
+    assert _open_files(folder.path) == []  # fifty complete replies, no descriptor among them
+    payload = b"".join(_payload(2))
+    assert b"".join(spools[0].read("workflow")) == payload  # read through the spool
+    worker = HandoffDir(tmp_path / "handoff")
+    assert b"".join(worker.read(spools[3].hand_over())) == payload  # or taken by name
+    worker.give_back()
+    for spool in spools:
+        spool.close()
+    assert _open_files(folder.path) == []
+    assert list((tmp_path / "handoff").iterdir()) == []
