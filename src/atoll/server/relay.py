@@ -30,6 +30,7 @@ from atoll.spec.errors import EXIT_INVALID, AtollError
 from atoll.wire.handoff import HandoffDir
 
 END = object()  # returned by wait_task once the job is over
+SMALL_REPLY = 64 * 1024  # held in memory until whole (ReplyWriter)
 
 
 @dataclass
@@ -192,10 +193,11 @@ class JobRelay:
             if site in entry.replied:
                 raise RelayError(f"{site} already replied to task {task_id}")
             entry.replied.add(site)
+        return ReplyWriter(self, entry, site, headers)
+
+    def _reply_spool(self) -> Spool:
         own_file = self.handoff.create() if self.handoff is not None else None
-        return ReplyWriter(self, entry, site, headers,
-                           Spool(self.files, ["workflow"], self.budget, live=False,
-                                 own_file=own_file))
+        return Spool(self.files, ["workflow"], self.budget, live=False, own_file=own_file)
 
     def _deliver(self, reply: ReplyEntry) -> None:
         with self._cond:
@@ -258,20 +260,41 @@ class JobRelay:
 
 class ReplyWriter:
     """One site's reply on its way in: frames appended as they arrive, then committed (the
-    workflow sees it) or abandoned (the site may send it again)."""
+    workflow sees it) or abandoned (the site may send it again).
 
-    def __init__(self, relay: JobRelay, entry: TaskEntry, site: str, headers: dict[str, Any],
-                 spool: Spool):
-        self.relay, self.entry, self.site, self.headers, self.spool = (
-            relay, entry, site, headers, spool)
+    A reply of at most SMALL_REPLY bytes is held until it is whole and then written at once:
+    with its file open from its first frame, 10,000 sites replying at once held 10,000 files
+    open, and the server ran out of descriptors."""
+
+    def __init__(self, relay: JobRelay, entry: TaskEntry, site: str, headers: dict[str, Any]):
+        self.relay, self.entry, self.site, self.headers = relay, entry, site, headers
+        self.spool: Spool | None = None
+        self._held: list[bytes] = []
+        self._held_bytes = 0
 
     def append(self, raw: bytes) -> None:
-        self.spool.append(raw, self.relay.max_payload)
+        if self.spool is not None:
+            self.spool.append(raw, self.relay.max_payload)
+            return
+        self._held.append(raw)
+        self._held_bytes += len(raw)
+        if self._held_bytes > min(SMALL_REPLY, self.relay.max_payload or SMALL_REPLY):
+            self._spool()  # (a reply over the job's limit fails there, as any other)
+
+    def _spool(self) -> Spool:
+        spool = self.spool = self.relay._reply_spool()
+        held, self._held = self._held, []
+        for raw in held:
+            spool.append(raw, self.relay.max_payload)
+        return spool
 
     def commit(self) -> None:
-        self.spool.finish()
-        self.relay._deliver(ReplyEntry(self.entry.task_id, self.site, self.headers, self.spool))
+        spool = self.spool or self._spool()
+        spool.finish()
+        self.relay._deliver(ReplyEntry(self.entry.task_id, self.site, self.headers, spool))
 
     def abandon(self) -> None:
-        self.spool.close()
+        self._held = []
+        if self.spool is not None:
+            self.spool.close()
         self.relay._take_back(self.entry, self.site)

@@ -75,3 +75,35 @@ def test_a_dropped_site_owes_an_error_reply_for_every_open_task(tmp_path):
     later = relay.add_task(["a", "b"], "train", {}, _frames(b"y"))  # a task after the drop
     assert relay.next_reply(later, 1).error == "b dropped out: killed by signal 9"
     assert _next_task(relay, "b", 1) is END
+
+
+def test_replies_arriving_at_once_hold_no_file_until_whole_and_a_large_one_spills(tmp_path):
+    """Ten thousand sites' replies in flight at once each held a file open from its first frame:
+    the server ran out of descriptors. A small reply is held until whole; a large one is written
+    to its file as it comes."""
+    from atoll.server.relay import SMALL_REPLY
+    from atoll.wire.handoff import HandoffDir
+
+    sites = [f"s{i}" for i in range(40)]
+    relay = JobRelay("j", tmp_path, sites, Budget(1 << 20), handoff=True)
+    task_id = relay.add_task(sites, "train", {}, _frames(b"task"))
+    handoff = tmp_path / "handoff"
+    open_now = [relay.open_reply(site, task_id, {"site": site}) for site in sites]
+    for writer in open_now:
+        writer.append(frames.data(writer.site.encode()))
+    assert list(handoff.iterdir()) == []  # forty replies under way, no file among them
+    large = [frames.data(b"x" * (SMALL_REPLY // 2)) for _ in range(3)]
+    open_now[0].append(large[0])
+    open_now[0].append(large[1])
+    assert len(list(handoff.iterdir())) == 1  # past SMALL_REPLY: it spills as it comes
+    for writer in open_now:
+        writer.commit()
+    worker = HandoffDir(handoff)
+    got = {}
+    while (reply := relay.next_reply(task_id, 0)) is not None:
+        name = reply.spool.hand_over()
+        got[reply.site] = b"".join(bytes(c) for c in frames.Payload(worker.read(name)))
+        worker.give_back()
+    assert got == {site: site.encode() + (b"x" * SMALL_REPLY if site == "s0" else b"")
+                   for site in sites}
+    relay.close()
