@@ -148,19 +148,24 @@ class SimSite:
             self.jobs.pop(job_id, None)
 
     async def _tasks(self, job_id: str) -> None:
-        """Pull and reply on one call for the whole job."""
+        """Pull and reply on one call for the whole job, as site/task_stream.py does: each
+        reply asks for the next task."""
         call = self.stub.Tasks()
         await call.write(frames.header({"job_id": job_id}))
+        await call.write(frames.header({"pull": PULL_WAIT_S}))
         while True:
-            await call.write(frames.header({"pull": PULL_WAIT_S}))
             head = frames.read_header(await call.read())
             if head.get("end"):
                 break
             if head.get("none"):
+                await call.write(frames.header({"pull": PULL_WAIT_S}))
                 continue
-            data = []
-            while frames.is_data(raw := await call.read()):
-                data.append(raw)  # up to the task's {done}
+            if "frames" in head:  # a whole payload: its number of frames
+                data = [await call.read() for _ in range(head["frames"])]
+            else:  # one still arriving: up to {done}
+                data = []
+                while frames.is_data(raw := await call.read()):
+                    data.append(raw)
             round_ = (head.get("headers") or {}).get("round")
             self.record("task", job_id, round_)
             async for raw in _reply_frames(job_id, head, data):
@@ -170,7 +175,7 @@ class SimSite:
                     reply = frames.read_header(raw)
                     reply.pop("job_id")
                     await call.write(frames.header({"reply": reply}))
-            await call.write(frames.header({"sent": True}))
+            await call.write(frames.header({"sent": True, "pull": PULL_WAIT_S}))
             await call.read()  # {ack}
             self.record("reply", job_id, round_)
         await call.done_writing()

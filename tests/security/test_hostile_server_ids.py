@@ -146,17 +146,18 @@ class HostileServer:
         job_id = frames.read_header(next(requests))["job_id"]
         for raw in requests:
             head = frames.read_header(raw)
-            if "pull" in head:
-                sent = list(self._task(job_id))
-                yield from sent
-                if len(sent) == 1:  # {end}
-                    return
-                yield frames.header({"done": True})
-            else:  # a reply: its data up to {sent}
-                while frames.is_data(next(requests)):
+            if "reply" in head:  # its data up to {sent}, which may ask for the next task
+                while frames.is_data(raw := next(requests)):
                     pass
                 self.replies.append({**head["reply"], "job_id": job_id})
                 yield frames.header({"ack": {}})
+                if "pull" not in frames.read_header(raw):
+                    continue
+            sent = list(self._task(job_id))
+            yield from sent
+            if len(sent) == 1:  # {end}
+                return
+            yield frames.header({"done": True})
 
     def Report(self, request, context):
         return msg.Json(body="{}")

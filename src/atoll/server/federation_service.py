@@ -27,7 +27,7 @@ import grpc
 from atoll import __version__
 from atoll.server import site_ops
 from atoll.server.auth import Gate, peer_identity_async
-from atoll.server.relay import END, RelayError
+from atoll.server.relay import END, RelayError, TaskEntry
 from atoll.server.site_links import SiteLink, SiteLinks
 from atoll.server.site_ops import SiteJobs
 from atoll.server.spool import SpoolError
@@ -154,10 +154,10 @@ class FederationService:
     async def PullTask(self, request, context):
         site = (await peer_identity_async(context, "site")).name
         await _checked_id(context, request.job_id)
-        head, data = await self._next_task(context, site, request.job_id, request.wait_s)
+        head, entry = await self._next_task(context, site, request.job_id, request.wait_s)
         yield frames.header(head)
-        if data is not None:
-            async for raw in data:
+        if entry is not None:
+            async for raw in _spooled(context, entry, site):
                 yield raw
 
     async def PushReply(self, request_iterator, context):
@@ -170,40 +170,49 @@ class FederationService:
     async def Tasks(self, request_iterator, context):
         """One job's tasks and replies for the calling site, on one call for the job's life
         rather than two calls a round (issue 40: the calls, not the bytes, are the server's cost
-        at 10,000 sites). The site sends {job_id}, then in turn {pull: wait_s}, answered as
-        PullTask answers and a task's data closed by {done}; or {reply: {task_id, headers}},
-        the reply's data and {sent: true}, answered by {ack: ...} as PushReply answers."""
+        at 10,000 sites). The site sends {job_id}, then in turn:
+
+        - {pull: wait_s}: answered as PullTask answers. A task whose payload is complete names
+          its number of data frames (`frames`); one still arriving ends with {done}.
+        - {reply: {task_id, headers}}, the reply's data, then {sent: true}: answered by
+          {ack: ...} as PushReply answers. {sent: true, pull: wait_s} asks for the next task
+          too, which then follows the ack (a message less each way and round).
+        """
         site = (await peer_identity_async(context, "site")).name
         stream = request_iterator.__aiter__()
         job_id = (await _first_header(context, stream)).get("job_id")
         await _checked_id(context, job_id)
         async for raw in stream:  # quiet while the site trains: TASKS_QUIET_S (app.py)
             head = await _header(context, raw)
-            if "pull" in head:
-                task, data = await self._next_task(context, site, job_id, head["pull"])
-                yield frames.header(task)
-                if data is not None:
-                    async for out in data:
-                        yield out
-                    yield frames.header({"done": True})
-                if task.get("end"):
-                    return
-            elif isinstance(head.get("reply"), dict):
-                reply = head["reply"]
+            if isinstance(head.get("reply"), dict):
+                reply, closing = head["reply"], {}
                 answer = await self._take_reply(
                     context, site,
                     {"job_id": job_id, "task_id": reply.get("task_id"),
                      "headers": reply.get("headers")},
-                    _reply_data(stream))
+                    _reply_data(stream, closing))
                 yield frames.header({"ack": answer})
-            else:
+                if "pull" not in closing:
+                    continue
+                head = closing
+            elif "pull" not in head:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     "expected {pull: seconds} or {reply: {task_id, headers}}")
+            task, entry = await self._next_task(context, site, job_id, head["pull"])
+            count = entry.spool.frame_count if entry is not None else None
+            yield frames.header({**task, "frames": count} if count is not None else task)
+            if entry is not None:
+                async for out in _spooled(context, entry, site):
+                    yield out
+                if count is None:
+                    yield frames.header({"done": True})
+            if task.get("end"):
+                return
 
     async def _next_task(self, context, site: str, job_id: str, wait_s: Any
-                         ) -> tuple[dict[str, Any], AsyncIterator[bytes] | None]:
-        """The header of the site's next task and its data frames; or {end} or {none} (after
-        wait_s, at most 30 s) with no data."""
+                         ) -> tuple[dict[str, Any], TaskEntry | None]:
+        """The header of the site's next task and the task; or {end} or {none} (after wait_s,
+        at most 30 s) and None."""
         live = self.jobs.running_at(job_id, site)
         if live is None:
             return {"end": True}, None
@@ -218,8 +227,7 @@ class FederationService:
             return {"end": True}, None
         if entry is None:
             return {"none": True}, None
-        return ({"task_id": entry.task_id, "topic": entry.topic, "headers": entry.headers},
-                _spooled(context, entry, site))
+        return {"task_id": entry.task_id, "topic": entry.topic, "headers": entry.headers}, entry
 
     async def _take_reply(self, context, site: str, head: dict[str, Any],
                           data: AsyncIterator[bytes]) -> dict[str, Any]:
@@ -268,9 +276,11 @@ async def _spooled(context, entry, site: str) -> AsyncIterator[bytes]:
         await context.abort(grpc.StatusCode.ABORTED, f"task {entry.task_id} broke off: {exc}")
 
 
-async def _reply_data(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """A reply's data frames on a Tasks call, up to its {sent: true}; each within the read
-    deadline of a stream's next message, whatever the call's quiet deadline between tasks."""
+async def _reply_data(stream: AsyncIterator[bytes], closing: dict[str, Any]
+                      ) -> AsyncIterator[bytes]:
+    """A reply's data frames on a Tasks call, up to its {sent: true} (kept in `closing`, with
+    the pull it may ask for); each within the read deadline of a stream's next message,
+    whatever the call's quiet deadline between tasks."""
     while True:
         try:
             async with asyncio.timeout(REPLY_FRAME_S):
@@ -283,10 +293,12 @@ async def _reply_data(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
                           "reply; send it without pausing") from None
         if frames.is_data(raw):
             yield raw
-        elif frames.read_header(raw) == {"sent": True}:
-            return
-        else:
+            continue
+        head = frames.read_header(raw)
+        if head.get("sent") is not True or not set(head) <= {"sent", "pull"}:
             raise frames.FrameError("a reply's data must end with {sent: true}")
+        closing.update(head)
+        return
 
 
 async def _first_header(context, stream: AsyncIterator[bytes]) -> dict[str, Any]:

@@ -346,3 +346,8 @@ class Spool:
     @property
     def complete(self) -> bool:
         return self._done and self._error is None
+
+    @property
+    def frame_count(self) -> int | None:
+        """How many frames the payload has, once it is complete; None before."""
+        return self._count if self.complete else None

@@ -6,6 +6,10 @@ job's pulls and replies share one call, opened at the first pull and closed when
 here. The frames a pull yields and a reply sends are those of `PullTask` and `PushReply`: the
 site checks them the same way (site/worker_backend.py).
 
+A reply asks for the next task as it ends (`{sent: true, pull: seconds}`), and a task whose
+payload the server holds whole names its number of frames: a round is three messages each
+way, not four.
+
 The stream serves one operation at a time. A second that comes while one holds it (a worker
 that pulls on one thread and replies on another) goes as a call of its own, as before. An
 operation that breaks off leaves the stream in an unknown place, so it is dropped; the next
@@ -24,7 +28,8 @@ from atoll.wire import frames
 from atoll.wire import messages as msg
 
 OUTBOX = 4  # frames queued for gRPC to send: a reply streams through, never held whole
-PUT_POLL_S = 1.0  # how often a sender blocked on a full outbox looks whether the call ended
+PUT_POLL_S = 1.0
+DEFAULT_WAIT_S = 5.0  # a reply's pull for the next task, before the worker's first pull  # how often a sender blocked on a full outbox looks whether the call ended
 
 
 class TaskCalls(Protocol):
@@ -43,6 +48,8 @@ class TaskStream:
         self._lock = threading.Lock()  # held by the one operation on the stream
         self._call: Any = None
         self._out: queue.Queue[bytes | None] | None = None
+        self._ahead = False  # the last reply asked for the next task; no pull has read it yet
+        self._wait = DEFAULT_WAIT_S  # the wait of the worker's last pull
 
     def pull(self, wait_s: float) -> Iterator[bytes]:
         """The job's next task as PullTask streams it: its header and data frames, or a lone
@@ -54,25 +61,43 @@ class TaskStream:
         whole = False
         try:
             self._open()
-            self._send(frames.header({"pull": wait_s}))
+            if not self._ahead:  # else the last reply asked for it already
+                self._send(frames.header({"pull": wait_s}))
+            self._ahead, self._wait = False, wait_s
             first = self._next()
             head = frames.read_header(first)
             yield first
             if "task_id" in head:
-                while frames.is_data(raw := self._next()):
-                    yield raw
-                if frames.read_header(raw) != {"done": True}:
-                    raise frames.FrameError("the server's task did not end with {done}")
+                yield from self._task_data(head.get("frames"))
             whole = "end" not in head  # the server ends the call after {end}
         finally:
             if not whole:
                 self._drop()
             self._lock.release()
 
+    def _task_data(self, count: Any) -> Iterator[bytes]:
+        """A task's data frames: as many as its header says, else up to {done}."""
+        if count is None:
+            while frames.is_data(raw := self._next()):
+                yield raw
+            if frames.read_header(raw) != {"done": True}:
+                raise frames.FrameError("the server's task did not end with {done}")
+            return
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise frames.FrameError("the server's task names no number of frames")
+        for _ in range(count):
+            if not frames.is_data(raw := self._next()):
+                raise frames.FrameError("the server's task has fewer frames than it said")
+            yield raw
+
     def reply(self, head: dict[str, Any], data: Iterable[bytes]) -> dict[str, Any]:
         """Send one reply (head: job_id, task_id, headers; then its data frames); the server's
-        answer, as PushReply's."""
+        answer, as PushReply's. On the stream it asks for the next task too, with the wait of
+        the worker's last pull: the worker's next pull then only reads it."""
         if not self._lock.acquire(blocking=False):
+            return _body(self.server.PushReply(_reply_frames(head, data)))
+        if self._ahead:  # a reply before the next pull: the server answers that pull first
+            self._lock.release()
             return _body(self.server.PushReply(_reply_frames(head, data)))
         whole = False
         try:
@@ -81,7 +106,8 @@ class TaskStream:
                                                 "headers": head["headers"]}}))
             for raw in data:
                 self._send(raw)
-            self._send(frames.header({"sent": True}))
+            self._send(frames.header({"sent": True, "pull": self._wait}))
+            self._ahead = True
             answer = frames.read_header(self._next()).get("ack")
             if not isinstance(answer, dict):
                 raise frames.FrameError("the server did not acknowledge the reply")
@@ -108,6 +134,7 @@ class TaskStream:
     def _drop(self) -> None:
         call, out = self._call, self._out
         self._call = self._out = None
+        self._ahead = False
         if call is not None:
             call.cancel()
         if out is not None:

@@ -66,19 +66,33 @@ def _task(relay: JobRelay, round_: int, data: bytes) -> str:
 def test_rounds_of_pulls_and_replies_go_on_one_call(tmp_path):
     relay = _relay(tmp_path)
     service = _service(Jobs(relay))
+    more = threading.Event()
+
+    def live_payload():  # a task still arriving when it is sent: no count, closed by {done}
+        yield frames.data(b"\x02" * 10)
+        more.wait(5)
 
     async def main():
         site = Site(service, relay)
-        site.send({"job_id": "j1"})
+        site.send({"job_id": "j1"}, {"pull": 5})  # round 0 asks; later replies ask ahead
         for round_ in range(3):
-            task_id = _task(relay, round_, bytes([round_]) * 10)
-            site.send({"pull": 5})
+            if round_ < 2:
+                task_id = _task(relay, round_, bytes([round_]) * 10)
+            else:  # the pull waits already; the task comes while it is read
+                threading.Thread(target=relay.add_task, args=(
+                    [SITE], "train", {"round": 2}, live_payload())).start()
             head = frames.read_header(await site.read())
-            assert head == {"task_id": task_id, "topic": "train", "headers": {"round": round_}}
+            task_id = head["task_id"]
+            whole = {"frames": 1} if round_ < 2 else {}
+            assert head == {"task_id": task_id, "topic": "train", "headers": {"round": round_},
+                            **whole}
             assert await site.read() == frames.data(bytes([round_]) * 10)
-            assert frames.read_header(await site.read()) == {"done": True}
+            if round_ == 2:
+                more.set()
+                assert frames.read_header(await site.read()) == {"done": True}
+            ahead = {"pull": 5} if round_ < 2 else {}
             site.send({"reply": {"task_id": task_id, "headers": {"round": round_}}},
-                      frames.data(b"r" * round_), {"sent": True})
+                      frames.data(b"r" * round_), {"sent": True, **ahead})
             assert frames.read_header(await site.read()) == {"ack": {}}
             reply = relay.next_reply(task_id, 0)
             assert reply is not None and reply.site == SITE
@@ -103,7 +117,7 @@ def test_a_reply_left_unfinished_is_refused_and_never_delivered(tmp_path, cut):
         site = Site(service, relay)
         task_id = _task(relay, 1, b"t")
         site.send({"job_id": "j1"}, {"pull": 5})
-        for _ in range(3):  # the task, its data, {done}
+        for _ in range(2):  # the task (whole: its number of frames) and its data
             await site.read()
         site.send({"reply": {"task_id": task_id, "headers": {}}}, frames.data(b"half"))
         site.send(None if cut == "ends" else frames.header({"pull": 1}))

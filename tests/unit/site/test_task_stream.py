@@ -27,6 +27,7 @@ class Server:
         self.misbehave = ""
         self.hold = threading.Event()  # a pull waits for it when misbehave == "hold"
         self.rounds = 0
+        self.pulls_ahead = 0  # replies that asked for the next task
 
     def _task(self) -> list[bytes]:
         self.rounds += 1
@@ -40,21 +41,31 @@ class Server:
         assert frames.read_header(next(requests)) == {"job_id": "j1"}
         for raw in requests:
             head = frames.read_header(raw)
-            if "pull" in head:
-                if self.misbehave == "hold":
-                    self.hold.wait(10)
-                if self.misbehave == "end":
-                    yield frames.header({"end": True})
-                    return
-                yield from self._task()
-                yield frames.header({"done": True} if self.misbehave != "no done"
-                                    else {"task_id": "t9"})
-            else:
+            if "reply" in head:
                 data = []
                 while frames.is_data(raw := next(requests)):
                     data.append(raw)
                 self.replies.append((head["reply"], data))
                 yield frames.header({"ack": {}} if self.misbehave != "no ack" else {"ok": 1})
+                head = frames.read_header(raw)  # {sent: true}, and the pull it asks for
+                self.pulls_ahead += "pull" in head
+                if "pull" not in head:
+                    continue
+            if self.misbehave == "hold":
+                self.hold.wait(10)
+            if self.misbehave == "end":
+                yield frames.header({"end": True})
+                return
+            head, data = self._task()
+            if self.misbehave == "no done":
+                yield from (head, data, frames.header({"task_id": "t9"}))
+            elif self.misbehave == "too few":
+                yield from (frames.header({**frames.read_header(head), "frames": 2}), data)
+                yield frames.header({"ack": {}})
+            elif self.rounds % 2:  # a payload still arriving: up to {done}
+                yield from (head, data, frames.header({"done": True}))
+            else:  # a whole one: its number of frames
+                yield from (frames.header({**frames.read_header(head), "frames": 1}), data)
 
     def PullTask(self, request, context):
         self.calls["PullTask"] += 1
@@ -90,9 +101,11 @@ def served():
     server.stop(0)
 
 
-def _round(stream: TaskStream, n: int) -> dict:
+def _round(stream: TaskStream, n: int | None) -> dict:
+    """One pull and its reply; n: the task's number, where the test knows it."""
     got = list(stream.pull(5))
     head = frames.read_header(got[0])
+    n = n or int(head["task_id"][1:])
     assert head["task_id"] == f"t{n}" and got[1:] == [frames.data(b"x" * n)]
     return stream.reply({"job_id": "j1", "task_id": head["task_id"], "headers": {"round": n}},
                         iter([frames.data(b"reply")]))
@@ -101,15 +114,16 @@ def _round(stream: TaskStream, n: int) -> dict:
 def test_rounds_go_on_one_call(served):
     service, stub = served
     stream = TaskStream(stub, "j1")
-    for n in (1, 2, 3):
+    for n in (1, 2, 3, 4):  # tasks ended by {done}, and by their number of frames, in turn
         assert _round(stream, n) == {}
     assert service.calls == {"Tasks": 1}
+    assert service.pulls_ahead == 4  # each reply asked for the next task: one message less
     assert service.replies == [({"task_id": f"t{n}", "headers": {"round": n}},
-                                [frames.data(b"reply")]) for n in (1, 2, 3)]
+                                [frames.data(b"reply")]) for n in (1, 2, 3, 4)]
     stream.close()
 
 
-@pytest.mark.parametrize("wrong", ["no done", "no ack"])
+@pytest.mark.parametrize("wrong", ["no done", "no ack", "too few"])
 def test_a_server_out_of_the_streams_shape_is_refused_and_the_next_use_opens_a_new_call(
         served, wrong):
     service, stub = served
@@ -118,7 +132,7 @@ def test_a_server_out_of_the_streams_shape_is_refused_and_the_next_use_opens_a_n
     with pytest.raises(frames.FrameError):
         _round(stream, 1)
     service.misbehave = ""
-    assert _round(stream, 2) == {}
+    assert _round(stream, None) == {}
     assert service.calls == {"Tasks": 2}
     stream.close()
 
@@ -173,3 +187,20 @@ def test_closing_the_stream_frees_a_pull_that_waits(served):
     puller.join(5)
     assert not puller.is_alive()
     assert raised and raised[0].code() == grpc.StatusCode.CANCELLED
+
+
+def test_a_reply_before_the_next_pull_goes_as_a_call_of_its_own(served):
+    """After a reply the stream has asked for the next task; a second reply (a worker that took
+    two tasks) cannot wait behind that task, so it takes a call of its own."""
+    service, stub = served
+    stream = TaskStream(stub, "j1")
+    first = frames.read_header(list(stream.pull(5))[0])
+    second = frames.read_header(list(stream.pull(5))[0])
+    for head in (first, second):
+        answer = stream.reply({"job_id": "j1", "task_id": head["task_id"], "headers": {}},
+                              iter([frames.data(b"r")]))
+        assert answer == ({} if head is first else {"stale": True})
+    assert service.calls == {"Tasks": 1, "PushReply": 1}
+    assert frames.read_header(list(stream.pull(5))[0])["task_id"] == "t3"  # asked for ahead
+    assert service.calls == {"Tasks": 1, "PushReply": 1}
+    stream.close()
