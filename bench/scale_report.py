@@ -37,8 +37,9 @@ def render(results: list[dict], command: str) -> str:
         "One real server parent (`atoll server start`, mutual TLS on 127.0.0.1) and N simulated "
         "sites (bench/scale_sites.py: each its own certificate from the project's CA and its own "
         "TLS connection, hello + a heartbeat every 5 s, and for the job the calls a site parent "
-        "and its worker make: FetchJob, STARTING/RUNNING, PullTask -> PushReply echoing the "
-        "payload, FINISHED). The job: scatter_gather to `@ALL`, min_clients N, "
+        "and its worker make: FetchJob, STARTING/RUNNING, on one `Tasks` call a pull, the "
+        "reply echoing the payload, a pull... (`SCALE_TASKS=calls`: a `PullTask` and a "
+        "`PushReply` call each), FINISHED). The job: scatter_gather to `@ALL`, min_clients N, "
         f"{results[0].get('payload_bytes', '?')} B payload, {results[0].get('rounds', '?')} "
         "rounds. The simulated sites run 250 to a process (at least 4 processes), at nice 10 "
         "below the server, on the same 2 CPUs as the server.",
