@@ -131,10 +131,7 @@ def test_a_server_out_of_the_streams_shape_is_refused_and_the_next_use_opens_a_n
     service.misbehave = wrong
     with pytest.raises(frames.FrameError):
         _round(stream, 1)
-    service.misbehave = ""
-    assert _round(stream, None) == {}
-    assert service.calls == {"Tasks": 2}
-    stream.close()
+    _a_round_on_a_new_call(service, stream)
 
 
 def test_after_the_servers_end_the_next_pull_opens_a_new_call(served):
@@ -142,8 +139,12 @@ def test_after_the_servers_end_the_next_pull_opens_a_new_call(served):
     stream = TaskStream(stub, "j1")
     service.misbehave = "end"
     assert [frames.read_header(raw) for raw in stream.pull(1)] == [{"end": True}]
+    _a_round_on_a_new_call(service, stream)
+
+
+def _a_round_on_a_new_call(service: Server, stream: TaskStream) -> None:
     service.misbehave = ""
-    assert _round(stream, 1) == {}
+    assert _round(stream, None) == {}
     assert service.calls == {"Tasks": 2}
     stream.close()
 
