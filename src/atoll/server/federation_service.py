@@ -1,8 +1,9 @@
 """The Federation service: what site parents call, over mutual TLS, as themselves.
 
 It is served on the server's event loop (wire/aio_server.py). The calls every connected site
-keeps open (its control stream and its task long-poll), its fetch of the job and each reply are
-`async`: they wait as tasks, not threads. What blocks (SQLite, building a zip) goes to the
+keeps open (its control stream, and each running job's task stream: `Tasks`, or the older
+`PullTask` long poll and `PushReply`) and its fetch of the job are `async`: they wait as tasks,
+not threads. What blocks (SQLite, building a zip) goes to the
 loop's executor.
 
 Every call is admitted before its request is read (`admit`: a site certificate within its
