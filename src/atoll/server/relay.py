@@ -262,9 +262,10 @@ class ReplyWriter:
     """One site's reply on its way in: frames appended as they arrive, then committed (the
     workflow sees it) or abandoned (the site may send it again).
 
-    A reply of at most SMALL_REPLY bytes is held until it is whole and then written at once:
-    with its file open from its first frame, 10,000 sites replying at once held 10,000 files
-    open, and the server ran out of descriptors."""
+    A reply of at most SMALL_REPLY bytes is held until it is whole and then written at once,
+    within the server's memory budget for payloads (else it goes to its file as it comes): with
+    its file open from its first frame, 10,000 sites replying at once held 10,000 files open,
+    and the server ran out of descriptors."""
 
     def __init__(self, relay: JobRelay, entry: TaskEntry, site: str, headers: dict[str, Any]):
         self.relay, self.entry, self.site, self.headers = relay, entry, site, headers
@@ -273,20 +274,28 @@ class ReplyWriter:
         self._held_bytes = 0
 
     def append(self, raw: bytes) -> None:
-        if self.spool is not None:
-            self.spool.append(raw, self.relay.max_payload)
-            return
-        self._held.append(raw)
-        self._held_bytes += len(raw)
-        if self._held_bytes > min(SMALL_REPLY, self.relay.max_payload or SMALL_REPLY):
+        if self.spool is None:
+            small = min(SMALL_REPLY, self.relay.max_payload or SMALL_REPLY)
+            # held within the server's memory budget for payloads, like any payload it holds
+            if self._held_bytes + len(raw) <= small and self.relay.budget.take(len(raw)):
+                self._held.append(raw)
+                self._held_bytes += len(raw)
+                return
             self._spool()  # (a reply over the job's limit fails there, as any other)
+        assert self.spool is not None
+        self.spool.append(raw, self.relay.max_payload)
 
     def _spool(self) -> Spool:
         spool = self.spool = self.relay._reply_spool()
         held, self._held = self._held, []
+        self._release()
         for raw in held:
             spool.append(raw, self.relay.max_payload)
         return spool
+
+    def _release(self) -> None:
+        self.relay.budget.give(self._held_bytes)
+        self._held_bytes = 0
 
     def commit(self) -> None:
         spool = self.spool or self._spool()
@@ -295,6 +304,7 @@ class ReplyWriter:
 
     def abandon(self) -> None:
         self._held = []
+        self._release()
         if self.spool is not None:
             self.spool.close()
         self.relay._take_back(self.entry, self.site)

@@ -88,14 +88,23 @@ def test_replies_arriving_at_once_hold_no_file_until_whole_and_a_large_one_spill
     relay = JobRelay("j", tmp_path, sites, Budget(1 << 20), handoff=True)
     task_id = relay.add_task(sites, "train", {}, _frames(b"task"))
     handoff = tmp_path / "handoff"
+    task_held = relay.budget.used  # the task, not read by its sites yet
     open_now = [relay.open_reply(site, task_id, {"site": site}) for site in sites]
     for writer in open_now:
         writer.append(frames.data(writer.site.encode()))
     assert list(handoff.iterdir()) == []  # forty replies under way, no file among them
+    assert relay.budget.used == task_held + sum(len(frames.data(s.encode())) for s in sites)
     large = [frames.data(b"x" * (SMALL_REPLY // 2)) for _ in range(3)]
     open_now[0].append(large[0])
     open_now[0].append(large[1])
     assert len(list(handoff.iterdir())) == 1  # past SMALL_REPLY: it spills as it comes
+    tight = JobRelay("j2", tmp_path / "tight", ["a"], Budget(8), handoff=True)
+    tight_id = tight.add_task(["a"], "train", {}, _frames(b"task"))
+    before = tight.budget.used
+    tight.open_reply("a", tight_id, {}).append(frames.data(b"0123456789"))
+    assert tight.budget.used == before  # no room in the budget: not held, but in its file
+    assert len(list((tmp_path / "tight" / "handoff").iterdir())) == 1
+    tight.close()
     for writer in open_now:
         writer.commit()
     worker = HandoffDir(handoff)
@@ -106,4 +115,5 @@ def test_replies_arriving_at_once_hold_no_file_until_whole_and_a_large_one_spill
         worker.give_back()
     assert got == {site: site.encode() + (b"x" * SMALL_REPLY if site == "s0" else b"")
                    for site in sites}
+    assert relay.budget.used == task_held  # what the replies held is given back
     relay.close()
