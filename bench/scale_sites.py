@@ -148,8 +148,8 @@ class SimSite:
             self.jobs.pop(job_id, None)
 
     async def _tasks(self, job_id: str) -> None:
-        """Pull and reply on one call for the whole job, as site/task_stream.py does: each
-        reply asks for the next task."""
+        """Pull and reply on one call for the whole job, as site/task_stream.py does for a
+        worker on its host: each reply says its size and asks for the next task."""
         call = self.stub.Tasks()
         await call.write(frames.header({"job_id": job_id}))
         await call.write(frames.header({"pull": PULL_WAIT_S}))
@@ -171,11 +171,11 @@ class SimSite:
             async for raw in _reply_frames(job_id, head, data):
                 if frames.is_data(raw):
                     await call.write(raw)
-                else:  # the reply's header, on this call without its job id
-                    reply = frames.read_header(raw)
-                    reply.pop("job_id")
-                    await call.write(frames.header({"reply": reply}))
-            await call.write(frames.header({"sent": True, "pull": PULL_WAIT_S}))
+                else:  # the reply's header, on this call without its job id; its size known
+                    reply = frames.read_header(raw)  # (a site parent knows it from the
+                    reply.pop("job_id")  # worker's handoff file) and the next task asked for
+                    await call.write(frames.header({"reply": reply, "pull": PULL_WAIT_S,
+                                                    "bytes": sum(map(len, data))}))
             await call.read()  # {ack}
             self.record("reply", job_id, round_)
         await call.done_writing()

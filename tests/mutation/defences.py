@@ -616,7 +616,7 @@ MUTATIONS: list[Mutation] = [
              'elif frames.read_header(raw) == {"sent": True}:', "elif True:",
              ["tests/unit/server/test_tasks_call.py"]),
     Mutation("task stream: a call that ends inside a reply delivers nothing", FEDERATION,
-             'raise frames.FrameError("the call ended inside a reply: expected {sent: true}")'
+             'raise frames.FrameError(f"the call ended inside a reply: expected {expected}")'
              " \\\n                from None", "return", ["tests/unit/server/test_tasks_call.py"]),
     Mutation("task stream: its job id checked before any lookup", FEDERATION,
              "        await _checked_id(context, job_id)\n        async for raw in stream:",

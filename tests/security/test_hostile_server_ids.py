@@ -146,12 +146,13 @@ class HostileServer:
         job_id = frames.read_header(next(requests))["job_id"]
         for raw in requests:
             head = frames.read_header(raw)
-            if "reply" in head:  # its data up to {sent}, which may ask for the next task
-                while frames.is_data(raw := next(requests)):
-                    pass
+            if "reply" in head:  # its data: `bytes` of it, or up to {sent}
+                got = 0
+                while got < head.get("bytes", got + 1) and frames.is_data(raw := next(requests)):
+                    got += len(raw)
                 self.replies.append({**head["reply"], "job_id": job_id})
                 yield frames.header({"ack": {}})
-                if "pull" not in frames.read_header(raw):
+                if "pull" not in (head if "bytes" in head else frames.read_header(raw)):
                     continue
             sent = list(self._task(job_id))
             yield from sent

@@ -177,7 +177,9 @@ class FederationService:
           its number of data frames (`frames`); one still arriving ends with {done}.
         - {reply: {task_id, headers}}, the reply's data, then {sent: true}: answered by
           {ack: ...} as PushReply answers. {sent: true, pull: wait_s} asks for the next task
-          too, which then follows the ack (a message less each way and round).
+          too, which then follows the ack (a message less each way and round). A reply whose
+          size the site knows (a worker's handoff file) says so instead, {reply: ..., bytes:
+          n, pull: wait_s}, and its data ends after n bytes, with no {sent}.
         """
         site = (await peer_identity_async(context, "site")).name
         stream = request_iterator.__aiter__()
@@ -186,12 +188,17 @@ class FederationService:
         async for raw in stream:  # quiet while the site trains: TASKS_QUIET_S (app.py)
             head = await _header(context, raw)
             if isinstance(head.get("reply"), dict):
-                reply, closing = head["reply"], {}
+                reply, size = head["reply"], head.get("bytes")
+                if size is not None and (isinstance(size, bool) or not isinstance(size, int)
+                                         or size < 0):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        "a reply's bytes must be a number of bytes")
+                closing = {"pull": head["pull"]} if size is not None and "pull" in head else {}
                 answer = await self._take_reply(
                     context, site,
                     {"job_id": job_id, "task_id": reply.get("task_id"),
                      "headers": reply.get("headers")},
-                    _reply_data(stream, closing))
+                    _reply_data(stream, closing, size))
                 yield frames.header({"ack": answer})
                 if "pull" not in closing:
                     continue
@@ -277,27 +284,33 @@ async def _spooled(context, entry, site: str) -> AsyncIterator[bytes]:
         await context.abort(grpc.StatusCode.ABORTED, f"task {entry.task_id} broke off: {exc}")
 
 
-async def _reply_data(stream: AsyncIterator[bytes], closing: dict[str, Any]
-                      ) -> AsyncIterator[bytes]:
-    """A reply's data frames on a Tasks call, up to its {sent: true} (kept in `closing`, with
-    the pull it may ask for); each within the read deadline of a stream's next message,
-    whatever the call's quiet deadline between tasks."""
-    while True:
+async def _reply_data(stream: AsyncIterator[bytes], closing: dict[str, Any],
+                      size: int | None = None) -> AsyncIterator[bytes]:
+    """A reply's data frames on a Tasks call: `size` bytes of them, or else up to its {sent:
+    true} (kept in `closing`, with the pull it may ask for). Each comes within the read
+    deadline of a stream's next message, whatever the call's quiet deadline between tasks."""
+    got = 0
+    while size is None or got < size:
         try:
             async with asyncio.timeout(REPLY_FRAME_S):
                 raw = await stream.__anext__()
         except StopAsyncIteration:
-            raise frames.FrameError("the call ended inside a reply: expected {sent: true}") \
+            expected = "{sent: true}" if size is None else f"{size} bytes"
+            raise frames.FrameError(f"the call ended inside a reply: expected {expected}") \
                 from None
         except TimeoutError:
             raise Stalled(f"the server received nothing for {REPLY_FRAME_S:g} s inside a "
                           "reply; send it without pausing") from None
         if frames.is_data(raw):
+            got += len(raw)
+            if size is not None and got > size:
+                raise frames.FrameError(f"the reply's data is longer than its {size} bytes")
             yield raw
             continue
-        head = frames.read_header(raw)
+        head = frames.read_header(raw) if size is None else {}
         if head.get("sent") is not True or not set(head) <= {"sent", "pull"}:
-            raise frames.FrameError("a reply's data must end with {sent: true}")
+            raise frames.FrameError("a reply's data must end with {sent: true}"
+                                    if size is None else "a header inside a reply's bytes")
         closing.update(head)
         return
 

@@ -6,9 +6,10 @@ job's pulls and replies share one call, opened at the first pull and closed when
 here. The frames a pull yields and a reply sends are those of `PullTask` and `PushReply`: the
 site checks them the same way (site/worker_backend.py).
 
-A reply asks for the next task as it ends (`{sent: true, pull: seconds}`), and a task whose
-payload the server holds whole names its number of frames: a round is three messages each
-way, not four.
+A reply asks for the next task as it ends (`{sent: true, pull: seconds}`), or in its header
+with its size where that is known (a worker's handoff file: `{reply, bytes, pull}`, and no
+`{sent}`); a task whose payload the server holds whole names its number of frames. A round is
+then two or three messages each way, not four.
 
 The stream serves one operation at a time. A second that comes while one holds it (a worker
 that pulls on one thread and replies on another) goes as a call of its own, as before. An
@@ -90,10 +91,12 @@ class TaskStream:
                 raise frames.FrameError("the server's task has fewer frames than it said")
             yield raw
 
-    def reply(self, head: dict[str, Any], data: Iterable[bytes]) -> dict[str, Any]:
-        """Send one reply (head: job_id, task_id, headers; then its data frames); the server's
-        answer, as PushReply's. On the stream it asks for the next task too, with the wait of
-        the worker's last pull: the worker's next pull then only reads it."""
+    def reply(self, head: dict[str, Any], data: Iterable[bytes],
+              size: int | None = None) -> dict[str, Any]:
+        """Send one reply (head: job_id, task_id, headers; then its data frames, `size` bytes
+        of them where known); the server's answer, as PushReply's. On the stream it asks for
+        the next task too, with the wait of the worker's last pull: the worker's next pull then
+        only reads it."""
         if not self._lock.acquire(blocking=False):
             return _body(self.server.PushReply(_reply_frames(head, data)))
         if self._ahead:  # a reply before the next pull: the server answers that pull first
@@ -102,11 +105,13 @@ class TaskStream:
         whole = False
         try:
             self._open()
-            self._send(frames.header({"reply": {"task_id": head["task_id"],
-                                                "headers": head["headers"]}}))
+            reply = {"task_id": head["task_id"], "headers": head["headers"]}
+            sized = {"bytes": size, "pull": self._wait} if size is not None else {}
+            self._send(frames.header({"reply": reply, **sized}))
             for raw in data:
                 self._send(raw)
-            self._send(frames.header({"sent": True, "pull": self._wait}))
+            if size is None:  # the end of the data, and the next task asked for
+                self._send(frames.header({"sent": True, "pull": self._wait}))
             self._ahead = True
             answer = frames.read_header(self._next()).get("ack")
             if not isinstance(answer, dict):

@@ -28,7 +28,7 @@ from atoll.spec.errors import AtollError
 from atoll.spec.names import IdentifierError, check_round, check_task_id, check_task_name
 from atoll.wire import frames
 from atoll.wire import messages as msg
-from atoll.wire.handoff import KEY, HandoffDir, payload_of
+from atoll.wire.handoff import KEY, FileFrames, HandoffDir, payload_of
 
 log = logging.getLogger("atoll.site.worker_backend")
 
@@ -139,8 +139,9 @@ class SiteWorkerBackend:
                 _progressed(job)
                 yield frame
 
-        try:
-            return self._tasks(job).reply(upstream, relay())
+        try:  # a handoff file's size is known: the server then needs no end marker
+            size = data.size if isinstance(data, FileFrames) else None
+            return self._tasks(job).reply(upstream, relay(), size)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:  # the server is restarting: a job
                 log.warning("job %s: the server was unreachable; the reply to %s is lost (a "

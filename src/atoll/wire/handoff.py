@@ -40,7 +40,7 @@ import re
 import stat
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -145,11 +145,11 @@ class HandoffDir:
         handle, size = self._open(name)
         return self._mapped_frames(handle, size, name)
 
-    def take(self, name: str) -> Iterator[bytes]:
-        """The data frames in the named file, read (a parent reading its worker's file); given
-        back as soon as it is read to its end."""
-        handle, _ = self._open(name)
-        return self._read_frames(handle, name)
+    def take(self, name: str) -> FileFrames:
+        """The data frames in the named file, read (a parent reading its worker's file) up to
+        its size when opened; given back as soon as it is read to its end."""
+        handle, size = self._open(name)
+        return FileFrames(self._read_frames(handle, name, size), size)
 
     def give_back(self) -> None:
         """Give back every mapped file read to its end whose frames nobody holds any more."""
@@ -213,13 +213,13 @@ class HandoffDir:
             else:  # the mapping goes with its last view, the name now
                 self.discard(name)
 
-    def _read_frames(self, handle: io.FileIO, name: str) -> Iterator[bytes]:
+    def _read_frames(self, handle: io.FileIO, name: str, size: int) -> Iterator[bytes]:
         offset, whole, fd = 0, False, handle.fileno()
         try:
-            while head := os.pread(fd, _HEAD_MAX, offset):
-                length = frames.frame_size(head)
-                raw = os.pread(fd, length, offset)  # one copy, straight into the frame
-                if len(raw) != length:
+            while offset < size:
+                length = frames.frame_size(os.pread(fd, _HEAD_MAX, offset))
+                raw = os.pread(fd, length, offset) if offset + length <= size else b""
+                if len(raw) != length:  # cut short, or grown past its size since it was opened
                     raise HandoffError(f"handoff file {name} ends inside a frame")
                 yield frames.data_only(raw)
                 offset += length
@@ -230,6 +230,19 @@ class HandoffDir:
                 self._free(name, offset)
             else:
                 self.discard(name)
+
+
+class FileFrames(Iterator[bytes]):
+    """A handoff file's data frames, as an iterator, and the bytes they come to (`size`)."""
+
+    def __init__(self, frames_: Generator[bytes, None, None], size: int):
+        self._frames, self.size = frames_, size
+
+    def __next__(self) -> bytes:
+        return next(self._frames)
+
+    def close(self) -> None:
+        self._frames.close()
 
 
 class HandoffFile:

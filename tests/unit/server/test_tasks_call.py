@@ -130,3 +130,54 @@ def test_a_reply_left_unfinished_is_refused_and_never_delivered(tmp_path, cut):
     assert "sent" in refused.details
     assert relay.next_reply(task_id, 0) is None  # nothing half-received reached the workflow
     relay.open_reply(SITE, task_id, {}).abandon()  # and the site may send it again
+
+
+def test_a_reply_of_known_size_needs_no_end_marker_and_asks_for_the_next_task(tmp_path):
+    relay = _relay(tmp_path)
+    service = _service(Jobs(relay))
+    data = [frames.data(b"a" * 5), frames.data(b"b" * 7)]
+
+    async def main():
+        site = Site(service, relay)
+        first = _task(relay, 1, b"t")
+        site.send({"job_id": "j1"}, {"pull": 5})
+        for _ in range(2):
+            await site.read()
+        second = _task(relay, 2, b"u")
+        site.send({"reply": {"task_id": first, "headers": {}},
+                   "bytes": sum(map(len, data)), "pull": 5}, *data)
+        assert frames.read_header(await site.read()) == {"ack": {}}
+        head = frames.read_header(await site.read())  # the next task, asked for in the header
+        return first, second, head
+
+    first, second, head = asyncio.run(main())
+    assert head["task_id"] == second
+    reply = relay.next_reply(first, 0)
+    assert reply is not None and list(reply.spool.read("workflow")) == data
+
+
+@pytest.mark.parametrize(("size", "code"), [
+    (3, grpc.StatusCode.FAILED_PRECONDITION),  # a frame past its bytes
+    (50, grpc.StatusCode.FAILED_PRECONDITION),  # the call ends before its bytes came
+    (-1, grpc.StatusCode.INVALID_ARGUMENT), (True, grpc.StatusCode.INVALID_ARGUMENT),
+    ("12", grpc.StatusCode.INVALID_ARGUMENT)])
+def test_a_reply_whose_bytes_do_not_match_its_data_is_refused_and_never_delivered(
+        tmp_path, size, code):
+    relay = _relay(tmp_path)
+    service = _service(Jobs(relay))
+
+    async def main():
+        site = Site(service, relay)
+        task_id = _task(relay, 1, b"t")
+        site.send({"job_id": "j1"}, {"pull": 5})
+        for _ in range(2):
+            await site.read()
+        site.send({"reply": {"task_id": task_id, "headers": {}}, "bytes": size},
+                  frames.data(b"0123456789"), None)
+        with pytest.raises(Aborted) as err:
+            await site.read()
+        return task_id, err.value
+
+    task_id, refused = asyncio.run(main())
+    assert refused.code == code, refused.details
+    assert relay.next_reply(task_id, 0) is None

@@ -28,6 +28,7 @@ class Server:
         self.hold = threading.Event()  # a pull waits for it when misbehave == "hold"
         self.rounds = 0
         self.pulls_ahead = 0  # replies that asked for the next task
+        self.sized = 0  # replies that said their size
 
     def _task(self) -> list[bytes]:
         self.rounds += 1
@@ -43,11 +44,17 @@ class Server:
             head = frames.read_header(raw)
             if "reply" in head:
                 data = []
-                while frames.is_data(raw := next(requests)):
-                    data.append(raw)
+                if "bytes" in head:  # its size known: no {sent}
+                    while sum(map(len, data)) < head["bytes"]:
+                        data.append(next(requests))
+                    self.sized += 1
+                else:
+                    while frames.is_data(raw := next(requests)):
+                        data.append(raw)
                 self.replies.append((head["reply"], data))
                 yield frames.header({"ack": {}} if self.misbehave != "no ack" else {"ok": 1})
-                head = frames.read_header(raw)  # {sent: true}, and the pull it asks for
+                if "bytes" not in head:
+                    head = frames.read_header(raw)  # {sent: true}, and the pull it asks for
                 self.pulls_ahead += "pull" in head
                 if "pull" not in head:
                     continue
@@ -101,25 +108,28 @@ def served():
     server.stop(0)
 
 
-def _round(stream: TaskStream, n: int | None) -> dict:
-    """One pull and its reply; n: the task's number, where the test knows it."""
+def _round(stream: TaskStream, n: int | None, sized: bool = False) -> dict:
+    """One pull and its reply (`sized`: saying its size); n: the task's number, where the test
+    knows it."""
     got = list(stream.pull(5))
     head = frames.read_header(got[0])
     n = n or int(head["task_id"][1:])
     assert head["task_id"] == f"t{n}" and got[1:] == [frames.data(b"x" * n)]
+    data = [frames.data(b"reply")]
     return stream.reply({"job_id": "j1", "task_id": head["task_id"], "headers": {"round": n}},
-                        iter([frames.data(b"reply")]))
+                        iter(data), sum(map(len, data)) if sized else None)
 
 
 def test_rounds_go_on_one_call(served):
     service, stub = served
     stream = TaskStream(stub, "j1")
-    for n in (1, 2, 3, 4):  # tasks ended by {done}, and by their number of frames, in turn
-        assert _round(stream, n) == {}
+    for n in (1, 2, 3, 4, 5, 6):  # tasks ended by {done} and by their number of frames;
+        assert _round(stream, n, sized=n > 4) == {}  # replies ended by {sent} and sized
     assert service.calls == {"Tasks": 1}
-    assert service.pulls_ahead == 4  # each reply asked for the next task: one message less
+    assert service.pulls_ahead == 6  # each reply asked for the next task: one message less
+    assert service.sized == 2
     assert service.replies == [({"task_id": f"t{n}", "headers": {"round": n}},
-                                [frames.data(b"reply")]) for n in (1, 2, 3, 4)]
+                                [frames.data(b"reply")]) for n in (1, 2, 3, 4, 5, 6)]
     stream.close()
 
 

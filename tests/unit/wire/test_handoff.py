@@ -108,6 +108,26 @@ def test_a_workers_file_cut_short_or_read_in_part_is_removed_not_reused(tmp_path
     assert _names(tmp_path / "h") == []
 
 
+def test_a_workers_file_is_taken_up_to_its_size_when_opened(tmp_path):
+    """The parent tells the server a reply's size from its file before it reads it: a worker
+    that grows the file meanwhile gets an error, not more bytes than were said."""
+    parent = HandoffDir(tmp_path / "h", create=True)
+    name = HandoffDir(tmp_path / "h").put([b"a" * 10, b"b" * 20])
+    taken = parent.take(name)
+    assert taken.size == len(frames.data(b"a" * 10)) + len(frames.data(b"b" * 20))
+    assert sum(map(len, taken)) == taken.size
+    grown = HandoffDir(tmp_path / "h").put([b"c" * 10])
+    stream = parent.take(grown)
+    with open(tmp_path / "h" / grown, "ab") as fh:  # the worker appends after the parent opened
+        fh.write(frames.data(b"more"))
+    assert b"".join(stream) == frames.data(b"c" * 10)  # what was there when it was opened
+    cut = HandoffDir(tmp_path / "h").put([b"d" * 100])
+    stream = parent.take(cut)
+    os.truncate(tmp_path / "h" / cut, 50)  # or cuts it short
+    with pytest.raises(HandoffError, match="ends inside a frame"):
+        list(stream)
+
+
 def test_a_failed_write_leaves_no_file(tmp_path):
     folder = HandoffDir(tmp_path / "h", create=True)
 
