@@ -63,6 +63,16 @@ def _task(relay: JobRelay, round_: int, data: bytes) -> str:
     return relay._queues[SITE][-1]
 
 
+async def _took_a_task(service, relay: JobRelay) -> tuple[Site, str]:
+    """A site that opened its task stream and took a task (whole: its header and data)."""
+    site = Site(service, relay)
+    task_id = _task(relay, 1, b"t")
+    site.send({"job_id": "j1"}, {"pull": 5})
+    for _ in range(2):
+        await site.read()
+    return site, task_id
+
+
 def test_rounds_of_pulls_and_replies_go_on_one_call(tmp_path):
     relay = _relay(tmp_path)
     service = _service(Jobs(relay))
@@ -114,11 +124,7 @@ def test_a_reply_left_unfinished_is_refused_and_never_delivered(tmp_path, cut):
     service = _service(Jobs(relay))
 
     async def main():
-        site = Site(service, relay)
-        task_id = _task(relay, 1, b"t")
-        site.send({"job_id": "j1"}, {"pull": 5})
-        for _ in range(2):  # the task (whole: its number of frames) and its data
-            await site.read()
+        site, task_id = await _took_a_task(service, relay)
         site.send({"reply": {"task_id": task_id, "headers": {}}}, frames.data(b"half"))
         site.send(None if cut == "ends" else frames.header({"pull": 1}))
         with pytest.raises(Aborted) as err:
@@ -138,11 +144,7 @@ def test_a_reply_of_known_size_needs_no_end_marker_and_asks_for_the_next_task(tm
     data = [frames.data(b"a" * 5), frames.data(b"b" * 7)]
 
     async def main():
-        site = Site(service, relay)
-        first = _task(relay, 1, b"t")
-        site.send({"job_id": "j1"}, {"pull": 5})
-        for _ in range(2):
-            await site.read()
+        site, first = await _took_a_task(service, relay)
         second = _task(relay, 2, b"u")
         site.send({"reply": {"task_id": first, "headers": {}},
                    "bytes": sum(map(len, data)), "pull": 5}, *data)
@@ -167,11 +169,7 @@ def test_a_reply_whose_bytes_do_not_match_its_data_is_refused_and_never_delivere
     service = _service(Jobs(relay))
 
     async def main():
-        site = Site(service, relay)
-        task_id = _task(relay, 1, b"t")
-        site.send({"job_id": "j1"}, {"pull": 5})
-        for _ in range(2):
-            await site.read()
+        site, task_id = await _took_a_task(service, relay)
         site.send({"reply": {"task_id": task_id, "headers": {}}, "bytes": size},
                   frames.data(b"0123456789"), None)
         with pytest.raises(Aborted) as err:
