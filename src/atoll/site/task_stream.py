@@ -29,8 +29,8 @@ from atoll.wire import frames
 from atoll.wire import messages as msg
 
 OUTBOX = 4  # frames queued for gRPC to send: a reply streams through, never held whole
-PUT_POLL_S = 1.0
-DEFAULT_WAIT_S = 5.0  # a reply's pull for the next task, before the worker's first pull  # how often a sender blocked on a full outbox looks whether the call ended
+PUT_POLL_S = 1.0  # how often a sender blocked on a full outbox looks whether the call ended
+DEFAULT_WAIT_S = 5.0  # a reply's pull for the next task, before the worker's first pull
 
 
 class TaskCalls(Protocol):

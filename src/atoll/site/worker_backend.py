@@ -148,8 +148,8 @@ class SiteWorkerBackend:
                             "resumed job sends the task again)", job_id, task_id)
                 return {"lost": True}
             raise BackendError(f"the server refused the reply: {exc.details()}") from None
-        except frames.FrameError as exc:  # the server's answer out of its shape
-            raise BackendError(f"the server's answer to the reply is refused: {exc}") from None
+        except frames.FrameError as exc:  # the worker's file or the server's answer
+            raise BackendError(f"the reply did not go through: {exc}") from None
         finally:
             job.progress = None  # replied: it holds no task until the next hand-over
 
