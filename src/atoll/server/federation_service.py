@@ -307,10 +307,11 @@ async def _reply_data(stream: AsyncIterator[bytes], closing: dict[str, Any],
                 raise frames.FrameError(f"the reply's data is longer than its {size} bytes")
             yield raw
             continue
-        head = frames.read_header(raw) if size is None else {}
+        if size is not None:
+            raise frames.FrameError("a header inside a reply's bytes")
+        head = frames.read_header(raw)
         if head.get("sent") is not True or not set(head) <= {"sent", "pull"}:
-            raise frames.FrameError("a reply's data must end with {sent: true}"
-                                    if size is None else "a header inside a reply's bytes")
+            raise frames.FrameError("a reply's data must end with {sent: true}")
         closing.update(head)
         return
 
