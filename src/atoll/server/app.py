@@ -28,6 +28,7 @@ from atoll.pki.kit import Kit
 from atoll.pki.tls import server_credentials
 from atoll.server.admin_service import AdminService
 from atoll.server.federation_service import TASKS_QUIET_S, FederationService
+from atoll.server.heap import HeapKeeper
 from atoll.server.job_signing import SubmissionCheck
 from atoll.server.jobs import JobManager
 from atoll.server.provenance import ServerProvenance
@@ -167,6 +168,8 @@ class ServerParent:
         self.jobs.launch_resumed()  # the jobs `recover` resumed: their new server workers
         self.scheduler.start()
         threading.Thread(target=self._watch_links, name="liveness", daemon=True).start()
+        threading.Thread(target=HeapKeeper().run, args=(self._stopped,), name="heap",
+                         daemon=True).start()
         log.info("server %s listening on %s; workers dial %s", self.kit.name,
                  self.kit.listen_address, self.worker_address)
         if self.local.unconfined_warning:

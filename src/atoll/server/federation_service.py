@@ -180,42 +180,71 @@ class FederationService:
           too, which then follows the ack (a message less each way and round). A reply whose
           size the site knows (a worker's handoff file) says so instead, {reply: ..., bytes:
           n, pull: wait_s}, and its data ends after n bytes, with no {sent}.
+
+        A site that opens with {job_id, compact: true} reads a round in one message: the ack
+        and the next task's header in one, and a complete payload of at most INLINE_MAX bytes
+        inside it ({bytes: n}, n the payload's size, and the payload inline, no data frames).
+        It may then send a sized reply's payload inline the same way (`bytes` is then the
+        payload's size, not its frames').
         """
         site = (await peer_identity_async(context, "site")).name
         stream = request_iterator.__aiter__()
-        job_id = (await _first_header(context, stream)).get("job_id")
+        opener = await _first_header(context, stream)
+        job_id, compact = opener.get("job_id"), opener.get("compact") is True
         await _checked_id(context, job_id)
         async for raw in stream:  # quiet while the site trains: TASKS_QUIET_S (app.py)
-            head = await _header(context, raw)
+            head, inline = await _message(context, raw)
+            ack: dict[str, Any] = {}
             if isinstance(head.get("reply"), dict):
                 reply, size = head["reply"], head.get("bytes")
                 if size is not None and (isinstance(size, bool) or not isinstance(size, int)
                                          or size < 0):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                         "a reply's bytes must be a number of bytes")
+                if inline is not None and size != len(inline):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        "an inline reply's bytes must be its payload's size")
                 closing = {"pull": head["pull"]} if size is not None and "pull" in head else {}
+                data = (_inline_frames(inline) if inline is not None
+                        else _reply_data(stream, closing, size))
                 answer = await self._take_reply(
                     context, site,
                     {"job_id": job_id, "task_id": reply.get("task_id"),
-                     "headers": reply.get("headers")},
-                    _reply_data(stream, closing, size))
-                yield frames.header({"ack": answer})
-                if "pull" not in closing:
-                    continue
+                     "headers": reply.get("headers")}, data)
+                # Nothing of the reply stays referenced while the next task is awaited: a round
+                # at 10,000 sites, and every site's last message otherwise held for it.
+                raw = inline = data = None
+                if "pull" not in closing or not compact:
+                    yield frames.header({"ack": answer})
+                    if "pull" not in closing:
+                        continue
+                else:  # with the next task's header
+                    ack = {"ack": answer}
                 head = closing
+            elif inline is not None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    "only a reply carries a payload inline")
             elif "pull" not in head:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     "expected {pull: seconds} or {reply: {task_id, headers}}")
             task, entry = await self._next_task(context, site, job_id, head["pull"])
-            count = entry.spool.frame_count if entry is not None else None
-            yield frames.header({**task, "frames": count} if count is not None else task)
-            if entry is not None:
-                async for out in _spooled(context, entry, site):
-                    yield out
-                if count is None:
-                    yield frames.header({"done": True})
+            spool = entry.spool if entry is not None else None
+            payload = (spool.whole(site, frames.INLINE_MAX)
+                       if compact and spool is not None else None)
+            if payload is not None:
+                yield frames.header({**ack, **task, "bytes": len(payload)}, payload)
+            else:
+                count = spool.frame_count if spool is not None else None
+                yield frames.header({**ack, **task, **({} if count is None
+                                                        else {"frames": count})})
+                if entry is not None:
+                    async for out in _spooled(context, entry, site):
+                        yield out
+                    if count is None:
+                        yield frames.header({"done": True})
             if task.get("end"):
                 return
+            payload = out = None  # nor the task's bytes while the site trains on it
 
     async def _next_task(self, context, site: str, job_id: str, wait_s: Any
                          ) -> tuple[dict[str, Any], TaskEntry | None]:
@@ -316,6 +345,12 @@ async def _reply_data(stream: AsyncIterator[bytes], closing: dict[str, Any],
         return
 
 
+async def _inline_frames(payload: memoryview) -> AsyncIterator[bytes]:
+    """A reply's inline payload as the data frame a relay keeps."""
+    if payload:
+        yield frames.data(payload)
+
+
 async def _first_header(context, stream: AsyncIterator[bytes]) -> dict[str, Any]:
     try:
         raw = await stream.__anext__()
@@ -323,6 +358,14 @@ async def _first_header(context, stream: AsyncIterator[bytes]) -> dict[str, Any]
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                             "empty stream: expected a header frame")
     return await _header(context, raw)
+
+
+async def _message(context, raw: bytes) -> tuple[dict[str, Any], memoryview | None]:
+    """raw's header and inline payload (frames.read_message), or INVALID_ARGUMENT."""
+    try:
+        return frames.read_message(raw)
+    except frames.FrameError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 async def _header(context, raw: bytes) -> dict[str, Any]:

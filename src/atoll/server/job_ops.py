@@ -9,8 +9,10 @@ exactly like one that does not exist.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -53,6 +55,34 @@ class AdminJobs(Protocol):
     def abort(self, job_id: str, reason: str) -> None: ...
 
 
+class StatusCache:
+    """Each job's last status, with the store version read before it. While the store has not
+    changed since, a status call is answered from it: reading a job of 10,000 parts takes 30 ms,
+    and dashboards and scripts ask again and again while a round runs and nothing changes."""
+
+    SIZE = 64  # jobs
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_job: OrderedDict[str, tuple[int, str, dict[str, Any]]] = OrderedDict()
+
+    def get(self, job_id: str, version: int) -> tuple[str, dict[str, Any]] | None:
+        """(the job's study, a copy of its status) if read at this version."""
+        with self._lock:
+            found = self._by_job.get(job_id)
+            if found is None or found[0] != version:
+                return None
+            self._by_job.move_to_end(job_id)
+        return found[1], dict(found[2])
+
+    def put(self, job_id: str, version: int, study: str, status: dict[str, Any]) -> None:
+        with self._lock:
+            self._by_job[job_id] = (version, study, dict(status))
+            self._by_job.move_to_end(job_id)
+            while len(self._by_job) > self.SIZE:
+                self._by_job.popitem(last=False)
+
+
 @dataclass(frozen=True)
 class JobOps:
     store: Store
@@ -61,6 +91,7 @@ class JobOps:
     links: SiteLinks
     policies: SitePolicies
     audit: Audit
+    statuses: StatusCache = field(default_factory=StatusCache)
 
 
 def ops(deps: JobOps) -> dict[str, Op]:
@@ -138,10 +169,14 @@ def job_status(deps: JobOps, who: Identity, study: str, body: dict[str, Any]) ->
     """A job's status, with the store's ``version`` (read first: never miss a change) that a
     watcher passes back as ``since`` to wait for the next one."""
     version = deps.store.version
+    cached = deps.statuses.get(str(body.get("job_id")), version)
+    if cached is not None and cached[0] == study:  # else find_job says why not
+        return cached[1]
     record = find_job(deps, study, body.get("job_id"))
     out = job_summary(record)
     out["version"] = version
     out["progress"] = deps.store.recent_events(record.id)
+    deps.statuses.put(record.id, version, record.study, out)
     return out
 
 

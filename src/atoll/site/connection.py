@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -26,6 +27,15 @@ HEARTBEAT_BOUNDS_S = (1.0, 300.0)  # what the site accepts of the server's word
 READY_WAIT_S = 10.0  # how often "waiting for the server" is logged while it is away
 KEEP_FINAL = 200  # final job states re-sent after a reconnect, in case one was lost
 _WAKE = object()  # wakes the events of a call that ended, so that they stop taking reports
+
+
+def backoff_s(attempt: int) -> float:
+    """The pause before reconnect number `attempt` (0 first): a random point in the second half
+    of its step. A server that restarts loses every site at the same moment; at fixed steps,
+    thousands of sites would come back in the same instant, time its TLS handshakes out, and
+    retry together again."""
+    step = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+    return step * (0.5 + 0.5 * random.random())
 
 
 class ServerLink:
@@ -83,7 +93,7 @@ class ServerLink:
             self._follow_kit()
             self._generation += 1  # that call's events stop at once (see _events)
             self._outbox.put(_WAKE)
-            if self._stop.wait(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]):
+            if self._stop.wait(backoff_s(attempt)):
                 break
             attempt += 1
 

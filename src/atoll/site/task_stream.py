@@ -11,6 +11,12 @@ with its size where that is known (a worker's handoff file: `{reply, bytes, pull
 `{sent}`); a task whose payload the server holds whole names its number of frames. A round is
 then two or three messages each way, not four.
 
+The site opens the call as `compact`: the server may then answer a reply with the ack and the
+next task in one message, and send a small complete payload (at most frames.INLINE_MAX) inside
+its header's message. Once the server has done either on a call, a sized reply of that size
+goes inline too: a small model's round is one message each way. What the stream yields and
+takes stays in the PullTask/PushReply shapes, so the site's checks are the same.
+
 The stream serves one operation at a time. A second that comes while one holds it (a worker
 that pulls on one thread and replies on another) goes as a call of its own, as before. An
 operation that breaks off leaves the stream in an unknown place, so it is dropped; the next
@@ -51,6 +57,8 @@ class TaskStream:
         self._out: queue.Queue[bytes | None] | None = None
         self._ahead = False  # the last reply asked for the next task; no pull has read it yet
         self._wait = DEFAULT_WAIT_S  # the wait of the worker's last pull
+        self._compact = False  # the server sent a compact answer on this call: it reads them
+        self._next_task: tuple[dict[str, Any], memoryview | None] | None = None  # with an ack
 
     def pull(self, wait_s: float) -> Iterator[bytes]:
         """The job's next task as PullTask streams it: its header and data frames, or a lone
@@ -65,10 +73,18 @@ class TaskStream:
             if not self._ahead:  # else the last reply asked for it already
                 self._send(frames.header({"pull": wait_s}))
             self._ahead, self._wait = False, wait_s
-            first = self._next()
-            head = frames.read_header(first)
-            yield first
-            if "task_id" in head:
+            if self._next_task is not None:  # it came with the last reply's ack
+                (head, inline), self._next_task = self._next_task, None
+            else:
+                head, inline = self._message()
+            yield frames.header(head)
+            if inline is not None:
+                if "task_id" not in head or head.get("bytes") != len(inline):
+                    raise frames.FrameError("the server's inline payload is not a task's, "
+                                            "or not of the size it names")
+                if inline:
+                    yield frames.data(inline)
+            elif "task_id" in head:
                 yield from self._task_data(head.get("frames"))
             whole = "end" not in head  # the server ends the call after {end}
         finally:
@@ -107,17 +123,28 @@ class TaskStream:
             self._open()
             reply = {"task_id": head["task_id"], "headers": head["headers"]}
             sized = {"bytes": size, "pull": self._wait} if size is not None else {}
-            self._send(frames.header({"reply": reply, **sized}))
-            for raw in data:
-                self._send(raw)
+            if self._compact and size is not None and size <= frames.INLINE_MAX:
+                # inline, `bytes` is the payload's size; else its frames' (a handoff file's)
+                payload = b"".join(frames.data_view(raw) for raw in data)
+                self._send(frames.header({"reply": reply, **sized, "bytes": len(payload)},
+                                         payload))
+            else:
+                self._send(frames.header({"reply": reply, **sized}))
+                for raw in data:
+                    self._send(raw)
             if size is None:  # the end of the data, and the next task asked for
                 self._send(frames.header({"sent": True, "pull": self._wait}))
             self._ahead = True
-            answer = frames.read_header(self._next()).get("ack")
-            if not isinstance(answer, dict):
+            answer, inline = self._message()
+            ack = answer.pop("ack", None)
+            if not isinstance(ack, dict):
                 raise frames.FrameError("the server did not acknowledge the reply")
+            if answer:  # the next task's header came with it
+                self._next_task, self._compact = (answer, inline), True
+            elif inline is not None:
+                raise frames.FrameError("the server's ack carries a payload")
             whole = True
-            return answer
+            return ack
         finally:
             if not whole:
                 self._drop()
@@ -133,13 +160,14 @@ class TaskStream:
             return
         self._drop()
         out: queue.Queue[bytes | None] = queue.Queue(maxsize=OUTBOX)
-        out.put(frames.header({"job_id": self.job_id}))
+        out.put(frames.header({"job_id": self.job_id, "compact": True}))
         self._out, self._call = out, self.server.Tasks(_drain(out))
 
     def _drop(self) -> None:
         call, out = self._call, self._out
         self._call = self._out = None
-        self._ahead = False
+        self._ahead = self._compact = False
+        self._next_task = None
         if call is not None:
             call.cancel()
         if out is not None:
@@ -159,6 +187,13 @@ class TaskStream:
             except queue.Full:
                 if call.done():  # the call ended: no one sends the outbox any more
                     raise call from None  # (a gRPC call is its own RpcError)
+
+    def _message(self) -> tuple[dict[str, Any], memoryview | None]:
+        """The server's next header and the payload inline in its message, if any."""
+        head, inline = frames.read_message(self._next())
+        if inline is not None:
+            self._compact = True
+        return head, inline
 
     def _next(self) -> bytes:
         if self._call is None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61toll/wire/atoll.proto\x12\x08\x61toll.v1\"1\n\x05\x46rame\x12\x10\n\x06header\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\x14\n\x04Json\x12\x0c\n\x04\x62ody\x18\x01 \x01(\t\"N\n\tSiteEvent\x12\x0f\n\x05hello\x18\x01 \x01(\tH\x00\x12\x13\n\theartbeat\x18\x02 \x01(\tH\x00\x12\x13\n\tjob_state\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"\x87\x01\n\rServerCommand\x12\x11\n\x07welcome\x18\x01 \x01(\tH\x00\x12\x12\n\x08\x64ispatch\x18\x02 \x01(\tH\x00\x12\x0f\n\x05\x61\x62ort\x18\x03 \x01(\tH\x00\x12\r\n\x03\x65nd\x18\x04 \x01(\tH\x00\x12\x15\n\x0brevocations\x18\x05 \x01(\tH\x00\x12\x10\n\x06\x66orget\x18\x06 \x01(\tH\x00\x42\x06\n\x04kind\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"-\n\x0bPullRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x32\xb9\x02\n\nFederation\x12;\n\x07\x43onnect\x12\x13.atoll.v1.SiteEvent\x1a\x17.atoll.v1.ServerCommand(\x01\x30\x01\x12/\n\x08\x46\x65tchJob\x12\x10.atoll.v1.JobRef\x1a\x0f.atoll.v1.Frame0\x01\x12\x34\n\x08PullTask\x12\x15.atoll.v1.PullRequest\x1a\x0f.atoll.v1.Frame0\x01\x12.\n\tPushReply\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12-\n\x05Tasks\x12\x0f.atoll.v1.Frame\x1a\x0f.atoll.v1.Frame(\x01\x30\x01\x12(\n\x06Report\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json2\x8b\x01\n\x05\x41\x64min\x12&\n\x04\x43\x61ll\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json\x12+\n\x06Submit\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12-\n\x08\x44ownload\x12\x0e.atoll.v1.Json\x1a\x0f.atoll.v1.Frame0\x01\x32\xd3\x04\n\nWorkerLink\x12*\n\x08Register\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json\x12-\n\x08\x46\x65tchApp\x12\x0e.atoll.v1.Json\x1a\x0f.atoll.v1.Frame0\x01\x12-\n\x08SendTask\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12\x35\n\tNextReply\x12\x15.atoll.v1.PullRequest\x1a\x0f.atoll.v1.Frame0\x01\x12\x34\n\x08NextTask\x12\x15.atoll.v1.PullRequest\x1a\x0f.atoll.v1.Frame0\x01\x12.\n\tSendReply\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12(\n\x06Report\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json\x12(\n\x06\x46inish\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json\x12-\n\x0bSpendBudget\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json\x12\x30\n\x0bSendResults\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12\x33\n\x0eSendCheckpoint\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12\x34\n\x0f\x46\x65tchCheckpoint\x12\x0e.atoll.v1.Json\x1a\x0f.atoll.v1.Frame0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61toll/wire/atoll.proto\x12\x08\x61toll.v1\"A\n\x05\x46rame\x12\x10\n\x06header\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x0e\n\x06inline\x18\x03 \x01(\x0c\x42\x06\n\x04kind\"\x14\n\x04Json\x12\x0c\n\x04\x62ody\x18\x01 \x01(\t\"N\n\tSiteEvent\x12\x0f\n\x05hello\x18\x01 \x01(\tH\x00\x12\x13\n\theartbeat\x18\x02 \x01(\tH\x00\x12\x13\n\tjob_state\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"\x87\x01\n\rServerCommand\x12\x11\n\x07welcome\x18\x01 \x01(\tH\x00\x12\x12\n\x08\x64ispatch\x18\x02 \x01(\tH\x00\x12\x0f\n\x05\x61\x62ort\x18\x03 \x01(\tH\x00\x12\r\n\x03\x65nd\x18\x04 \x01(\tH\x00\x12\x15\n\x0brevocations\x18\x05 \x01(\tH\x00\x12\x10\n\x06\x66orget\x18\x06 \x01(\tH\x00\x42\x06\n\x04kind\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"-\n\x0bPullRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x32\xb9\x02\n\nFederation\x12;\n\x07\x43onnect\x12\x13.atoll.v1.SiteEvent\x1a\x17.atoll.v1.ServerCommand(\x01\x30\x01\x12/\n\x08\x46\x65tchJob\x12\x10.atoll.v1.JobRef\x1a\x0f.atoll.v1.Frame0\x01\x12\x34\n\x08PullTask\x12\x15.atoll.v1.PullRequest\x1a\x0f.atoll.v1.Frame0\x01\x12.\n\tPushReply\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12-\n\x05Tasks\x12\x0f.atoll.v1.Frame\x1a\x0f.atoll.v1.Frame(\x01\x30\x01\x12(\n\x06Report\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json2\x8b\x01\n\x05\x41\x64min\x12&\n\x04\x43\x61ll\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json\x12+\n\x06Submit\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12-\n\x08\x44ownload\x12\x0e.atoll.v1.Json\x1a\x0f.atoll.v1.Frame0\x01\x32\xd3\x04\n\nWorkerLink\x12*\n\x08Register\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json\x12-\n\x08\x46\x65tchApp\x12\x0e.atoll.v1.Json\x1a\x0f.atoll.v1.Frame0\x01\x12-\n\x08SendTask\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12\x35\n\tNextReply\x12\x15.atoll.v1.PullRequest\x1a\x0f.atoll.v1.Frame0\x01\x12\x34\n\x08NextTask\x12\x15.atoll.v1.PullRequest\x1a\x0f.atoll.v1.Frame0\x01\x12.\n\tSendReply\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12(\n\x06Report\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json\x12(\n\x06\x46inish\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json\x12-\n\x0bSpendBudget\x12\x0e.atoll.v1.Json\x1a\x0e.atoll.v1.Json\x12\x30\n\x0bSendResults\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12\x33\n\x0eSendCheckpoint\x12\x0f.atoll.v1.Frame\x1a\x0e.atoll.v1.Json(\x01\x12\x34\n\x0f\x46\x65tchCheckpoint\x12\x0e.atoll.v1.Json\x1a\x0f.atoll.v1.Frame0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,21 +32,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'atoll.wire.atoll_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FRAME']._serialized_start=36
-  _globals['_FRAME']._serialized_end=85
-  _globals['_JSON']._serialized_start=87
-  _globals['_JSON']._serialized_end=107
-  _globals['_SITEEVENT']._serialized_start=109
-  _globals['_SITEEVENT']._serialized_end=187
-  _globals['_SERVERCOMMAND']._serialized_start=190
-  _globals['_SERVERCOMMAND']._serialized_end=325
-  _globals['_JOBREF']._serialized_start=327
-  _globals['_JOBREF']._serialized_end=351
-  _globals['_PULLREQUEST']._serialized_start=353
-  _globals['_PULLREQUEST']._serialized_end=398
-  _globals['_FEDERATION']._serialized_start=401
-  _globals['_FEDERATION']._serialized_end=714
-  _globals['_ADMIN']._serialized_start=717
-  _globals['_ADMIN']._serialized_end=856
-  _globals['_WORKERLINK']._serialized_start=859
-  _globals['_WORKERLINK']._serialized_end=1454
+  _globals['_FRAME']._serialized_end=101
+  _globals['_JSON']._serialized_start=103
+  _globals['_JSON']._serialized_end=123
+  _globals['_SITEEVENT']._serialized_start=125
+  _globals['_SITEEVENT']._serialized_end=203
+  _globals['_SERVERCOMMAND']._serialized_start=206
+  _globals['_SERVERCOMMAND']._serialized_end=341
+  _globals['_JOBREF']._serialized_start=343
+  _globals['_JOBREF']._serialized_end=367
+  _globals['_PULLREQUEST']._serialized_start=369
+  _globals['_PULLREQUEST']._serialized_end=414
+  _globals['_FEDERATION']._serialized_start=417
+  _globals['_FEDERATION']._serialized_end=730
+  _globals['_ADMIN']._serialized_start=733
+  _globals['_ADMIN']._serialized_end=872
+  _globals['_WORKERLINK']._serialized_start=875
+  _globals['_WORKERLINK']._serialized_end=1470
 # @@protoc_insertion_point(module_scope)

@@ -29,6 +29,10 @@ MAX_CONTROL = MAX_MESSAGE // 2
 
 HEADER_TAG = 0x0A  # field 1 (header), length-delimited
 DATA_TAG = 0x12  # field 2 (data), length-delimited
+INLINE_TAG = 0x1A  # field 3 (inline), length-delimited: after a header, a small payload whole
+# The largest payload a `Tasks` call carries inside its header's message: a small model's round
+# is then one message each way (issue 40: at 10,000 sites the messages are the server's cost).
+INLINE_MAX = 64 * 1024
 
 
 class FrameError(AtollError):
@@ -88,9 +92,16 @@ def frame_size(start: bytes) -> int:
     return pos + size
 
 
-def header(body: dict[str, Any]) -> bytes:
+def header(body: dict[str, Any], inline: bytes | bytearray | memoryview | None = None) -> bytes:
+    """A header frame; with `inline`, a payload of at most INLINE_MAX bytes in the same
+    message (only a `Tasks` call carries one: read it with read_message)."""
     text = json.dumps(body, separators=(",", ":")).encode()
-    return bytes((HEADER_TAG,)) + varint(len(text)) + text
+    lead = bytes((HEADER_TAG,)) + varint(len(text))
+    if inline is None:
+        return lead + text
+    if len(inline) > INLINE_MAX:
+        raise FrameError(f"an inline payload is at most {INLINE_MAX} bytes, not {len(inline)}")
+    return b"".join((lead, text, bytes((INLINE_TAG,)), varint(len(inline)), inline))
 
 
 def data_lead(size: int) -> bytes:
@@ -138,10 +149,7 @@ class Payload:
 
     def __iter__(self) -> Iterator[memoryview]:
         for raw in self._frames:
-            tag, start = _parse(raw)
-            if tag != DATA_TAG:
-                raise FrameError("a second header frame inside a payload")
-            yield memoryview(raw)[start:]
+            yield data_view(raw)
 
 
 def is_data(raw: bytes | memoryview) -> bool:
@@ -191,8 +199,39 @@ def read_header(first: bytes) -> dict[str, Any]:
     tag, start = _parse(first)
     if tag != HEADER_TAG:
         raise FrameError("stream must start with a header frame")
+    return _json(memoryview(first)[start:])
+
+
+def read_message(raw: bytes) -> tuple[dict[str, Any], memoryview | None]:
+    """A header frame's JSON object and the payload its message carries inline, if any (a view,
+    at most INLINE_MAX bytes)."""
+    tag, pos, size = _lead(raw)
+    if tag != HEADER_TAG:
+        raise FrameError("expected a header frame")
+    end = pos + size
+    if end == len(raw):
+        return _json(memoryview(raw)[pos:end]), None
+    if end > len(raw) or raw[end] != INLINE_TAG:
+        raise FrameError("not a frame: its length does not match the message")
+    found = read_varint(raw, end + 1, max_bytes=6)
+    if found is None or found[0] + found[1] != len(raw):
+        raise FrameError("not a frame: its inline payload's length does not match the message")
+    if found[0] > INLINE_MAX:
+        raise FrameError(f"an inline payload is at most {INLINE_MAX} bytes, not {found[0]}")
+    return _json(memoryview(raw)[pos:end]), memoryview(raw)[found[1]:]
+
+
+def data_view(raw: bytes) -> memoryview:
+    """A data frame's bytes, without a copy."""
+    tag, start = _parse(raw)
+    if tag != DATA_TAG:
+        raise FrameError("a second header frame inside a payload")
+    return memoryview(raw)[start:]
+
+
+def _json(text: memoryview) -> dict[str, Any]:
     try:
-        head = json.loads(bytes(memoryview(first)[start:]))
+        head = json.loads(bytes(text))
     except ValueError as exc:
         raise FrameError(f"header is not JSON: {exc}") from None
     except RecursionError:  # nested deeper than Python's stack: a peer's garbage, not a crash

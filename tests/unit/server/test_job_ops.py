@@ -224,3 +224,34 @@ def test_login_signs_a_session_for_a_member_only(deps, tmp_path):
     with pytest.raises(Denied):
         ops["login"](OTHER, "t", {})
     assert ops["whoami"](LEAD, "s", {})["studies"] == ["s", "t"]
+
+
+def test_a_status_is_read_again_only_once_the_store_changed(deps, monkeypatch):
+    job = _job(deps)
+    reads = []
+    get_job = deps.store.get_job
+    monkeypatch.setattr(deps.store, "get_job", lambda job_id: reads.append(job_id)
+                        or get_job(job_id))
+    first = job_ops.job_status(deps, LEAD, "s", {"job_id": job})
+    first["state"] = "changed by its caller"  # a copy: the next caller does not see it
+    again = job_ops.job_status(deps, LEAD, "s", {"job_id": job})
+    assert len(reads) == 1 and again["state"] == "SUBMITTED"
+    assert again["version"] == deps.store.version
+    deps.store.add_event(job, "server", {"round": 1})  # any write: read again
+    after = job_ops.job_status(deps, LEAD, "s", {"job_id": job})
+    assert len(reads) == 2 and [e["round"] for e in after["progress"]] == [1]
+    deps.store.set_job_state(job, "RUNNING")
+    assert job_ops.job_status(deps, LEAD, "s", {"job_id": job})["state"] == "RUNNING"
+    # what another study's member is told does not depend on what was asked before
+    with pytest.raises(NoSuchJob) as raised:
+        job_ops.job_status(deps, LEAD, "t", {"job_id": job})
+    assert raised.value.detail == "the job is in study s"
+
+
+def test_the_status_cache_keeps_the_jobs_asked_about_last():
+    cache = job_ops.StatusCache()
+    for n in range(cache.SIZE + 1):
+        cache.put(f"{n:032d}", 1, "s", {"n": n})
+    assert cache.get(f"{0:032d}", 1) is None  # the oldest gone
+    assert cache.get(f"{cache.SIZE:032d}", 1) == ("s", {"n": cache.SIZE})
+    assert cache.get(f"{cache.SIZE:032d}", 2) is None  # read at another version

@@ -205,3 +205,30 @@ def test_complete_replies_waiting_for_the_workflow_hold_no_open_file(tmp_path):
         spool.close()
     assert _open_files(folder.path) == []
     assert list((tmp_path / "handoff").iterdir()) == []
+
+
+@pytest.mark.parametrize("spilled", [False, True])
+def test_a_small_complete_payload_is_one_piece_shared_by_every_reader_that_takes_it(
+        tmp_path, spilled):
+    budget = Budget(0 if spilled else 1 << 20)  # no memory: every frame in the file
+    spool = Spool(SpillFiles(tmp_path), ["a", "b", "c", "d"], budget, live=False)
+    payload = _payload(3)
+    data = b"".join(bytes(frames.data_view(raw)) for raw in payload)
+    spool.write(payload)
+    assert spool.whole("a", 3 * FRAME - 1) is None  # over the limit: read its frames
+    first = spool.whole("a", 4 * FRAME)
+    assert first == data
+    assert spool.whole("b", 4 * FRAME) is first  # one copy for every reader, not one each
+    assert spool.whole("a", 4 * FRAME) is None  # a reader that has it is done
+    next(iter(spool.read("c")))  # a reader part-way through its frames gets no piece
+    assert spool.whole("c", 4 * FRAME) is None
+    assert b"".join(spool.read("d")) == b"".join(payload)  # frames still, for whoever asks
+    assert spool._whole is None and budget.used == 0  # the last reader gone: all given back
+
+
+def test_a_payload_still_arriving_is_not_taken_in_one_piece(tmp_path):
+    spool = Spool(SpillFiles(tmp_path), ["a"], Budget(1 << 20), live=True)
+    spool.append(_payload(1)[0])
+    assert spool.whole("a", 1 << 20) is None
+    spool.finish()
+    assert spool.whole("a", 1 << 20) == b"\x00" * FRAME

@@ -179,3 +179,81 @@ def test_a_reply_whose_bytes_do_not_match_its_data_is_refused_and_never_delivere
     task_id, refused = asyncio.run(main())
     assert refused.code == code, refused.details
     assert relay.next_reply(task_id, 0) is None
+
+
+def test_a_compact_call_takes_a_round_in_one_message_each_way(tmp_path):
+    """A site that opens `compact` gets a small complete task inside its header's message, and
+    its inline reply's ack with the next task: a round of a small model is one message each
+    way. A task larger than INLINE_MAX still goes as data frames."""
+    relay = _relay(tmp_path)
+    service = _service(Jobs(relay))
+    big = b"b" * (frames.INLINE_MAX + 1)
+
+    async def main():
+        site = Site(service, relay)
+        first = _task(relay, 1, b"t1")
+        site.send({"job_id": "j1", "compact": True}, {"pull": 5})
+        head, inline = frames.read_message(await site.read())
+        assert head == {"task_id": first, "topic": "train", "headers": {"round": 1},
+                        "bytes": 2}
+        assert bytes(inline) == b"t1"
+        second = _task(relay, 2, b"t2")
+        site.send(frames.header({"reply": {"task_id": first, "headers": {}}, "bytes": 3,
+                                 "pull": 5}, b"r-1"))
+        head, inline = frames.read_message(await site.read())
+        assert head == {"ack": {}, "task_id": second, "topic": "train",
+                        "headers": {"round": 2}, "bytes": 2}
+        assert bytes(inline) == b"t2"
+        third = _task(relay, 3, big)
+        site.send(frames.header({"reply": {"task_id": second, "headers": {}}, "bytes": 0,
+                                 "pull": 5}, b""))
+        head, inline = frames.read_message(await site.read())
+        assert inline is None
+        assert head == {"ack": {}, "task_id": third, "topic": "train",
+                        "headers": {"round": 3}, "frames": 1}
+        assert await site.read() == frames.data(big)
+        return first, second
+
+    first, second = asyncio.run(main())
+    reply = relay.next_reply(first, 0)
+    assert reply is not None and list(reply.spool.read("workflow")) == [frames.data(b"r-1")]
+    reply = relay.next_reply(second, 0)
+    assert reply is not None and list(reply.spool.read("workflow")) == []
+
+
+def test_a_call_not_opened_compact_gets_no_payload_inline(tmp_path):
+    relay = _relay(tmp_path)
+    service = _service(Jobs(relay))
+
+    async def main():
+        site, task_id = await _took_a_task(service, relay)  # its header, then a data frame
+        site.send(frames.header({"reply": {"task_id": task_id, "headers": {}}, "bytes": 1,
+                                 "pull": 5}, b"r"))
+        assert frames.read_header(await site.read()) == {"ack": {}}  # on its own
+        return task_id
+
+    task_id = asyncio.run(main())
+    reply = relay.next_reply(task_id, 0)
+    assert reply is not None and list(reply.spool.read("workflow")) == [frames.data(b"r")]
+
+
+@pytest.mark.parametrize("message", [
+    frames.header({"reply": {"task_id": "t1", "headers": {}}, "bytes": 5, "pull": 5}, b"r"),
+    frames.header({"reply": {"task_id": "t1", "headers": {}}, "pull": 5}, b"r"),
+    frames.header({"pull": 5}, b"r"),  # only a reply carries a payload
+    frames.header({"reply": {"task_id": "t1", "headers": {}}}) + b"\x1a\x05r",  # cut short
+], ids=["bytes differ", "bytes missing", "on a pull", "cut short"])
+def test_an_inline_reply_out_of_its_shape_is_refused_and_never_delivered(tmp_path, message):
+    relay = _relay(tmp_path)
+    service = _service(Jobs(relay))
+
+    async def main():
+        site, task_id = await _took_a_task(service, relay)
+        site.send(message)
+        with pytest.raises(Aborted) as err:
+            await site.read()
+        return task_id, err.value
+
+    task_id, refused = asyncio.run(main())
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT, refused.details
+    assert relay.next_reply(task_id, 0) is None

@@ -1,7 +1,7 @@
 """The site's link to the server (site/connection.py ServerLink.run) against an in-process fake
 of the Federation stub: after a reconnect it replays the final job states it sent (one may have
-been lost with the old call), and between calls it backs off along BACKOFF_S, from the start
-again once a call got through. The backoff's waits are recorded, never slept."""
+been lost with the old call), and between calls it backs off along BACKOFF_S (each pause a
+random point in its step's second half), from the start again once a call got through. The backoff's waits are recorded, never slept."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from atoll.site import connection
-from atoll.site.connection import BACKOFF_S, ServerLink
+from atoll.site.connection import BACKOFF_S, ServerLink, backoff_s
 from atoll.wire import messages as msg
 
 HELLO = {"site": "site-1", "running_jobs": []}
@@ -118,11 +118,23 @@ def test_backoff_grows_to_its_ceiling_and_starts_again_after_a_call_got_through(
     link = link_for(stub, waits=8, on_command=lambda kind, body: got.append((kind, body)))
     link.run()
     # up to its ceiling, held there, and from the start again once a call got through
-    assert link._stop.waits == [0.2, 0.5, 1.0, 2.0, 5.0, 5.0, 0.2, 0.5]
+    steps = [0.2, 0.5, 1.0, 2.0, 5.0, 5.0, 0.2, 0.5]
+    assert len(link._stop.waits) == len(steps)
+    assert all(step / 2 <= wait <= step for wait, step in zip(link._stop.waits, steps, strict=True))
     assert BACKOFF_S == (0.2, 0.5, 1.0, 2.0, 5.0)
     assert got == [("dispatch", {"job_id": "d" * 32})]  # the welcome is the link's own
     assert not link.connected.is_set()  # the last call broke
     assert len(stub.calls) == 8
+
+
+def test_sites_that_lose_the_server_together_do_not_come_back_together():
+    # a server restart breaks every site's link at once: at fixed steps they would all dial
+    # again in the same instant and time the server's TLS handshakes out
+    pauses = [backoff_s(attempt) for attempt in (0, 3) for _ in range(1000)]
+    first, fourth = pauses[:1000], pauses[1000:]
+    assert 0.1 <= min(first) < 0.11 and 0.19 < max(first) <= 0.2
+    assert 1.0 <= min(fourth) < 1.1 and 1.9 < max(fourth) <= 2.0
+    assert len(set(first)) > 900
 
 
 @pytest.mark.parametrize("text", ["not json", "[1, 2]"])

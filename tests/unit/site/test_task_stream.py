@@ -19,16 +19,22 @@ from atoll.wire.grpc_setup import new_server
 
 
 class Server:
-    """Serves tasks on Tasks and PullTask; `misbehave` names what to get wrong."""
+    """Serves tasks on Tasks and PullTask; `misbehave` names what to get wrong. It answers a
+    call opened `compact` as the server does (an ack with the next task's header, a small
+    payload inline), unless `old` (a server from before compact calls)."""
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self.replies: list[tuple[dict, list[bytes]]] = []
         self.misbehave = ""
+        self.old = False
         self.hold = threading.Event()  # a pull waits for it when misbehave == "hold"
         self.rounds = 0
         self.pulls_ahead = 0  # replies that asked for the next task
         self.sized = 0  # replies that said their size
+        self.inline = 0  # replies whose payload came inline
+        self.received = 0  # messages after the call's first
+        self.sent = 0
 
     def _task(self) -> list[bytes]:
         self.rounds += 1
@@ -39,40 +45,67 @@ class Server:
     def Tasks(self, request_iterator, context):
         self.calls["Tasks"] += 1
         requests = iter(request_iterator)
-        assert frames.read_header(next(requests)) == {"job_id": "j1"}
+        opener = frames.read_header(next(requests))
+        assert opener == {"job_id": "j1", "compact": True}
+        compact = not self.old
+        for out in self._serve(requests, compact):
+            self.sent += 1
+            yield out
+
+    def _serve(self, requests, compact: bool):
         for raw in requests:
-            head = frames.read_header(raw)
+            self.received += 1
+            head, inline = frames.read_message(raw)
+            ack = {}
             if "reply" in head:
                 data = []
-                if "bytes" in head:  # its size known: no {sent}
+                if inline is not None:  # its payload in the header's message
+                    assert head["bytes"] == len(inline)
+                    data, self.inline = [frames.data(inline)], self.inline + 1
+                elif "bytes" in head:  # its size known: no {sent}
                     while sum(map(len, data)) < head["bytes"]:
                         data.append(next(requests))
-                    self.sized += 1
+                        self.received += 1
                 else:
                     while frames.is_data(raw := next(requests)):
                         data.append(raw)
+                        self.received += 1
+                    self.received += 1
+                self.sized += "bytes" in head
                 self.replies.append((head["reply"], data))
                 if "bytes" not in head:
                     head = frames.read_header(raw)  # {sent: true}, and the pull it asks for
                 self.pulls_ahead += "pull" in head  # counted before the ack the test waits on
-                yield frames.header({"ack": {}} if self.misbehave != "no ack" else {"ok": 1})
-                if "pull" not in head:
+                answer = {"ack": {}} if self.misbehave != "no ack" else {"ok": 1}
+                if self.misbehave == "ack inline":
+                    yield frames.header(answer, b"x")
                     continue
+                if not compact or "pull" not in head:
+                    yield frames.header(answer)
+                    if "pull" not in head:
+                        continue
+                else:
+                    ack = answer
             if self.misbehave == "hold":
                 self.hold.wait(10)
             if self.misbehave == "end":
-                yield frames.header({"end": True})
+                yield frames.header({**ack, "end": True})
                 return
-            head, data = self._task()
+            first, data = self._task()
+            task = {**ack, **frames.read_header(first)}
             if self.misbehave == "no done":
-                yield from (head, data, frames.header({"task_id": "t9"}))
+                yield from (frames.header(task), data, frames.header({"task_id": "t9"}))
             elif self.misbehave == "too few":
-                yield from (frames.header({**frames.read_header(head), "frames": 2}), data)
+                yield from (frames.header({**task, "frames": 2}), data)
                 yield frames.header({"ack": {}})
+            elif self.misbehave == "inline size":
+                yield frames.header({**task, "bytes": self.rounds + 1}, b"x" * self.rounds)
+            elif compact:
+                yield frames.header({**task, "bytes": self.rounds}, b"x" * self.rounds)
             elif self.rounds % 2:  # a payload still arriving: up to {done}
-                yield from (head, data, frames.header({"done": True}))
+                yield from (frames.header(task), data, frames.header({"done": True}))
             else:  # a whole one: its number of frames
-                yield from (frames.header({**frames.read_header(head), "frames": 1}), data)
+                yield from (frames.header({**task, "frames": 1}), data)
 
     def PullTask(self, request, context):
         self.calls["PullTask"] += 1
@@ -122,21 +155,39 @@ def _round(stream: TaskStream, n: int | None, sized: bool = False) -> dict:
 
 def test_rounds_go_on_one_call(served):
     service, stub = served
+    service.old = True  # every shape a server may send: tasks in frames, acks on their own
     stream = TaskStream(stub, "j1")
     for n in (1, 2, 3, 4, 5, 6):  # tasks ended by {done} and by their number of frames;
         assert _round(stream, n, sized=n > 4) == {}  # replies ended by {sent} and sized
     assert service.calls == {"Tasks": 1}
     assert service.pulls_ahead == 6  # each reply asked for the next task: one message less
     assert service.sized == 2
+    assert service.inline == 0  # a server that sent nothing inline gets nothing inline
     assert service.replies == [({"task_id": f"t{n}", "headers": {"round": n}},
                                 [frames.data(b"reply")]) for n in (1, 2, 3, 4, 5, 6)]
     stream.close()
 
 
-@pytest.mark.parametrize("wrong", ["no done", "no ack", "too few"])
+def test_with_a_compact_server_a_round_is_one_message_each_way(served):
+    service, stub = served
+    stream = TaskStream(stub, "j1")
+    for n in (1, 2, 3, 4):
+        assert _round(stream, n, sized=True) == {}
+    assert service.calls == {"Tasks": 1}
+    # the first pull, then each reply with its payload inline, asking for the next task
+    assert (service.received, service.inline) == (1 + 4, 4)
+    # each task's header with its payload, the ack of the reply before it in the same message
+    assert service.sent == 1 + 4
+    assert service.replies == [({"task_id": f"t{n}", "headers": {"round": n}},
+                                [frames.data(b"reply")]) for n in (1, 2, 3, 4)]
+    stream.close()
+
+
+@pytest.mark.parametrize("wrong", ["no done", "no ack", "too few", "inline size", "ack inline"])
 def test_a_server_out_of_the_streams_shape_is_refused_and_the_next_use_opens_a_new_call(
         served, wrong):
     service, stub = served
+    service.old = wrong in ("no done", "too few")
     stream = TaskStream(stub, "j1")
     service.misbehave = wrong
     with pytest.raises(frames.FrameError):
@@ -153,7 +204,7 @@ def test_after_the_servers_end_the_next_pull_opens_a_new_call(served):
 
 
 def _a_round_on_a_new_call(service: Server, stream: TaskStream) -> None:
-    service.misbehave = ""
+    service.misbehave, service.old = "", False
     assert _round(stream, None) == {}
     assert service.calls == {"Tasks": 2}
     stream.close()
