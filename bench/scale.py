@@ -13,7 +13,8 @@ submit a scatter_gather job (`@ALL`, min_clients N, a small payload) and measure
 - deploy: submit -> every site RUNNING (the last site's RUNNING report, seen at the site);
 - per round: mean interval between consecutive rounds' first task arrival at any site, and each
   round's spread (first task -> last reply); with three rounds or more also the mean interval
-  from round 2 on (`round_after_first_s`), as round 1's first tasks overlap the deploy's tail;
+  from round 2 on (`round_after_first_s`), as round 1's first tasks overlap the deploy's tail,
+  and the server's CPU per site and round over those rounds alone;
 - the server parent's and the server worker's RSS and CPU (from /proc) per phase.
 
 Results go to BENCHMARKS.md between `<!-- scale:begin -->` and `<!-- scale:end -->` and, raw, to
@@ -188,6 +189,12 @@ class ScaleRun:
             if window and self.n and self.rounds:
                 self.result["server_cpu_ms_per_site_round"] = (
                     1000 * window["server_cpu_s"] / (self.n * self.rounds))
+            if "steady_from" in self.result:  # the same from round 2 on, without the deploy
+                steady = sampler.window(self.result["steady_from"], self.result["rounds_to"])
+                self.result["steady_window"] = steady
+                if steady and self.n:
+                    self.result["server_cpu_ms_per_site_round_after_first"] = (
+                        1000 * steady["server_cpu_s"] / (self.n * self.result["steady_rounds"]))
         return self.result
 
     def _count_connected(self, events: list[dict]) -> None:
@@ -333,6 +340,7 @@ class ScaleRun:
             self.result["round_s"] = (firsts[-1] - firsts[0]) / (len(firsts) - 1)
         if len(firsts) >= 3:  # without round 1, whose first tasks overlap the deploy's tail
             self.result["round_after_first_s"] = (firsts[-1] - firsts[1]) / (len(firsts) - 2)
+            self.result["steady_from"], self.result["steady_rounds"] = firsts[1], len(firsts) - 1
         self.result["round_spread_s"] = [
             max(replies.get(r, [0.0])) - min(tasks[r]) for r in sorted(tasks)
         ]
@@ -382,7 +390,9 @@ def main(argv: list[str]) -> int:
         log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
         results.append(result)
     command = "python -m bench.scale " + " ".join(argv)
-    block = render(results, command.strip())
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("SCALE_SITES_PER_PROCESS", "SCALE_TASKS",
+                                                   "SCALE_CONNECTING") if k in os.environ)
+    block = render(results, command.strip(), env)
     print(block)
     (root / "results.json").write_text(json.dumps(results, indent=1))
     log(f"raw results: {root / 'results.json'}")

@@ -26,22 +26,28 @@ def _get(result: dict, phase: str, key: str):
     return (result.get(phase) or {}).get(key)
 
 
-def render(results: list[dict], command: str) -> str:
-    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017
+def render(results: list[dict], command: str, env: str = "",
+           when: dt.datetime | None = None) -> str:
+    """The block; `env`: the SCALE_* settings the run had, shown before its command."""
+    when = when or dt.datetime.now(dt.timezone.utc)  # noqa: UP017
+    date = when.strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         BEGIN,
         f"Measured {date} on this machine ({os.cpu_count()} CPUs, shared), one run of:",
         "",
-        f"    .venv/bin/{command}",
+        f"    {env + ' ' if env else ''}.venv/bin/{command}",
         "",
         "One real server parent (`atoll server start`, mutual TLS on 127.0.0.1) and N simulated "
         "sites (bench/scale_sites.py: each its own certificate from the project's CA and its own "
         "TLS connection, hello + a heartbeat every 5 s, and for the job the calls a site parent "
-        "and its worker make: FetchJob, STARTING/RUNNING, on one `Tasks` call a pull, the "
-        "reply echoing the payload, a pull... (`SCALE_TASKS=calls`: a `PullTask` and a "
-        "`PushReply` call each), FINISHED). The job: scatter_gather to `@ALL`, min_clients N, "
+        "and its worker make: FetchJob, STARTING/RUNNING, on one `Tasks` call opened compact a "
+        "pull, then each reply echoing the payload inline and asking for the next task, which "
+        "comes with its ack (`SCALE_TASKS=stream-frames`: payloads in data frames; "
+        "`SCALE_TASKS=calls`: a `PullTask` and a `PushReply` call each), FINISHED). The job: "
+        "scatter_gather to `@ALL`, min_clients N, "
         f"{results[0].get('payload_bytes', '?')} B payload, {results[0].get('rounds', '?')} "
-        "rounds. The simulated sites run 250 to a process (at least 4 processes), at nice 10 "
+        "rounds. The simulated sites run 250 to a process (`SCALE_SITES_PER_PROCESS`; at least "
+        "4 processes), 100 of a process connecting at a time (`SCALE_CONNECTING`), at nice 10 "
         "below the server, on the same 2 CPUs as the server.",
         "",
         "| sites | connect (all online) | deploy (submit → all RUNNING) | time per round | "
@@ -60,7 +66,7 @@ def render(results: list[dict], command: str) -> str:
         job_wall = _get(r, "job", "seconds")
         lines.append(
             f"| {r['sites']} | {_s(r.get('connect_s'))} | {_s(r.get('deploy_s'))} | "
-            f"{_s(r.get('round_s'))} | {_pct(_get(r, 'idle', 'server_cpu_pct'))} | "
+            f"{_round(r)} | {_pct(_get(r, 'idle', 'server_cpu_pct'))} | "
             + (f"{job_cpu:.1f} CPU-s in {job_wall:.1f} s | " if job_cpu is not None else "— | ")
             + _per_site(r)
             + f"{_mib(_get(r, 'idle', 'server_rss_peak'))} | "
@@ -79,19 +85,27 @@ def render(results: list[dict], command: str) -> str:
         "connect: simulated sites started → the admin's `Session.sites()` lists all N online. "
         "deploy: from the submit call until the last site reported RUNNING (seen at the site). "
         "Time per round: mean interval between consecutive rounds' first task arrival at any "
-        "site. Per site and round: the server parent's CPU-seconds from the first round's "
+        "site; from round 2: the same without round 1, whose first tasks overlap the deploy. Per site and round: the server parent's CPU-seconds from the first round's "
         "first task to the last round's last reply, over sites × rounds (heartbeats "
-        "included). CPU % = CPU-seconds per wall second of the server parent (100 % = one core); "
+        "included); from round 2: the same from round 2's first task, without the deploy's "
+        "tail. CPU % = CPU-seconds per wall second of the server parent (100 % = one core); "
         "RSS and CPU from /proc at 5 Hz.",
         END,
     ]
     return "\n".join(lines)
 
 
+def _round(r: dict) -> str:
+    steady = r.get("round_after_first_s")
+    return _s(r.get("round_s")) + (f" (from round 2: {steady:.2f} s)" if steady else "")
+
+
 def _per_site(r: dict) -> str:
     ms = r.get("server_cpu_ms_per_site_round")
     cpu = _get(r, "rounds_window", "server_cpu_s")
-    return "— | " if ms is None else f"{ms:.2f} ms ({cpu:.1f} CPU-s) | "
+    steady = r.get("server_cpu_ms_per_site_round_after_first")
+    after = f"; from round 2: {steady:.2f} ms" if steady is not None else ""
+    return "— | " if ms is None else f"{ms:.2f} ms ({cpu:.1f} CPU-s{after}) | "
 
 
 def write_section(path: Path, block: str) -> None:

@@ -33,20 +33,28 @@ from typing import Any
 import grpc
 
 from atoll import __version__
-from atoll.site.connection import HEARTBEAT_S, heartbeat_of
+from atoll.site.connection import HEARTBEAT_S, backoff_s, heartbeat_of
 from atoll.wire import frames, rpc
 from atoll.wire import messages as msg
 from atoll.wire.grpc_setup import OPTIONS
 
 PULL_WAIT_S = 30.0
-TASKS = os.environ.get("SCALE_TASKS", "stream")  # or "calls": a call per pull and per reply
-BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+# "calls": a call per pull and per reply; "stream-frames": one call, no payload inline
+TASKS = os.environ.get("SCALE_TASKS", "stream")
 NICE = 10
+# Sites of one process that may be connecting at once (TLS handshake until the welcome). Real
+# sites start on machines of their own, at moments of their own; ten processes that open a
+# thousand channels each in the same second are a storm no federation sees, in which the
+# server's handshakes time out, every site retries, and a simulated-site process has grown past
+# 20 GiB in gRPC's client (twice, 2026-12-06), killing the run.
+CONNECTING = int(os.environ.get("SCALE_CONNECTING", "100"))
 
 
 class SimSite:
-    def __init__(self, name: str, creds: grpc.ChannelCredentials, address: str, log: list):
+    def __init__(self, name: str, creds: grpc.ChannelCredentials, address: str, log: list,
+                 connecting: asyncio.Semaphore):
         self.name = name
+        self.connecting = connecting
         self.creds = creds
         self.address = address
         self.log = log
@@ -67,6 +75,7 @@ class SimSite:
         self.stub = rpc.stub(self.channel, "Federation")
         attempt = 0
         while True:
+            await self.connecting.acquire()
             call = self.stub.Connect(self._events())
             welcomed = False
             try:
@@ -76,12 +85,16 @@ class SimSite:
                         self.heartbeat_s = heartbeat_of(json.loads(command.welcome))
                         if not welcomed:  # the call's first: the server restates it later
                             welcomed, attempt = True, 0  # as the federation grows
+                            self.connecting.release()
                             self.record("connected")
                     else:
                         self._on_command(kind, json.loads(getattr(command, kind)))
             except grpc.aio.AioRpcError as exc:
                 self.record(f"link broken: {exc.code().name}")
-            await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+            finally:
+                if not welcomed:
+                    self.connecting.release()
+            await asyncio.sleep(backoff_s(attempt))
             attempt += 1
 
     async def _events(self):
@@ -126,9 +139,9 @@ class SimSite:
                 pass  # the app zip: a real site unpacks it for its worker
             self._state(job_id, "STARTING", "simulated worker")
             self._state(job_id, "RUNNING", "simulated worker connected")
-            if TASKS == "stream":
+            if TASKS != "calls":
                 await self._tasks(job_id)
-            while TASKS != "stream":
+            while TASKS == "calls":
                 head, data = await self._pull(job_id)
                 if head.get("end"):
                     break
@@ -149,18 +162,27 @@ class SimSite:
 
     async def _tasks(self, job_id: str) -> None:
         """Pull and reply on one call for the whole job, as site/task_stream.py does for a
-        worker on its host: each reply says its size and asks for the next task."""
+        worker on its host: opened `compact`, each reply says its size, carries a small payload
+        inline once the server has sent one, and asks for the next task, which comes with the
+        ack (SCALE_TASKS=stream-frames: not compact, every payload in data frames)."""
+        compact = TASKS == "stream"
         call = self.stub.Tasks()
-        await call.write(frames.header({"job_id": job_id}))
+        await call.write(frames.header({"job_id": job_id, **({"compact": True} if compact
+                                                              else {})}))
         await call.write(frames.header({"pull": PULL_WAIT_S}))
+        head, inline = frames.read_message(await call.read())
+        inlined = False
         while True:
-            head = frames.read_header(await call.read())
+            head.pop("ack", None)
             if head.get("end"):
                 break
             if head.get("none"):
                 await call.write(frames.header({"pull": PULL_WAIT_S}))
+                head, inline = frames.read_message(await call.read())
                 continue
-            if "frames" in head:  # a whole payload: its number of frames
+            if inline is not None:  # the payload in the header's message
+                data, inlined = [frames.data(inline)] if inline else [], True
+            elif "frames" in head:  # a whole payload: its number of frames
                 data = [await call.read() for _ in range(head["frames"])]
             else:  # one still arriving: up to {done}
                 data = []
@@ -171,12 +193,20 @@ class SimSite:
             async for raw in _reply_frames(job_id, head, data):
                 if frames.is_data(raw):
                     await call.write(raw)
-                else:  # the reply's header, on this call without its job id; its size known
-                    reply = frames.read_header(raw)  # (a site parent knows it from the
-                    reply.pop("job_id")  # worker's handoff file) and the next task asked for
-                    await call.write(frames.header({"reply": reply, "pull": PULL_WAIT_S,
-                                                    "bytes": sum(map(len, data))}))
-            await call.read()  # {ack}
+                    continue
+                # the reply's header, on this call without its job id; its size known (a
+                # site parent knows it from the worker's handoff file), the next task asked for
+                reply = frames.read_header(raw)
+                reply.pop("job_id")
+                sized = {"reply": reply, "pull": PULL_WAIT_S, "bytes": sum(map(len, data))}
+                if inlined and sized["bytes"] <= frames.INLINE_MAX:  # bytes: the payload's
+                    payload = b"".join(map(frames.data_view, data))
+                    await call.write(frames.header({**sized, "bytes": len(payload)}, payload))
+                    break
+                await call.write(frames.header(sized))  # bytes: its frames
+            head, inline = frames.read_message(await call.read())  # {ack}, maybe with a task
+            if set(head) == {"ack"}:
+                head, inline = frames.read_message(await call.read())
             self.record("reply", job_id, round_)
         await call.done_writing()
 
@@ -216,13 +246,14 @@ async def main_async(args: argparse.Namespace) -> int:
     raise_fd_limit(4 * len(chosen) + 256)
     log: list = []
     sites = []
+    connecting = asyncio.Semaphore(CONNECTING)
     for name, cert, key in chosen:
         creds = grpc.ssl_channel_credentials(
             root_certificates=ca,
             private_key=Path(key).read_bytes(),
             certificate_chain=Path(cert).read_bytes(),
         )
-        sites.append(SimSite(name, creds, manifest["address"], log))
+        sites.append(SimSite(name, creds, manifest["address"], log, connecting))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
