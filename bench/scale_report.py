@@ -37,7 +37,9 @@ def render(results: list[dict], command: str, env: str = "",
         "",
         f"    {env + ' ' if env else ''}.venv/bin/{command}",
         "",
-        "One real server parent (`atoll server start`, mutual TLS on 127.0.0.1) and N simulated "
+        "One real server parent (`atoll server start`, mutual TLS on 127.0.0.1, its "
+        f"site.yaml's `links.tls_record_bytes` {results[0].get('tls_record_bytes', 16384)}: "
+        "`SCALE_TLS_RECORD`) and N simulated "
         "sites (bench/scale_sites.py: each its own certificate from the project's CA and its own "
         "TLS connection, hello + a heartbeat every 5 s, and for the job the calls a site parent "
         "and its worker make: FetchJob, STARTING/RUNNING, on one `Tasks` call opened compact a "

@@ -65,6 +65,7 @@ class Checked:
     supervision: tuple[float, float, float] = (10.0, 120.0, 300.0)
     progress_s: float = 21600.0  # supervision.progress_s: a worker holding a task, silent
     max_resumes: int = 3  # the server's restarts.max_resumes
+    tls_record_bytes: int = 16384  # the server's links.tls_record_bytes
 
     def values(self) -> dict[str, Any]:
         """What a record keeps (local_record.py)."""
@@ -73,7 +74,7 @@ class Checked:
                 "unconfined": self.unconfined,
                 "retention_days": self.retention_days, "runs_setting": self.runs_setting,
                 "supervision": list(self.supervision), "progress_s": self.progress_s,
-                "max_resumes": self.max_resumes,
+                "max_resumes": self.max_resumes, "tls_record_bytes": self.tls_record_bytes,
                 "sandbox": {"python": self.sandbox_python, "bwrap": self.sandbox_bwrap},
                 "endpoint": {"host": ep.host, "port": ep.port, "dial_host": ep.dial_host,
                              "uses_tls": ep.uses_tls}}
@@ -128,6 +129,11 @@ class LocalConfig:
     def max_resumes(self) -> int:
         """restarts.max_resumes of the server's site.yaml."""
         return self._checked().max_resumes
+
+    @property
+    def tls_record_bytes(self) -> int:
+        """links.tls_record_bytes of the server's site.yaml."""
+        return self._checked().tls_record_bytes
 
     def runs_root(self, workspace: Path) -> Path:
         """The folder holding jobs/ (spec/run_folders.py's rule), from what the check found."""
@@ -260,7 +266,8 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
                       supervision=(config.supervision.heartbeat_s, config.supervision.stall_s,
                                    config.supervision.rejoin_s),
                       progress_s=config.supervision.progress_s,
-                      max_resumes=config.restarts.max_resumes)
+                      max_resumes=config.restarts.max_resumes,
+                      tls_record_bytes=config.links.tls_record_bytes)
     if workspace is not None and print_ is not None:
         again = fingerprint(local_dir, study_runtime)
         if again is not None and again[0] == print_:  # nothing changed while it was checked
@@ -302,7 +309,7 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
         days, root = values["retention_days"], values["runs_setting"]
         supervision = tuple(float(v) for v in values["supervision"])
         progress_s = float(values["progress_s"])
-        resumes = values["max_resumes"]
+        resumes, record = values["max_resumes"], values["tls_record_bytes"]
         ok = (isinstance(launcher, str) and isinstance(capacity, dict)
               and set(capacity) == {"gpus", "cpus", "memory"} and isinstance(unconfined, bool)
               and all(v is None or isinstance(v, str) for v in (python, bwrap, root))
@@ -310,13 +317,15 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
                                     and not isinstance(days, bool) and days > 0))
               and len(supervision) == 3 and all(v >= 0 for v in supervision)
               and progress_s > 0
-              and isinstance(resumes, int) and not isinstance(resumes, bool) and resumes >= 0)
+              and isinstance(resumes, int) and not isinstance(resumes, bool) and resumes >= 0
+              and isinstance(record, int) and not isinstance(record, bool)
+              and 1024 <= record <= 16384)
     except (KeyError, TypeError, ValueError):
         return None
     return (Checked(launcher, capacity, endpoint, site_yaml=site_yaml, unconfined=unconfined,
                     sandbox_python=python, sandbox_bwrap=bwrap, retention_days=days,
                     runs_setting=root, supervision=supervision, progress_s=progress_s,
-                    max_resumes=resumes)
+                    max_resumes=resumes, tls_record_bytes=record)
             if ok else None)
 
 

@@ -135,7 +135,7 @@ class ServerParent:
         from atoll.wire.aio_server import LoopServer
         from atoll.wire.guard import Deadlines
 
-        server = LoopServer(HANDLER_THREADS)
+        server = LoopServer(HANDLER_THREADS, tls_record_bytes=self.local.tls_record_bytes)
         self._grpc = server
         # each call admitted (certificate, kind, per-peer limits) before its request is read
         federation = FederationService(

@@ -72,11 +72,10 @@ class Dispatch:
         self.store.set_part_states(record.id, {
             **{site: ("FINISHED:FAILED", reason) for site, reason in skipped.items()},
             **{site: ("DISPATCHED", "") for site in sites}})
-        body = dispatch_body(record)
-        for site in sites:
-            try:
-                self.links.send(site, "dispatch", body)
-            except ControlTooLarge as exc:  # intake bounds the meta: only a bug gets here
+        try:
+            self.links.send_all(sites, "dispatch", dispatch_body(record))
+        except ControlTooLarge as exc:  # intake bounds the meta: only a bug gets here
+            for site in sites:
                 self.site_state(site, {"job_id": record.id, "state": "FINISHED:FAILED",
                                        "reason": f"the job could not be sent to {site}: {exc}"})
         if live.aborting:  # aborted while its sites were sent it: the abort may have gone

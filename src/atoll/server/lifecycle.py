@@ -82,11 +82,11 @@ class Lifecycle:
         live.relay.end()
         # After a failure, sites are aborted only after a short grace: one about to fail on
         # its own reports its own reason, not a copy of the server's.
-        for site in self._unfinished_sites(live):
-            if state == "ABORTED":
-                self.links.send(site, "abort", {"job_id": live.id, "reason": reason})
-            elif state == "COMPLETED":
-                self.links.send(site, "end", {"job_id": live.id})
+        if state == "ABORTED":
+            self.links.send_all(self._unfinished_sites(live), "abort",
+                                {"job_id": live.id, "reason": reason})
+        elif state == "COMPLETED":
+            self.links.send_all(self._unfinished_sites(live), "end", {"job_id": live.id})
         if state != "ABORTED" and self._unfinished_sites(live):
             grace = END_GRACE_S if state == "COMPLETED" else FAILED_GRACE_S
             why = (f"did not finish within {grace:.0f} s of the workflow's end"

@@ -31,6 +31,17 @@ class Restarts(NoNullModel):
         "next restart fails it, saying so. 0: a restart fails every running job"))
 
 
+class Links(NoNullModel):
+    """``links``: the server parent's connections to its sites and admins."""
+
+    tls_record_bytes: int = Field(16384, ge=1024, le=16384, description=(
+        "Server: the largest TLS record it sends, in bytes (1024-16384; TLS's and gRPC's "
+        "16384 by default). Each connection keeps a buffer of this size: at 4096, 10,000 "
+        "connected sites hold about 80 MiB less of the server's memory, and a large model "
+        "costs the server more CPU to send (more, smaller records). For federations of "
+        "thousands of sites with small models"))
+
+
 class Retention(NoNullModel):
     """``retention``: what a site parent removes by itself."""
 

@@ -18,7 +18,7 @@ from atoll.spec.docker_kwargs import docker_kwargs_issues
 from atoll.spec.errors import Issue, IssuesError, SpecError, describe
 from atoll.spec.model import NoNullModel, check_fields, validate_into
 from atoll.spec.names import is_loopback, is_subdomain
-from atoll.spec.parent_settings import LogSettings, Restarts, Retention, Supervision
+from atoll.spec.parent_settings import Links, LogSettings, Restarts, Retention, Supervision
 from atoll.spec.quantity import check_memory
 
 SITE_FILE = "site.yaml"
@@ -444,6 +444,8 @@ class SiteConfig(NoNullModel):
                                  description="How long a site keeps finished run folders")
     supervision: Supervision = Field(default_factory=Supervision,
                                      description="Heartbeats, stalls and rejoins of jobs' parts")
+    links: Links = Field(default_factory=Links,
+                         description="The server's: its connections to sites and admins")
     restarts: Restarts = Field(default_factory=Restarts,
                                description="The server's: jobs resumed after its restart")
     _kit_dir: Path | None = PrivateAttr(None)

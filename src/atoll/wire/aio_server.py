@@ -46,7 +46,11 @@ SERVER_OPTIONS = [*OPTIONS, ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEO
 
 
 class LoopServer:
-    def __init__(self, handler_threads: int = 64, blocking_threads: int = 8):
+    def __init__(self, handler_threads: int = 64, blocking_threads: int = 8,
+                 tls_record_bytes: int | None = None):
+        # the largest TLS record it sends (site.yaml's links.tls_record_bytes; None: gRPC's)
+        self._options = SERVER_OPTIONS + ([("grpc.tsi.max_frame_size", tls_record_bytes)]
+                                          if tls_record_bytes is not None else [])
         self.loop = asyncio.new_event_loop()
         # Plain `def` handlers (job uploads and downloads) run here...
         self._handlers = futures.ThreadPoolExecutor(handler_threads, thread_name_prefix="rpc")
@@ -60,7 +64,7 @@ class LoopServer:
         self.server: grpc.aio.Server = self._run(self._make())
 
     async def _make(self) -> grpc.aio.Server:
-        return grpc.aio.server(migration_thread_pool=self._handlers, options=SERVER_OPTIONS)
+        return grpc.aio.server(migration_thread_pool=self._handlers, options=self._options)
 
     def _run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = 30) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

@@ -203,3 +203,17 @@ def test_the_probe_beside_a_record_takes_its_settings_from_the_record(tmp_path):
         _ = config.launcher
     assert err.value.issues[0].path == "process.sandbox"
     assert "/bin/false" in err.value.issues[0].message
+
+
+def test_the_servers_tls_record_size_comes_from_site_yaml_checked_or_recorded(tmp_path):
+    local, workspace = tmp_path / "local", tmp_path / "workspace"
+    local.mkdir()
+    (local / "site.yaml").write_text("launcher: process\n")
+    assert load_local_config(local, False, workspace).tls_record_bytes == 16384  # gRPC's
+    (local / "site.yaml").write_text("launcher: process\nlinks: {tls_record_bytes: 4096}\n")
+    assert load_local_config(local, False, workspace).tls_record_bytes == 4096  # checked
+    assert load_local_config(local, False, workspace).tls_record_bytes == 4096  # recorded
+    for bad in (512, 65536, "big"):
+        (local / "site.yaml").write_text(f"launcher: process\nlinks: {{tls_record_bytes: {bad}}}\n")
+        with pytest.raises(SpecError, match="links.tls_record_bytes"):
+            _ = load_local_config(local, False, workspace).tls_record_bytes

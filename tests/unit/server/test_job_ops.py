@@ -50,6 +50,9 @@ class Links:
         self.sent.append((site, kind, body))
         return site in self._online
 
+    def send_all(self, sites, kind, body):
+        return [site for site in sites if not self.send(site, kind, body)]
+
     def online(self):
         return dict(self._online)
 

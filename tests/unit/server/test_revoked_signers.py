@@ -71,6 +71,9 @@ class Links:
         self.sent.append((site, kind, body.get("job_id")))
         return True
 
+    def send_all(self, sites, kind, body):
+        return [site for site in sites if not self.send(site, kind, body)]
+
     def online(self):
         return {}
 

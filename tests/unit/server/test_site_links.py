@@ -23,7 +23,7 @@ def test_an_oversized_command_is_refused_and_nothing_is_queued():
             link.send("dispatch", {"meta": {"blob": "x" * MAX_CONTROL}})
         link.send("abort", {"job_id": "j", "reason": "fits"})
         loop.run_until_complete(asyncio.sleep(0))  # run what send() handed to the loop
-        assert link.outbox.qsize() == 1
+        assert len(link.outbox) == 1
         assert link.outbox.get_nowait().WhichOneof("kind") == "abort"
     finally:
         loop.close()
@@ -67,3 +67,44 @@ def test_the_control_streams_read_deadline_leaves_liveness_to_the_stale_check():
     """A site asked for a heartbeat every MAX_HEARTBEAT_S sends nothing for that long: the
     server's read of its stream (wire/guard.py) must wait longer than any link can be stale."""
     assert site_links.CONNECT_QUIET_S > site_links.STALE_BEATS * site_links.MAX_HEARTBEAT_S
+
+
+def test_a_command_to_many_sites_is_one_shared_message_and_the_offline_are_named():
+    """A job's dispatch to 10,000 sites: encoded once, and each stream holds that one message
+    (gRPC keeps a stream's last message until its next), not a copy of its own."""
+    loop = asyncio.new_event_loop()
+    try:
+        links = site_links.SiteLinks()
+        a, b = SiteLink("a", "o", {}, loop), SiteLink("b", "o", {}, loop)
+        links.attach(a)
+        links.attach(b)
+        assert links.send_all(["a", "gone", "b"], "dispatch", {"job_id": "j"}) == ["gone"]
+        loop.run_until_complete(asyncio.sleep(0))
+        sent_a, sent_b = a.outbox.get_nowait(), b.outbox.get_nowait()
+        assert sent_a is sent_b and sent_a.WhichOneof("kind") == "dispatch"
+        with pytest.raises(ControlTooLarge):
+            links.send_all(["a", "b"], "dispatch", {"meta": "x" * MAX_CONTROL})
+        loop.run_until_complete(asyncio.sleep(0))
+        assert len(a.outbox) == len(b.outbox) == 0  # nothing queued for anyone
+    finally:
+        loop.close()
+
+
+def test_the_outbox_hands_its_writer_each_command_in_order_and_wakes_it():
+    loop = asyncio.new_event_loop()
+    try:
+        link = SiteLink("a", "o", {}, loop)
+
+        async def writer():
+            return [await link.outbox.get() for _ in range(3)]
+
+        task = loop.create_task(writer())
+        loop.run_until_complete(asyncio.sleep(0))  # it waits on an empty outbox
+        link.send("abort", {"job_id": "1", "reason": "r"})
+        link.send("end", {"job_id": "2"})
+        link.close()
+        got = loop.run_until_complete(asyncio.wait_for(task, 5))
+        assert [c.WhichOneof("kind") for c in got[:2]] == ["abort", "end"] and got[2] is None
+        assert link.closed.is_set()
+    finally:
+        loop.close()

@@ -34,9 +34,9 @@ class Jobs:
 class Site:
     """The site's side of one Tasks call: what it sends, fed as the test goes."""
 
-    def __init__(self, service, relay):
+    def __init__(self, service, relay, call=None):
         self.sent: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.handler = service.Tasks(self._requests(), SiteCall()).__aiter__()
+        self.handler = service.Tasks(self._requests(), call or SiteCall()).__aiter__()
         self.relay = relay
 
     async def _requests(self):
@@ -219,6 +219,66 @@ def test_a_compact_call_takes_a_round_in_one_message_each_way(tmp_path):
     assert reply is not None and list(reply.spool.read("workflow")) == [frames.data(b"r-1")]
     reply = relay.next_reply(second, 0)
     assert reply is not None and list(reply.spool.read("workflow")) == []
+
+
+class NamedCall(SiteCall):
+    def __init__(self, name: str):
+        self.name = name
+
+    def auth_context(self):
+        return {"x509_pem_cert": [b"unused"],
+                "x509_subject": [f"OU=site,O=org,CN={self.name}".encode()]}
+
+
+class AnyOf(Jobs):
+    def __init__(self, relay: JobRelay, sites: list[str]):
+        super().__init__(relay)
+        self.sites = sites
+
+    def running_at(self, job_id, site):
+        return self.live if job_id == "j1" and site in self.sites else None
+
+
+def test_the_sites_of_a_round_are_sent_one_message_not_a_copy_each(tmp_path):
+    """gRPC holds a stream's last message until its next: while 10,000 sites train, the server
+    holds one round's task once, not once a site. A site whose message differs (here: no ack
+    before it) gets its own."""
+    sites = ["site-1", "site-2", "late"]
+    relay = JobRelay("j1", tmp_path, sites, Budget(1 << 20))
+    service = _service(AnyOf(relay, sites))
+
+    def task(round_: int) -> str:
+        writer = threading.Thread(target=relay.add_task,
+                                  args=(sites, "train", {"round": round_}, [frames.data(b"t")]))
+        writer.start()
+        writer.join(5)
+        return relay._queues["site-1"][-1]
+
+    async def main():
+        early = [Site(service, relay, NamedCall(name)) for name in sites[:2]]
+        first = task(1)
+        for site in early:
+            site.send({"job_id": "j1", "compact": True}, {"pull": 5})
+        one, two = [await site.read() for site in early]
+        assert one is two and frames.read_message(one)[0]["task_id"] == first
+        second = task(2)
+        for site in early:
+            site.send(frames.header({"reply": {"task_id": first, "headers": {}}, "bytes": 1,
+                                     "pull": 5}, b"r"))
+        acked, also = [await site.read() for site in early]
+        assert acked is also
+        assert frames.read_message(acked)[0] == {"ack": {}, "task_id": second,
+                                                 "topic": "train", "headers": {"round": 2},
+                                                 "bytes": 1}
+        late = Site(service, relay, NamedCall("late"))  # round 1, as the others got it
+        late.send({"job_id": "j1", "compact": True}, {"pull": 5})
+        assert await late.read() is one
+        late.send({"pull": 5})  # round 2 with no reply, so no ack, before it
+        alone = await late.read()
+        assert frames.read_message(alone)[0] == {"task_id": second, "topic": "train",
+                                                 "headers": {"round": 2}, "bytes": 1}
+
+    asyncio.run(main())
 
 
 def test_a_call_not_opened_compact_gets_no_payload_inline(tmp_path):
