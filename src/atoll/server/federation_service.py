@@ -148,7 +148,7 @@ class FederationService:
         site = (await peer_identity_async(context, "site")).name
         await _checked_id(context, request.job_id)
         loop = asyncio.get_running_loop()
-        # the first fetch builds the zip; the rest find it (a page-cache read, chunk by chunk)
+        # the first fetch builds the zip; the rest find it (and a small one's frames, shared)
         path = await _mapped(context, loop.run_in_executor(None, site_ops.app_zip, self.jobs,
                                                            site, request.job_id))
         for raw in _app_frames(path):
