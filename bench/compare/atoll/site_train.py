@@ -50,8 +50,10 @@ def main() -> None:
         fl.send(fl.Model(params=params, num_examples=1))
         mark(mark_dir, site, "sent", rnd)
         # The next is_running() decodes the next round's model: drop this one first, or a
-        # 1 GiB model is held twice while it arrives.
+        # 1 GiB model is held twice while it arrives (`array` too: the loop left it bound to the
+        # last tensor, which the next model could then not be decoded into).
         del model, params
+        array = None
 
 
 main()

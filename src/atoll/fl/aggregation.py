@@ -25,11 +25,12 @@ sent out next round lists its tensors as the last one did.
 
 With ``spill`` (a folder; app.yaml ``accumulator: disk``) the sum lives in an unlinked file
 there instead of in memory, read and written back block by block (pread/pwrite, never mapped,
-so it is not in the worker's RSS), and with ``reuse_reference`` the global model is written
-there too and let go (a diff result reads it back): between sending the model and making the
-mean, the server worker holds a few MiB, not the model and a float32 sum beside it (three
-times a bf16 model's size). The page cache absorbs the file while
-memory allows; the disk takes it when it does not.
+so it is not in the worker's RSS); with ``reuse_reference`` the global model is kept on disk
+too (``atoll.fl.stored``: a diff result reads it back), and ``result`` writes the mean block by
+block into a new stored model. From sending the model to holding the next one, the server
+worker holds a few MiB, not the model and a float32 sum beside it (three times a bf16 model's
+size). The page cache absorbs the files while memory allows; the disk takes them when it does
+not.
 
 With ``reuse_reference=True`` the caller hands the global model over: the first result, when it
 is full weights, is folded straight into the global model's own buffers (float32/float64), so
@@ -39,13 +40,14 @@ the round needs one model's memory, not two. The global model is gone from then 
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from atoll.fl import bfloat16
+from atoll.fl import bfloat16, stored
 from atoll.fl.model import Model
 from atoll.fl.serde import CHUNK_SIZE, ModelStream, SerdeError
 from atoll.spec.errors import AtollError
@@ -82,12 +84,9 @@ class WeightedMean:
         self._spec: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
         if self.reference is not None:
             self._spec = {k: (v.shape, v.dtype) for k, v in self.reference.items()}
-        self._spilled_reference = False
         if self._spill is not None and self.reference is not None and reuse_reference:
-            # the global model goes to the file too, and leaves memory: diffs read it back
-            assert self._spec is not None
-            self._spill.keep_reference(self._spec, self.reference)
-            self.reference, self._spilled_reference = None, True
+            # the global model goes to disk too (where it is not already), and leaves memory
+            self.reference = stored.store(self.reference, self._spill.folder)
         self.total_weight = 0.0
         self.diff_weight = 0.0
         self.count = 0
@@ -111,7 +110,7 @@ class WeightedMean:
                 "global model's memory this round, so there is no global model left to apply the "
                 "diff to: send the same params_type (full or diff) from every site"
             )
-        if model.params_type == "diff" and self.reference is None and not self._spilled_reference:
+        if model.params_type == "diff" and self.reference is None:
             raise ResultRejected(
                 "sent params_type='diff' but the server had no global model to apply it to "
                 "(no initial_model): send full params in the first round"
@@ -266,8 +265,6 @@ class WeightedMean:
     def _ordered(self) -> list[str]:
         """The sum's names in the global model's order (the first result's without one)."""
         assert self._spec is not None
-        if self._spill is not None:
-            return list(self._spec)
         return [name for name in self._spec if name in self._sum]
 
     def result(self) -> dict[str, np.ndarray]:
@@ -275,32 +272,45 @@ class WeightedMean:
         if not self.count:
             raise ValueError("no results to average")
         assert self._spec is not None
+        if self._spill is not None:
+            return self._stored_result(self._spill)
         out: dict[str, np.ndarray] = {}
         for name in self._ordered():
-            if self._spill is not None:  # one tensor's sum in memory at a time
-                total = self._spill.read(name, self._spec[name])
-            else:  # freed as it goes where the dtype changes (bf16)
-                total = self._sum.pop(name)
-            if self.diff_weight:
-                if self._spilled_reference:
-                    assert self._spill is not None
-                    reference = self._spill.read_reference(name, self._spec[name])
-                else:
-                    assert self.reference is not None
-                    reference = self.reference[name]
-                if bfloat16.is_bf16(reference.dtype):
-                    reference = bfloat16.to_float32(reference)
-                total += reference.astype(total.dtype, copy=False) * (
-                    self.diff_weight / self._unit)
-            total *= self._unit / self.total_weight
-            dtype = self._spec[name][1]
-            if dtype.kind in "iub":
-                np.rint(total, out=total)
-            out[name] = bfloat16.narrow(total, dtype)  # the one rounding of half precision
+            total = self._sum.pop(name)  # freed as it goes where the dtype changes (bf16)
+            out[name] = self._mean_of(total, self.reference[name] if self.diff_weight else None,
+                                      self._spec[name][1])
         self._sum = {}
-        if self._spill is not None:
-            self._spill.close()
         return out
+
+    def _mean_of(self, total: np.ndarray, reference: np.ndarray | None,
+                 dtype: np.dtype) -> np.ndarray:
+        """The mean of (part of) a tensor from its sum (changed in place) and, where sites sent
+        diffs, the global model's values there."""
+        if reference is not None:
+            if bfloat16.is_bf16(reference.dtype):
+                reference = bfloat16.to_float32(reference)
+            total += reference.astype(total.dtype, copy=False) * (self.diff_weight / self._unit)
+        total *= self._unit / self.total_weight
+        if dtype.kind in "iub":
+            np.rint(total, out=total)
+        return bfloat16.narrow(total, dtype)  # the one rounding of half precision
+
+    def _stored_result(self, spill: _SpilledSum) -> dict[str, np.ndarray]:
+        """The mean written block by block from the sum's file into a stored model: never whole
+        in memory (``atoll.fl.stored``)."""
+        assert self._spec is not None
+        out = stored.StoreWriter(spill.folder, self._spec)
+        for name, (shape, dtype) in self._spec.items():
+            reference = self.reference[name].reshape(-1) if self.diff_weight else None
+            size = math.prod(shape)
+            step = max(1, CHUNK_SIZE // _accumulator_dtype(dtype).itemsize)
+            for start in range(0, size, step):
+                total = spill.read(name, dtype, start, min(step, size - start))
+                part = reference[start : start + len(total)] if reference is not None else None
+                out.write(name, start, self._mean_of(total, part, dtype).reshape(-1))
+            stored.release(reference)
+        spill.close()
+        return out.finish()
 
 
 def _blocks(params: dict[str, np.ndarray]) -> Iterator[tuple[str, int, np.ndarray]]:
@@ -317,19 +327,18 @@ class _SpilledSum:
     offset, read into one scratch block, added to and written back (pread/pwrite)."""
 
     def __init__(self, folder: str | os.PathLike[str]):
-        self._folder = str(folder)
+        self.folder = str(folder)
         try:
             self._file = tempfile.TemporaryFile(dir=folder, prefix="atoll-sum-")  # gone on close
         except OSError as exc:
             raise self._failed(exc) from None
         self._fd = self._file.fileno()
         self._offsets: dict[str, int] = {}
-        self._reference_at: dict[str, int] = {}
         self._scratch = np.empty(0, np.float64)
 
     def _failed(self, exc: OSError) -> AggregateCorrupted:
         return AggregateCorrupted(
-            f"the round's sum on disk (accumulator: disk, in {self._folder}) failed: "
+            f"the round's sum on disk (accumulator: disk, in {self.folder}) failed: "
             f"{exc.strerror or exc}; free space there, or set accumulator: memory")
 
     def _layout(self, spec: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
@@ -353,13 +362,6 @@ class _SpilledSum:
         except OSError as exc:  # a full disk, a file size limit: this round's mean is lost
             raise self._failed(exc) from None
 
-    def keep_reference(self, spec: dict, reference: dict[str, np.ndarray]) -> None:
-        """Write the global model after the sum's space, each tensor in its own dtype."""
-        try:
-            self._keep_reference(spec, reference)
-        except OSError as exc:
-            raise self._failed(exc) from None
-
     def _fold(self, spec: dict, blocks: Iterable[tuple[str, int, np.ndarray]], factor: float,
               first: bool) -> None:
         self._layout(spec)
@@ -379,31 +381,13 @@ class _SpilledSum:
                 written = os.pwrite(self._fd, part, where)
                 part, where = part[written:], where + written
 
-    def _keep_reference(self, spec: dict, reference: dict[str, np.ndarray]) -> None:
-        self._layout(spec)
-        offset = os.fstat(self._fd).st_size
-        for name, array in reference.items():
-            self._reference_at[name] = offset
-            flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            for start in range(0, len(flat), CHUNK_SIZE):
-                part = memoryview(flat[start : start + CHUNK_SIZE])
-                while len(part):
-                    written = os.pwrite(self._fd, part, offset)
-                    part, offset = part[written:], offset + written
-
-    def read_reference(self, name: str, spec: tuple[tuple[int, ...], np.dtype]) -> np.ndarray:
-        out = np.empty(spec[0], spec[1])
+    def read(self, name: str, dtype: np.dtype, start: int, count: int) -> np.ndarray:
+        """``count`` sums of tensor ``name`` (of ``dtype``) from element ``start``, in the
+        scratch block (valid until the next call)."""
+        acc = _accumulator_dtype(dtype)
+        out = self._view(count, acc)
         try:
-            _read_exact(self._fd, out.reshape(-1), self._reference_at[name])
-        except OSError as exc:
-            raise self._failed(exc) from None
-        return out
-
-    def read(self, name: str, spec: tuple[tuple[int, ...], np.dtype]) -> np.ndarray:
-        shape, dtype = spec
-        out = np.empty(shape, _accumulator_dtype(dtype))
-        try:
-            _read_exact(self._fd, out.reshape(-1), self._offsets[name])
+            _read_exact(self._fd, out, self._offsets[name] + start * acc.itemsize)
         except OSError as exc:
             raise self._failed(exc) from None
         return out

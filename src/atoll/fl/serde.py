@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from atoll.fl import quantization
+from atoll.fl import quantization, stored
 from atoll.fl.bfloat16 import BF16
 from atoll.fl.model import PARAMS_TYPES, Model
 from atoll.spec.errors import EXIT_INVALID, AtollError
@@ -179,6 +179,7 @@ def encode(model: Model, chunk_size: int = CHUNK_SIZE, *,
                 pending = bytearray()
             for start in range(0, len(view), chunk_size):
                 yield view[start : start + chunk_size]
+            stored.release(part)  # a tensor kept on disk: its pages leave memory once sent
     if pending:
         yield memoryview(pending)
 

@@ -18,7 +18,8 @@ Which side reads how:
   SIGBUS. A file cut short under pread is an error for that payload alone.
 
 Files are reused. A file of a MiB or more read to its end (and, if mapped, no longer held) goes
-back under a `free-` name, and the next writer, on either side, fills it again (the side that
+back under a `free-` name while its disk has room for `REUSE_ROOM` more of its size (a model of
+many GiB must not fill the disk with spare copies of itself: it is removed instead), and the next writer, on either side, fills it again (the side that
 freed it knows at once; the other finds it when it next lists the folder). On the VMs measured here a
 page not touched for a few seconds goes back to the host, and touching it again is dear:
 writing a GiB into a new file took 1.0 CPU-s, into the same file again 0.15. A file read only in
@@ -54,6 +55,7 @@ _DROP_BYTES = 16 * 1024 * 1024  # a mapped payload leaves the worker's RSS in st
 # Smaller files are removed once read, not kept: new pages for them cost little, and a folder
 # of a thousand sites' small replies is then listed for nothing.
 REUSE_MIN_BYTES = 1024 * 1024
+REUSE_ROOM = 4  # a file is kept for reuse only while the disk has four times its size free
 _RELIST_S = 0.5  # create(): how often the folder may be listed again for free files
 
 
@@ -187,7 +189,7 @@ class HandoffDir:
     def _free(self, name: str, size: int) -> None:
         """A file read to its end: kept for the next writer if it is large enough to matter."""
         try:
-            if size >= REUSE_MIN_BYTES:
+            if size >= REUSE_MIN_BYTES and _free_bytes(self._fd) >= REUSE_ROOM * size:
                 os.rename(name, FREE + name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
                 # Known free without a listing: this side's next create fills it again, even
                 # within _RELIST_S of the last listing (a round faster than that wrote every
@@ -314,6 +316,12 @@ def payload_of(head: dict[str, Any], chunks: frames.Payload,
     for _ in chunks.frames():
         raise HandoffError("the payload names a handoff file and carries data as well")
     return folder.take(name)
+
+
+def _free_bytes(fd: int) -> int:
+    """What the disk under the folder ``fd`` still has free for this user."""
+    info = os.fstatvfs(fd)
+    return info.f_bavail * info.f_frsize
 
 
 def _plain(info: os.stat_result) -> bool:

@@ -300,3 +300,18 @@ def test_a_file_read_to_its_end_is_filled_again_by_the_same_side_without_a_listi
     again = worker.put([b"a" * 10])
     assert _names(tmp_path / "h") == [again]
     assert (tmp_path / "h" / again).stat().st_ino == inode
+
+
+def test_a_file_the_disk_has_no_room_to_keep_is_removed_once_read(tmp_path, monkeypatch):
+    # An 8 GiB model's task and replies kept for reuse are 8 GiB each on the disk: a file is
+    # kept only while the disk has REUSE_ROOM times its size free. Here no disk has that room.
+    free = os.statvfs(tmp_path)
+    monkeypatch.setattr(handoff, "REUSE_ROOM", 2 * free.f_blocks * free.f_frsize)
+    parent = HandoffDir(tmp_path / "h", create=True)
+    worker = HandoffDir(tmp_path / "h")
+    name = worker.put([b"r" * 1000])
+    assert list(parent.take(name))
+    mapped = _filled(parent, [b"t" * 1000])
+    assert list(frames.Payload(worker.read(mapped)))
+    worker.give_back()
+    assert _names(tmp_path / "h") == []  # both removed, neither kept under a free- name

@@ -12,7 +12,10 @@ emptied). Once a round's task is uploaded, the global model is needed again only
 results, a server optimizer (FedOpt) or saving site models; without those it is handed to the
 round's running sum, whose first full result overwrites it in place: one model in memory, not
 two. A site that sends a diff in such a round is rejected for that round, and later rounds keep
-the global model aside again.
+the global model aside again. With ``accumulator: disk`` the global model is not in memory at
+all: it lives in a file of the run folder (``atoll.fl.stored``), the round's sum in another, and
+the mean is written from one to a third, so the server worker's memory does not grow with the
+model.
 
 Drop-outs: a site whose reply is an error (its worker is gone) is removed from later rounds; a
 site that sends an unusable result or misses ``round_timeout`` only misses that round. A round
@@ -42,6 +45,7 @@ from atoll.fl.aggregators import CoordinateMedian, TrimmedMean, WeightedAverage
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
 from atoll.fl.serde import ModelStream, encode, save_file
+from atoll.fl.stored import is_stored, store, trim
 from atoll.fl.workflows.api import Aggregator, BuiltinArgs, Context, Workflow
 from atoll.fl.workflows.evaluation import cross_site_table, evaluate, format_table, save_table
 from atoll.fl.workflows.round_report import report_round
@@ -168,6 +172,7 @@ class FedAvgRun:
 
     def run(self) -> None:
         try:
+            self._keep_on_disk()
             # 1-based, as users see rounds; after a server restart, on from the checkpoint
             for round_ in range(self.ctx.start_round, self.args.num_rounds + 1):
                 if self.privacy is not None and (reason := self.privacy.stop_reason()):
@@ -243,6 +248,15 @@ class FedAvgRun:
         log.warning("training stops after round %d of %d: %s", round_ - 1, self.args.num_rounds,
                     reason)
         self.ctx.report({"event": "stopped", "round": round_ - 1, "reason": reason})
+
+    def _keep_on_disk(self) -> None:
+        """With ``accumulator: disk``, the global model goes to a file of the run folder (a mean
+        made on disk is there already)."""
+        if self.args.accumulator == "disk" and self.global_params:
+            in_memory = not all(map(is_stored, self.global_params.values()))
+            self.global_params = store(self.global_params, os.getcwd())
+            if in_memory:  # its arrays are freed now (the caller gave them over)
+                trim()
 
     def _global_model(self, round_: int) -> Model:
         return Model(
@@ -326,6 +340,7 @@ class FedAvgRun:
             self.global_params = self.server_update(self.global_params, averaged, round_)
         else:
             self.global_params = averaged
+        self._keep_on_disk()
         for site, (metrics, n) in train.items():
             self.metrics.record(round_, "train", site, metrics, n)
         global_train = weighted_metrics(train.values())
