@@ -18,12 +18,13 @@ Which side reads how:
   SIGBUS. A file cut short under pread is an error for that payload alone.
 
 Files are reused. A file of a MiB or more read to its end (and, if mapped, no longer held) goes
-back under a `free-` name while its disk has room for `REUSE_ROOM` more of its size (a model of
-many GiB must not fill the disk with spare copies of itself: it is removed instead), and the next writer, on either side, fills it again (the side that
-freed it knows at once; the other finds it when it next lists the folder). On the VMs measured here a
-page not touched for a few seconds goes back to the host, and touching it again is dear:
-writing a GiB into a new file took 1.0 CPU-s, into the same file again 0.15. A file read only in
-part, or not whole frames, leaves the folder; what is left at the end goes with the job.
+back under a `free-` name, and the next writer, on either side, fills it again (the side that
+freed it knows at once; the other finds it when it next lists the folder). It is kept only while
+its disk has `REUSE_ROOM` times its size free, else removed: spare copies of a model of many GiB
+must not fill the disk. On the VMs measured here a page not touched for a few seconds goes back
+to the host, and touching it again is dear: writing a GiB into a new file took 1.0 CPU-s, into
+the same file again 0.15. A file read only in part, or not whole frames, leaves the folder; what
+is left at the end goes with the job.
 
 Only plain names inside the folder are opened, never through a symlink, and only a regular file
 of this user with one link. New files are made with O_EXCL, 0600, with the maker's pid in the
