@@ -57,6 +57,14 @@ def test_a_stored_model_of_many_tensors_holds_one_descriptor(tmp_path):
     assert float(sum(a.sum() for a in kept.values())) == 500 * 100
 
 
+def _stored_files() -> int:
+    """How many files of the run folder (the working directory) this process maps: the stored
+    models, unlinked from the start."""
+    folder = os.getcwd() + "/"
+    with open("/proc/self/maps") as maps:
+        return len({line.split()[4] for line in maps if folder in line})
+
+
 def _file_pages_mib() -> float:
     with open("/proc/self/status") as status:
         line = next(line for line in status if line.startswith("RssFile:"))
@@ -109,7 +117,7 @@ def test_fedavg_keeps_its_global_model_on_disk_with_the_same_result(tmp_path, mo
     initial = {k: v for k, v in _model(rng).items() if k not in ("none", "b")}
     finals, between = {}, []
 
-    trims = []
+    trims, models = [], []
     monkeypatch.setattr("atoll.fl.workflows.fedavg.trim", lambda: trims.append(1))
 
     def workflow(channel, args, init, job_args):
@@ -117,10 +125,18 @@ def test_fedavg_keeps_its_global_model_on_disk_with_the_same_result(tmp_path, mo
         original = run.train_round
 
         def train_round(round_):  # the global model each round starts from
-            between.append((args.accumulator, dict(run.global_params)))
+            between.append((args.accumulator, [stored.is_stored(a)
+                                                for a in run.global_params.values()]))
             original(round_)
 
         run.train_round = train_round
+        commit = run._commit
+
+        def committed():  # the round's checkpoint: the last round's model file is gone
+            models.append(_stored_files())
+            commit()
+
+        run._commit = committed
         run.run()
 
     for accumulator in ("memory", "disk"):
@@ -135,9 +151,11 @@ def test_fedavg_keeps_its_global_model_on_disk_with_the_same_result(tmp_path, mo
                      tmp_path / accumulator, model)
         finals[accumulator] = load_file(tmp_path / accumulator / "global_model_final.safetensors")
         assert os.listdir(run_folder) == []  # the sum, the means: unlinked files, all gone
-    on_disk = [params for accumulator, params in between if accumulator == "disk"]
-    assert len(on_disk) == 3 and all(stored.is_stored(a) for p in on_disk for a in p.values())
+    on_disk = [kept for accumulator, kept in between if accumulator == "disk"]
+    assert len(on_disk) == 3 and all(all(kept) for kept in on_disk)
     assert trims == [1]  # the initial model's freed heap given back; the means were never in it
+    # no round's model outlives it: nothing (a reference cycle) waits for a collection
+    assert models[-3:] == [1, 1, 1]
     for name in initial:
         assert finals["disk"].params[name].tobytes() == finals["memory"].params[name].tobytes()
         assert finals["disk"].params[name].dtype == initial[name].dtype

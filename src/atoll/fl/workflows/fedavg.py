@@ -297,7 +297,7 @@ class FedAvgRun:
             and self.args.aggregator == "weighted_mean"
             and self.privacy is None
         )
-        aggregator = _NotingDiffs(self._aggregator(reuse), self)
+        aggregator = _NotingDiffs.around(self._aggregator(reuse), self)
         if reuse:
             self.global_params = {}  # the mean's now: its first full result overwrites it
 
@@ -491,18 +491,20 @@ class _NotingDiffs:
 
     def __init__(self, aggregator: Aggregator, run: FedAvgRun):
         self.aggregator, self.run = aggregator, run
-        if hasattr(aggregator, "add_stream"):
-            self.add_stream = self._add_stream
         if hasattr(aggregator, "check"):
             self.check = aggregator.check  # type: ignore[attr-defined]
+
+    @staticmethod
+    def around(aggregator: Aggregator, run: FedAvgRun) -> _NotingDiffs:
+        """The wrapper that streams where ``aggregator`` does. A class, not an attribute set on
+        the instance: a bound method of its own would make a cycle, and keep the round's
+        global model (its file, on disk) until a collection found it."""
+        streams = hasattr(aggregator, "add_stream")
+        return (_NotingStreamedDiffs if streams else _NotingDiffs)(aggregator, run)
 
     def _note(self, model: Model) -> None:
         if model.params_type == "diff":
             self.run.saw_diff = True
-
-    def _add_stream(self, site: str, stream: ModelStream) -> Model:
-        self._note(stream.model)
-        return self.aggregator.add_stream(site, stream)  # type: ignore[attr-defined]
 
     def add(self, site: str, model: Model) -> None:
         self._note(model)
@@ -510,3 +512,9 @@ class _NotingDiffs:
 
     def result(self) -> Params:
         return self.aggregator.result()
+
+
+class _NotingStreamedDiffs(_NotingDiffs):
+    def add_stream(self, site: str, stream: ModelStream) -> Model:
+        self._note(stream.model)
+        return self.aggregator.add_stream(site, stream)  # type: ignore[attr-defined]
