@@ -32,7 +32,8 @@ stdlib base its callers catch; tests/unit/spec/test_error_root.py checks the dra
     │   AggregateCorrupted, BudgetExhausted, CheckpointHomeError, CheckTimeout, ClientError,
     │   CredentialError, CredentialNotIssued, EncodingError, LedgerRefused, PeerNotAuthenticated,
     │   PrivacyRefused, RankError, ResultRejected, SecAggRefused, ShareDecryptError,
-    │   SiteScriptError, StatisticsError, StatisticsRefused, TrackingError, WorkflowError
+    │   SiteScriptError, StatisticsError, StatisticsRefused, StoreFailed, TrackingError,
+    │   WorkflowError
     ├── 2 INVALID: change the input or request the message names, then retry
     │   AppConfigError, ApprovalsError, BackendError, BackupError, BadMessage, BodyError,
     │   CAError, CheckpointDamaged, ControlTooLarge, CredentialsTooLarge, CRLError, DecodeError,
