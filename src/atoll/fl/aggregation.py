@@ -376,10 +376,7 @@ class _SpilledSum:
             else:
                 _read_exact(self._fd, target, where)
                 target += block.astype(acc, copy=False) * factor if factor != 1.0 else block
-            part = memoryview(target.view(np.uint8).reshape(-1))
-            while len(part):
-                written = os.pwrite(self._fd, part, where)
-                part, where = part[written:], where + written
+            stored.write_at(self._fd, target, where)
 
     def read(self, name: str, dtype: np.dtype, start: int, count: int) -> np.ndarray:
         """``count`` sums of tensor ``name`` (of ``dtype``) from element ``start``, in the

@@ -84,6 +84,14 @@ def release(array: Any) -> None:
         base._mapped.madvise(mmap.MADV_DONTNEED, first, start + size - first)
 
 
+def write_at(fd: int, array: np.ndarray, offset: int) -> None:
+    """Write a C-contiguous array's bytes at ``offset`` of ``fd``, whole (pwrite may write less)."""
+    data = memoryview(array.reshape(-1).view(np.uint8))
+    while len(data):
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
+
+
 def _stored_base(array: Any) -> StoredArray | None:
     """The mapped tensor ``array`` views, if any (arithmetic on a ``StoredArray`` makes arrays
     of its type that are not mapped: those are in memory)."""
@@ -122,12 +130,9 @@ class StoreWriter:
         shape, dtype = self._spec[name]
         if values.dtype != dtype:
             raise TypeError(f"{name}: {values.dtype} written into a {dtype} tensor")
-        data = memoryview(np.ascontiguousarray(values).reshape(-1).view(np.uint8))
-        where = self._offsets[name] + start * dtype.itemsize
         try:
-            while len(data):
-                written = os.pwrite(self._file.fileno(), data, where)
-                data, where = data[written:], where + written
+            write_at(self._file.fileno(), np.ascontiguousarray(values),
+                     self._offsets[name] + start * dtype.itemsize)
         except OSError as exc:
             raise self._failed(exc) from None
 
