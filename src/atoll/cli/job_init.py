@@ -4,11 +4,11 @@ The folder holds ``meta.json`` (deploy map, min_clients, resources), ``app/app.y
 workflow and its arguments, the site script) and ``app/train.py`` (a numpy or PyTorch training
 loop on synthetic data, with the places to change marked; ``torch-ddp``: several
 processes per site with DistributedDataParallel, docs/distributed.md; ``lightning``: a Lightning
-Trainer federated by ``atoll.fl.lightning_callback``; ``hf``: a Transformers Trainer federated
-by ``atoll.fl.hf_trainer``, ``hf-lora`` the same with a PEFT LoRA model that exchanges its
-adapters only; models built from a config, nothing downloaded); a workflow the job
-ships (scaffold, cyclic, stats, custom) adds its class and helpers to ``app/``. Templates live in
-``atoll/fl/templates``.
+Trainer federated by ``atoll.fl.lightning_callback``, also on several processes per site;
+``hf``: a Transformers Trainer federated by ``atoll.fl.hf_trainer``, ``hf-lora`` the same with a
+PEFT LoRA model that exchanges its adapters only; models built from a config, nothing
+downloaded); a workflow the job ships (scaffold, cyclic, stats, custom) adds its class and
+helpers to ``app/``. Templates live in ``atoll/fl/templates``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ JOB_WORKFLOWS: dict[str, tuple[str, dict[str, str]]] = {
         "train.py": "site_statistics.py.tmpl"}),
 }
 FRAMEWORKS = ("numpy", "torch", "torch-ddp", "lightning", "hf", "hf-lora")
-# torch-ddp: several processes per site (DDP); two on CPUs, so the template runs anywhere.
+# torch-ddp, lightning: several processes per site (DDP); two on CPUs, so the templates run
+# anywhere. The others are not written for ranks and run one process whatever the GPUs.
+_RANKED = ("torch-ddp", "lightning")
 _DDP_LAUNCHER_SPEC = {"default": {backend: {"processes_per_node": 2}
                                   for backend in ("process", "docker", "k8s", "slurm")}}
 
@@ -97,7 +99,7 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str,
     if min_clients is not None:
         meta["min_clients"] = min_clients
     meta["resource_spec"] = {"@default": {"num_of_cpus": 1, "memory": "2Gi"}}
-    if framework == "torch-ddp":
+    if framework in _RANKED:
         meta["resource_spec"] = {"@default": {"num_of_cpus": 2, "memory": "4Gi"}}
         meta["launcher_spec"] = _DDP_LAUNCHER_SPEC
     args = {**_SERVER_ARGS[workflow]}
@@ -144,8 +146,8 @@ def render_job(name: str, workflow: str, sites: list[str], framework: str,
     default="numpy",
     show_default=True,
     help="The training loop written to app/train.py: numpy, torch, torch-ddp (several "
-    "processes per site), lightning (a Lightning Trainer), hf (a Transformers Trainer), "
-    "hf-lora (the same, exchanging LoRA adapters only).",
+    "processes per site), lightning (a Lightning Trainer, several processes per site), "
+    "hf (a Transformers Trainer), hf-lora (the same, exchanging LoRA adapters only).",
 )
 @click.option("--name", default=None, help="The job's name; default: the folder's name.")
 @click.option("--force", is_flag=True, help="Write into a folder that is not empty.")

@@ -29,8 +29,14 @@ What the callback does, by hook:
   ride with the trained weights (under their names, where fit's own do not override them).
   Validation inside ``fit`` (the val loop, the sanity check) never answers a task.
 
-With several processes per site (``fl.world_size() > 1``) every rank runs the same hooks:
-``fl.receive()`` gives every rank the model, ``fl.send()`` answers from rank 0 only.
+**Several processes per site.** When the job asks for ranks (``launcher_spec``
+``processes_per_node``, docs/distributed.md), the launcher starts them all and every one runs
+the script. ``L.Trainer(**trainer_args(), ...)`` makes Lightning train on them with DDP: it
+neither starts processes of its own nor creates the process group (atoll's rendezvous does, on
+the job's own address), and it shards the data by atoll's ranks. Every rank runs the same
+hooks: ``fl.receive()`` gives every rank the model, ``fl.send()`` answers from rank 0 only. In
+one process ``trainer_args()`` is ``{"devices": 1}``: a process that sees several GPUs still
+trains as one, as a script not written for ranks expects.
 
 The hooks live in a plain mixin: ``FederatedCallback`` is a ``lightning.pytorch`` callback,
 and ``callback_for(trainer)`` gives one of the trainer's own package (``pytorch_lightning``,
@@ -40,13 +46,80 @@ which FLARE's examples import, is a separate class tree). Site workers only impo
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.pytorch.strategies import DDPStrategy
 
 import atoll.client as fl
-from atoll.fl.torch_bridge import load_params, to_params
+from atoll.fl.client_runtime import current
+from atoll.fl.distributed import Ranks
+from atoll.fl.torch_bridge import device, load_params, to_params
+
+
+def trainer_args() -> dict[str, Any]:
+    """``Trainer`` arguments that train on this site's processes: ``{"devices": 1}`` in one
+    process; with several, DDP over the ranks the launcher started, ``num_nodes`` theirs, each
+    process on its own device (its one GPU, or the CPU). Lightning finds the process group that
+    ``fl.init()`` joined on atoll's rendezvous and creates none of its own."""
+    ranks = current().ranks
+    if not ranks.distributed:
+        return {"devices": 1}
+    # Each rank sees only its own GPU (as cuda:0), so every local rank's device is this one.
+    strategy = DDPStrategy(cluster_environment=SiteRanks(ranks),
+                           parallel_devices=[device()] * ranks.local_world_size)
+    return {"strategy": strategy, "num_nodes": ranks.world_size // ranks.local_world_size}
+
+
+class SiteRanks(ClusterEnvironment):
+    """The site's ranks as its launcher numbered them, for Lightning: the processes exist
+    already and Lightning's own arithmetic of ranks is not used."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self._ranks = ranks
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    def main_port(self) -> int:
+        return int(os.environ.get("MASTER_PORT", "0"))
+
+    @staticmethod
+    def detect() -> bool:
+        return False  # only where trainer_args() passes it
+
+    def world_size(self) -> int:
+        return self._ranks.world_size
+
+    def set_world_size(self, size: int) -> None:
+        pass  # the launcher's count stands
+
+    def global_rank(self) -> int:
+        return self._ranks.rank
+
+    def set_global_rank(self, rank: int) -> None:
+        pass
+
+    def local_rank(self) -> int:
+        return self._ranks.local_rank
+
+    def node_rank(self) -> int:
+        return self._ranks.rank // self._ranks.local_world_size
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        if num_devices * num_nodes != self._ranks.world_size:
+            raise ValueError(
+                f"the Trainer asks for {num_nodes} node(s) of {num_devices} device(s), but the "
+                f"site runs {self._ranks.world_size} processes: pass trainer_args() unchanged")
 
 
 class FederatedHooks:

@@ -144,6 +144,19 @@ def test_torch_ddp_template_trains_in_one_process(tmp_path):
     assert summary["final_validation"]["accuracy"] > 0.8
 
 
+@pytest.mark.parametrize("framework,ranks", [("torch-ddp", 2), ("lightning", 2), ("torch", None),
+                                             ("numpy", None), ("hf", None), ("hf-lora", None)])
+def test_only_the_templates_written_for_ranks_ask_for_them(tmp_path, framework, ranks):
+    """A script not written for several ranks never runs several times: its job asks none."""
+    meta = json.loads((_init(tmp_path, "--framework", framework) / "meta.json").read_text())
+    asked = {backend: spec.get("processes_per_node")
+             for backend, spec in meta.get("launcher_spec", {}).get("default", {}).items()}
+    if ranks is None:
+        assert asked == {}
+    else:
+        assert asked == dict.fromkeys(("process", "docker", "k8s", "slurm"), ranks)
+
+
 def _with_mu(job, mu: float):
     app = job / "app" / "app.yaml"
     app.write_text(app.read_text().replace("mu: 0.01", f"mu: {mu}"))
