@@ -89,8 +89,11 @@ NOTES = [
     "each client adds 1.0 and replies, nobody writes the model to disk. Per-round time = mean "
     "interval between consecutive rounds' arrival of the model at the first client. RSS = sum "
     "over every process of the deployment (parents, job processes; not the admin CLI), read "
-    "from /proc at 20 Hz; idle = median over 3 s, 5 s after ready. Abort = from the abort "
-    "command until no job process is left. List = the second of two back-to-back CLI calls.",
+    "from /proc at 20 Hz; idle = median over 3 s, 5 s after ready. Start → ready = from "
+    "the start of the first parent's command until the poller's answer in which the server "
+    "lists both clients (the poller's clock, as for a job's end; until 2026-12-06 the poller's "
+    "exit after it was counted too). Abort = from the abort command until no job process is "
+    "left. List = the second of two back-to-back CLI calls.",
 ]
 
 

@@ -158,10 +158,10 @@ def run_cycle(driver: Driver, wanted: list[str], opts: Options) -> dict:
         t0 = time.time()
         try:
             driver.start_deployment()
-            driver.wait_ready(ready, opts.ready_timeout)
+            seen_ready = driver.wait_ready(ready, opts.ready_timeout)
         finally:
             ready.drop()
-        metrics["d_ready_s"] = time.time() - t0
+        metrics["d_ready_s"] = seen_ready - t0
         metrics["d_processes"] = len(driver.deployment_pids())
     except (DriverError, NotImplementedError, OSError) as exc:
         driver.log(f"  {driver.name}: deployment failed: {exc}")

@@ -186,13 +186,16 @@ class Driver(ABC):
     def start_deployment(self) -> None:
         """Start server and two clients as separate processes; return without waiting."""
 
-    def wait_ready(self, watcher: Watcher, timeout: float) -> None:
+    def wait_ready(self, watcher: Watcher, timeout: float) -> float:
         """Block until the server accepts admin calls and both clients are connected, as the
-        ``watcher`` armed before the deployment started (``self.watcher("ready")``) sees it."""
+        ``watcher`` armed before the deployment started (``self.watcher("ready")``) sees it;
+        return when it saw them (its clock, ``time.time()``), as a job's end is taken: not
+        when the poller's own process has closed its connection and exited."""
         answer = watcher.go(str(CLIENTS), timeout)
         if not answer.get("ready"):
             raise DriverError(f"{self.name}: not ready in {timeout} s: {answer}; see "
                               f"{self.workdir}/*.log")
+        return float(answer.get("t") or time.time())
 
     @abstractmethod
     def prepare_job(

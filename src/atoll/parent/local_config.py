@@ -86,7 +86,7 @@ class LocalConfig:
     SpecError)."""
 
     def __init__(self, local_dir: Path, checking: Forked[Checked] | Checked,
-                 probing: Forked[SandboxHost | None] | None = None):
+                 probing: SandboxProbe | None = None):
         self._local_dir = local_dir
         self._checking = checking
         self._probing = probing
@@ -182,6 +182,8 @@ class LocalConfig:
             return self._launcher
 
     def close(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
         with self._lock:
             launcher, self._launcher = self._launcher, None
         if launcher is not None:
@@ -214,13 +216,13 @@ def load_local_config(local_dir: Path, study_runtime: bool,
     if found is not None:
         checked = _from_record(read_record(workspace, found[0]), found[1])
         if checked is not None:
-            # The record stands for the check, not for the sandbox's probe (~50 ms: a query
-            # of the worker's Python and one empty sandbox): that runs now, beside the start,
-            # rather than on the first job's path, from the recorded settings (parsing
-            # site.yaml again would import pydantic, ~0.2 CPU-s, into the probe's child).
+            # The record stands for the check, not for the sandbox's probe (a query of the
+            # worker's Python and one empty sandbox: two interpreters, ~0.05 CPU-s). That
+            # runs from the recorded settings, off the start and before the first job
+            # (SandboxProbe).
             sandboxed = checked.launcher == "process" and not checked.unconfined
-            probing = (start_forked(_probe_sandbox, local_dir, checked.sandbox_python,
-                                    checked.sandbox_bwrap) if sandboxed else None)
+            probing = (SandboxProbe(local_dir, checked.sandbox_python, checked.sandbox_bwrap)
+                       if sandboxed else None)
             return LocalConfig(local_dir, checked, probing)
     return LocalConfig(local_dir, start_forked(_check, local_dir, study_runtime, workspace,
                                                found[0] if found else None, True))
@@ -281,6 +283,59 @@ def _sandbox_of(config: SiteConfig, local_dir: Path) -> SandboxHost | None:
     if config.launcher != "process" or config.settings.sandbox != "bwrap":
         return None
     return _probe_sandbox(local_dir, config.settings.python, config.settings.bwrap)
+
+
+# Half a second: the three parents of a `poc up` are up by then on two cores, and a first job
+# reaches a site no sooner than its submit, the server's intake and its dispatch (~0.5 s).
+PROBE_AFTER_S = 0.5
+
+
+class SandboxProbe:
+    """The process launcher's sandbox probe (``_probe_sandbox``), run on a thread of its own
+    ``PROBE_AFTER_S`` after the parent's start or at the first launch, whichever comes first.
+
+    Not at the start itself: its two interpreters then competed with the parents' own start
+    (three parents of a `poc up` on two cores connected 0.14 s later, bench/compare (d)).
+    Neither a parent's start nor its first job waits for it: a job comes through the server
+    after the parent is up, and its launch takes the probe's answer (or runs it)."""
+
+    def __init__(self, local_dir: Path, python: str | None, bwrap: str | None) -> None:
+        self._args = (local_dir, python, bwrap)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._answer: tuple[bool, Any] = (False, None)
+        self._timer = threading.Timer(PROBE_AFTER_S, self.start)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sandbox-probe",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._answer = (True, _probe_sandbox(*self._args))
+        except Exception as exc:  # noqa: BLE001 - raised to whoever takes the result
+            self._answer = (False, exc)
+        finally:
+            self._done.set()
+
+    def cancel(self) -> None:
+        """Not started yet: never by the timer (the parent stops)."""
+        self._timer.cancel()
+
+    def result(self) -> SandboxHost:
+        """The probe's answer (SpecError when no sandbox can be made); starts it if due."""
+        self.start()
+        self._done.wait()
+        ok, value = self._answer
+        if ok:
+            return value
+        raise value
 
 
 def _probe_sandbox(local_dir: Path, python: str | None, bwrap: str | None) -> SandboxHost:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -159,9 +160,10 @@ def test_a_local_federation_starts_on_the_records_provision_wrote(tmp_path):
         assert config.capacity["memory"] == "77Gi", f"{name} checked local/ again"
 
 
-def test_the_sandbox_is_probed_at_start_not_on_the_first_job(tmp_path, monkeypatch):
-    """The probe of the process sandbox (~50 ms) runs in a child forked at start, with the
-    check or beside a record, and the launcher is made with its answer."""
+def test_the_sandbox_is_probed_before_the_first_job_and_the_launcher_takes_it(tmp_path,
+                                                                             monkeypatch):
+    """The probe of the process sandbox (~50 ms) runs with the check (in its forked child) or
+    beside a record (SandboxProbe), and the launcher is made with its answer."""
     from atoll.launchers import process as process_mod
 
     local, workspace = _site_kit(tmp_path)
@@ -174,6 +176,28 @@ def test_the_sandbox_is_probed_at_start_not_on_the_first_job(tmp_path, monkeypat
         assert launcher.sandbox_host() is launcher._sandbox_host and probes == [], attempt
         monkeypatch.undo()
         config.close()
+
+
+def test_beside_a_record_the_probe_waits_out_the_start_then_runs_unasked(tmp_path,
+                                                                         monkeypatch):
+    """Its interpreters do not compete with the parent's own start: nothing runs before
+    PROBE_AFTER_S; then it runs with no job asking, and the launcher takes its answer."""
+    from atoll.parent import local_config
+
+    local, workspace = _site_kit(tmp_path)
+    load_local_config(local, True, workspace).launcher_name  # noqa: B018 - the record
+    monkeypatch.setattr(local_config, "PROBE_AFTER_S", 3600.0)
+    config = load_local_config(local, True, workspace)
+    time.sleep(0.3)
+    assert config._probing._thread is None  # not at the start
+    assert config.launcher._sandbox_host is not None  # a launch that comes first runs it
+    config.close()
+    monkeypatch.setattr(local_config, "PROBE_AFTER_S", 0.05)
+    config = load_local_config(local, True, workspace)
+    assert config._probing._done.wait(60)  # on its timer, unasked
+    host = config._probing.result()
+    assert config.launcher._sandbox_host is host
+    config.close()
 
 
 def test_a_host_without_a_sandbox_fails_the_start_naming_the_opt_out(tmp_path):
