@@ -80,7 +80,9 @@ NOTES = [
     "(app.yaml `initial_model: model.py:make`) as FLARE's persistor and Flower's ServerApp do. "
     "Jobs are submitted, listed and aborted with each system's "
     "own CLI (`nvflare job …`, `flwr run|ls|stop`, `atoll job …`), timed from the start of the "
-    "command; readiness and completion are watched with each system's own API at 0.1 s, by a "
+    "command; readiness and completion are watched with each system's own API (polled every 0.1 s; "
+    "atoll's job followed as `atoll job submit --wait` does, the server answering each change, "
+    "since 2026-12-06), by a "
     "poller started (interpreter, imports and, for a job, its connection) before the clock "
     "starts (since 2026-12-06; before, it started after the deployment or the submit, on the "
     "same cores).",

@@ -7,8 +7,10 @@
                                     imports (and for wait the session's TLS handshake) done, it
                                     prints {"armed": true} and reads "ARG TIMEOUT" from stdin
 
-Both keep one `atoll.admin.session.Session` (one mutual-TLS channel) and poll every 0.1 s, so the
-measured time is atoll's, not the cost of a new `atoll` process per poll. Until the server's
+Both keep one `atoll.admin.session.Session` (one mutual-TLS channel), so the measured time is
+atoll's, not the cost of a new `atoll` process per poll. `ready` polls every 0.1 s (atoll has no
+call that waits for sites); `wait` follows the job as `atoll job submit --wait` does, with the
+server answering each change as it happens (since 2026-12-06; before, it polled every 0.1 s). Until the server's
 port accepts a TCP connection the session is not created: a gRPC channel that failed to connect
 backs off for a second or more, which would be charged to atoll's start-up.
 """
@@ -21,7 +23,8 @@ import sys
 import time
 
 from atoll.admin.errors import ConnectionFailed
-from atoll.admin.session import TERMINAL, Session
+from atoll.admin.session import Session
+from atoll.spec.errors import AtollError
 
 POLL_S = 0.1
 
@@ -73,20 +76,17 @@ def wait(kit: str, job_id: str, timeout: float, session: Session | None = None) 
     if session is None:
         print(json.dumps({"finished": False, "last": "the server's port never opened"}))
         return 1
-    state = ""
     with session:
-        while time.monotonic() < deadline:
-            status = session.status(job_id)
-            state = status["state"]
-            if state in TERMINAL:
-                done = time.time()
-                print(json.dumps({"finished": True, "status": state, "t": done,
-                                  "reason": status.get("reason", ""),
-                                  "checkpoint_bytes": _checkpoint_bytes(session, job_id)}))
-                return 0
-            time.sleep(POLL_S)
-    print(json.dumps({"finished": False, "last": state}))
-    return 1
+        try:  # as `atoll job submit --wait` does: the server answers when the job changes
+            status = session.wait(job_id, timeout=max(0.0, deadline - time.monotonic()))
+        except AtollError as exc:
+            print(json.dumps({"finished": False, "last": str(exc)}))
+            return 1
+        done = time.time()
+        print(json.dumps({"finished": True, "status": status["state"], "t": done,
+                          "reason": status.get("reason", ""),
+                          "checkpoint_bytes": _checkpoint_bytes(session, job_id)}))
+        return 0
 
 
 def _checkpoint_bytes(session: Session, job_id: str) -> int | None:
