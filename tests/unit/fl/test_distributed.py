@@ -6,15 +6,10 @@ raises on any use. Both run the same loop; each prints what it saw as JSON for t
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-
 import pytest
 
 from atoll.fl.distributed import RankError, Ranks
+from tests.unit.fl.ranks import run_two_ranks
 
 PROGRAM = r'''
 import json, sys
@@ -56,33 +51,8 @@ print(json.dumps({"rank": fl.rank(), "world": fl.world_size(), "local": fl.local
 '''
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _two_ranks() -> tuple[list[int], list[tuple[str, str]]]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
-           "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, "-c", PROGRAM], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    return [p.returncode for p in procs], outs
-
-
 def test_every_rank_gets_each_task_and_only_rank_0_answers(tmp_path):
-    codes, outs = _two_ranks()
-    # The free port is found, then let go before rank 0 binds it: another test's process may
-    # take it meanwhile (the suite runs many). That alone is worth another port, nothing else.
-    for _ in range(2):
-        if codes == [0, 0] or "address already in use" not in str(outs).lower():
-            break
-        codes, outs = _two_ranks()
-    assert codes == [0, 0], outs
-    zero, one = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
+    zero, one = run_two_ranks(PROGRAM)
     assert zero["seen"] == one["seen"] == [[0, [0.0, 0.0, 0.0]], [1, [1.0, 1.0, 1.0]]]
     assert (zero["rank"], one["rank"], one["world"], one["local"]) == (0, 1, 2, 1)
     assert zero["replies"] == ["t0", "t1"] and zero["reports"] == 2  # rank 0 answered for both

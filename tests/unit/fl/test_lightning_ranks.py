@@ -7,13 +7,9 @@ NoLink, which raises on any use. Each prints what it saw as JSON for the test.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-
 import pytest
+
+from tests.unit.fl.ranks import run_two_ranks
 
 pytest.importorskip("lightning")
 
@@ -96,36 +92,13 @@ print(json.dumps({"listening": listening, "strategy": type(trainer.strategy).__n
 '''
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _two_ranks() -> tuple[list[int], list[tuple[str, str]]]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
-           "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", PROGRAM], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(2)]
-    outs = [p.communicate(timeout=240) for p in procs]
-    return [p.returncode for p in procs], outs
-
-
 def _epochs(batches: list[list[int]]) -> list[set[int]]:
     """The examples of each epoch: two batches of four."""
     return [set(batches[i]) | set(batches[i + 1]) for i in range(0, len(batches), 2)]
 
 
 def test_lightning_trains_with_ddp_on_the_ranks_the_launcher_started():
-    codes, outs = _two_ranks()
-    for _ in range(2):  # the free port may be taken between finding it and binding it
-        if codes == [0, 0] or "address already in use" not in str(outs).lower():
-            break
-        codes, outs = _two_ranks()
-    assert codes == [0, 0], outs
-    zero, one = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
+    zero, one = run_two_ranks(PROGRAM, timeout=240)
     # Lightning's DDP on atoll's ranks: no process of its own, the launcher's numbering.
     assert zero["strategy"] == one["strategy"] == "DDPStrategy"
     assert [zero["global_rank"], one["global_rank"], zero["world"], one["world"]] == [0, 1, 2, 2]
