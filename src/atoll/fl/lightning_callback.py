@@ -115,12 +115,6 @@ class SiteRanks(ClusterEnvironment):
     def node_rank(self) -> int:
         return self._ranks.rank // self._ranks.local_world_size
 
-    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        if num_devices * num_nodes != self._ranks.world_size:
-            raise ValueError(
-                f"the Trainer asks for {num_nodes} node(s) of {num_devices} device(s), but the "
-                f"site runs {self._ranks.world_size} processes: pass trainer_args() unchanged")
-
 
 class FederatedHooks:
     """The federated exchange as Lightning hooks; mixed into a Callback class of either package."""
