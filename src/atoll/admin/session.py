@@ -57,12 +57,16 @@ class Session:
         return (("x-atoll-session", self.token),) if self.token else ()
 
     def call(self, op: str, study: str | None = None, **body: Any) -> dict[str, Any]:
+        return self._call(op, study, body, self.timeout)
+
+    def _call(self, op: str, study: str | None, body: dict[str, Any],
+              timeout: float) -> dict[str, Any]:
         body = {"op": op, **body}
         if study:
             body["study"] = study
         try:
             answer = self.stub.Call(msg.Json(body=json.dumps(body)), metadata=self._metadata(),
-                                    timeout=self.timeout)
+                                    timeout=timeout)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self.kit.server_address) from None
         return json.loads(answer.body)
@@ -86,7 +90,9 @@ class Session:
         for a change first."""
         if since is None:
             return self.call("job_status", study=study, job_id=job_id)
-        return self.call("job_status", study=study, job_id=job_id, since=since, wait_s=wait_s)
+        # The server may hold the call wait_s: its deadline is that plus the usual timeout.
+        return self._call("job_status", study, {"job_id": job_id, "since": since,
+                                                "wait_s": wait_s}, self.timeout + wait_s)
 
     def logs(self, job_id: str, study: str | None = None) -> dict[str, Any]:
         return self.call("job_logs", study=study, job_id=job_id)

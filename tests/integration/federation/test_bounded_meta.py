@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from atoll.admin.errors import Refused
+from atoll.admin.session import Session
 from atoll.spec.errors import SpecError
 from tests.integration.federation.harness import Federation, job_folder
 from tests.integration.federation.jobs import app_yaml
@@ -107,6 +108,13 @@ def test_an_oversized_or_repeated_site_list_is_refused_and_the_other_study_runs_
                 beta.submit(folder)
             assert beta.list_jobs() == []
             assert {s["name"]: s["online"] for s in beta.sites()["sites"]} == {"shared": True}
+
+        # A status call that waits for a change longer than its session's timeout is answered,
+        # unchanged, when the wait is over: its deadline is the wait plus that timeout.
+        with Session(fed.kit(LEAD_A), study="alpha", timeout=1.0) as short:
+            now = short.status(job_id)
+            assert short.status(job_id, since=now["version"], wait_s=2.0)["version"] == \
+                now["version"]
 
         (gate / "release").touch()
         job = alpha.wait(job_id, timeout=120)
