@@ -10,9 +10,10 @@
 Both keep one `atoll.admin.session.Session` (one mutual-TLS channel), so the measured time is
 atoll's, not the cost of a new `atoll` process per poll. `ready` polls every 0.1 s (atoll has no
 call that waits for sites); `wait` follows the job as `atoll job submit --wait` does, with the
-server answering each change as it happens (since 2026-12-06; before, it polled every 0.1 s). Until the server's
-port accepts a TCP connection the session is not created: a gRPC channel that failed to connect
-backs off for a second or more, which would be charged to atoll's start-up.
+server answering each change as it happens (since 2026-12-06; before, it polled every 0.1 s).
+Until the server's port accepts a TCP connection the session is not created: a gRPC channel
+that failed to connect backs off for a second or more, which would be charged to atoll's
+start-up.
 """
 
 from __future__ import annotations

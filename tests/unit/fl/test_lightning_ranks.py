@@ -65,8 +65,9 @@ class Net(L.LightningModule):
 ranks = Ranks.from_env()
 channel = ListChannel() if ranks.leader else NoLink("job", "site-a")
 bind(ClientSession(channel, "site-a", ranks=ranks))
-gen = torch.Generator().manual_seed(ranks.rank)  # each rank its own data: DDP must shard anyway
-data = TensorDataset(torch.arange(16), torch.randn(16, 4, generator=gen), torch.randn(16, generator=gen))
+gen = torch.Generator().manual_seed(0)  # the site's data, loaded by every rank; DDP shards it
+data = TensorDataset(torch.arange(16), torch.randn(16, 4, generator=gen),
+                     torch.randn(16, generator=gen))
 loader = DataLoader(data, batch_size=4)
 module = Net()
 trainer = L.Trainer(max_epochs=2, callbacks=[FederatedCallback()], logger=False,
@@ -84,9 +85,10 @@ for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         local, state = line.split()[1], line.split()[3]
         if state == "0A" and int(local.rsplit(":", 1)[1], 16) == int(os.environ["MASTER_PORT"]):
             listening.append(local.rsplit(":", 1)[0])
-print(json.dumps({"listening": listening, "strategy": type(trainer.strategy).__name__, "global_rank": trainer.global_rank,
-                  "world": trainer.world_size, "local_rank": trainer.local_rank,
-                  "node_rank": trainer.node_rank, "seen": module.seen,
+print(json.dumps({"listening": listening, "strategy": type(trainer.strategy).__name__,
+                  "global_rank": trainer.global_rank, "world": trainer.world_size,
+                  "local_rank": trainer.local_rank, "node_rank": trainer.node_rank,
+                  "seen": module.seen,
                   "started_from": module.started_from, "rounds": rounds,
                   "replies": getattr(channel, "replies", None)}))
 '''
