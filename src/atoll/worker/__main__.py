@@ -15,6 +15,12 @@ import sys
 import traceback
 from pathlib import Path
 
+# numpy's OpenBLAS starts a thread per core when it is imported, and each spins for about 0.1 s
+# of CPU before it sleeps: three workers starting at once on a 2-core host lost a third of a
+# core-second to it. Idle BLAS threads now sleep at once (after 2^4 cycles; the least OpenBLAS
+# takes) and are woken by the next parallel call. A study that wants them spinning sets it.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 from atoll.spec import worker_env
 from atoll.spec.errors import EXIT_CONNECTION, EXIT_FAILED, EXIT_INVALID
 from atoll.spec.worker_env import RESULTS_HOME_VAR, SEND_RESULTS

@@ -158,3 +158,17 @@ def test_the_worker_started_for_several_processes_becomes_rank_0_with_one_gpu():
     assert (env["RANK"], env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "0", "7")
     assert env["MASTER_PORT"].isdigit()
     assert not starts_local_ranks(env)  # a rank already: it starts no others
+
+
+@pytest.mark.parametrize(("study_sets", "seen"), [(None, "4"), ("28", "28")])
+def test_idle_blas_threads_sleep_unless_the_study_says_otherwise(tmp_path, study_sets, seen):
+    """OpenBLAS reads its thread timeout when numpy is first imported: the worker sets it
+    before anything of it can load numpy, and a study's own value (its env) stays."""
+    probe = ("import os, sys; import atoll.worker.__main__; "
+             "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'), 'numpy' in sys.modules)")
+    base = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env = {**base, **({"OPENBLAS_THREAD_TIMEOUT": study_sets} if study_sets else {})}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [seen, "False"]
