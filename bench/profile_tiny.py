@@ -169,6 +169,10 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="also write the timeline as JSON")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds between the restart and the submit (bench/compare's (a) comes "
+                         "after its idle window: 2 s lets the parents' verifiers and the "
+                         "sandbox's probe start first, as there)")
     args = ap.parse_args()
     work = (args.workdir or Path(tempfile.mkdtemp(prefix="atoll-profile-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -183,6 +187,7 @@ def main() -> int:
                           env).stdout)
     kits = ws / "poc"
     try:
+        time.sleep(args.settle)
         return profile(args, work, env, atoll, python, kits, up, up2)
     finally:
         subprocess.run([atoll, "poc", "down", "--workspace", str(ws)], env=env,
