@@ -66,6 +66,8 @@ class Checked:
     progress_s: float = 21600.0  # supervision.progress_s: a worker holding a task, silent
     max_resumes: int = 3  # the server's restarts.max_resumes
     tls_record_bytes: int = 16384  # the server's links.tls_record_bytes
+    # logs.max_size in bytes and logs.keep: a detached parent's log is rotated from its start
+    log_rotation: tuple[int, int] = (64 << 20, 5)
 
     def values(self) -> dict[str, Any]:
         """What a record keeps (local_record.py)."""
@@ -75,6 +77,7 @@ class Checked:
                 "retention_days": self.retention_days, "runs_setting": self.runs_setting,
                 "supervision": list(self.supervision), "progress_s": self.progress_s,
                 "max_resumes": self.max_resumes, "tls_record_bytes": self.tls_record_bytes,
+                "log_rotation": list(self.log_rotation),
                 "sandbox": {"python": self.sandbox_python, "bwrap": self.sandbox_bwrap},
                 "endpoint": {"host": ep.host, "port": ep.port, "dial_host": ep.dial_host,
                              "uses_tls": ep.uses_tls}}
@@ -134,6 +137,12 @@ class LocalConfig:
     def tls_record_bytes(self) -> int:
         """links.tls_record_bytes of the server's site.yaml."""
         return self._checked().tls_record_bytes
+
+    @property
+    def log_rotation(self) -> tuple[int, int]:
+        """site.yaml's ``logs``: the size in bytes past which a detached parent's log is
+        rotated, and how many old files are kept."""
+        return self._checked().log_rotation
 
     def runs_root(self, workspace: Path) -> Path:
         """The folder holding jobs/ (spec/run_folders.py's rule), from what the check found."""
@@ -269,7 +278,8 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
                                    config.supervision.rejoin_s),
                       progress_s=config.supervision.progress_s,
                       max_resumes=config.restarts.max_resumes,
-                      tls_record_bytes=config.links.tls_record_bytes)
+                      tls_record_bytes=config.links.tls_record_bytes,
+                      log_rotation=(config.logs.max_bytes, config.logs.keep))
     if workspace is not None and print_ is not None:
         again = fingerprint(local_dir, study_runtime)
         if again is not None and again[0] == print_:  # nothing changed while it was checked
@@ -365,6 +375,7 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
         supervision = tuple(float(v) for v in values["supervision"])
         progress_s = float(values["progress_s"])
         resumes, record = values["max_resumes"], values["tls_record_bytes"]
+        log_bytes, log_keep = values["log_rotation"]
         ok = (isinstance(launcher, str) and isinstance(capacity, dict)
               and set(capacity) == {"gpus", "cpus", "memory"} and isinstance(unconfined, bool)
               and all(v is None or isinstance(v, str) for v in (python, bwrap, root))
@@ -374,13 +385,16 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
               and progress_s > 0
               and isinstance(resumes, int) and not isinstance(resumes, bool) and resumes >= 0
               and isinstance(record, int) and not isinstance(record, bool)
-              and 1024 <= record <= 16384)
+              and 1024 <= record <= 16384
+              and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                      for v in (log_bytes, log_keep)))
     except (KeyError, TypeError, ValueError):
         return None
     return (Checked(launcher, capacity, endpoint, site_yaml=site_yaml, unconfined=unconfined,
                     sandbox_python=python, sandbox_bwrap=bwrap, retention_days=days,
                     runs_setting=root, supervision=supervision, progress_s=progress_s,
-                    max_resumes=resumes, tls_record_bytes=record)
+                    max_resumes=resumes, tls_record_bytes=record,
+                    log_rotation=(log_bytes, log_keep))
             if ok else None)
 
 

@@ -34,15 +34,18 @@ def command(role: str, kit: Path, ready_file: Path | None = None,
 LOG_FORMAT = "ts=%(asctime)s level=%(levelname)s component=%(name)s msg=%(message)r"
 
 
-def setup_logging(verbose: bool = False, log_file: Path | None = None, logs=None) -> None:
+def setup_logging(verbose: bool = False, log_file: Path | None = None,
+                  logs: tuple[int, int] | None = None) -> None:
     """One structured line per event: time, level, component, message; to standard error, or
-    to ``log_file`` rotated as ``logs`` (spec/parent_settings.py LogSettings) says."""
+    to ``log_file``, rotated past ``logs``' size in bytes keeping its count of old files
+    (site.yaml's ``logs``: LocalConfig.log_rotation)."""
     if log_file is None:
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
     else:
         from atoll.parent.log_file import ParentLog
 
-        handler = ParentLog(log_file, logs.max_bytes, logs.keep)
+        max_bytes, keep = logs or (64 << 20, 5)
+        handler = ParentLog(log_file, max_bytes, keep)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler],
                         format=LOG_FORMAT)
 
@@ -116,7 +119,7 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool,
     job_path.warm_later(role, local)
     run_forever = importlib.import_module(RUNNERS[role]).run_forever
     try:  # detached, the log's rotation waits for the check of local/site.yaml
-        logs = local.site_config.logs if log_file is not None else None
+        logs = local.log_rotation if log_file is not None else None
     except AtollError as exc:
         return _fail(str(exc), exc.exit_code)
     setup_logging(verbose, log_file, logs)

@@ -241,3 +241,26 @@ def test_the_servers_tls_record_size_comes_from_site_yaml_checked_or_recorded(tm
         (local / "site.yaml").write_text(f"launcher: process\nlinks: {{tls_record_bytes: {bad}}}\n")
         with pytest.raises(SpecError, match="links.tls_record_bytes"):
             _ = load_local_config(local, False, workspace).tls_record_bytes
+
+
+def test_a_detached_parents_log_rotation_needs_no_model_of_site_yaml(tmp_path):
+    """`poc up` and `--detach` rotate the parent's log from its start: site.yaml's ``logs``
+    come checked or recorded, never by parsing site.yaml in the parent (pydantic) as it
+    starts."""
+    local, workspace = _site_kit(tmp_path)
+    with open(local / "site.yaml", "a") as f:
+        f.write("logs: {max_size: 2Mi, keep: 3}\n")
+    checked = load_local_config(local, True, workspace)
+    assert checked.log_rotation == (2 << 20, 3)
+    assert checked._site_config is None
+    recorded = load_local_config(local, True, workspace)
+    assert recorded._checked().site_yaml is not None  # from the record this time
+    assert recorded.log_rotation == (2 << 20, 3)
+    assert recorded._site_config is None
+    path = workspace / RECORD_FILE
+    doc = json.loads(path.read_text())
+    for bad in ([0, 3], [1024, True], "big", None):  # a record of another shape: checked again
+        doc["values"]["log_rotation"] = bad
+        path.write_text(json.dumps(doc))
+        config = load_local_config(local, True, workspace)
+        assert config._checked().site_yaml is None and config.log_rotation == (2 << 20, 3)

@@ -11,10 +11,9 @@ import sys
 SCRIPT = '''
 import logging, sys
 from pathlib import Path
-from types import SimpleNamespace
 from atoll.parent.run import setup_logging
 
-setup_logging(False, Path(sys.argv[1]), SimpleNamespace(max_bytes=4000, keep=2))
+setup_logging(False, Path(sys.argv[1]), (4000, 2))
 log = logging.getLogger("atoll.test")
 for i in range(200):
     log.info("line %d %s", i, "x" * 40)
