@@ -113,10 +113,6 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool,
     from atoll.pki import verifier
 
     verifier.prestart(verifier.START_AFTER_S)
-    # and its job path (pydantic, the spec models, its launcher) a moment later (job_path.py)
-    from atoll.parent import job_path
-
-    job_path.warm_later(role, local)
     run_forever = importlib.import_module(RUNNERS[role]).run_forever
     try:  # detached, the log's rotation waits for the check of local/site.yaml
         logs = local.log_rotation if log_file is not None else None
