@@ -27,16 +27,34 @@ MMAP_THRESHOLD_BYTES = 8 * 1024 * 1024
 TOP_PAD_BYTES = 4 * 1024 * 1024
 
 
+def _mallopt():
+    # The running interpreter's own symbols: libc is already loaded. (ctypes.util's
+    # find_library would run ldconfig and import a dozen modules a parent keeps resident.)
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return mallopt
+
+
+def one_arena() -> bool:
+    """One heap arena for every thread, set before the process has a second thread: a thread
+    that allocates earlier gets an arena of its own, which later threads (gRPC's) then share
+    with the main one in turn, and two arenas hold half as much again of the frames a payload
+    passes through (a parent's growth over 100 MB round trips: 33-36 MiB, against 21 with one).
+    The other settings wait for tune_for_streaming: applied from the start, the threshold kept
+    the start's large temporary blocks in the heap (a parent at rest 0.8-1.1 MiB larger)."""
+    try:
+        return _mallopt()(M_ARENA_MAX, 1) == 1
+    except (OSError, AttributeError):
+        return False
+
+
 def tune_for_streaming(top_pad: int = TOP_PAD_BYTES) -> bool:
     """Apply the settings above, with ``top_pad`` bytes of free memory kept at the top of the
     heap (0: glibc's default); False where the C library has no mallopt (not glibc)."""
     try:
-        # The running interpreter's own symbols: libc is already loaded. (ctypes.util's
-        # find_library would run ldconfig and import a dozen modules a parent keeps resident.)
-        mallopt = ctypes.CDLL(None).mallopt
+        mallopt = _mallopt()
     except (OSError, AttributeError):
         return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
     if top_pad:  # else glibc's own default stays
         ok = mallopt(M_TOP_PAD, top_pad) == 1 and ok

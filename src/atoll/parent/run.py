@@ -81,6 +81,11 @@ def run(role: str, kit_path: Path, ready_file: Path | None, verbose: bool,
     # is private by default, whatever umask the operator's shell had; the parent also sets the
     # modes of its own folders and files explicitly.
     os.umask(0o077)
+    # One heap arena, set before this process has a second thread (the sandbox's probe and
+    # the verifier start on timers; base/malloc_tuning.py)
+    from atoll.base.malloc_tuning import one_arena
+
+    one_arena()
     _without_system_openssl()
     from atoll.parent import pidfile
     from atoll.parent.forked import run_forked
