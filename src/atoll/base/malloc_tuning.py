@@ -40,8 +40,7 @@ def one_arena() -> bool:
     that allocates earlier gets an arena of its own, which later threads (gRPC's) then share
     with the main one in turn, and two arenas hold half as much again of the frames a payload
     passes through (a parent's growth over 100 MB round trips: 33-36 MiB, against 21 with one).
-    The other settings wait for tune_for_streaming: applied from the start, the threshold kept
-    the start's large temporary blocks in the heap (a parent at rest 0.8-1.1 MiB larger)."""
+    The other settings still come with tune_for_streaming, once the parent has started."""
     try:
         return _mallopt()(M_ARENA_MAX, 1) == 1
     except (OSError, AttributeError):

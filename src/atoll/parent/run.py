@@ -38,14 +38,14 @@ def setup_logging(verbose: bool = False, log_file: Path | None = None,
                   logs: tuple[int, int] | None = None) -> None:
     """One structured line per event: time, level, component, message; to standard error, or
     to ``log_file``, rotated past ``logs``' size in bytes keeping its count of old files
-    (site.yaml's ``logs``: LocalConfig.log_rotation)."""
+    (site.yaml's ``logs``: LocalConfig.log_rotation; required with a log file)."""
     if log_file is None:
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
     else:
         from atoll.parent.log_file import ParentLog
 
-        max_bytes, keep = logs or (64 << 20, 5)
-        handler = ParentLog(log_file, max_bytes, keep)
+        assert logs is not None, "a parent's log file is rotated as its site.yaml says"
+        handler = ParentLog(log_file, *logs)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler],
                         format=LOG_FORMAT)
 
