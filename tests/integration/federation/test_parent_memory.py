@@ -42,14 +42,18 @@ def _arena_heaps(pid: int) -> list[str]:
     return heaps
 
 
+def _assert_at_rest(name: str, pid: int) -> None:
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "grpc/_cython/cygrpc" in maps  # the parent itself, not a wrapper process
+    loaded = [package for package, so in NOT_AT_REST.items() if so in maps]
+    assert not loaded, f"{name} parent at rest has loaded {loaded}"
+    assert _arena_heaps(pid) == [], f"{name} parent has a second heap arena"
+
+
 def test_parents_at_rest_load_none_of_what_they_do_not_need(federation):
     assert set(federation.procs) == {"server", "site-1", "site-2"}
     for name, proc in federation.procs.items():
-        maps = Path(f"/proc/{proc.pid}/maps").read_text()
-        assert "grpc/_cython/cygrpc" in maps  # the parent itself, not a wrapper process
-        loaded = [package for package, so in NOT_AT_REST.items() if so in maps]
-        assert not loaded, f"{name} parent at rest has loaded {loaded}"
-        assert _arena_heaps(proc.pid) == [], f"{name} parent has a second heap arena"
+        _assert_at_rest(name, proc.pid)
 
 
 def test_detached_parents_at_rest_load_none_of_it_either(tmp_path):
@@ -70,10 +74,6 @@ def test_detached_parents_at_rest_load_none_of_it_either(tmp_path):
                 for name, role in [("server", "server"), ("site-1", "site")]}
         time.sleep(2)  # past the sandbox's probe and the verifier's start
         for name, pid in pids.items():
-            maps = Path(f"/proc/{pid}/maps").read_text()
-            assert "grpc/_cython/cygrpc" in maps
-            loaded = [package for package, so in NOT_AT_REST.items() if so in maps]
-            assert not loaded, f"detached {name} parent at rest has loaded {loaded}"
-            assert _arena_heaps(pid) == [], f"detached {name} parent has a second heap arena"
+            _assert_at_rest(f"detached {name}", pid)
     finally:
         atoll("poc", "down")
