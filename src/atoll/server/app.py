@@ -45,7 +45,7 @@ from atoll.spec import worker_env
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
     from atoll.pki.identity import Identity
-    from atoll.spec.meta import JobMeta
+    from atoll.spec.meta_plain import Meta
 
 log = logging.getLogger("atoll.server")
 
@@ -113,7 +113,7 @@ class ServerParent:
     def launcher(self) -> Launcher:
         return self.local.launcher
 
-    def launch_request(self, record: JobRecord, meta: JobMeta, run_dir: Path,
+    def launch_request(self, record: JobRecord, meta: Meta, run_dir: Path,
                        token: str, shared: tuple[Path, ...] = ()) -> LaunchRequest:
         """The server worker's request, from the meta the job carries since intake."""
         from atoll.launchers.request import build_request

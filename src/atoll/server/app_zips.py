@@ -12,7 +12,7 @@ from atoll.pki.job_signature import SIGNATURE_FILE
 from atoll.wire.job_archive import zip_folder
 
 if TYPE_CHECKING:
-    from atoll.spec.meta import JobMeta
+    from atoll.spec.meta_plain import Meta
 
 
 class AppZips:
@@ -20,7 +20,7 @@ class AppZips:
         self.jobs_dir = jobs_dir
         self._lock = threading.Lock()
 
-    def get(self, job_id: str, target: str, meta: JobMeta | None) -> Path:
+    def get(self, job_id: str, target: str, meta: Meta | None) -> Path:
         """The zip of the app ``target`` runs; ``meta``: the one the running job came with
         (None when it ended since the caller found it running: read from its folder)."""
         folder = self.jobs_dir / job_id

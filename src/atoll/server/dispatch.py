@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from atoll.server.jobs import SiteCommands, WorkerHost
     from atoll.server.spool import Budget
     from atoll.server.store import JobRecord, Store
-    from atoll.spec.meta import JobMeta
+    from atoll.spec.meta_plain import Meta
     from atoll.spec.resources import Resources
 
 log = logging.getLogger("atoll.server.jobs")
@@ -53,7 +53,7 @@ class Dispatch:
         live = self.live.get(job_id)
         return live if live is not None and site in live.members else None
 
-    def dispatch(self, record: JobRecord, meta: JobMeta, sites: list[str],
+    def dispatch(self, record: JobRecord, meta: Meta, sites: list[str],
                  skipped: dict[str, str], resources: dict[str, Resources]) -> None:
         folder = self.jobs_dir / record.id
         with self._lock:  # checked and made live at once: `signers_revoked` sees one or other
@@ -62,8 +62,9 @@ class Dispatch:
                 log.warning("job %s not dispatched: %s", record.id, why)
                 self._cancel(record.id, f"cancelled: {why}")
                 return
-            relay = JobRelay(record.id, folder / "relay", sites, self.relay_budget,
-                             handoff=self.host.launcher.shares_host)
+            # the handoff folder, if any, comes with the server worker's launch: the launcher
+            # (and its settings' models) is made after the sites are sent the job
+            relay = JobRelay(record.id, folder / "relay", sites, self.relay_budget)
             live = LiveJob(record, meta, sites, relay, folder, resources=resources)
             self.live[record.id] = live
         record.state = "DISPATCHED"

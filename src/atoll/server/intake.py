@@ -19,6 +19,7 @@ from atoll.base.reasons import clip_details, public
 from atoll.server.scheduler import never_fits
 from atoll.spec.admission import reachable_sites, study_issues
 from atoll.spec.errors import SpecError
+from atoll.spec.meta_plain import META_FILE, read_meta, read_meta_bytes
 from atoll.wire.job_archive import Incoming, IntakeError
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from atoll.server.site_links import SiteLink
     from atoll.server.store import JobRecord, Store
     from atoll.server.studies import StudySites
-    from atoll.spec.meta import JobMeta
+    from atoll.spec.meta_plain import Meta
 
 log = logging.getLogger("atoll.server.jobs")  # as before the split: what operators grep for
 
@@ -46,7 +47,7 @@ class IntakeLimits(Protocol):
 class JobQueue(Protocol):
     """What the scheduler works through (server/scheduler.py)."""
 
-    def submitted(self, job_id: str, meta: JobMeta) -> None: ...
+    def submitted(self, job_id: str, meta: Meta) -> None: ...
 
     def wake(self) -> None: ...
 
@@ -112,14 +113,14 @@ class Intake:
         return self.store.get_job(job_id)
 
 
-def _read_meta(tree: Path) -> JobMeta:
-    """The job's meta.json, with errors that name the file as the user knows it."""
-    from atoll.spec.meta import META_FILE, parse_meta, read_meta_bytes  # pydantic: at first job
-
+def _read_meta(tree: Path) -> Meta:
+    """The job's meta.json, with errors that name the file as the user knows it. A meta of the
+    common shape is checked without pydantic (spec/meta_plain.py): the job then reaches its
+    sites before the server parent loads any model."""
     path = tree / META_FILE
     if not path.exists():
         raise IntakeError("the job folder has no meta.json at its top")
     try:
-        return parse_meta(read_meta_bytes(path))
+        return read_meta(read_meta_bytes(path))
     except SpecError as exc:
         raise IntakeError(f"meta.json is invalid:\n{exc}") from None

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from atoll.server.site_links import SiteLink
     from atoll.server.store import Store
     from atoll.server.studies import StudySites
-    from atoll.spec.meta import JobMeta
+    from atoll.spec.meta_plain import Meta
 
 __all__ = ["END_GRACE_S", "FAILED_GRACE_S", "HeldRevocations", "JobManager", "LiveJob",
            "job_summary", "revoked_signer"]
@@ -75,7 +75,7 @@ class WorkerHost(Protocol):
     @property
     def launcher(self) -> Launcher: ...
 
-    def launch_request(self, record: JobRecord, meta: JobMeta, run_dir: Path, token: str,
+    def launch_request(self, record: JobRecord, meta: Meta, run_dir: Path, token: str,
                        shared: tuple[Path, ...] = ()) -> LaunchRequest: ...
 
 

@@ -339,7 +339,7 @@ class Lifecycle:
         sites = [p for p, info in record.parts.items() if p != "server"]
         shutil.rmtree(folder / "relay", ignore_errors=True)  # the interrupted run's traffic
         relay = JobRelay(record.id, folder / "relay", sites, self.relay_budget,
-                         handoff=self.host.launcher.shares_host, attempt=resumes + 1)
+                         attempt=resumes + 1)
         live = LiveJob(record, meta, sites, relay, folder, resumes=resumes + 1,
                        resume_round=round_)
         for site, info in record.parts.items():  # sites that ended before stay ended

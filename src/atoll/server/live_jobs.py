@@ -19,14 +19,14 @@ from atoll.server.store import JobRecord
 if TYPE_CHECKING:
     from atoll.launchers.base import Handle
     from atoll.pki.revocation import RevocationList
-    from atoll.spec.meta import JobMeta
+    from atoll.spec.meta_plain import Meta
     from atoll.spec.resources import Resources
 
 
 @dataclass
 class LiveJob:
     record: JobRecord
-    meta: JobMeta  # validated at intake; it went with the job to the scheduler and here
+    meta: Meta  # validated at intake; it went with the job to the scheduler and here
     sites: list[str]
     relay: JobRelay
     folder: Path

@@ -75,8 +75,10 @@ class JobRelay:
         self.folder = folder
         private_dir(folder)
         # For a server worker on this host: replies go whole into files here, and its tasks
-        # come in as files here (wire/handoff.py).
-        self.handoff = HandoffDir(folder / "handoff", create=True) if handoff else None
+        # come in as files here (wire/handoff.py). Set before that worker starts (share_files).
+        self.handoff: HandoffDir | None = None
+        if handoff:
+            self.share_files()
         self.sites = list(sites)
         self.max_payload = max_payload
         self.budget = budget
@@ -119,6 +121,13 @@ class JobRelay:
                     self._wake_site(site)
         spool.write(frames, self.max_payload)
         return task_id
+
+    def share_files(self) -> None:
+        """Payloads to and from the server worker go through the job's handoff folder: its
+        worker runs on this host (``Launcher.shares_host``). Called before the worker starts,
+        so before any task or reply."""
+        if self.handoff is None:
+            self.handoff = HandoffDir(self.folder / "handoff", create=True)
 
     def next_reply(self, task_id: str, wait_s: float) -> ReplyEntry | None:
         deadline = time.monotonic() + wait_s

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from atoll.server.site_links import SiteLink
     from atoll.server.store import JobRecord, Store
     from atoll.server.studies import StudySites
-    from atoll.spec.meta import JobMeta
+    from atoll.spec.meta_plain import Meta
     from atoll.spec.resources import Resources
 
 log = logging.getLogger("atoll.server.scheduler")
@@ -42,7 +42,7 @@ class Dispatcher(Protocol):
 
     def held(self) -> dict[str, list[Resources]]: ...
 
-    def dispatch(self, record: JobRecord, meta: JobMeta, sites: list[str],
+    def dispatch(self, record: JobRecord, meta: Meta, sites: list[str],
                  skipped: dict[str, str], resources: dict[str, Resources]) -> None: ...
 
     def abort(self, job_id: str, reason: str) -> None: ...
@@ -55,9 +55,9 @@ class JobQueue:
     def __init__(self) -> None:
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self._metas: dict[str, JobMeta] = {}
+        self._metas: dict[str, Meta] = {}
 
-    def submitted(self, job_id: str, meta: JobMeta) -> None:
+    def submitted(self, job_id: str, meta: Meta) -> None:
         """A job intake took in (already in the store), with its validated meta."""
         with self._lock:
             self._metas[job_id] = meta
@@ -70,18 +70,18 @@ class JobQueue:
         self._wake.wait(timeout)
         self._wake.clear()
 
-    def take(self) -> dict[str, JobMeta]:
+    def take(self) -> dict[str, Meta]:
         """The metas held so far; the scheduler puts back (`keep`) those of jobs still waiting,
         so that those of jobs dispatched or aborted meanwhile are dropped."""
         with self._lock:
             held, self._metas = self._metas, {}
         return held
 
-    def get(self, job_id: str) -> JobMeta | None:
+    def get(self, job_id: str) -> Meta | None:
         with self._lock:
             return self._metas.get(job_id)
 
-    def keep(self, job_id: str, meta: JobMeta) -> None:
+    def keep(self, job_id: str, meta: Meta) -> None:
         with self._lock:
             self._metas.setdefault(job_id, meta)
 
@@ -125,7 +125,7 @@ class Scheduler:
             if reason is not None and reason != record.reason:
                 self.store.set_job_state(record.id, "SUBMITTED", reason)
 
-    def _load(self, record: JobRecord) -> JobMeta | None:
+    def _load(self, record: JobRecord) -> Meta | None:
         """The meta of a job intake did not hand over (one submitted before a restart),
         validated once; None, and the job aborted, when it is no longer valid."""
         from atoll.spec.meta import load_meta  # pydantic: only once there is a job
@@ -136,7 +136,7 @@ class Scheduler:
             self.jobs.abort(record.id, f"meta.json no longer valid: {exc}")
             return None
 
-    def _try(self, record: JobRecord, meta: JobMeta) -> str | None:
+    def _try(self, record: JobRecord, meta: Meta) -> str | None:
         """Dispatch the job if it can run now; otherwise return what it waits for."""
         study_sites = self.studies.sites(record.study)
         targets = [t for t in meta.expand_targets(study_sites) if t != "server"]
@@ -165,7 +165,7 @@ class Scheduler:
         return None
 
 
-def never_fits(meta: JobMeta, targets: list[str], online: dict[str, SiteLink]) -> list[str]:
+def never_fits(meta: Meta, targets: list[str], online: dict[str, SiteLink]) -> list[str]:
     """The online target sites whose whole capacity is less than the job asks there. The
     scheduler starts a job only when it fits at every online target, so while such a site
     reports that capacity the job could never start: intake refuses it."""

@@ -45,6 +45,8 @@ class ServerWorkerLaunch:
                 if (live.folder / "job" / name).is_file():
                     shutil.copyfile(live.folder / "job" / name, signed / name)
             token = self.tokens.issue(live.id)
+            if self.host.launcher.shares_host:
+                live.relay.share_files()
             shared = (live.relay.handoff.path,) if live.relay.handoff is not None else ()
             request = self.host.launch_request(live.record, live.meta, run_dir, token, shared)
             # the list held now, not the one at intake or dispatch (server/job_signer.py)

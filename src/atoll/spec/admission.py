@@ -20,15 +20,15 @@ from atoll.spec.errors import Issue
 from atoll.spec.names import ALL_SITES, SERVER
 from atoll.spec.quantity import memory_to_bytes
 
-if TYPE_CHECKING:  # spec.resources and spec.meta import pydantic; parents import this at rest
-    from atoll.spec.meta import JobMeta
+if TYPE_CHECKING:  # spec.meta imports pydantic; parents import this at rest
+    from atoll.spec.meta_plain import Meta
     from atoll.spec.resources import Resources
 
 
 # --- the study's rules ----------------------------------------------------------------------------
 
 
-def study_issues(meta: JobMeta, study: str | None, study_sites: Sequence[str]) -> list[Issue]:
+def study_issues(meta: Meta, study: str | None, study_sites: Sequence[str]) -> list[Issue]:
     """What makes a job wait forever in ``study`` (None: a simulation's sites): a site of
     ``deploy_map`` or ``mandatory_clients`` that is not enrolled, more ``min_clients`` than the
     sites it can reach. Each issue's path is the meta.json field it names."""
@@ -53,7 +53,7 @@ def study_issues(meta: JobMeta, study: str | None, study_sites: Sequence[str]) -
     return issues
 
 
-def reachable_sites(meta: JobMeta, study_sites: Sequence[str]) -> list[str]:
+def reachable_sites(meta: Meta, study_sites: Sequence[str]) -> list[str]:
     """The sites the job deploys to that are enrolled in the study: the only ones it is ever
     dispatched to, even when a site was removed from the study after the job was submitted."""
     return [t for t in meta.expand_targets(list(study_sites)) if t in study_sites]
@@ -62,11 +62,14 @@ def reachable_sites(meta: JobMeta, study_sites: Sequence[str]) -> list[str]:
 # --- what a job asks at a site --------------------------------------------------------------------
 
 
-def asked_at(meta: JobMeta, site: str, launcher: str) -> Resources:
+def asked_at(meta: Meta, site: str, launcher: str) -> Resources:
     """What the job asks at ``site``: its resource_spec for that site, with the block of
     launcher_spec for the ``launcher`` the site runs. SpecError when it asks nonsense."""
-    from atoll.spec.launcher_spec import merged_block
     from atoll.spec.resources import resolve_resources
+
+    if not meta.launcher_spec:  # no launcher_spec models to load (pydantic) for nothing
+        return resolve_resources(meta.resource_spec, site, None)
+    from atoll.spec.launcher_spec import merged_block
 
     return resolve_resources(meta.resource_spec, site,
                              merged_block(meta.launcher_spec, site, launcher))

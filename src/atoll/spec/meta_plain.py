@@ -1,10 +1,11 @@
 """``meta.json`` without pydantic: its bytes, its plain rules, and a check of the common shape.
 
 The models of spec/meta.py (pydantic, with the resource and launcher specs) cost a fresh process
-about 0.15 CPU-s to import, and two processes on the path from ``atoll job submit`` to the first
-round read a meta and nothing else of them: the CLI's check before it sends the job, and the
-server worker, which reads the signed meta for the app it runs. So the common shape is checked
-here in plain Python first:
+about 0.15 CPU-s to import, and three hops on the path from ``atoll job submit`` to the first
+round read a meta before anything else needs them: the CLI's check before it sends the job, the
+server parent's intake and scheduler (whose dispatch to the sites would otherwise wait for the
+import, about 0.1 s), and the server worker, which reads the signed meta for the app it runs. So
+the common shape is checked here in plain Python first:
 
 - ``vouch_meta(data)`` returns a ``PlainMeta`` when every rule of the models holds for the whole
   document (name, deploy_map, min_clients, mandatory_clients; no resource_spec or launcher_spec
@@ -22,9 +23,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from atoll.spec.errors import EXIT_INVALID, AtollError, Issue, SpecError, describe, join_path
 from atoll.spec.names import ALL_SITES, SERVER, is_app_name, is_site_name
@@ -85,8 +86,27 @@ class PlainMeta(Targets):
     mandatory_clients: list[str] = field(default_factory=list)
     resource_spec: dict[str, Any] = field(default_factory=dict)
     launcher_spec: dict[str, Any] = field(default_factory=dict)
-    study: None = None
-    submitter: None = None
+    study: str | None = None  # the server's own, never the user's (as in the models)
+    submitter: str | None = None
+
+    def with_server_fields(self, study: str, submitter: str) -> PlainMeta:
+        """A copy carrying the server's own ``study`` and ``submitter``."""
+        return replace(self, study=study, submitter=submitter)
+
+    def model_dump(self, mode: str = "json") -> dict[str, Any]:
+        """The document JobMeta's ``model_dump(mode="json")`` gives for the same meta: the
+        job's record at the server, and what its sites are sent."""
+        return {"name": self.name,
+                "deploy_map": {app: list(targets) for app, targets in self.deploy_map.items()},
+                "min_clients": self.min_clients,
+                "mandatory_clients": list(self.mandatory_clients),
+                "resource_spec": dict(self.resource_spec),
+                "launcher_spec": dict(self.launcher_spec),
+                "study": self.study, "submitter": self.submitter}
+
+
+# A meta as a hop holds it: vouched for here, or validated by the models (either reads alike).
+Meta: TypeAlias = "PlainMeta | JobMeta"
 
 
 # --- the rules without a model ------------------------------------------------------------------

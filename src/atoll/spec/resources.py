@@ -5,20 +5,20 @@ server included; a named target overrides only what differs (a shallow merge: an
 can be overridden, never removed, and ``null`` is rejected). ``@default`` accepts only the three
 portable keys; a named target may carry other keys, passed through to the site's capacity
 accounting (``Resources.extra``). A site literally named ``default`` is an ordinary site.
+
+The blocks' models (pydantic) are made when a resource_spec first has a block to check: a
+parent's first job that asks nothing (the common case) resolves to the defaults without them.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ConfigDict, Field, field_validator
-
 from atoll.spec.errors import Issue, SpecError, describe, join_path
-from atoll.spec.model import SpecModel, validate_into
 from atoll.spec.names import SERVER, is_site_name
-from atoll.spec.quantity import check_memory
 
 DEFAULT_KEY = "@default"
 RESOURCE_KEYS = ("num_of_gpus", "num_of_cpus", "memory")
@@ -60,36 +60,51 @@ class Resources:
 _NULL_HINT = "null is not allowed; remove the key to inherit the value from @default"
 
 
-class DefaultResources(SpecModel):
-    """``resource_spec["@default"]``: only the three portable keys."""
+@functools.cache
+def _models() -> tuple[type, type]:
+    """The models of a ``@default`` block and of a target's block, made at their first use."""
+    from pydantic import ConfigDict, Field, field_validator
 
-    num_of_gpus: int | None = Field(
-        None, ge=0, description="GPUs for the worker (an integer >= 0; true/false are not numbers)"
-    )
-    num_of_cpus: int | None = Field(
-        None, ge=1, description="Schedulable CPU units for the worker (an integer >= 1)"
-    )
-    memory: str | None = Field(
-        None, description="Memory limit: a positive integer with Mi, Gi or Ti, e.g. 64Gi"
-    )
+    from atoll.spec.model import SpecModel
+    from atoll.spec.quantity import check_memory
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_null(cls, value: Any) -> Any:
-        if value is None:
-            raise ValueError(_NULL_HINT)
-        return value
+    class DefaultResources(SpecModel):
+        """``resource_spec["@default"]``: only the three portable keys."""
 
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, value: str | None) -> str | None:
-        return None if value is None else check_memory(value)
+        num_of_gpus: int | None = Field(
+            None, ge=0,
+            description="GPUs for the worker (an integer >= 0; true/false are not numbers)")
+        num_of_cpus: int | None = Field(
+            None, ge=1, description="Schedulable CPU units for the worker (an integer >= 1)"
+        )
+        memory: str | None = Field(
+            None, description="Memory limit: a positive integer with Mi, Gi or Ti, e.g. 64Gi"
+        )
+
+        @field_validator("*", mode="before")
+        @classmethod
+        def _no_null(cls, value: Any) -> Any:
+            if value is None:
+                raise ValueError(_NULL_HINT)
+            return value
+
+        @field_validator("memory")
+        @classmethod
+        def _memory(cls, value: str | None) -> str | None:
+            return None if value is None else check_memory(value)
+
+    class TargetResources(DefaultResources):
+        """``resource_spec[<site>|"server"]``: the portable keys plus pass-through capacity keys."""
+
+        model_config = ConfigDict(extra="allow")
+
+    return DefaultResources, TargetResources
 
 
-class TargetResources(DefaultResources):
-    """``resource_spec[<site>|"server"]``: the portable keys plus pass-through capacity keys."""
+def _block_issues(block: Any, where: str, target: bool) -> list[Issue]:
+    from atoll.spec.model import validate_into
 
-    model_config = ConfigDict(extra="allow")
+    return validate_into(_models()[target], block, where)[1]
 
 
 def validate_resource_spec(spec: Any, path: str = "resource_spec") -> list[Issue]:
@@ -100,13 +115,13 @@ def validate_resource_spec(spec: Any, path: str = "resource_spec") -> list[Issue
     for key, block in spec.items():
         where = join_path(path, str(key))
         if key == DEFAULT_KEY:
-            issues += validate_into(DefaultResources, block, where)[1]
+            issues += _block_issues(block, where, target=False)
         elif not isinstance(key, str) or key.startswith("@"):
             issues.append(Issue(where, "unknown special key; the only one is @default"))
         elif key != SERVER and not is_site_name(key):
             issues.append(Issue(where, f"{key!r} is not a site name (or 'server')"))
         else:
-            issues += validate_into(TargetResources, block, where)[1]
+            issues += _block_issues(block, where, target=True)
             extra = block.items() if isinstance(block, dict) else []
             issues += [
                 Issue(join_path(where, k), _NULL_HINT.replace(" from @default", ""))

@@ -80,21 +80,86 @@ class Signed:
         return "sha256:stand-in"
 
 
-def test_the_intake_validates_the_jobs_meta_once_and_queues_that_object(tmp_path, monkeypatch):
+@pytest.mark.parametrize("meta, by_models", [
+    ({"name": "j", "deploy_map": {"app": ["server", "site-a"]}}, False),  # the common shape
+    ({"name": "j", "deploy_map": {"app": ["server", "site-a"]},
+      "resource_spec": {"@default": {"num_of_cpus": 1}}}, True),
+])
+def test_the_intake_validates_the_jobs_meta_once_and_queues_that_object(
+        tmp_path, monkeypatch, meta, by_models):
     """The count of meta.json parses at the server's intake: one (the instrumentation of
-    tests/unit/site/test_meta_parsed_once.py: every meta validation is spec/meta.py's
-    ``_validate``); the scheduler gets the parsed object, never the text."""
+    tests/unit/site/test_meta_parsed_once.py: every meta validation by the models is
+    spec/meta.py's ``_validate``; the plain check of the common shape is spec/meta_plain.py's
+    ``vouch_meta``); the scheduler gets the parsed object, never the text."""
     from atoll.spec import meta as meta_module
+    from atoll.spec import meta_plain
 
-    validated, queued = [], []
-    original = meta_module._validate
+    validated, vouched, queued = [], [], []
+    original, plain = meta_module._validate, meta_plain.vouch_meta
     monkeypatch.setattr(meta_module, "_validate",
                         lambda data, label: validated.append(label) or original(data, label))
+    monkeypatch.setattr(meta_plain, "vouch_meta",
+                        lambda data: vouched.append(plain(data)) or vouched[-1])
     intake = _intake(tmp_path, open_store(None))
     intake.check = Signed()
     intake.queue = SimpleNamespace(submitted=lambda job_id, meta: queued.append(meta))
-    upload = _upload(tmp_path, {"name": "j", "deploy_map": {"app": ["server", "site-a"]}})
-    record = intake.submit(LEAD, "s", iter(upload))
+    record = intake.submit(LEAD, "s", iter(_upload(tmp_path, meta)))
     assert record.state == "SUBMITTED" and record.meta["study"] == "s"
     assert [m.name for m in queued] == ["j"]
-    assert len(validated) == 1, validated
+    assert len(vouched) == 1 and (vouched[0] is None) == by_models, vouched
+    assert len(validated) == (1 if by_models else 0), validated
+    # the record is the models' own document either way (what the sites are sent)
+    assert record.meta == meta_module.load_meta(meta).with_server_fields(
+        "s", LEAD.name).model_dump(mode="json")
+
+_FRESH_INTAKE = """
+import json, sys
+from pathlib import Path
+from types import SimpleNamespace
+from atoll.pki.identity import Identity
+from atoll.server.intake import Intake
+from atoll.server.store import open_store
+from atoll.spec.admission import asked_at, fits
+from atoll.wire import frames
+from atoll.wire.job_archive import zip_folder
+
+tmp, meta = Path(sys.argv[1]), json.loads(sys.argv[2])
+(tmp / "job" / "app").mkdir(parents=True)
+(tmp / "job" / "app" / "app.yaml").write_text("# app\\n")
+(tmp / "job" / "meta.json").write_text(json.dumps(meta))
+upload = [frames.data(zip_folder(tmp / "job", tmp / "job.zip").read_bytes())]
+online = {s: SimpleNamespace(capacity={"cpus": 2}, launcher="process") for s in ("a", "b")}
+queued = []
+intake = Intake(store=open_store(None), studies=SimpleNamespace(sites=lambda study: ["a", "b"]),
+                links=SimpleNamespace(online=lambda: online),
+                queue=SimpleNamespace(submitted=lambda job_id, meta: queued.append(meta)),
+                check=SimpleNamespace(verify=lambda tree, who, study: "sha256:stand-in"),
+                limits=SimpleNamespace(max_upload_bytes=1 << 20, max_job_bytes=1 << 20),
+                workspace=tmp / "ws", jobs_dir=tmp / "ws" / "jobs")
+intake.submit(Identity("lead@a.org", "org-a", "admin", "lead"), "s", iter(upload))
+asked = [asked_at(queued[0], s, "process") for s in ("a", "b")]
+room = [fits(online[s].capacity, [], r) for s, r in zip(("a", "b"), asked)]
+print(json.dumps({"room": room, "cpus": [r.cpus_counted for r in asked],
+                  "pydantic": "pydantic" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("meta, models", [
+    ({"name": "j", "deploy_map": {"app": ["@ALL"]}, "min_clients": 2}, False),
+    ({"name": "j", "deploy_map": {"app": ["@ALL"]}, "resource_spec": {"a": {"num_of_cpus": 2}}},
+     True),
+])
+def test_a_common_job_is_taken_in_and_scheduled_without_pydantic(tmp_path, meta, models):
+    """In a fresh interpreter, as a server parent at rest takes its first job: the meta's
+    check, the study's and capacity's questions and the queued record need no model, so the job
+    reaches its sites before the parent loads any (the launcher's come with its server worker).
+    A meta outside the common shape is the models' to check."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FRESH_INTAKE, str(tmp_path), json.dumps(meta)],
+                         capture_output=True, text=True, check=True).stdout
+    answer = json.loads(out)
+    assert answer["pydantic"] is models
+    assert answer["room"] == [None, None]  # room at both sites
+    assert answer["cpus"] == ([2, 1] if models else [1, 1])

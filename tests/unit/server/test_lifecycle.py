@@ -86,6 +86,42 @@ def test_a_dispatch_makes_the_job_live_and_tells_each_site(jobs):
     assert parts["site-1"][0] == parts["site-2"][0] == "DISPATCHED"
 
 
+class LauncherAsked(Exception):
+    pass
+
+
+@pytest.mark.parametrize("shares_host", [True, False])
+def test_the_sites_are_sent_the_job_before_the_launcher_is_made(jobs, shares_host):
+    """The server parent's launcher (its settings' models: pydantic, 0.1 CPU-s at the first
+    job) is made for the server worker's launch, on its own thread, after the job went to its
+    sites; the handoff folder of a worker on this host comes with that launch."""
+    sent_when_asked = []
+
+    class Host:
+        @property
+        def launcher(self):
+            sent_when_asked.append(list(jobs.links.sent))
+            return SimpleNamespace(shares_host=shares_host)
+
+        def launch_request(self, record, meta, run_dir, token, shared):
+            launched.append(shared)
+            raise LauncherAsked  # the test ends here: nothing to start
+
+    launched = []
+    jobs.host, jobs.tokens = Host(), SimpleNamespace(issue=lambda job_id: "token")
+    live = _dispatch(jobs)
+    assert sent_when_asked == [] and live.relay.handoff is None
+    assert jobs.links.sent == [("site-1", "dispatch", JOB), ("site-2", "dispatch", JOB)]
+    with pytest.raises(LauncherAsked):
+        JobManager._run_server_worker(jobs, live)
+    assert sent_when_asked[0] == jobs.links.sent
+    if shares_host:
+        assert live.relay.handoff is not None and live.relay.handoff.path.is_dir()
+        assert launched == [(live.relay.handoff.path,)]
+    else:
+        assert live.relay.handoff is None and launched == [()]
+
+
 def test_the_job_is_running_with_its_first_running_part_whichever_it_is(jobs, tmp_path):
     live = _dispatch(jobs)
     backend = ServerWorkerBackend(jobs, jobs.store, _ca(tmp_path))

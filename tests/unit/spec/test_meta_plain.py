@@ -73,6 +73,12 @@ def _same(plain: PlainMeta, meta: JobMeta, doc) -> None:
     for target in [*meta.targets(), "server", "site-9"]:
         assert plain.app_for(target) == meta.app_for(target), (target, doc)
     assert plain.expand_targets(["site-1", "site-9"]) == meta.expand_targets(["site-1", "site-9"])
+    # the server's record of the job (intake), the document its sites are sent
+    for dumped in ((plain, meta), (plain.with_server_fields("s", "u@o"),
+                                   meta.with_server_fields("s", "u@o"))):
+        assert dumped[0].model_dump(mode="json") == dumped[1].model_dump(mode="json"), doc
+        assert (json.dumps(dumped[0].model_dump(mode="json"))
+                == json.dumps(dumped[1].model_dump(mode="json"))), doc  # key order too
 
 
 @pytest.mark.parametrize("base", BASES, ids=range(len(BASES)))
