@@ -1,6 +1,7 @@
 """Where the tiny job's time goes, at every process, from `atoll job submit` to the last worker gone.
 
     .venv/bin/python bench/profile_tiny.py [--workdir DIR] [--rounds 3] [--json FILE]
+        [--settle S] [--warm-jobs N]
 
 Starts a local federation with `atoll poc up` (server and two sites, mutual TLS, the process
 launcher, every worker under bubblewrap), times its restart (`poc down` then `poc up`: start ->
@@ -15,7 +16,11 @@ submit` and waits until it finished and its workers are gone. Two sources make t
   and the site workers' import times (PYTHONPROFILEIMPORTTIME through the study's env).
 
 The CLI runs with ``python -X importtime``: its import time is split from the rest (reading the
-job, signing it, uploading it). Every time is in milliseconds from the start of `atoll job
+job, signing it, uploading it), and its CPU time is added to the parents' and the workers' for
+the job's total: on this machine's two cores, a job whose processes need more than twice its
+wall time in CPU is bound by the CPU, whatever their order. ``--warm-jobs N`` runs the same job
+N times on the deployment first, so that the profile is of a job that finds the parents'
+models and modules loaded (bench/compare's (a) is always a fresh deployment's first job). Every time is in milliseconds from the start of `atoll job
 submit`; a process that lived less than 10 ms may be missed. CPU times move less than wall
 times with other load on the machine: compare both.
 """
@@ -26,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -94,6 +100,7 @@ class Seen:
     def __init__(self, pid: int, by: str, at: float):
         self.pid, self.by, self.first, self.last = pid, by, at, at
         self.argv, self.cpu = _argv(pid), 0.0
+        self.cpu_first: float | None = None  # at its first reading
 
 
 class TreeSampler:
@@ -124,6 +131,8 @@ class TreeSampler:
                     cpu = _cpu(pid)
                     if cpu is not None:
                         entry.cpu = max(entry.cpu, cpu)
+                        if entry.cpu_first is None:
+                            entry.cpu_first = cpu
                     queue += [(c, f"{kind(entry.argv)} {pid}") for c in _children(pid)]
             self._stop.wait(self.period)
 
@@ -169,6 +178,8 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="also write the timeline as JSON")
+    ap.add_argument("--warm-jobs", type=int, default=0,
+                    help="jobs run (and waited for) on the deployment before the one profiled")
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds between the restart and the submit (bench/compare's (a) comes "
                          "after its idle window: 2 s lets the parents' verifiers and the "
@@ -205,17 +216,26 @@ def profile(args, work, env, atoll, python, kits, up, up2) -> int:
     job = Path(_run([python, str(COMPARE / "make_job.py"), "--out", str(work / "jobs"),
                      "--name", "tiny", "--rounds", str(args.rounds), "--layers", "1024",
                      "--mark-dir", str(marks)], env).stdout.strip().splitlines()[-1])
+    admin = kits / ADMIN
+    for _ in range(args.warm_jobs):
+        warm = json.loads(_run([atoll, "job", "submit", str(job), "--kit", str(admin),
+                                "--format", "json"], env).stdout)["job_id"]
+        _run([python, str(COMPARE / "ctl.py"), str(admin), "wait", warm, "120"], env, 200)
+        time.sleep(args.settle)
     parents: dict[int, str] = {}
     for role, kit in [("server", kits / "server"), *[("site", kits / s) for s in SITES]]:
         doc = json.loads((kit / "workspace" / f"{role}.pid").read_text())
         parents[doc["pid"]] = f"{role} parent" if role == "server" else f"{kit.name} parent"
     sampler = TreeSampler(parents)
-    admin = kits / ADMIN
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     sub = subprocess.run([python, "-X", "importtime", atoll, "job", "submit", str(job),
                           "--kit", str(admin), "--format", "json"],
                          env=env, capture_output=True, text=True, timeout=300)
     t_cli = time.time()
+    children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cli_cpu = (children1.ru_utime + children1.ru_stime
+               - children0.ru_utime - children0.ru_stime)
     if sub.returncode != 0:
         sampler.stop()
         sys.exit(f"submit failed: {sub.stdout}{sub.stderr[-3000:]}")
@@ -232,9 +252,12 @@ def profile(args, work, env, atoll, python, kits, up, up2) -> int:
     t_gone = time.time()
     sampler.stop()
     rows: list[tuple[float, str, str]] = []
+    total_cpu = cli_cpu + sum(sampler.cpu1[p] - sampler.cpu0[p] for p in parents)
     for seen in sampler.seen.values():
         if seen.last < t0:
             continue
+        # started by the job: all its CPU is the job's; running before it (a verifier): since
+        total_cpu += seen.cpu - ((seen.cpu_first or 0.0) if seen.first < t0 else 0.0)
         what = kind(seen.argv)
         rows.append((seen.first, f"{what} {seen.pid}",
                      f"first seen (started by {seen.by}); last seen at "
@@ -262,7 +285,11 @@ def profile(args, work, env, atoll, python, kits, up, up2) -> int:
     print(f"poc up (provisions): {up['seconds']:.2f} s; poc up (restart, start -> ready): "
           f"{up2['seconds']:.2f} s")
     print(f"submit -> finished: {done['t'] - t0:.3f} s; submit -> last worker gone: "
-          f"{t_gone - t0:.3f} s; CLI: {t_cli - t0:.3f} s (imports {cli_imports:.3f} s)")
+          f"{t_gone - t0:.3f} s; CLI: {t_cli - t0:.3f} s (imports {cli_imports:.3f} s, CPU "
+          f"{cli_cpu:.3f} s)")
+    print(f"CPU of the job's processes (CLI, parents, what they started): {total_cpu:.2f} s, "
+          f"{total_cpu / max(t_gone - t0, 1e-9):.2f} cores on average until the last worker "
+          "was gone")
     print("\n| ms | who | what |\n| ---: | --- | --- |")
     for stamp, who, what in rows:
         print(f"| {(stamp - t0) * 1000:.0f} | {who} | {what.replace('|', '/')} |")
@@ -270,6 +297,7 @@ def profile(args, work, env, atoll, python, kits, up, up2) -> int:
         args.json.write_text(json.dumps({"poc_up_s": up["seconds"], "poc_restart_s": up2["seconds"],
                                          "finished_s": done["t"] - t0, "gone_s": t_gone - t0,
                                          "cli_s": t_cli - t0, "cli_imports_s": cli_imports,
+                                         "cli_cpu_s": cli_cpu, "cpu_s": total_cpu,
                                          "rows": [(round((s - t0) * 1000), w, m)
                                                   for s, w, m in rows]}, indent=1))
     print(f"\nwork folder: {work}")
