@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -34,11 +34,13 @@ NULL_HINT = "null is not allowed; remove the key to use the default"
 class NoNullModel(SpecModel):
     """A model whose optional keys may be left out but never written as ``null``."""
 
+    null_hint: ClassVar[str] = NULL_HINT  # what the error says to write instead
+
     @field_validator("*", mode="before")
     @classmethod
     def _no_null(cls, value: Any) -> Any:
         if value is None:
-            raise ValueError(NULL_HINT)
+            raise ValueError(cls.null_hint)
         return value
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from atoll.spec.errors import Issue, SpecError, describe, join_path
 from atoll.spec.names import SERVER, is_site_name
@@ -65,11 +65,13 @@ def _models() -> tuple[type, type]:
     """The models of a ``@default`` block and of a target's block, made at their first use."""
     from pydantic import ConfigDict, Field, field_validator
 
-    from atoll.spec.model import SpecModel
+    from atoll.spec.model import NoNullModel
     from atoll.spec.quantity import check_memory
 
-    class DefaultResources(SpecModel):
+    class DefaultResources(NoNullModel):
         """``resource_spec["@default"]``: only the three portable keys."""
+
+        null_hint: ClassVar[str] = _NULL_HINT
 
         num_of_gpus: int | None = Field(
             None, ge=0,
@@ -80,13 +82,6 @@ def _models() -> tuple[type, type]:
         memory: str | None = Field(
             None, description="Memory limit: a positive integer with Mi, Gi or Ti, e.g. 64Gi"
         )
-
-        @field_validator("*", mode="before")
-        @classmethod
-        def _no_null(cls, value: Any) -> Any:
-            if value is None:
-                raise ValueError(_NULL_HINT)
-            return value
 
         @field_validator("memory")
         @classmethod
