@@ -45,8 +45,18 @@ def _role(pid: str) -> str | None:
     if "atoll.pki.verifier" in argv:
         return "signature verifier"
     if "-m atoll.worker" in argv:
-        return "worker"
+        return f"worker ({_env(pid).get('ATOLL_SITE', '?')})"
     return None
+
+
+def _env(pid: str) -> dict[str, str]:
+    """A worker's environment, for its site's name (spec/worker_env.py's ATOLL_SITE)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
+                if "=" in item)
 
 
 def _cpu(pid: str) -> float | None:

@@ -99,7 +99,8 @@ def _models() -> tuple[type, type]:
 def _block_issues(block: Any, where: str, target: bool) -> list[Issue]:
     from atoll.spec.model import validate_into
 
-    return validate_into(_models()[target], block, where)[1]
+    default_block, target_block = _models()
+    return validate_into(target_block if target else default_block, block, where)[1]
 
 
 def validate_resource_spec(spec: Any, path: str = "resource_spec") -> list[Issue]:
