@@ -456,11 +456,14 @@ def _refuse_parent_datasets(request: LaunchRequest) -> None:
 
 def dataset_mounts(request: LaunchRequest) -> tuple[Mount, ...]:
     """The study's datasets at ``/data/<study>/<dataset>``, in name order, with their mode."""
+    entry, study = request.study_runtime, request.identity.study
+    datasets = sorted((entry.datasets if entry else {}).items())
+    if not datasets:  # a server worker: study_runtime.yaml's models stay unloaded
+        return ()
     from atoll.spec.study_runtime import dataset_mount_path
 
-    entry, study = request.study_runtime, request.identity.study
     return tuple(Mount(d.source, dataset_mount_path(study, name), d.mode == "rw")
-                 for name, d in sorted((entry.datasets if entry else {}).items()))
+                 for name, d in datasets)
 
 
 def _log_mentions(path: Path, needle: bytes, tail: int = 64 * 1024) -> bool:

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atoll.launchers.base import JobIdentity, LaunchError, LaunchRequest
 from atoll.spec import worker_env as contract  # (worker_env below is this module's)
 from atoll.spec.admission import asked_at, capacity_issues
 from atoll.spec.errors import Issue, SpecError
-from atoll.spec.launcher_spec import resolve_launcher_spec
-from atoll.spec.meta import JobMeta
 from atoll.spec.resources import Resources
-from atoll.spec.site_config import SiteConfig
-from atoll.spec.statistics_rules import RULES_ENV
-from atoll.spec.study_runtime import StudyEntry, StudyRuntime
+
+if TYPE_CHECKING:  # the models themselves: built by whoever parsed the files
+    from atoll.spec.meta_plain import Meta
+    from atoll.spec.site_config import SiteConfig
+    from atoll.spec.study_runtime import StudyEntry, StudyRuntime
 
 WORKER_ARGS = ("-m", "atoll.worker")
 TOKEN_VAR = contract.JOB_TOKEN
@@ -100,7 +100,7 @@ def launch_credentials(request: LaunchRequest) -> dict[str, str]:
 
 def build_request(
     *,
-    meta: JobMeta,
+    meta: Meta,
     identity: JobIdentity,
     site_config: SiteConfig,
     study_runtime: StudyRuntime | None,
@@ -130,10 +130,13 @@ def build_request(
         except SpecError as err:
             issues += err.issues
     spec: dict[str, Any] = {}
-    try:
-        spec = resolve_launcher_spec(meta, target, site_config.launcher, site_config)
-    except SpecError as err:
-        issues += err.issues
+    if meta.launcher_spec:  # none asked: its merged block is {} and nothing is checked
+        from atoll.spec.launcher_spec import resolve_launcher_spec
+
+        try:
+            spec = resolve_launcher_spec(meta, target, site_config.launcher, site_config)
+        except SpecError as err:
+            issues += err.issues
     if check_capacity and not issues:
         issues += capacity_issues(resources, site_config.capacity.model_dump())
     if issues:
@@ -141,7 +144,8 @@ def build_request(
     entry = study_runtime.entry(identity.study) if study_runtime else None
     rules = {}
     if entry is not None and entry.statistics is not None and identity.role == "site":
-        rules = {RULES_ENV: entry.statistics.to_env()}  # the site's own: the job cannot set it
+        # the site's own rules (spec/statistics_rules.py): the job cannot set them
+        rules = {contract.STATISTICS_RULES: entry.statistics.to_env()}
     return LaunchRequest(
         identity=identity,
         resources=resources,

@@ -36,7 +36,7 @@ from atoll.wire.parent_address import tell_parent
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
-    from atoll.spec.meta import JobMeta
+    from atoll.spec.meta_plain import Meta
     from atoll.spec.study_runtime import StudyRuntime
 
 log = logging.getLogger("atoll.site")
@@ -100,7 +100,7 @@ class SiteParent:
             self._runs_root = self.local.runs_root(self.workspace)
         return self._runs_root
 
-    def launch_request(self, job: SiteJob, name: str, meta: JobMeta,
+    def launch_request(self, job: SiteJob, name: str, meta: Meta,
                        token: str) -> LaunchRequest:
         """The request of an admitted job: the resources it was admitted with, the
         study_runtime.yaml and study entry read then, and the secrets that entry names."""
@@ -330,14 +330,30 @@ def _with_secagg_credential(request: LaunchRequest, kit: Kit, job_id: str,
     this site's messages from the server's; a secret, through the launcher's secret channel."""
     import dataclasses
 
-    from atoll.pki.worker_credential import CREDENTIAL_VAR, issue_apart
-    from atoll.spec.privacy import read_app_privacy
-
-    if read_app_privacy(app_dir).secure_aggregation is None:
+    if not _asks_secure_aggregation(app_dir):
         return request
+    from atoll.pki.worker_credential import CREDENTIAL_VAR, issue_apart
+
     secret = issue_apart(kit.key, kit.cert, kit.ca, job_id)
     return dataclasses.replace(request, credentials={**request.credentials,
                                                      CREDENTIAL_VAR: secret})
+
+
+def _asks_secure_aggregation(app_dir: Path) -> bool:
+    """Whether the app's app.yaml asks for secure aggregation. An app.yaml without a
+    ``privacy`` section asks for nothing, and spec/privacy.py (its models) stays unloaded; any
+    other, or one that cannot be read, goes to that module, which reads it or says why not."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((app_dir / "app.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = {"privacy": "unread"}  # read_app_privacy below raises what is wrong
+    if not (data.get("privacy") if isinstance(data, dict) else None):
+        return False  # as read_app_privacy: a missing or empty section is every default
+    from atoll.spec.privacy import read_app_privacy
+
+    return read_app_privacy(app_dir).secure_aggregation is not None
 
 
 def _with_privacy_policy(request: LaunchRequest, local_dir: Path) -> LaunchRequest:
@@ -345,6 +361,10 @@ def _with_privacy_policy(request: LaunchRequest, local_dir: Path) -> LaunchReque
     and the worker checks the job against it again before the job's script runs."""
     import dataclasses
 
+    from atoll.site.job_acceptance import has_privacy_policy
+
+    if not has_privacy_policy(local_dir):
+        return request
     from atoll.spec.privacy import load_site_policy
     from atoll.spec.worker_env import PRIVACY_POLICY as POLICY_ENV
 

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from atoll.pki.kit import Kit
     from atoll.site.job_acceptance import Accepted
     from atoll.site.task_stream import TaskStream
-    from atoll.spec.meta import JobMeta
+    from atoll.spec.meta_plain import Meta
     from atoll.spec.resources import Resources
     from atoll.spec.study_runtime import StudyEntry, StudyRuntime
     from atoll.wire.handoff import HandoffDir
@@ -125,7 +125,7 @@ class LaunchHost(Protocol):
 
     def runs_root(self) -> Path: ...
 
-    def launch_request(self, job: SiteJob, name: str, meta: JobMeta,
+    def launch_request(self, job: SiteJob, name: str, meta: Meta,
                        token: str) -> LaunchRequest: ...
 
     def rejoin_to(self) -> str | None:
@@ -221,7 +221,7 @@ class Supervisor:
         import zipfile
 
         from atoll.site.job_acceptance import JobRefused, check_revoked
-        from atoll.spec.meta import load_meta
+        from atoll.spec.meta_plain import check_meta
         from atoll.wire.job_archive import IntakeError
 
         job_id, site = check_job_id(body.get("job_id")), self.kit.name
@@ -229,9 +229,9 @@ class Supervisor:
         try:
             study = check_study_name(body.get("study"))
             served = body.get("meta")
-            if not isinstance(served, dict):  # never a path: load_meta would read this disk
+            if not isinstance(served, dict):  # a document, never a path to read
                 raise NotAdmitted(f"{site} refused the job: the server sent no meta document")
-            dispatched = load_meta(served)  # parsed once here; job_acceptance compares it
+            dispatched = check_meta(served)  # checked once here; job_acceptance compares it
             job = self._admit(job_id, study, dispatched)
             if job.aborting:  # aborted on its way here: nothing fetched, nothing started
                 self._forget(job_id, job)
@@ -282,7 +282,7 @@ class Supervisor:
                 break
         self._finish(job, exit)
 
-    def _relaunch(self, job: SiteJob, meta: JobMeta) -> bool:
+    def _relaunch(self, job: SiteJob, meta: Meta) -> bool:
         """Start the part of a job whose worker was stopped (a stall) again; False, with its
         report set, if it cannot be."""
         why, job.restart = job.restart, None
@@ -444,7 +444,7 @@ class Supervisor:
         if entries:
             self.link.send_state(job_id, "PROVENANCE", "", **entries)
 
-    def _fetch(self, job: SiteJob, body: dict[str, Any], dispatched: JobMeta) -> Accepted:
+    def _fetch(self, job: SiteJob, body: dict[str, Any], dispatched: Meta) -> Accepted:
         """Fetch this site's app and check it (its signature, content and policy, and that its
         signed statement is not replayed under a new id) in a scratch folder of the site's
         tmp/; only then make it the job's private run folder, and keep the zip (outside the
@@ -470,7 +470,7 @@ class Supervisor:
             fetched.chmod(PRIVATE)
             accepted: list[Accepted] = []
 
-            def check(tree: Path) -> JobMeta:  # verified and parsed once; unpacking reuses it
+            def check(tree: Path) -> Meta:  # verified and parsed once; unpacking reuses it
                 accepted.append(check_job(tree, body, self.kit, dispatched=dispatched))
                 return accepted[0].meta
 

@@ -276,7 +276,12 @@ def decode_meta(raw: bytes, label: str = META_FILE) -> Any:
 def read_meta(raw: bytes, label: str = META_FILE) -> PlainMeta | JobMeta:
     """A meta.json's bytes checked whole: in plain Python when ``vouch_meta`` vouches for it,
     else by the models, which accept it or raise SpecError naming every problem."""
-    data = decode_meta(raw, label)
+    return check_meta(decode_meta(raw, label), label)
+
+
+def check_meta(data: Any, label: str = META_FILE) -> PlainMeta | JobMeta:
+    """A decoded meta document (a server's dispatch carries one) checked as ``read_meta``
+    checks the bytes of one."""
     plain = vouch_meta(data)
     if plain is not None:
         return plain

@@ -250,14 +250,15 @@ def unpack_app(archive: Path, target: str, destination: Path, scratch: Path,
     tree's meta.json as it checked it), that meta names the app: meta.json is parsed once."""
     import shutil
 
-    from atoll.spec.meta import JobMeta, load_meta
+    from atoll.spec.meta_plain import META_FILE, Targets, read_meta, read_meta_bytes
 
     scratch.mkdir(parents=True, exist_ok=True)
     with Incoming(scratch) as incoming:
         shutil.copyfile(archive, incoming.zip_path)
         tree = incoming.extract(max_bytes)
         checked = check(tree) if check is not None else None
-        meta = checked if isinstance(checked, JobMeta) else load_meta(tree)
+        meta = (checked if isinstance(checked, Targets)  # PlainMeta or JobMeta
+                else read_meta(read_meta_bytes(tree / META_FILE)))
         app = meta.app_for(target)
         if app is None or not (tree / app).is_dir():
             raise IntakeError(f"the job deploys no app to {target}")
