@@ -194,9 +194,10 @@ def main() -> int:
     up = json.loads(_run([atoll, "poc", "up", "--reset", "--workspace", str(ws),
                           "--format", "json"], env).stdout)
     _run([atoll, "poc", "down", "--workspace", str(ws)], env)
+    kits = ws / "poc"
+    _map_marks(kits, work / "marks")  # as an operator does: before the sites start
     up2 = json.loads(_run([atoll, "poc", "up", "--workspace", str(ws), "--format", "json"],
                           env).stdout)
-    kits = ws / "poc"
     try:
         time.sleep(args.settle)
         return profile(args, work, env, atoll, python, kits, up, up2)
@@ -205,14 +206,19 @@ def main() -> int:
                        capture_output=True, timeout=120)
 
 
-def profile(args, work, env, atoll, python, kits, up, up2) -> int:
-    marks = work / "marks"
+def _map_marks(kits: Path, marks: Path) -> None:
+    """Each site's study_runtime.yaml: the default study gets the mark folder as a dataset, and
+    its workers report their imports' times."""
     marks.mkdir(exist_ok=True)
     runtime = {"format_version": 2, "studies": {"default": {"datasets": {
         "marks": {"source": str(marks), "mode": "rw"}}}}}
     runtime["studies"]["default"]["env"] = {"PYTHONPROFILEIMPORTTIME": "1"}
     for site in SITES:
         (kits / site / "local" / "study_runtime.yaml").write_text(json.dumps(runtime))
+
+
+def profile(args, work, env, atoll, python, kits, up, up2) -> int:
+    marks = work / "marks"
     job = Path(_run([python, str(COMPARE / "make_job.py"), "--out", str(work / "jobs"),
                      "--name", "tiny", "--rounds", str(args.rounds), "--layers", "1024",
                      "--mark-dir", str(marks)], env).stdout.strip().splitlines()[-1])

@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bf16"], default="float32")
     parser.add_argument("--accumulator", choices=["memory", "disk"], default="memory")
     parser.add_argument("--mark-dir", default="")
+    parser.add_argument("--mark-sub", default="",
+                        help="the job's own folder in the site's marks dataset")
     args = parser.parse_args()
     layers = [int(x) for x in args.layers.split(",")]
     job = Path(args.out) / args.name
@@ -83,7 +85,8 @@ def main() -> None:
     (job / "app").mkdir(parents=True)
     meta = {"name": args.name, "deploy_map": {"app": ["@ALL"]}, "min_clients": args.clients}
     (job / "meta.json").write_text(json.dumps(meta, indent=1))
-    site_args = json.dumps(["--mark-dir", args.mark_dir] if args.mark_dir else [])
+    site_args = json.dumps((["--mark-dir", args.mark_dir] if args.mark_dir else [])
+                           + (["--mark-sub", args.mark_sub] if args.mark_sub else []))
     (job / "app" / "app.yaml").write_text(
         APP_YAML.format(
             rounds=args.rounds, clients=args.clients, args=site_args,

@@ -5,7 +5,7 @@ Every round, the first round included, brings the global model (the server makes
 Each round's receive and send times are appended to <mark-dir>/<site>.marks so the runner
 measures per-round time the same way for every system. The mark folder is the study's dataset
 `marks` where the site maps one (ATOLL_DATASETS: a confined worker sees no other host folder),
-else --mark-dir.
+with --mark-sub the job's own folder in it; else --mark-dir.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ def mark(mark_dir: str, site: str, event: str, rnd: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mark-dir", default="")
+    parser.add_argument("--mark-sub", default="")
     args = parser.parse_args()
     mark_dir = json.loads(os.environ.get("ATOLL_DATASETS") or "{}").get("marks", args.mark_dir)
+    if mark_dir and args.mark_sub:  # the job's own folder in the deployment's marks dataset
+        mark_dir = os.path.join(mark_dir, args.mark_sub)
+        os.makedirs(mark_dir, exist_ok=True)
     fl.init()
     site = fl.site_name()
     while fl.is_running():

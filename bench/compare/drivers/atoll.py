@@ -37,11 +37,15 @@ ADMIN = "admin@bench.local"
 SITES = ("site-1", "site-2")
 MARKS_DATASET = "marks"  # the job's name for the mark folder (site_train.py)
 
-# Each site's local/study_runtime.yaml, written before each job (re-read at every launch): the
-# benchmark jobs run in the default study and get the job's mark folder as a dataset, the only
-# way a confined worker reaches a host folder outside its run folder. JSON is YAML.
+# Each site's local/study_runtime.yaml, written once before the deployment starts, as an
+# operator configures a site: the benchmark jobs run in the default study and get the
+# deployment's mark folder as a dataset (the only way a confined worker reaches a host folder
+# outside its run folder), each job writing into a folder of its own there. JSON is YAML.
+# (Until 2026-12-07 the file was written again before each job, mapping that job's folder:
+# every job was then the first after an edit of the site's settings, which a site parent reads
+# through the models.)
 STUDY_RUNTIME = """\
-# local/study_runtime.yaml, written by bench/compare (drivers/atoll.py) before each job
+# local/study_runtime.yaml, written by bench/compare (drivers/atoll.py) before the start
 {doc}
 """
 
@@ -104,6 +108,9 @@ class AtollDriver(Driver):
         )
         if not self.admin_kit.is_dir():
             raise DriverError(f"atoll: provision made no admin kit at {self.admin_kit}")
+        self._map_marks(self.workdir / "lent-marks")
+        for site in SITES:  # as an operator checks an edit: the start then skips the check
+            self.run_cmd([self.atoll, "site", "validate", str(self.kits / site)], timeout=120)
 
     def start_deployment(self) -> None:
         parents = [self.spawn([self.atoll, "server", "start", str(self.kits / "server")],
@@ -124,9 +131,9 @@ class AtollDriver(Driver):
     def prepare_job(
         self, model_mb: float, rounds: int, mark_dir: Path, shape: str = "flat"
     ) -> Path:
-        self._map_marks(mark_dir)
         jobs = self.workdir / "jobs"
         name = f"bench-{len(list(jobs.glob('*'))) if jobs.exists() else 0}"
+        self._lend_marks(mark_dir, name)
         res = self.run_cmd(
             [
                 self.python,
@@ -146,6 +153,8 @@ class AtollDriver(Driver):
                 "disk" if shape == "llm" else "memory",
                 "--mark-dir",
                 str(mark_dir),
+                "--mark-sub",
+                name,
             ],
             timeout=300,
         )
@@ -220,7 +229,18 @@ class AtollDriver(Driver):
         return "-m atoll.worker" in cmdline
 
     # -- helpers -------------------------------------------------------------------------
+    def _lend_marks(self, mark_dir: Path, name: str) -> None:
+        """The job writes its marks into its folder of the deployment's marks dataset; the
+        runner reads them at ``mark_dir``, made a link to that folder."""
+        own = self.workdir / "lent-marks" / name
+        own.mkdir(parents=True, exist_ok=True)
+        if mark_dir.is_symlink() or (mark_dir.is_dir() and not any(mark_dir.iterdir())):
+            mark_dir.unlink() if mark_dir.is_symlink() else mark_dir.rmdir()
+        mark_dir.parent.mkdir(parents=True, exist_ok=True)
+        mark_dir.symlink_to(own.resolve(), target_is_directory=True)
+
     def _map_marks(self, mark_dir: Path) -> None:
+        mark_dir.mkdir(parents=True, exist_ok=True)
         doc = {
             "format_version": 2,
             "studies": {

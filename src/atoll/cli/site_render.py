@@ -139,12 +139,26 @@ def _quiet(fn: Any) -> Any:
         return None
 
 
+def _record(site_dir: Path) -> None:
+    """What a parent's start would record after its own check (parent/local_record.py); best
+    effort: a kit whose workspace cannot be written is checked at its start."""
+    from atoll.parent.local_config import record_local_config
+    from atoll.spec.errors import SpecError
+
+    local = site_dir / "local"
+    try:
+        record_local_config(local, True, site_dir / "workspace")
+    except (SpecError, OSError):
+        pass
+
+
 @click.command("validate")
 @click.argument("site_dir", type=_dir)
 @_fmt
 def validate_command(site_dir: Path, fmt: str) -> None:
     """Check SITE_DIR's local/site.yaml, local/study_runtime.yaml,
-    local/authorization.json and local/privacy.yaml; list every problem."""
+    local/authorization.json and local/privacy.yaml; list every problem. Files that pass are
+    recorded in the kit's workspace, so the site's next start skips their check."""
     from atoll.cli.site_policy import (
         load_privacy_policy,
         load_site_policy,
@@ -163,6 +177,7 @@ def validate_command(site_dir: Path, fmt: str) -> None:
         sandbox, problems = _sandbox_problems(config)
     if problems:
         render_error(problems, fmt)
+    _record(site_dir)
     studies = sorted(runtime.studies)
     report = policy_report(site_dir, policy)
     network = _network_line(config)

@@ -67,6 +67,7 @@ from atoll.launchers.process_group import (
 )
 from atoll.launchers.process_memory_limit import MemoryCgroup, create_memory_cgroup
 from atoll.launchers.process_network import FORWARD_ENV, Relays, forward_spec, relay_socket
+from atoll.launchers.process_options import ProcessOptions
 from atoll.launchers.process_sandbox import (
     SANDBOX_TMP,
     Mount,
@@ -80,7 +81,7 @@ from atoll.launchers.process_sandbox import (
 )
 from atoll.launchers.ranks import processes_per_node, single_node_rendezvous
 from atoll.spec import worker_env
-from atoll.spec.site_config import ProcessSettings
+from atoll.spec.study_runtime_plain import dataset_mount_path
 
 LOG_FILE = Path("logs") / "worker.log"
 MemoryMode = Literal["auto", "cgroup", "rlimit"]
@@ -105,6 +106,15 @@ class _Running:
     finished: bool = False
 
 
+def _options_of(site_config: Any) -> ProcessOptions:
+    from atoll.spec.site_config import ProcessSettings
+
+    settings = site_config.settings if site_config is not None else ProcessSettings()
+    if not isinstance(settings, ProcessSettings):
+        raise LaunchError(f"site.yaml chooses launcher {site_config.launcher}, not process")
+    return ProcessOptions.of(settings)
+
+
 def credential_names(request: LaunchRequest) -> list[str]:
     """Names (never values) the child gets from the parent's secret channel at launch."""
     entry = request.study_runtime
@@ -126,25 +136,28 @@ class ProcessLauncher(Launcher):
         memory_mode: MemoryMode = "auto",
         grace_s: float = 3.0,
         sandbox_host: SandboxHost | None = None,
+        options: ProcessOptions | None = None,
     ) -> None:
-        settings = site_config.settings if site_config is not None else ProcessSettings()
-        if not isinstance(settings, ProcessSettings):
-            raise LaunchError(f"site.yaml chooses launcher {site_config.launcher}, not process")
-        self._python = settings.python or sys.executable
-        self._gpus = GpuAllocator(settings.gpu_ids)
+        """From site.yaml's SiteConfig, or from ``options`` (what the check of local/ found in
+        its process: block; then no SiteConfig, so no model, is needed)."""
+        if options is None:
+            options = _options_of(site_config)
+        self._python = options.python or sys.executable
+        self._gpus = GpuAllocator(list(options.gpu_ids))
         host_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         # share_cpus: count the workers that other parents of this user pinned on this host.
-        self._cpus = CpuAllocator(cpus if cpus is not None else (settings.cpu_ids or host_cpus),
+        self._cpus = CpuAllocator(cpus if cpus is not None else (list(options.cpu_ids)
+                                                                 or host_cpus),
                                   HostCpuLeases.for_host() if share_cpus else None)
         self._parent_pid = parent_pid if parent_pid is not None else os.getpid()
         self._memory_mode = memory_mode
         self._grace_s = grace_s
-        self.sandboxed = settings.sandbox == "bwrap"
-        self.isolated = settings.isolated_network
-        self._allow = list(settings.network.allow) if self.isolated else []
-        self._destinations = settings.network.destinations() if self.isolated else []
+        self.sandboxed = options.sandboxed
+        self.isolated = options.isolated
+        self._allow = list(options.allow) if self.isolated else []
+        self._destinations = [tuple(d) for d in options.destinations] if self.isolated else []
         self._relays: Relays | None = None  # started at the first launch that needs them
-        self._bwrap = settings.bwrap
+        self._bwrap = options.bwrap
         self._sandbox_host = sandbox_host
         self._jobs: dict[str, _Running] = {}
         self._lock = threading.Lock()
@@ -457,13 +470,8 @@ def _refuse_parent_datasets(request: LaunchRequest) -> None:
 def dataset_mounts(request: LaunchRequest) -> tuple[Mount, ...]:
     """The study's datasets at ``/data/<study>/<dataset>``, in name order, with their mode."""
     entry, study = request.study_runtime, request.identity.study
-    datasets = sorted((entry.datasets if entry else {}).items())
-    if not datasets:  # a server worker: study_runtime.yaml's models stay unloaded
-        return ()
-    from atoll.spec.study_runtime import dataset_mount_path
-
     return tuple(Mount(d.source, dataset_mount_path(study, name), d.mode == "rw")
-                 for name, d in datasets)
+                 for name, d in sorted((entry.datasets if entry else {}).items()))
 
 
 def _log_mentions(path: Path, needle: bytes, tail: int = 64 * 1024) -> bool:

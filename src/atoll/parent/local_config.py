@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from atoll.launchers.process_options import ProcessOptions
 from atoll.parent.forked import Forked, start_forked
 from atoll.parent.local_record import fingerprint, read_record, write_record
+from atoll.spec.study_runtime_plain import PlainStudyRuntime
 
 if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
@@ -68,6 +70,11 @@ class Checked:
     tls_record_bytes: int = 16384  # the server's links.tls_record_bytes
     # logs.max_size in bytes and logs.keep: a detached parent's log is rotated from its start
     log_rotation: tuple[int, int] = (64 << 20, 5)
+    # the process launcher's share of site.yaml: it is made from these, without a SiteConfig
+    process: ProcessOptions | None = None
+    # study_runtime.yaml as the models accepted it, for a confined process-launcher site whose
+    # entries have the common shape (spec/study_runtime_plain.py): a job reads it without them
+    study_runtime: PlainStudyRuntime | None = None
 
     def values(self) -> dict[str, Any]:
         """What a record keeps (local_record.py)."""
@@ -78,6 +85,9 @@ class Checked:
                 "supervision": list(self.supervision), "progress_s": self.progress_s,
                 "max_resumes": self.max_resumes, "tls_record_bytes": self.tls_record_bytes,
                 "log_rotation": list(self.log_rotation),
+                "process": self.process.values() if self.process is not None else None,
+                "study_runtime": (self.study_runtime.values()
+                                  if self.study_runtime is not None else None),
                 "sandbox": {"python": self.sandbox_python, "bwrap": self.sandbox_bwrap},
                 "endpoint": {"host": ep.host, "port": ep.port, "dial_host": ep.dial_host,
                              "uses_tls": ep.uses_tls}}
@@ -163,6 +173,19 @@ class LocalConfig:
         return SLURM_UNCONFINED_WARNING if self.launcher_name == "slurm" else UNCONFINED_WARNING
 
     @property
+    def process_options(self) -> ProcessOptions | None:
+        """site.yaml's process: block as the check found it, where the launcher is process:
+        the launcher, and a launch whose meta asks nothing of site.yaml, need no SiteConfig."""
+        checked = self._checked()
+        return checked.process if checked.launcher == "process" else None
+
+    @property
+    def plain_study_runtime(self) -> PlainStudyRuntime | None:
+        """study_runtime.yaml as the check found it, where it has the common shape of a
+        confined process-launcher site (spec/study_runtime_plain.py); else None."""
+        return self._checked().study_runtime
+
+    @property
     def site_config(self) -> SiteConfig:
         with self._lock:
             if self._site_config is None:
@@ -178,7 +201,8 @@ class LocalConfig:
 
     @property
     def launcher(self) -> Launcher:
-        config = self.site_config
+        options = self.process_options
+        config = self.site_config if options is None else None  # the models only without
         with self._lock:
             if self._launcher is None:
                 from atoll.launchers.registry import get_launcher
@@ -186,7 +210,9 @@ class LocalConfig:
                 host = self._checked().sandbox
                 if host is None and self._probing is not None:
                     host = self._probing.result()  # SpecError when no sandbox can be made
-                extra = {"sandbox_host": host} if host is not None else {}
+                extra: dict[str, Any] = {"sandbox_host": host} if host is not None else {}
+                if options is not None:
+                    extra["options"] = options
                 self._launcher = get_launcher(self.launcher_name, config, **extra)
             return self._launcher
 
@@ -256,14 +282,20 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
         load_study_runtime,
         unconfined_issues,
     )
+    from atoll.spec.study_runtime_plain import file_digest, plain_runtime
 
     config = load_site_config(local_dir / "site.yaml")
+    unconfined = is_unconfined(config)
+    plain = None
     if study_runtime:
-        issues = unconfined_issues(config, load_study_runtime(local_dir, config.launcher))
+        before = file_digest(local_dir, RUNTIME_FILE)
+        runtime = load_study_runtime(local_dir, config.launcher)
+        issues = unconfined_issues(config, runtime)
         if issues:
             raise SpecError(issues, source=str(local_dir / RUNTIME_FILE))
+        if not unconfined and file_digest(local_dir, RUNTIME_FILE) == before:
+            plain = plain_runtime(runtime, config.launcher, before)
     cap, ep = config.capacity, config.worker_endpoint
-    unconfined = is_unconfined(config)
     process = config.launcher == "process"
     checked = Checked(config.launcher,
                       {"gpus": cap.gpus, "cpus": cap.cpus, "memory": cap.memory},
@@ -279,7 +311,9 @@ def _check(local_dir: Path, study_runtime: bool, workspace: Path | None = None,
                       progress_s=config.supervision.progress_s,
                       max_resumes=config.restarts.max_resumes,
                       tls_record_bytes=config.links.tls_record_bytes,
-                      log_rotation=(config.logs.max_bytes, config.logs.keep))
+                      log_rotation=(config.logs.max_bytes, config.logs.keep),
+                      process=ProcessOptions.of(config.settings) if process else None,
+                      study_runtime=plain)
     if workspace is not None and print_ is not None:
         again = fingerprint(local_dir, study_runtime)
         if again is not None and again[0] == print_:  # nothing changed while it was checked
@@ -376,6 +410,10 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
         progress_s = float(values["progress_s"])
         resumes, record = values["max_resumes"], values["tls_record_bytes"]
         log_bytes, log_keep = values["log_rotation"]
+        process = (ProcessOptions.from_values(values["process"])
+                   if values["process"] is not None else None)
+        runtime = (PlainStudyRuntime.from_values(values["study_runtime"])
+                   if values["study_runtime"] is not None else None)
         ok = (isinstance(launcher, str) and isinstance(capacity, dict)
               and set(capacity) == {"gpus", "cpus", "memory"} and isinstance(unconfined, bool)
               and all(v is None or isinstance(v, str) for v in (python, bwrap, root))
@@ -384,6 +422,9 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
               and len(supervision) == 3 and all(v >= 0 for v in supervision)
               and progress_s > 0
               and isinstance(resumes, int) and not isinstance(resumes, bool) and resumes >= 0
+              and (process is not None) == (launcher == "process")
+              and (runtime is not None) == (values["study_runtime"] is not None)
+              and (runtime is None or (launcher == "process" and not unconfined))
               and isinstance(record, int) and not isinstance(record, bool)
               and 1024 <= record <= 16384
               and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
@@ -394,7 +435,8 @@ def _from_record(values: dict[str, Any] | None, site_yaml: bytes) -> Checked | N
                     sandbox_python=python, sandbox_bwrap=bwrap, retention_days=days,
                     runs_setting=root, supervision=supervision, progress_s=progress_s,
                     max_resumes=resumes, tls_record_bytes=record,
-                    log_rotation=(log_bytes, log_keep))
+                    log_rotation=(log_bytes, log_keep), process=process,
+                    study_runtime=runtime)
             if ok else None)
 
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from atoll.launchers.base import Launcher
     from atoll.spec.meta_plain import Meta
     from atoll.spec.study_runtime import StudyRuntime
+    from atoll.spec.study_runtime_plain import PlainStudyRuntime
 
 log = logging.getLogger("atoll.site")
 
@@ -84,8 +85,15 @@ class SiteParent:
     def launcher(self) -> Launcher:
         return self.local.launcher
 
-    def study_runtime(self) -> StudyRuntime:
-        """local/study_runtime.yaml as it is now: read once per job, at its admission."""
+    def study_runtime(self) -> StudyRuntime | PlainStudyRuntime:
+        """local/study_runtime.yaml as it is now: read once per job, at its admission. The
+        same bytes the check of local/ accepted, in the common shape, come back as its plain
+        values (spec/study_runtime_plain.py); any other, through the models."""
+        from atoll.spec.study_runtime_plain import admitted
+
+        plain = admitted(self.local.plain_study_runtime, self.kit.local_dir)
+        if plain is not None:
+            return plain
         from atoll.spec.study_runtime import load_study_runtime
 
         return load_study_runtime(self.kit.local_dir, self.local.launcher_name)
@@ -107,20 +115,29 @@ class SiteParent:
         import dataclasses
 
         from atoll.launchers.request import build_request, secret_env_values
-        from atoll.spec.errors import SpecError
-        from atoll.spec.study_runtime import RUNTIME_FILE, unconfined_issues
+        from atoll.spec.study_runtime_plain import PlainStudyRuntime
 
-        # Read again at every admission, so checked again: an unconfined site maps one study
-        # at most.
-        if issues := unconfined_issues(self.local.site_config, job.runtime):
-            raise SpecError(issues, source=f"local/{RUNTIME_FILE}")
+        # The runtime the check of local/ vouched for belongs to a confined process launcher;
+        # with the launcher made from the check's values and a meta without a launcher_spec,
+        # site.yaml is asked nothing more, and no model is loaded for the launch.
+        plain = (isinstance(job.runtime, PlainStudyRuntime)
+                 and self.local.process_options is not None and not meta.launcher_spec)
+        if not plain:
+            from atoll.spec.errors import SpecError
+            from atoll.spec.study_runtime import RUNTIME_FILE, unconfined_issues
+
+            # Read again at every admission, so checked again: an unconfined site maps one
+            # study at most.
+            if issues := unconfined_issues(self.local.site_config, job.runtime):
+                raise SpecError(issues, source=f"local/{RUNTIME_FILE}")
         credentials = {worker_env.JOB_TOKEN: token, **secret_env_values(job.entry, os.environ)}
         request = build_request(
             meta=meta, identity=JobIdentity(job.job_id, name, job.study, self.name, "site"),
-            site_config=self.local.site_config, study_runtime=job.runtime,
+            site_config=None if plain else self.local.site_config, study_runtime=job.runtime,
             resources=job.resources, workdir=job.workdir, parent_address=self.worker_address,
             credentials=credentials, parent_cert=self._endpoint.cert_pem,
-            parent_socket=self._endpoint.socket_path)
+            parent_socket=self._endpoint.socket_path, capacity=self.capacity(),
+            kit_dir=(self.kit.local_dir / "site.yaml").resolve().parent.parent)  # as SiteConfig
         request = _with_privacy_policy(request, self.kit.local_dir)
         heartbeat_s, _, rejoin_s = self.local.supervision  # the worker beats; the supervisor
         beats = {worker_env.HEARTBEAT_S: f"{heartbeat_s:g}"}  # watches

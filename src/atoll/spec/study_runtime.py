@@ -34,13 +34,17 @@ from atoll.spec.names import check_label, is_env_name, is_label, is_subdomain
 from atoll.spec.pod_template import dataset_claims, load_pod_template, pod_template_issues
 from atoll.spec.site_config import read_yaml, slurm_directive
 from atoll.spec.statistics_rules import StatisticsRules
+from atoll.spec.study_runtime_plain import (  # noqa: F401 - the names' home, re-exported
+    DATA_ROOT,
+    RUNTIME_FILE,
+    data_root,
+    dataset_mount_path,
+)
 from atoll.spec.study_runtime_rules import cross_issues
 from atoll.spec.worker_env import RESERVED_ENV, RESERVED_ENV_PREFIX
 
-RUNTIME_FILE = "study_runtime.yaml"
 MAX_FINGERPRINT = 200  # a dataset's published fingerprint: a digest and its algorithm, not data
 FORMAT_VERSION = 2
-DATA_ROOT = "/data"
 # Which launchers read each launcher-specific field; a field of another launcher is an error.
 _FIELD_LAUNCHERS = {
     "container": ("docker", "k8s", "slurm"),
@@ -51,15 +55,6 @@ _FIELD_LAUNCHERS = {
 }
 _SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
 _SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-def dataset_mount_path(study: str, dataset: str) -> str:
-    """Where a dataset appears inside a worker container: ``/data/<study>/<dataset>``."""
-    return f"{DATA_ROOT}/{study}/{dataset}"
-
-
-def data_root(study: str) -> str:
-    return f"{DATA_ROOT}/{study}"
 
 
 def _launcher(info: ValidationInfo) -> str | None:

@@ -173,3 +173,20 @@ def test_validate_refuses_a_bare_slurm_site_with_two_studies(kit):
     assert ok.exit_code == 0, ok.output
     assert ("slurm sandbox: none: workers run as bare Slurm jobs with the parent's rights, one "
             "study at most") in ok.output
+
+
+def test_validate_records_files_that_pass_so_the_next_start_skips_their_check(kit):
+    from atoll.parent.local_config import load_local_config
+    from atoll.parent.local_record import RECORD_FILE
+
+    site_dir, _ = kit
+    record = site_dir / "workspace" / RECORD_FILE
+    (site_dir / "local" / "site.yaml").write_text("launcher: process\nprocess: {gpu_idz: [0]}\n")
+    assert run(validate_command, site_dir).exit_code == 2
+    assert not record.exists()  # nothing recorded for files that fail
+    shutil.copy(SEED / "site_process.yaml", site_dir / "local" / "site.yaml")
+    assert run(validate_command, site_dir).exit_code == 0
+    assert record.is_file()
+    config = load_local_config(site_dir / "local", True, site_dir / "workspace")
+    assert config._checked().site_yaml is not None  # the record stood for the start's check
+    assert config.launcher_name == "process"

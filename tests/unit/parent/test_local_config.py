@@ -264,3 +264,71 @@ def test_a_detached_parents_log_rotation_needs_no_model_of_site_yaml(tmp_path):
         path.write_text(json.dumps(doc))
         config = load_local_config(local, True, workspace)
         assert config._checked().site_yaml is None and config.log_rotation == (2 << 20, 3)
+
+
+def test_the_process_launcher_comes_from_the_checks_values_not_a_site_config(tmp_path):
+    """Checked or recorded, site.yaml's process: block comes as plain values: the launcher is
+    made, and a server worker's request built, with no SiteConfig parsed (no model)."""
+    local, workspace = _site_kit(tmp_path)
+    with open(local / "site.yaml", "a") as f:
+        f.write("process: {python: /usr/bin/python3, network: {allow: ['127.0.0.1:5000']}}\n")
+    for source in ("checked", "recorded"):
+        config = load_local_config(local, True, workspace)
+        assert (config._checked().site_yaml is not None) == (source == "recorded")
+        launcher = config.launcher
+        assert launcher._python == "/usr/bin/python3"
+        assert launcher._destinations == [("127.0.0.1", 5000, "127.0.0.1")]
+        assert config._site_config is None, source
+        config.close()
+    # what the record holds is what the launcher takes
+    path = workspace / RECORD_FILE
+    doc = json.loads(path.read_text())
+    doc["values"]["process"]["python"] = "/opt/forged/python"
+    path.write_text(json.dumps(doc))
+    config = load_local_config(local, True, workspace)
+    assert config.launcher._python == "/opt/forged/python"
+    config.close()
+    for bad in ({"python": 3}, None, "x"):  # of another shape: site.yaml is checked again
+        doc["values"]["process"] = bad
+        path.write_text(json.dumps(doc))
+        config = load_local_config(local, True, workspace)
+        assert config._checked().site_yaml is None
+        assert config.launcher._python == "/usr/bin/python3"
+        config.close()
+
+
+def test_another_launcher_is_made_from_the_site_config(tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "site.yaml").write_text("launcher: docker\n")
+    config = load_local_config(local, False, tmp_path / "workspace")
+    assert config.process_options is None
+    assert config._checked().process is None
+    assert config.site_config.launcher == "docker"
+
+
+def test_study_runtime_comes_as_plain_values_checked_or_recorded(tmp_path):
+    local, workspace = _site_kit(tmp_path)
+    (local / "study_runtime.yaml").write_text(
+        "format_version: 2\nstudies:\n  default: {env: {A: b}}\n")
+    for source in ("checked", "recorded"):
+        config = load_local_config(local, True, workspace)
+        assert (config._checked().site_yaml is not None) == (source == "recorded")
+        plain = config.plain_study_runtime
+        assert plain is not None and plain.entry("default").env == {"A": "b"}, source
+    doc = json.loads((workspace / RECORD_FILE).read_text())
+    doc["values"]["study_runtime"] = {"digest": "x"}  # another shape: checked again
+    (workspace / RECORD_FILE).write_text(json.dumps(doc))
+    config = load_local_config(local, True, workspace)
+    assert config._checked().site_yaml is None
+    assert config.plain_study_runtime.entry("default").env == {"A": "b"}
+
+
+def test_an_unconfined_site_reads_study_runtime_through_the_models(tmp_path):
+    local, workspace = _site_kit(tmp_path)
+    with open(local / "site.yaml", "a") as f:
+        f.write("process: {sandbox: none}\n")
+    config = load_local_config(local, True, workspace)
+    assert config.unconfined and config.plain_study_runtime is None
+    recorded = load_local_config(local, True, workspace)
+    assert recorded._checked().site_yaml is not None and recorded.plain_study_runtime is None

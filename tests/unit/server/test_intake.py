@@ -163,3 +163,52 @@ def test_a_common_job_is_taken_in_and_scheduled_without_pydantic(tmp_path, meta,
     assert answer["pydantic"] is models
     assert answer["room"] == [None, None]  # room at both sites
     assert answer["cpus"] == ([2, 1] if models else [1, 1])
+
+
+_FRESH_LAUNCH = """
+import json, sys
+from pathlib import Path
+from types import SimpleNamespace
+from atoll.parent.local_config import load_local_config
+from atoll.server.app import ServerParent
+from atoll.spec.meta_plain import read_meta
+
+local, workspace, meta = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+parent = ServerParent.__new__(ServerParent)  # what launch_request uses of a started parent
+parent.local = load_local_config(local, False, workspace)
+parent.worker_address = "unix:/nowhere"
+parent._endpoint = SimpleNamespace(cert_pem=None, socket_path="/nowhere")
+request = parent.launch_request(SimpleNamespace(id="a" * 32, name="j", study="s"),
+                                read_meta(json.dumps(meta).encode()), workspace / "run", "t")
+launcher = parent.launcher
+print(json.dumps({"launcher": launcher.name, "site_config": type(request.site_config).__name__,
+                  "cpus": request.resources.cpus_counted,
+                  "pydantic": "pydantic" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("meta, models", [
+    ({"name": "j", "deploy_map": {"app": ["@ALL"]}}, False),
+    ({"name": "j", "deploy_map": {"app": ["@ALL"]},
+      "launcher_spec": {"server": {"process": {}}}}, True),
+])
+def test_a_common_jobs_server_worker_is_launched_without_pydantic(tmp_path, meta, models):
+    """In a fresh interpreter, as a server parent at rest launches its first server worker on
+    the process launcher: the launcher comes from the check's values and the request asks
+    site.yaml nothing more, so no SiteConfig (no model) is loaded. A meta with a launcher_spec
+    is resolved against the SiteConfig."""
+    import subprocess
+    import sys
+
+    from atoll.parent.local_config import load_local_config
+
+    local, workspace = tmp_path / "local", tmp_path / "workspace"
+    local.mkdir()
+    (local / "site.yaml").write_text("launcher: process\n")
+    load_local_config(local, False, workspace).close()  # checked: the record is written
+    run = subprocess.run([sys.executable, "-c", _FRESH_LAUNCH, str(local), str(workspace),
+                          json.dumps(meta)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    answer = json.loads(run.stdout)
+    assert answer == {"launcher": "process", "cpus": 1, "pydantic": models,
+                      "site_config": "SiteConfig" if models else "ProcessSite"}
