@@ -56,3 +56,10 @@ def test_an_app_without_app_yaml_is_refused_as_the_models_refuse_it(tmp_path):
     with pytest.raises(SpecError) as models:
         read_app_privacy(tmp_path)
     assert str(plain.value) == str(models.value)
+
+
+def test_the_site_looks_for_the_policy_file_spec_privacy_reads():
+    from atoll.site.job_acceptance import PRIVACY_FILE
+    from atoll.spec.privacy import POLICY_FILE
+
+    assert PRIVACY_FILE == POLICY_FILE
