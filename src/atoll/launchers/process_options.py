@@ -9,7 +9,7 @@ SiteConfig derives the same values from it (``of``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +69,10 @@ class ProcessOptions:
 
 @dataclass(frozen=True)
 class ProcessSite:
-    """A process launch's ``request.site_config`` where the parent keeps no SiteConfig: what
-    the launcher reads of it (the kit, which no lent folder may show: lent_folders.py)."""
+    """What a process launch reads of site.yaml where the parent keeps no SiteConfig
+    (parent/local_config.py ``launch_site``): the kit, which no lent folder may show
+    (lent_folders.py), and the capacity a job is checked against (launchers/request.py)."""
 
     kit_dir: Path | None
+    capacity: dict[str, Any] = field(default_factory=dict)  # gpus, cpus, memory as checked
     launcher: str = "process"

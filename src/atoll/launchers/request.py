@@ -103,7 +103,7 @@ def build_request(
     *,
     meta: Meta,
     identity: JobIdentity,
-    site_config: SiteConfig | None,
+    site_config: SiteConfig | ProcessSite,
     study_runtime: StudyRuntime | None,
     workdir: Path,
     parent_address: str,
@@ -114,21 +114,18 @@ def build_request(
     shared_folders: tuple[Path, ...] = (),
     resources: Resources | None = None,
     parent_socket: str | None = None,
-    capacity: Mapping[str, Any] | None = None,
-    kit_dir: Path | None = None,
 ) -> LaunchRequest:
     """Resolve everything for ``identity.site`` on this site's launcher; SpecError lists all.
 
     ``resources``: what the parent already resolved for the target from this meta (the site
     admits a job with them); resolved here when None.
 
-    ``site_config`` None: a process launcher made without one (parent/local_config.py), for a
-    meta without a launcher_spec and the ``resources`` given; site.yaml's ``capacity`` (for
-    the check) and the ``kit_dir`` then come as the parent's check of local/ found them.
+    ``site_config`` a ProcessSite: a process launcher made without a SiteConfig
+    (parent/local_config.py ``launch_site``), for a meta without a launcher_spec.
     """
-    if site_config is None and (meta.launcher_spec or resources is None
-                                or (check_capacity and capacity is None)):
-        raise ValueError("build_request needs the SiteConfig for this request")
+    plain = isinstance(site_config, ProcessSite)
+    if plain and meta.launcher_spec:
+        raise ValueError("a launcher_spec is resolved against the SiteConfig")
     target = identity.site
     issues: list[Issue] = []
     if meta.app_for(target) is None:
@@ -148,8 +145,8 @@ def build_request(
         except SpecError as err:
             issues += err.issues
     if check_capacity and not issues:
-        issues += capacity_issues(resources, site_config.capacity.model_dump()
-                                  if site_config is not None else dict(capacity or {}))
+        issues += capacity_issues(resources, dict(site_config.capacity) if plain
+                                  else site_config.capacity.model_dump())
     if issues:
         raise SpecError(issues)
     entry = study_runtime.entry(identity.study) if study_runtime else None
@@ -162,7 +159,7 @@ def build_request(
         resources=resources,
         launcher_spec=spec,
         study_runtime=entry,
-        site_config=site_config if site_config is not None else ProcessSite(kit_dir),
+        site_config=site_config,
         workdir=Path(workdir),
         parent_address=parent_address,
         worker_env={**worker_env(identity, parent_address),

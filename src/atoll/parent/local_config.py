@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atoll.launchers.process_options import ProcessOptions
+from atoll.launchers.process_options import ProcessOptions, ProcessSite
 from atoll.parent.forked import Forked, start_forked
 from atoll.parent.local_record import fingerprint, read_record, write_record
 from atoll.spec.study_runtime_plain import PlainStudyRuntime
@@ -178,6 +178,16 @@ class LocalConfig:
         the launcher, and a launch whose meta asks nothing of site.yaml, need no SiteConfig."""
         checked = self._checked()
         return checked.process if checked.launcher == "process" else None
+
+    def launch_site(self, meta: Any) -> SiteConfig | ProcessSite:
+        """What a launch request for ``meta`` reads of site.yaml (launchers/request.py): on the
+        process launcher, for a meta without a launcher_spec, the check's answer is enough (no
+        SiteConfig, no model); else the SiteConfig."""
+        if self.process_options is None or meta.launcher_spec:
+            return self.site_config
+        # the kit as SiteConfig.kit_dir has it: site.yaml's folder's parent, links resolved
+        return ProcessSite((self._local_dir / "site.yaml").resolve().parent.parent,
+                           dict(self.capacity))
 
     @property
     def plain_study_runtime(self) -> PlainStudyRuntime | None:

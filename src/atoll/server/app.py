@@ -119,18 +119,15 @@ class ServerParent:
         process launcher, for a meta without a launcher_spec, site.yaml is asked nothing the
         check of local/ did not already answer: no SiteConfig (no model) is loaded for it."""
         from atoll.launchers.request import build_request
-        from atoll.spec.admission import asked_at
 
         private_dir(run_dir / "logs")
-        plain = self.local.process_options is not None and not meta.launcher_spec
         return build_request(
             meta=meta,
             identity=JobIdentity(record.id, record.name, record.study, "server", "server"),
-            site_config=None if plain else self.local.site_config, study_runtime=None,
-            workdir=run_dir, parent_address=self.worker_address,
-            credentials={worker_env.JOB_TOKEN: token}, parent_cert=self._endpoint.cert_pem,
-            check_capacity=False, shared_folders=shared, parent_socket=self._endpoint.socket_path,
-            resources=asked_at(meta, "server", self.local.launcher_name) if plain else None)
+            site_config=self.local.launch_site(meta), study_runtime=None, workdir=run_dir,
+            parent_address=self.worker_address, credentials={worker_env.JOB_TOKEN: token},
+            parent_cert=self._endpoint.cert_pem, check_capacity=False, shared_folders=shared,
+            parent_socket=self._endpoint.socket_path)
 
     def start(self) -> None:
         # site.yaml's supervision.rejoin_s: how long a site's parts wait for their site parent

@@ -114,15 +114,15 @@ class SiteParent:
         study_runtime.yaml and study entry read then, and the secrets that entry names."""
         import dataclasses
 
+        from atoll.launchers.process_options import ProcessSite
         from atoll.launchers.request import build_request, secret_env_values
         from atoll.spec.study_runtime_plain import PlainStudyRuntime
 
-        # The runtime the check of local/ vouched for belongs to a confined process launcher;
-        # with the launcher made from the check's values and a meta without a launcher_spec,
-        # site.yaml is asked nothing more, and no model is loaded for the launch.
-        plain = (isinstance(job.runtime, PlainStudyRuntime)
-                 and self.local.process_options is not None and not meta.launcher_spec)
-        if not plain:
+        # The runtime the check of local/ vouched for belongs to a confined process launcher:
+        # with it, site.yaml may be asked nothing more (launch_site), and no model loads.
+        site = (self.local.launch_site(meta) if isinstance(job.runtime, PlainStudyRuntime)
+                else self.local.site_config)
+        if not isinstance(site, ProcessSite):
             from atoll.spec.errors import SpecError
             from atoll.spec.study_runtime import RUNTIME_FILE, unconfined_issues
 
@@ -133,11 +133,9 @@ class SiteParent:
         credentials = {worker_env.JOB_TOKEN: token, **secret_env_values(job.entry, os.environ)}
         request = build_request(
             meta=meta, identity=JobIdentity(job.job_id, name, job.study, self.name, "site"),
-            site_config=None if plain else self.local.site_config, study_runtime=job.runtime,
-            resources=job.resources, workdir=job.workdir, parent_address=self.worker_address,
-            credentials=credentials, parent_cert=self._endpoint.cert_pem,
-            parent_socket=self._endpoint.socket_path, capacity=self.capacity(),
-            kit_dir=(self.kit.local_dir / "site.yaml").resolve().parent.parent)  # as SiteConfig
+            site_config=site, study_runtime=job.runtime, resources=job.resources,
+            workdir=job.workdir, parent_address=self.worker_address, credentials=credentials,
+            parent_cert=self._endpoint.cert_pem, parent_socket=self._endpoint.socket_path)
         request = _with_privacy_policy(request, self.kit.local_dir)
         heartbeat_s, _, rejoin_s = self.local.supervision  # the worker beats; the supervisor
         beats = {worker_env.HEARTBEAT_S: f"{heartbeat_s:g}"}  # watches
