@@ -60,18 +60,42 @@ def _env(pid: str) -> dict[str, str]:
 
 
 def _cpu(pid: str) -> float | None:
+    return _stat_cpu(f"/proc/{pid}/stat")
+
+
+def _stat_cpu(path: str) -> float | None:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def _threads(pid: str) -> dict[str, float]:
+    """CPU seconds by thread name (comm; threads of one name summed) of one process."""
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue
+        cpu = _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+        if cpu is not None:
+            out[f"{name} [{tid}]"] = cpu
+    return out
+
+
 class Sampler:
     """{pid: (role, CPU seconds)} of the deployment's processes, every 50 ms, in a thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: bool = False) -> None:
+        self.threads = threads
         self.samples: list[tuple[float, dict[str, tuple[str, float]]]] = []
+        self.thread_samples: list[tuple[float, dict[str, dict[str, float]]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -86,7 +110,10 @@ class Sampler:
                 cpu = _cpu(pid) if roles[pid] else None
                 if cpu is not None:
                     snap[pid] = (roles[pid], cpu)
-            self.samples.append((time.time(), snap))
+            now = time.time()
+            self.samples.append((now, snap))
+            if self.threads:
+                self.thread_samples.append((now, {pid: _threads(pid) for pid in snap}))
             self._stop.wait(0.05)
 
     def stop(self) -> None:
@@ -96,12 +123,17 @@ class Sampler:
     def at(self, t: float) -> dict[str, tuple[str, float]]:
         return min(self.samples, key=lambda s: abs(s[0] - t))[1]
 
+    def threads_at(self, t: float) -> dict[str, dict[str, float]]:
+        return min(self.thread_samples, key=lambda s: abs(s[0] - t))[1]
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=float, default=100.0, help="the model's size (float32)")
     ap.add_argument("--rounds", type=int, default=6, help="at least 4")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--threads", action="store_true",
+                    help="also each process's CPU by thread (gRPC's pollers, executors, ...)")
     args = ap.parse_args()
     if args.rounds < 4:
         ap.error("--rounds must be at least 4: rounds 2 to the last are measured")
@@ -119,7 +151,7 @@ def main() -> int:
         marks = work / "marks"
         marks.mkdir()
         job = driver.prepare_job(args.mib, args.rounds, marks)
-        sampler = Sampler()
+        sampler = Sampler(args.threads)
         run = driver.submit(job)
         driver.wait_finished(run, 600)
         sampler.stop()
@@ -138,9 +170,19 @@ def main() -> int:
         if used >= 0.005 * rounds:
             print(f"  {role:32} {1000 * used / rounds:6.0f} CPU-ms a round")
             total += used
+            if args.threads:
+                _print_threads(sampler.threads_at(first).get(pid, {}),
+                               sampler.threads_at(last).get(pid, {}), rounds)
     print(f"  {'all':32} {1000 * total / rounds:6.0f} CPU-ms a round, "
           f"{total / (last - first):.2f} cores on average")
     return 0
+
+
+def _print_threads(before: dict[str, float], after: dict[str, float], rounds: int) -> None:
+    for name, cpu in sorted(after.items(), key=lambda kv: -(kv[1] - before.get(kv[0], 0.0))):
+        used = cpu - before.get(name, 0.0)
+        if used >= 0.002 * rounds:
+            print(f"      {name:30} {1000 * used / rounds:6.0f}")
 
 
 if __name__ == "__main__":

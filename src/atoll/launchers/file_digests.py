@@ -4,10 +4,11 @@ images are large and every job of a study launches the same one."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 import threading
+
+from atoll.base.sha256 import large_sha256
 
 CHUNK = 4 << 20
 MAX_KEPT = 64  # files remembered; a site configures a few images
@@ -33,7 +34,7 @@ class FileDigests:
             with self._lock:
                 if key in self._known:
                     return self._known[key]
-            h = hashlib.sha256()
+            h = large_sha256()
             with os.fdopen(os.dup(fd), "rb") as handle:
                 while chunk := handle.read(CHUNK):
                     h.update(chunk)

@@ -282,13 +282,12 @@ def _job_bytes(folder: Path, name: str, limit: int) -> bytes:
 
 
 def _job_file_digest(folder: Path, name: str) -> str | None:
-    import hashlib
-
+    from atoll.base.sha256 import large_sha256
     from atoll.launchers.job_files import JobFileError, open_job_file
 
     try:
         with open_job_file(folder, f"{RESULTS}/{name}", max_bytes=None) as handle:
-            h = hashlib.sha256()
+            h = large_sha256()
             while chunk := handle.read(1 << 20):
                 h.update(chunk)
     except (OSError, JobFileError):

@@ -139,8 +139,10 @@ class ServerWorkerBackend:
     def report(self, job_id, body):
         self._live(job_id)
         self.store.add_event(job_id, "server", body)
-        if self.rounds is not None and body.get("event") == "round" and "model_digest" in body:
+        if (self.rounds is not None and body.get("event") in ("round", "round_model")
+                and "model_digest" in body):
             # as the round happens, not at the job's end: a record read mid-job names it
+            # (FedAvg states it just after its round report, beside the next round's send)
             self.rounds.round_model(job_id, body.get("round"), body["model_digest"])
 
     def finish(self, job_id, ok, error):

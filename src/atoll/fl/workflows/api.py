@@ -445,15 +445,19 @@ class Context:
         """The first round to run: 1, or the one after the restored checkpoint's."""
         return (self.resumed_round or 0) + 1
 
-    def checkpoint(self, round: int, state: dict[str, Any], *, background: bool = False) -> None:
+    def checkpoint(self, round: int, state: dict[str, Any], *, background: bool = False,
+                   first: Callable[[], None] | None = None) -> None:
         """Commit ``state`` (the workflow's) as what the job resumes from after round ``round``,
         with the context's own part; ``Workflow.checkpoint`` calls it.
 
         ``background``: write it while the next round starts (a large model's write and fsync
         then cost the round nothing). The caller promises not to change ``state``'s arrays
         until the next result arrives: ``gather`` (and ``channel``, for a protocol of its own)
-        wait for the write first, as do the next checkpoint and ``close``."""
-        if self._checkpoints is None:
+        wait for the write first, as do the next checkpoint and ``close``.
+
+        ``first``: the workflow's own work on the same arrays, done before the write and under
+        the same promise (FedAvg's round digest), also where no checkpoint is kept."""
+        if self._checkpoints is None and first is None:
             return
         from atoll.fl import checkpoint
 
@@ -464,14 +468,21 @@ class Context:
             own["dp"] = {"steps": self._privacy.ledger.steps,
                          "spent": list(self._privacy.ledger.spent)}
         folder, saved = self._checkpoints, {"workflow": state, "context": own}
+
+        def commit() -> None:
+            if first is not None:
+                first()
+            if folder is not None:  # reported at once: the server resumes from the last
+                self._committed(round, checkpoint.save(folder, round, saved))  # round told of
+
         if not background:
-            self._committed(round, checkpoint.save(folder, round, saved))
+            commit()
             return
         outcome: list[BaseException] = []  # what stopped it, raised in the workflow's thread
 
         def write() -> None:
-            try:  # reported at once: the server resumes from the last round it was told of
-                self._committed(round, checkpoint.save(folder, round, saved))
+            try:
+                commit()
             except BaseException as exc:
                 outcome.append(exc)
 

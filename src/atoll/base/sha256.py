@@ -1,0 +1,24 @@
+"""SHA-256 of large inputs (a final model, a checkpoint, a container image) in any process.
+
+A parent keeps the system's OpenSSL out of its memory at rest (parent/run.py), so its
+``hashlib.sha256`` is CPython's built-in implementation: 0.34 CPU-s per 100 MiB here, against
+0.06 for OpenSSL's (SHA-NI). A digest of many MiB therefore loads OpenSSL's on first use (4.5
+MiB of libcrypto, once): a 1 GiB final model's digest at a job's end takes 0.6 s, not 3.5.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from typing import Any
+
+
+def large_sha256() -> Any:
+    """A new SHA-256 object, OpenSSL's where this Python has it (``update``, ``hexdigest``)."""
+    if "_hashlib" in sys.modules and sys.modules["_hashlib"] is None:
+        del sys.modules["_hashlib"]  # only hashlib's own import was told it is absent
+    try:
+        import _hashlib
+    except ImportError:
+        return hashlib.sha256()
+    return _hashlib.openssl_sha256()
