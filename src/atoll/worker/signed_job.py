@@ -83,26 +83,55 @@ def check(workdir: Path, trust: dict[str, Any] | None) -> None:
 
 
 def check_meanwhile(workdir: Path, trust: dict[str, Any] | None) -> Callable[[], None]:
-    """``check`` on a thread of its own, while the worker loads atoll's workflow modules (no
-    job code: loading cryptography costs about as much, and now overlaps it); the function
-    returned waits for it and raises its NotTrusted."""
-    refused: list[BaseException] = []
+    """``check`` in a child interpreter (this module run with ``-P``, as the worker is), while
+    the worker loads atoll's workflow modules (no job code); the function returned waits for
+    it and raises its NotTrusted.
 
-    def run() -> None:
-        try:
-            check(workdir, trust)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            refused.append(exc)
+    The child, not the worker, loads cryptography: the worker would keep its bindings (about
+    10 MiB) resident beside the model for the whole job. And the child runs on the other core
+    where a thread of the worker's would take turns with its imports for the interpreter lock.
+    A child that ends any other way than its answer refuses the job too."""
+    import json
+    import subprocess
+    import sys
 
-    thread = threading.Thread(target=run, name="signed-job-check", daemon=True)
-    thread.start()
+    request = json.dumps({"workdir": str(workdir), "trust": trust}).encode()
+    child = subprocess.Popen([sys.executable, "-P", "-m", __name__], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    answer: list[tuple[bytes, bytes]] = []
+    # the request may pass the pipe's buffer (a long CRL): written beside the worker's imports
+    feeding = threading.Thread(target=lambda: answer.append(child.communicate(request)),
+                               name="signed-job-check", daemon=True)
+    feeding.start()
 
     def verdict() -> None:
-        thread.join()
-        if refused:
-            raise refused[0]
+        feeding.join()
+        out, err = answer[0] if answer else (b"", b"")
+        if child.returncode == 0:
+            return
+        if child.returncode == NotTrusted.exit_code and out.strip():
+            raise NotTrusted(out.decode("utf-8", "replace").strip())
+        last = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+        raise NotTrusted(f"the server worker refused to run the job: its signature check "
+                         f"ended with code {child.returncode} ({last[0][:500]}); none of the "
+                         "job's code ran")
 
     return verdict
+
+
+def _main() -> int:
+    """The child of ``check_meanwhile``: {"workdir", "trust"} on stdin; exit 0 when trusted,
+    else NotTrusted's code with its message on stdout."""
+    import json
+    import sys
+
+    request = json.loads(sys.stdin.buffer.read())
+    try:
+        check(Path(request["workdir"]), request.get("trust"))
+    except NotTrusted as exc:
+        print(exc, flush=True)
+        return NotTrusted.exit_code
+    return 0
 
 
 def _revoked(ca_pem: bytes, crl_pem: str) -> dict[int, str]:
@@ -134,3 +163,7 @@ def _server_app(meta_bytes: bytes) -> str:
     if app is None:
         raise SignatureError("the job's signed meta.json deploys no app to the server")
     return app
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -153,3 +153,49 @@ def test_the_check_made_meanwhile_hands_its_refusal_to_the_worker(tmp_path, proj
     with pytest.raises(NotTrusted, match=f"the certificate of {LEAD} that signed the job is "
                                          "revoked"):
         verdict()
+
+
+WORKER_AT_CHECK = """
+import json, sys
+from pathlib import Path
+from atoll.worker import signed_job
+request = json.loads(sys.stdin.read())
+verdict = signed_job.check_meanwhile(Path(request["workdir"]), request["trust"])
+try:
+    verdict()
+    print("trusted")
+except signed_job.NotTrusted as exc:
+    print("refused:", exc)
+print(sorted(m for m in sys.modules if m.split(".")[0] == "cryptography"))
+"""
+
+
+def test_the_worker_checks_in_a_child_and_never_loads_cryptography(tmp_path, project):
+    """The check's cryptography stays out of the worker, which keeps what it loads resident
+    beside the model for the whole job."""
+    import subprocess
+    import sys
+
+    workdir = signed_workdir(tmp_path, project)
+    request = json.dumps({"workdir": str(workdir), "trust": trust(project)})
+
+    def worker() -> list[str]:
+        done = subprocess.run([sys.executable, "-P", "-c", WORKER_AT_CHECK], input=request,
+                              capture_output=True, text=True, check=True)
+        return done.stdout.splitlines()
+
+    assert worker() == ["trusted", "[]"]
+    (workdir / "app" / "model.py").write_text("import os\n")  # not what was signed
+    refused, modules = worker()
+    assert refused.startswith("refused: the server worker refused to run the job")
+    assert "model.py" in refused and modules == "[]"
+
+
+def test_a_check_that_ends_without_its_answer_refuses_the_job(tmp_path, project, monkeypatch):
+    import sys
+
+    workdir = signed_workdir(tmp_path, project)
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the child cannot run the check
+    with pytest.raises(NotTrusted, match=r"its signature check ended with code 1 .*none of "
+                                         r"the job's code ran"):
+        signed_job.check_meanwhile(workdir, trust(project))()
