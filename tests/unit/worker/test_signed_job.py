@@ -192,10 +192,26 @@ def test_the_worker_checks_in_a_child_and_never_loads_cryptography(tmp_path, pro
 
 
 def test_a_check_that_ends_without_its_answer_refuses_the_job(tmp_path, project, monkeypatch):
-    import sys
-
     workdir = signed_workdir(tmp_path, project)
-    monkeypatch.setattr(sys, "executable", "/bin/false")  # the child cannot run the check
-    with pytest.raises(NotTrusted, match=r"its signature check ended with code 1 .*none of "
-                                         r"the job's code ran"):
+
+    def dies(*_):  # the child stops mid-check (a crash of the bindings, a kill)
+        import os
+
+        os._exit(9)
+
+    monkeypatch.setattr(signed_job, "check", dies)
+    with pytest.raises(NotTrusted, match=r"its signature check ended with code 9 \(no message\);"
+                                         r" none of the job's code ran"):
+        signed_job.check_meanwhile(workdir, trust(project))()
+
+
+def test_a_check_that_fails_otherwise_refuses_the_job_and_says_why(tmp_path, project,
+                                                                   monkeypatch):
+    workdir = signed_workdir(tmp_path, project)
+
+    def breaks(*_):
+        raise KeyError("ca")
+
+    monkeypatch.setattr(signed_job, "check", breaks)
+    with pytest.raises(NotTrusted, match=r"ended with code 1 \(KeyError: 'ca'\)"):
         signed_job.check_meanwhile(workdir, trust(project))()
