@@ -230,6 +230,11 @@ def _forward_allowed_destinations() -> None:
 def main() -> int:
     job_id, role, parent = _env(worker_env.JOB_ID), _env(worker_env.ROLE), _env(worker_env.PARENT)
     starts_peers = role == "site" and starts_local_ranks(os.environ)
+    checker = None
+    if role == "server":  # forked first: the process has no other thread yet, nor gRPC
+        from atoll.worker.signed_job import Checker
+
+        checker = Checker()
     if os.environ.get("RANK", "0") == "0":  # before the rendezvous port is chosen
         _forward_allowed_destinations()
     node_gpus: list[str | None] = []
@@ -291,9 +296,8 @@ def main() -> int:
         if not (workdir / "app").is_dir():  # a container, pod or compute node: fetch the app
             _fetch_app(stub, meta, workdir, os.environ.get(worker_env.SITE, role))
         if role == "server":
-            from atoll.worker import signed_job
-
-            trusted = signed_job.check_meanwhile(workdir, info.get("trust"))
+            assert checker is not None
+            trusted = checker.ask(workdir, info.get("trust"))
             from atoll.fl.runner import run_server_app
             from atoll.worker.grpc_channels import GrpcServerChannel
 

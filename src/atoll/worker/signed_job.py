@@ -18,8 +18,10 @@ starts what it likes on its own host.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,48 +84,90 @@ def check(workdir: Path, trust: dict[str, Any] | None) -> None:
                          f"be read ({exc.strerror}); none of the job's code ran") from None
 
 
-def check_meanwhile(workdir: Path, trust: dict[str, Any] | None) -> Callable[[], None]:
-    """``check`` in a child forked from the worker, while the worker loads atoll's workflow
-    modules (no job code); the function returned waits for it and raises its NotTrusted.
+class Checker:
+    """``check`` in a child forked at the worker's start, before gRPC or any thread exists (a
+    fork later inherits gRPC's threads half-way: its fork handlers restart them in the child,
+    or log that other threads were calling into it). The child loads cryptography while the
+    worker registers and fetches its app, checks the job it is asked about, and exits: the
+    worker itself never loads cryptography, which it would keep resident beside the model for
+    the whole job (about 10 MiB). A new interpreter instead cost the tiny job 50-80 ms."""
 
-    The child, not the worker, loads cryptography: the worker would keep its bindings (about
-    10 MiB) resident beside the model for the whole job. Forked, not started: a new
-    interpreter cost the tiny job 50-80 ms, with three workers starting on two cores. The
-    child runs only this module's code and leaves with ``os._exit`` (nothing of the worker's
-    flushed or closed twice). A child that ends without its answer refuses the job too."""
-    readable, writable = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        code, said = 1, b"the check stopped before its answer"
-        try:
-            os.close(readable)
+    def __init__(self) -> None:
+        asked, self._ask = os.pipe()
+        self._answer, answering = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
             try:
-                check(workdir, trust)
-                code, said = 0, b""
-            except NotTrusted as exc:
-                code, said = NotTrusted.exit_code, str(exc).encode("utf-8", "replace")
-            except BaseException as exc:  # noqa: BLE001 - named to the worker, which refuses
-                said = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")
-            view = memoryview(said)
-            while view:
-                view = view[os.write(writable, view):]
-        finally:
-            os._exit(code)
-    os.close(writable)
+                os.close(self._ask)
+                os.close(self._answer)
+                code = _child(asked, answering)
+            finally:
+                os._exit(code)  # nothing of the worker's flushed or closed twice
+        os.close(asked)
+        os.close(answering)
 
-    def verdict() -> None:
-        with os.fdopen(readable, "rb") as answer:
-            said = answer.read().decode("utf-8", "replace").strip()
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if code == 0:
-            return
-        if code == NotTrusted.exit_code and said:
-            raise NotTrusted(said)
-        raise NotTrusted(f"the server worker refused to run the job: its signature check "
-                         f"ended with code {code} ({said[:500] or 'no message'}); none of the "
-                         "job's code ran")
+    def ask(self, workdir: Path, trust: dict[str, Any] | None) -> Callable[[], None]:
+        """Ask the child about the job in ``workdir``; the function returned waits for its
+        answer and raises its NotTrusted. A child that ends without one refuses the job too."""
+        request = json.dumps({"workdir": str(workdir), "trust": trust}).encode()
+        # a long CRL may fill the pipe while the child still loads: written beside the worker
+        sending = threading.Thread(target=self._send, args=(request,), name="signed-job-check",
+                                   daemon=True)
+        sending.start()
 
-    return verdict
+        def verdict() -> None:
+            sending.join()
+            with os.fdopen(self._answer, "rb") as answer:
+                said = answer.read().decode("utf-8", "replace").strip()
+            code = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            if code == 0:
+                return
+            if code == NotTrusted.exit_code and said:
+                raise NotTrusted(said)
+            raise NotTrusted(f"the server worker refused to run the job: its signature check "
+                             f"ended with code {code} ({said[:500] or 'no message'}); none of "
+                             "the job's code ran")
+
+        return verdict
+
+    def _send(self, request: bytes) -> None:
+        try:
+            with os.fdopen(self._ask, "wb") as pipe:
+                pipe.write(request)
+        except OSError:  # the child is gone: its end says why
+            pass
+
+
+def _child(asked: int, answering: int) -> int:
+    """The Checker's child: cryptography loaded, then one request (or none: the worker went on
+    without asking, refused or ended), its answer on ``answering``; the exit code."""
+    code, said = 1, b"the check stopped before its answer"
+    try:
+        from atoll.pki.job_signature import warm
+
+        warm()
+        with os.fdopen(asked, "rb") as pipe:
+            request = pipe.read()
+        if not request:
+            return 0
+        job = json.loads(request)
+        try:
+            check(Path(job["workdir"]), job.get("trust"))
+            code, said = 0, b""
+        except NotTrusted as exc:
+            code, said = NotTrusted.exit_code, str(exc).encode("utf-8", "replace")
+    except BaseException as exc:  # noqa: BLE001 - named to the worker, which refuses
+        said = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")
+    view = memoryview(said)
+    while view:
+        view = view[os.write(answering, view):]
+    return code
+
+
+def check_meanwhile(workdir: Path, trust: dict[str, Any] | None) -> Callable[[], None]:
+    """``Checker().ask(workdir, trust)``, for a process with no other thread yet."""
+    return Checker().ask(workdir, trust)
 
 
 def _revoked(ca_pem: bytes, crl_pem: str) -> dict[int, str]:

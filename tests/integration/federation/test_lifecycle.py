@@ -77,12 +77,22 @@ def test_a_worker_leaving_quickly_still_does_what_exit_would(federation, tmp_pat
         assert (out / f"{site}-thread.txt").read_text() == "waited for\n"
 
 
+def _three_workers(job_id: str) -> list[int]:
+    """The job's three workers (the server's and two sites'), once the server worker's check
+    of the job's signature, a child of its own for a moment at its start, has ended."""
+    def three() -> list[int] | None:
+        pids = pids_with_env(f"ATOLL_JOB_ID={job_id}")
+        return pids if len(pids) == 3 else None
+
+    return wait_for(three, 10, "the job's three workers alone")
+
+
 def test_abort_mid_job_leaves_no_worker(federation, tmp_path):
     with federation.session(ADMIN) as s:
         job = s.submit(make_job(tmp_path / "stall", script=STALL))
         job_id = job["job_id"]
         wait_for(lambda: _all_running(s, job_id), what="every worker running")
-        assert len(pids_with_env(f"ATOLL_JOB_ID={job_id}")) == 3
+        _three_workers(job_id)
         s.abort(job_id)
         final = s.wait(job_id, timeout=30)
     assert final["state"] == "FINISHED:ABORTED"
@@ -128,7 +138,7 @@ def test_worker_tokens_are_in_no_environment_and_wrong_ones_are_refused(federati
     with federation.session(ADMIN) as s:
         job_id = s.submit(make_job(tmp_path / "tokens", script=STALL))["job_id"]
         wait_for(lambda: _all_running(s, job_id), what="every worker running")
-        workers = pids_with_env(f"ATOLL_JOB_ID={job_id}")
+        workers = _three_workers(job_id)
         environs = [open(f"/proc/{p}/environ", "rb").read() for p in workers]
         assert len(environs) == 3 and not any(b"ATOLL_JOB_TOKEN" in e for e in environs)
         site1 = [e for e in environs if b"ATOLL_SITE=site-1" in e][0]
