@@ -8,7 +8,7 @@ import os
 import stat
 import threading
 
-from atoll.base.sha256 import large_sha256
+from atoll.base.sha256 import sha256_for
 
 CHUNK = 4 << 20
 MAX_KEPT = 64  # files remembered; a site configures a few images
@@ -34,7 +34,7 @@ class FileDigests:
             with self._lock:
                 if key in self._known:
                     return self._known[key]
-            h = large_sha256()
+            h = sha256_for(st.st_size)
             with os.fdopen(os.dup(fd), "rb") as handle:
                 while chunk := handle.read(CHUNK):
                     h.update(chunk)

@@ -112,7 +112,7 @@ def _entry_name(name: str) -> str:
 
 def manifest_of_zip(archive: zipfile.ZipFile) -> dict[str, str]:
     """{path: sha256} of every file in a job's zip, read back as it will be sent."""
-    import hashlib
+    from atoll.base.sha256 import sha256_for
 
     files: dict[str, str] = {}
     for info in archive.infolist():
@@ -122,7 +122,7 @@ def manifest_of_zip(archive: zipfile.ZipFile) -> dict[str, str]:
         if name == SIGNATURE_FILE:
             raise SignatureError(f"{SIGNATURE_FILE} is reserved for the job's signature, which "
                                  "atoll writes itself; remove it from the job folder")
-        digest = hashlib.sha256()
+        digest = sha256_for(info.file_size)
         with archive.open(info) as src:
             while chunk := src.read(_CHUNK):
                 digest.update(chunk)
@@ -133,7 +133,7 @@ def manifest_of_zip(archive: zipfile.ZipFile) -> dict[str, str]:
 def manifest_of_tree(root: Path) -> dict[str, str]:
     """{path: sha256} of every file under ``root`` except its signature; links and special
     files are refused (a job folder holds plain files only)."""
-    import hashlib
+    from atoll.base.sha256 import sha256_for
 
     files: dict[str, str] = {}
     for folder, dirs, names in os.walk(root):
@@ -143,11 +143,11 @@ def manifest_of_tree(root: Path) -> dict[str, str]:
             rel = path.relative_to(root).as_posix()
             if rel == SIGNATURE_FILE:
                 continue
-            mode = os.lstat(path).st_mode
-            if not stat.S_ISREG(mode):
+            found = os.lstat(path)
+            if not stat.S_ISREG(found.st_mode):
                 raise SignatureError(f"{rel} is not a regular file; job folders hold plain "
                                      "files only")
-            digest = hashlib.sha256()
+            digest = sha256_for(found.st_size)
             with open(path, "rb") as fh:
                 while chunk := fh.read(_CHUNK):
                     digest.update(chunk)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,8 +108,10 @@ def digest_of(data: bytes) -> str:
 
 def file_digest(path: Any) -> str:
     """``sha256:<hex>`` of a file's bytes, read in chunks (a model may be GiB)."""
-    h = hashlib.sha256()
+    from atoll.base.sha256 import sha256_for
+
     with open(path, "rb") as fh:
+        h = sha256_for(os.fstat(fh.fileno()).st_size)
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return "sha256:" + h.hexdigest()

@@ -282,12 +282,12 @@ def _job_bytes(folder: Path, name: str, limit: int) -> bytes:
 
 
 def _job_file_digest(folder: Path, name: str) -> str | None:
-    from atoll.base.sha256 import large_sha256
+    from atoll.base.sha256 import sha256_for
     from atoll.launchers.job_files import JobFileError, open_job_file
 
     try:
         with open_job_file(folder, f"{RESULTS}/{name}", max_bytes=None) as handle:
-            h = large_sha256()
+            h = sha256_for(os.fstat(handle.fileno()).st_size)
             while chunk := handle.read(1 << 20):
                 h.update(chunk)
     except (OSError, JobFileError):

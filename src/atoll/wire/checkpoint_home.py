@@ -27,7 +27,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from atoll.base.sha256 import large_sha256
+from atoll.base.sha256 import sha256_for
 from atoll.spec.checkpoint_manifest import MANIFEST, Manifest, parse_manifest
 from atoll.wire.frames import FrameError, write_chunks
 from atoll.wire.job_archive import (
@@ -149,7 +149,7 @@ def check(path: Path, max_bytes: int = MAX_BYTES) -> Manifest:
         if extra or f"{CHECKPOINT}/{manifest.file}" not in by_name:
             raise IntakeError(f"checkpoint refused: {CHECKPOINT}/ must hold {MANIFEST} and the "
                               f"{manifest.file} it names, and nothing else")
-        digest, size = large_sha256(), 0
+        digest, size = sha256_for(manifest.bytes), 0
         try:  # zipfile checks the entry's CRC as it reads its end
             with archive.open(by_name[f"{CHECKPOINT}/{manifest.file}"]) as state:
                 while block := state.read(1 << 20):

@@ -132,3 +132,22 @@ def test_a_parent_that_is_up_starts_it_before_its_timer(monkeypatch):
         assert verifier._PARENTS._proc is proc
     finally:
         verifier._PARENTS._drop()
+
+
+def test_it_keeps_openssl_out_until_a_large_file_needs_it(job, lead, ca_pem, parents):  # noqa: F811
+    """The verifier lives beside the jobs: CPython's own SHA-256 for the statements and a job's
+    small files, OpenSSL's (libcrypto, 3.5 MiB resident) loaded only for a large file."""
+    from atoll.base.sha256 import LARGE
+
+    def openssl_loaded() -> bool:
+        with open(f"/proc/{parents._proc.pid}/maps") as maps:
+            return "libcrypto.so" in maps.read()
+
+    tree = signed_tree(job, lead)
+    assert parents.check(ca_pem, tree, 60) == check_tree(ca_pem, tree)
+    assert not openssl_loaded()
+    (tree / "app" / "weights.bin").write_bytes(os.urandom(LARGE))
+    code, out = parents.check(ca_pem, tree, 60)
+    assert (code, out) == check_tree(ca_pem, tree)  # the same digests either way
+    assert code == 0 and "app/weights.bin" in json.loads(out)["files"]
+    assert openssl_loaded()
