@@ -141,7 +141,8 @@ class Checker:
 
 def _child(asked: int, answering: int) -> int:
     """The Checker's child: cryptography loaded, then one request (or none: the worker went on
-    without asking, refused or ended), its answer on ``answering``; the exit code."""
+    without asking, refused or ended), its answer on ``answering``; the exit code, 0 only for
+    a job that passed the check."""
     code, said = 1, b"the check stopped before its answer"
     try:
         from atoll.pki.job_signature import warm
@@ -149,8 +150,8 @@ def _child(asked: int, answering: int) -> int:
         warm()
         with os.fdopen(asked, "rb") as pipe:
             request = pipe.read()
-        if not request:
-            return 0
+        if not request:  # fails closed: only a check that passed answers 0
+            return 1
         job = json.loads(request)
         try:
             check(Path(job["workdir"]), job.get("trust"))
@@ -199,4 +200,3 @@ def _server_app(meta_bytes: bytes) -> str:
     if app is None:
         raise SignatureError("the job's signed meta.json deploys no app to the server")
     return app
-

@@ -215,3 +215,12 @@ def test_a_check_that_fails_otherwise_refuses_the_job_and_says_why(tmp_path, pro
     monkeypatch.setattr(signed_job, "check", breaks)
     with pytest.raises(NotTrusted, match=r"ended with code 1 \(KeyError: 'ca'\)"):
         signed_job.check_meanwhile(workdir, trust(project))()
+
+
+def test_a_checker_never_asked_ends_and_trusts_nothing():
+    """A worker refused at registration never asks: its child ends at once, without a 0."""
+    import os
+
+    checker = signed_job.Checker()
+    os.close(checker._ask)
+    assert os.waitstatus_to_exitcode(os.waitpid(checker.pid, 0)[1]) == 1
