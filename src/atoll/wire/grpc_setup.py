@@ -21,13 +21,10 @@ OPTIONS = [
     # gRPC also uses it as the connect timeout, and a loaded machine needs more than 100 ms.)
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 5_000),
-    # A fixed flow-control window per stream instead of BDP probing, which grew windows (and so
-    # what each relay hop buffers) to tens of MiB while a 100 MB payload passed. One payload
-    # frame's worth: at 2 MiB the three parents held 6-9 MiB more at the 100 MiB round's peak,
-    # and the round was no faster (bench/compare, round_cpu.py: interleaved pairs); at 512 KiB
-    # 3 MiB less again, and the round slower.
+    # A fixed 2 MiB flow-control window per stream instead of BDP probing, which grew windows
+    # (and so what each relay hop buffers) to tens of MiB while a 100 MB payload passed.
     ("grpc.http2.bdp_probe", 0),
-    ("grpc.http2.lookahead_bytes", 1024 * 1024),
+    ("grpc.http2.lookahead_bytes", 2 * 1024 * 1024),
     # HTTP/2 frames as large as the protocol allows (the default is 16 KiB): a 1 MiB payload
     # frame then crosses as a few HTTP/2 frames, not 64, and each receiver parses fewer. On one
     # TLS stream here (bench/compare/grpc_hop.py, two runs of 5-7 interleaved repeats) the
