@@ -328,3 +328,28 @@ def test_a_channel_that_sends_checkpoints_home_gets_each_once_committed_before_i
     args = FedAvgArgs(num_rounds=3, evaluate_every=0, cross_site_eval="none")
     run_workflow(run, args, _sites({"a": 1.0}), tmp_path, initial=Model(params={"w": np.ones(2)}))
     assert seen == [(1, 1, []), (2, 2, [1]), (3, 3, [1, 2])]
+
+
+def test_without_a_checkpoint_folder_each_round_model_is_still_stated(tmp_path):
+    """FedAvg's round digest runs with the checkpoint's work, and still where no checkpoint is
+    kept: each round's once, reported and in model_digests.jsonl, the last the final model's."""
+    from atoll.pki.provenance import file_digest
+
+    args = FedAvgArgs(num_rounds=3, evaluate_every=0, cross_site_eval="none")
+
+    def run(channel, args, initial, job_args):
+        ctx = Context(channel, args, initial, job_args)
+        assert ctx._checkpoints is None
+        try:
+            FedAvg(ctx).run()
+        finally:
+            ctx.close()
+
+    federation = run_workflow(run, args, _sites({"a": 1.0, "b": 2.0}), tmp_path,
+                              initial=Model(params={"w": np.ones(4, np.float32)}))
+    stated = [(e["round"], e["model_digest"]) for e in federation.events
+              if e.get("event") == "round_model"]
+    assert [r for r, _ in stated] == [1, 2, 3]
+    lines = (tmp_path / "model_digests.jsonl").read_text().splitlines()
+    assert [(json.loads(line)["round"], json.loads(line)["digest"]) for line in lines] == stated
+    assert stated[-1][1] == file_digest(tmp_path / "global_model_final.safetensors")
