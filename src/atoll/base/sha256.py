@@ -9,16 +9,23 @@ libcrypto, once): a 1 GiB final model's digest at a job's end takes 0.6 s, not 3
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from typing import Any
 
 LARGE = 8 * 1024 * 1024  # from here OpenSSL's saves more than 20 ms
 
 
+def openssl_out_at_rest() -> None:
+    """hashlib without OpenSSL in this process until ``sha256_for`` meets a large input (call
+    it before anything imports hashlib): a parent, a verifier."""
+    sys.modules.setdefault("_hashlib", None)
+
+
 def sha256_for(size: int) -> Any:
     """A new SHA-256 object (``update``, ``hexdigest``) for ``size`` bytes: OpenSSL's for a
     large input where this Python has it, else hashlib's."""
+    import hashlib  # not at import: openssl_out_at_rest comes first
+
     if size < LARGE:
         return hashlib.sha256()
     if "_hashlib" in sys.modules and sys.modules["_hashlib"] is None:

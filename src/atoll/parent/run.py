@@ -65,7 +65,9 @@ def _without_system_openssl() -> None:
     and `ssl` is absent only while gRPC loads: a launcher's client library that needs TLS
     (kubernetes, docker) imports the real module later.
     """
-    sys.modules.setdefault("_hashlib", None)
+    from atoll.base.sha256 import openssl_out_at_rest
+
+    openssl_out_at_rest()
     if "ssl" in sys.modules or "grpc" in sys.modules:
         return
     sys.modules["ssl"] = None

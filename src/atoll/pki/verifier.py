@@ -223,8 +223,9 @@ def _answer(request: dict[str, Any], check_tree: Any) -> tuple[int, str]:
 
 
 if __name__ == "__main__":
-    # hashlib without OpenSSL, as in a parent (parent/run.py): the statements and a job's small
-    # files hash as fast with CPython's own SHA-256, and libcrypto's 3.5 MiB stay out of a
-    # process that lives beside the jobs; a large file loads it (base/sha256.py)
-    sys.modules.setdefault("_hashlib", None)
+    # as in a parent: the statements and a job's small files hash as fast with CPython's own
+    # SHA-256, and libcrypto's 3.5 MiB stay out of a process that lives beside the jobs
+    from atoll.base.sha256 import openssl_out_at_rest
+
+    openssl_out_at_rest()
     sys.exit(serve(float(sys.argv[1]) if len(sys.argv) > 1 else IDLE_S))

@@ -166,11 +166,6 @@ def _child(asked: int, answering: int) -> int:
     return code
 
 
-def check_meanwhile(workdir: Path, trust: dict[str, Any] | None) -> Callable[[], None]:
-    """``Checker().ask(workdir, trust)``, for a process with no other thread yet."""
-    return Checker().ask(workdir, trust)
-
-
 def _revoked(ca_pem: bytes, crl_pem: str) -> dict[int, str]:
     """serial -> why, from the list ``crl_pem`` once the CA has been checked to sign it."""
     if not crl_pem:

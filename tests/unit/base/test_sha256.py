@@ -6,7 +6,8 @@ import sys
 
 PARENT_AT_REST = """
 import sys
-sys.modules.setdefault("_hashlib", None)  # as parent/run.py starts a parent
+from atoll.base.sha256 import openssl_out_at_rest
+openssl_out_at_rest()  # as parent/run.py starts a parent
 import hashlib
 print(type(hashlib.sha256()).__module__)
 from atoll.base.sha256 import LARGE, sha256_for

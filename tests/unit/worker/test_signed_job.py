@@ -147,9 +147,9 @@ def test_an_entry_revoked_at_any_time_counts(tmp_path, project):
 
 def test_the_check_made_meanwhile_hands_its_refusal_to_the_worker(tmp_path, project):
     workdir = signed_workdir(tmp_path, project)
-    assert signed_job.check_meanwhile(workdir, trust(project))() is None
+    assert signed_job.Checker().ask(workdir, trust(project))() is None
     revoke(project, LEAD)
-    verdict = signed_job.check_meanwhile(workdir, trust(project))
+    verdict = signed_job.Checker().ask(workdir, trust(project))
     with pytest.raises(NotTrusted, match=f"the certificate of {LEAD} that signed the job is "
                                          "revoked"):
         verdict()
@@ -160,7 +160,7 @@ import json, sys
 from pathlib import Path
 from atoll.worker import signed_job
 request = json.loads(sys.stdin.read())
-verdict = signed_job.check_meanwhile(Path(request["workdir"]), request["trust"])
+verdict = signed_job.Checker().ask(Path(request["workdir"]), request["trust"])
 try:
     verdict()
     print("trusted")
@@ -202,7 +202,7 @@ def test_a_check_that_ends_without_its_answer_refuses_the_job(tmp_path, project,
     monkeypatch.setattr(signed_job, "check", dies)
     with pytest.raises(NotTrusted, match=r"its signature check ended with code 9 \(no message\);"
                                          r" none of the job's code ran"):
-        signed_job.check_meanwhile(workdir, trust(project))()
+        signed_job.Checker().ask(workdir, trust(project))()
 
 
 def test_a_check_that_fails_otherwise_refuses_the_job_and_says_why(tmp_path, project,
@@ -214,7 +214,7 @@ def test_a_check_that_fails_otherwise_refuses_the_job_and_says_why(tmp_path, pro
 
     monkeypatch.setattr(signed_job, "check", breaks)
     with pytest.raises(NotTrusted, match=r"ended with code 1 \(KeyError: 'ca'\)"):
-        signed_job.check_meanwhile(workdir, trust(project))()
+        signed_job.Checker().ask(workdir, trust(project))()
 
 
 def test_a_checker_never_asked_ends_and_trusts_nothing():
