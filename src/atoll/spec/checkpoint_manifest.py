@@ -21,10 +21,16 @@ class Manifest:
     file: str  # round-<round>.safetensors, beside the manifest
     sha256: str
     bytes: int
+    # The file's first bytes are the round's model, whole, as its own .safetensors file would
+    # be (its SHA-256 is the round's model digest); 0: the state's document alone.
+    model_bytes: int = 0
 
     def document(self) -> bytes:
-        return json.dumps({"format": FORMAT, "round": self.round, "file": self.file,
-                           "sha256": self.sha256, "bytes": self.bytes}, sort_keys=True).encode()
+        doc = {"format": FORMAT, "round": self.round, "file": self.file,
+               "sha256": self.sha256, "bytes": self.bytes}
+        if self.model_bytes:
+            doc["model_bytes"] = self.model_bytes
+        return json.dumps(doc, sort_keys=True).encode()
 
 
 def state_file(round_: int) -> str:
@@ -36,11 +42,14 @@ def parse_manifest(raw: bytes) -> Manifest:
     try:
         doc = json.loads(raw)
         round_, name, digest, size = doc["round"], doc["file"], doc["sha256"], doc["bytes"]
-    except (ValueError, KeyError, TypeError) as exc:
+        model_bytes = doc.get("model_bytes", 0)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"unexpected fields ({exc})") from None
     if (not isinstance(doc, dict) or doc.get("format") != FORMAT
             or not isinstance(round_, int) or isinstance(round_, bool) or round_ < 0
             or name != state_file(round_) or not isinstance(digest, str) or len(digest) != 64
-            or not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            or not isinstance(size, int) or isinstance(size, bool) or size < 0
+            or not isinstance(model_bytes, int) or isinstance(model_bytes, bool)
+            or not (model_bytes == 0 or 0 < model_bytes < size)):
         raise ValueError("unexpected fields")
-    return Manifest(round_, name, digest, size)
+    return Manifest(round_, name, digest, size, model_bytes)

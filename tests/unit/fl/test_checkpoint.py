@@ -36,7 +36,7 @@ def _state(seed: float) -> dict:
 
 
 def test_a_state_comes_back_as_it_was_saved(tmp_path):
-    size = checkpoint.save(tmp_path, 3, _state(2.0))
+    size = checkpoint.save(tmp_path, 3, _state(2.0)).bytes
     round_, state = checkpoint.load(tmp_path)
     assert round_ == 3 and size == (tmp_path / "round-3.safetensors").stat().st_size
     np.testing.assert_array_equal(state["model"]["w"], _state(2.0)["model"]["w"])
@@ -88,6 +88,59 @@ def test_damage_is_named_never_half_restored(tmp_path, damage):
     else:
         (tmp_path / "checkpoint.json").write_text('{"round": 4, "fi')
     with pytest.raises(checkpoint.CheckpointDamaged, match="damaged|cannot be read"):
+        checkpoint.load(tmp_path)
+
+
+def test_a_round_model_comes_first_once_and_its_digest_is_its_own_files(tmp_path):
+    """The workflow's round model leads the file, whole, as its own .safetensors file would be:
+    its SHA-256 comes from the write's own pass, and the state's arrays that are the model's
+    are stored once."""
+    import hashlib
+
+    from atoll.fl.serde import save_file
+
+    state = _state(3.0)
+    model = Model(params=state["model"], round=3, metrics={"loss": 0.5}, meta={"total": 9})
+    saved = checkpoint.save(tmp_path, 3, state, model)
+    save_file(model, tmp_path / "alone.safetensors")
+    alone = (tmp_path / "alone.safetensors").read_bytes()
+    assert saved.model_sha256 == hashlib.sha256(alone).hexdigest()
+    raw = (tmp_path / "round-3.safetensors").read_bytes()
+    manifest = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert raw[:manifest["model_bytes"]] == alone and manifest["bytes"] == saved.bytes == len(raw)
+    assert manifest["sha256"] == hashlib.sha256(raw).hexdigest()
+    once = checkpoint.save(tmp_path / "plain", 3, state).bytes  # the same state, no model named
+    assert saved.bytes < once + len(alone) - state["model"]["w"].nbytes  # w is not stored twice
+    round_, back = checkpoint.load(tmp_path)
+    assert round_ == 3
+    np.testing.assert_array_equal(back["model"]["w"], state["model"]["w"])
+    assert back["model"]["b"].dtype == np.float32 and float(back["model"]["b"]) == 3.0
+    np.testing.assert_array_equal(back["moments"][0], np.ones(3) * 3.0)
+    assert {k: back[k] for k in ("round", "best", "note", "flag")} == {
+        "round": 3, "best": [2, 0.5], "note": None, "flag": True}
+
+
+@pytest.mark.parametrize("where", ["model", "state"])
+def test_damage_to_either_part_of_a_model_first_checkpoint_is_named(tmp_path, where):
+    state = _state(1.0)
+    checkpoint.save(tmp_path, 2, state, Model(params=state["model"]))
+    manifest = json.loads((tmp_path / "checkpoint.json").read_text())
+    path = tmp_path / "round-2.safetensors"
+    data = bytearray(path.read_bytes())
+    data[manifest["model_bytes"] - 2 if where == "model" else -3] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointDamaged, match="damaged"):
+        checkpoint.load(tmp_path)
+
+
+@pytest.mark.parametrize("model_bytes", [-1, True, "8", 10**9])
+def test_a_manifest_whose_model_part_is_out_of_the_file_is_damaged(tmp_path, model_bytes):
+    state = _state(1.0)
+    checkpoint.save(tmp_path, 2, state, Model(params=state["model"]))
+    manifest = json.loads((tmp_path / "checkpoint.json").read_text())
+    manifest["model_bytes"] = model_bytes
+    (tmp_path / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(checkpoint.CheckpointDamaged, match="checkpoint.json is damaged"):
         checkpoint.load(tmp_path)
 
 

@@ -446,7 +446,8 @@ class Context:
         return (self.resumed_round or 0) + 1
 
     def checkpoint(self, round: int, state: dict[str, Any], *, background: bool = False,
-                   first: Callable[[], None] | None = None) -> None:
+                   model: Model | None = None,
+                   model_digest: Callable[[str], None] | None = None) -> None:
         """Commit ``state`` (the workflow's) as what the job resumes from after round ``round``,
         with the context's own part; ``Workflow.checkpoint`` calls it.
 
@@ -455,9 +456,11 @@ class Context:
         until the next result arrives: ``gather`` (and ``channel``, for a protocol of its own)
         wait for the write first, as do the next checkpoint and ``close``.
 
-        ``first``: the workflow's own work on the same arrays, done before the write and under
-        the same promise (FedAvg's round digest), also where no checkpoint is kept."""
-        if self._checkpoints is None and first is None:
+        ``model``: the round's model, whose arrays ``state`` may hold too: stored once, first
+        in the checkpoint, and ``model_digest`` is given its SHA-256 (as its own .safetensors
+        file would have it) from the write's own pass, before the checkpoint is reported;
+        where no checkpoint is kept, from a pass of its own (FedAvg's round digest)."""
+        if self._checkpoints is None and model_digest is None:
             return
         from atoll.fl import checkpoint
 
@@ -470,10 +473,15 @@ class Context:
         folder, saved = self._checkpoints, {"workflow": state, "context": own}
 
         def commit() -> None:
-            if first is not None:
-                first()
-            if folder is not None:  # reported at once: the server resumes from the last
-                self._committed(round, checkpoint.save(folder, round, saved))  # round told of
+            if folder is None:  # no checkpoint kept: the digest alone
+                if model is not None and model_digest is not None:
+                    model_digest(_sha256(model))
+                return
+            written = checkpoint.save(folder, round, saved, model)
+            if model_digest is not None and written.model_sha256 is not None:
+                model_digest(written.model_sha256)
+            # reported at once: the server resumes from the last round told of
+            self._committed(round, written.bytes)
 
         if not background:
             commit()
@@ -611,6 +619,16 @@ class Workflow:
     def resumable(cls) -> bool:
         """Whether the class keeps checkpoints (defines its own ``state``)."""
         return cls.state is not Workflow.state
+
+
+def _sha256(model: Model) -> str:
+    """The SHA-256 of ``model`` as its .safetensors file would have it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for chunk in encode(model):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _random_state() -> dict[str, Any]:

@@ -44,7 +44,7 @@ from atoll.fl.aggregation import weighted_metrics
 from atoll.fl.aggregators import CoordinateMedian, TrimmedMean, WeightedAverage
 from atoll.fl.channels import ServerChannel
 from atoll.fl.model import Model
-from atoll.fl.serde import ModelStream, encode, save_file
+from atoll.fl.serde import ModelStream, save_file
 from atoll.fl.stored import is_stored, store, trim
 from atoll.fl.workflows.api import Aggregator, BuiltinArgs, Context, Workflow
 from atoll.fl.workflows.evaluation import cross_site_table, evaluate, format_table, save_table
@@ -210,9 +210,10 @@ class FedAvgRun:
         written while the next task goes out: the loop changes no array of the state before a
         result arrives, and gather waits for the write first. Not with the sum on disk, which
         lets the global model leave memory at once."""
+        model, stated = self._round_model(self.rounds_done)
         self.ctx.checkpoint(self.rounds_done, self.state(),
                             background=self.args.accumulator != "disk",
-                            first=self._round_digest(self.rounds_done))
+                            model=model, model_digest=stated)
 
     def restore(self, state: dict[str, Any]) -> None:
         self.global_params = dict(state["global"])
@@ -357,31 +358,25 @@ class FedAvgRun:
                      {**outcome.failed, **(validation["failed"] if validation else {})},
                      list(self.active), self.best, spent)
 
-    def _round_digest(self, round_: int) -> Callable[[], None] | None:
-        """The work that states round ``round_``'s global model's SHA-256, as its .safetensors
-        file would have it (the last round's is the final model's): the job's provenance
-        record states each one (server/provenance.py, docs/provenance.md). It runs with the
-        round's checkpoint, beside the next round's send: one pass over the model's buffers
-        (60 ms for 100 MiB) off the round's path. None when the round's is stated already (a
-        cross-site row commits again)."""
+    def _round_model(self, round_: int) -> tuple[Model | None, Callable[[str], None] | None]:
+        """Round ``round_``'s global model and what states its SHA-256 (the last round's is the
+        final model's): the job's provenance record states each one (server/provenance.py,
+        docs/provenance.md). The checkpoint stores the model first and gives its digest from
+        the write's own pass, beside the next round's send, off the round's path. (None, None)
+        when the round's is stated already (a cross-site row commits again)."""
         if round_ <= self._digested:
-            return None
+            return None, None
         self._digested = round_
-        model = self._global_model(round_)  # as it is now: its arrays stay until settled
 
-        def state() -> None:
-            import hashlib
-
-            digest = hashlib.sha256()
-            for chunk in encode(model):
-                digest.update(chunk)
-            stated = "sha256:" + digest.hexdigest()
+        def stated(digest: str) -> None:
+            stated = "sha256:" + digest
             with open(self.results / "model_digests.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"round": round_, "digest": stated}) + "\n")
             # the server states it in the job's provenance record as it arrives
             self.ctx.report({"event": "round_model", "round": round_, "model_digest": stated})
 
-        return state
+        # as it is now: its arrays stay until the checkpoint is settled
+        return self._global_model(round_), stated
 
     def _evaluation_due(self, round_: int) -> bool:
         every = self.args.evaluate_every
