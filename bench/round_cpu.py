@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/round_cpu.py [--mib 100] [--rounds 6] [--workdir DIR]
 
+Without --workdir its folder (a deployment and its jobs: GBs at 1 GiB) is removed once it
+printed; with one, or after a failure, it is kept.
+
 Starts bench/compare's atoll deployment (a server and two sites as separate processes on
 127.0.0.1, mutual TLS, the process launcher, workers under bubblewrap), runs its FedAvg job (a
 float32 model of ``--mib`` MiB made on the server, each site adds 1.0 and replies), and reads
@@ -175,6 +178,8 @@ def main() -> int:
                                sampler.threads_at(last).get(pid, {}), rounds)
     print(f"  {'all':32} {1000 * total / rounds:6.0f} CPU-ms a round, "
           f"{total / (last - first):.2f} cores on average")
+    if args.workdir is None:  # a run that failed keeps its folder, to be read
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

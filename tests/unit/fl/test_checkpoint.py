@@ -144,6 +144,83 @@ def test_a_manifest_whose_model_part_is_out_of_the_file_is_damaged(tmp_path, mod
         checkpoint.load(tmp_path)
 
 
+def _writes_seen(monkeypatch, refuse_direct: bool = False) -> list[tuple[int, bool]]:
+    """Each os.write of the checkpoint module: its length, and whether O_DIRECT was on; with
+    ``refuse_direct``, a direct write fails as on a filesystem without O_DIRECT."""
+    import errno
+    import fcntl
+
+    seen, real = [], os.write
+
+    def write(fd, data):
+        direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        seen.append((len(data), direct))
+        if direct and refuse_direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data)
+
+    monkeypatch.setattr(checkpoint.os, "write", write)
+    return seen
+
+
+def _big_state() -> tuple[dict, Model]:
+    """A model over one buffer of the direct writer, of a size no block divides."""
+    rng = np.random.default_rng(7)
+    params = {"w": rng.random(2_300_001, dtype=np.float32), "b": rng.random(3, dtype=np.float32)}
+    return {"global": params, "note": "x"}, Model(params=params, round=5)
+
+
+def _direct_io_works(folder: Path) -> bool:
+    try:
+        fd = os.open(folder / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    (folder / "probe").unlink()
+    return True
+
+
+def test_a_state_file_is_written_past_the_page_cache_and_reads_back_whole(tmp_path, monkeypatch):
+    """Nothing reads a checkpoint but a resume: its state file goes to the disk with O_DIRECT
+    (filling new page-cache pages was most of its cost), whole blocks, cut to its size."""
+    import hashlib
+
+    state, model = _big_state()
+    seen = _writes_seen(monkeypatch)
+    saved = checkpoint.save(tmp_path, 5, state, model)
+    raw = (tmp_path / "round-5.safetensors").read_bytes()
+    assert len(raw) == saved.bytes and saved.bytes % 4096 != 0 and saved.bytes > 8 * 2**20
+    manifest = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert manifest["sha256"] == hashlib.sha256(raw).hexdigest()
+    state_writes = seen[:-1]  # the last write is checkpoint.json's, through the page cache
+    if _direct_io_works(tmp_path):
+        assert state_writes and all(direct and n % 4096 == 0 for n, direct in state_writes)
+    else:  # this filesystem has no O_DIRECT: the same bytes through the page cache
+        assert not any(direct for _, direct in state_writes)
+    round_, back = checkpoint.load(tmp_path)
+    assert round_ == 5 and back["note"] == "x"
+    np.testing.assert_array_equal(back["global"]["w"], state["global"]["w"])
+
+
+def test_a_filesystem_that_refuses_direct_writes_gets_the_same_bytes(tmp_path, monkeypatch):
+    import hashlib
+
+    state, model = _big_state()
+    checkpoint.save(tmp_path / "plain", 5, state, model)
+    seen = _writes_seen(monkeypatch, refuse_direct=True)
+    saved = checkpoint.save(tmp_path / "refused", 5, state, model)
+    monkeypatch.undo()
+    assert (tmp_path / "refused" / "round-5.safetensors").read_bytes() == (
+        tmp_path / "plain" / "round-5.safetensors").read_bytes()
+    assert saved.model_sha256 == hashlib.sha256(
+        (tmp_path / "refused" / "round-5.safetensors").read_bytes()[
+            :json.loads((tmp_path / "refused" / "checkpoint.json").read_text())["model_bytes"]]
+    ).hexdigest()
+    assert not any(direct for _, direct in seen[1:])  # refused once, then the page cache
+    np.testing.assert_array_equal(checkpoint.load(tmp_path / "refused")[1]["global"]["w"],
+                                  state["global"]["w"])
+
+
 def test_objects_that_are_not_arrays_or_json_are_refused(tmp_path):
     with pytest.raises(TypeError, match="holds a set"):
         checkpoint.save(tmp_path, 1, {"model": {"w": {1, 2}}})
