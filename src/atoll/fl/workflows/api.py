@@ -452,8 +452,8 @@ class Context:
         with the context's own part; ``Workflow.checkpoint`` calls it.
 
         ``background``: write it while the next round starts (a large model's write and fsync
-        then cost the round nothing). The caller promises not to change ``state``'s arrays
-        until the next result arrives: ``gather`` (and ``channel``, for a protocol of its own)
+        then cost the round nothing). The caller promises not to change ``state``'s arrays (nor
+        ``model``'s) until the next result arrives: ``gather`` (and ``channel``, for a protocol of its own)
         wait for the write first, as do the next checkpoint and ``close``.
 
         ``model``: the round's model, whose arrays ``state`` may hold too: stored once, first
