@@ -19,7 +19,7 @@ per round, whatever the others do; in server mode it is the epsilon of the noise
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,13 +89,18 @@ class ServerPrivacy:
 
     def train_round(self, channel: ServerChannel, active: Sequence[str], outgoing: Model,
                     headers: dict[str, Any], timeout: float | None, min_clients: int,
-                    global_params: Params) -> PrivateRound:
+                    global_params: Params, settle: Callable[[], None] = lambda: None
+                    ) -> PrivateRound:
         """Send the train task and take the replies, securely or with server-side DP; the
-        caller reads ``mean_update()`` once ``outcome`` is accounted for."""
+        caller reads ``mean_update()`` once ``outcome`` is accounted for. ``settle``: waits
+        for the last round's checkpoint, still being written (Context.settle_checkpoint);
+        called once the train task is out, before the first reply is taken: the key and share
+        steps and the task only read the global model."""
         if not self.secure:
             central = CentralDP(global_params, *self._central_settings())
             task_id = channel.send(list(active), "train", headers,
                                    encode(outgoing, quantize=self.task_quantization))
+            settle()
             result = PrivateRound(central)
             result.outcome = gather(channel, task_id, active, timeout, result.take_plain,
                                     min_clients)
@@ -110,6 +115,7 @@ class ServerPrivacy:
         task_id = channel.send(sites, "train", headers,
                                encode(outgoing, quantize=self.task_quantization))
         outgoing.meta.pop(SECAGG_META)
+        settle()
         result = PrivateRound(secure)
         result.outcome = gather(channel, task_id, sites, timeout, result.take_masked, min_clients)
         for site, reason in secure.failed.items():  # who failed during the setup steps

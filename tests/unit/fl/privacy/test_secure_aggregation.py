@@ -281,3 +281,40 @@ def test_word_bits_64_sends_64_bit_words_and_sums_as_exactly(tmp_path, probe):
     shape = INITIAL["layer.weight"].shape
     assert any(a.dtype == np.uint64 and a.shape == shape for a in probe.arrays)
     assert not any(a.dtype == np.uint32 for a in probe.arrays)
+
+
+def test_a_secure_rounds_key_steps_go_out_while_the_last_checkpoint_is_written(tmp_path,
+                                                                                monkeypatch):
+    """The key and share steps and the train task change no array of the checkpoint's state:
+    they go out while the last round's checkpoint is still written (0.1-0.2 s for 100 MiB),
+    and only the first masked reply waits for it."""
+    from atoll.fl.simulator import Federation
+    from atoll.fl.workflows.api import Context
+
+    events: list[str] = []
+    real_checkpoint, real_settle, real_send = (Context.checkpoint, Context.settle_checkpoint,
+                                               Federation.send)
+
+    def checkpoint(self, round, *args, **kwargs):  # noted once its write has started
+        real_checkpoint(self, round, *args, **kwargs)
+        events.append(f"checkpoint {round}")
+
+    def settle(self):
+        events.append("settle")
+        return real_settle(self)
+
+    def send(self, targets, topic, headers, payload):
+        events.append(f"send {topic}")
+        return real_send(self, targets, topic, headers, payload)
+
+    monkeypatch.setattr(Context, "checkpoint", checkpoint)
+    monkeypatch.setattr(Context, "settle_checkpoint", settle)
+    monkeypatch.setattr(Federation, "send", send)
+    deltas = _deltas()
+    run_private(SECURE, {s: adds(deltas[s], EXAMPLES[s]) for s in EXAMPLES}, tmp_path, INITIAL,
+                rounds=2)
+    after = events[events.index("checkpoint 1") + 1:]
+    meanwhile = after[:after.index("settle")]
+    assert meanwhile == ["send secagg.advertise", "send secagg.share", "send train"], events
+    for name, value in _final(tmp_path).items():
+        np.testing.assert_allclose(value, _fedavg(EXAMPLES, deltas, rounds=2)[name], atol=1e-6)
