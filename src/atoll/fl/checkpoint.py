@@ -46,7 +46,8 @@ from atoll.fl.serde import SerdeError, decode, encode
 from atoll.spec.checkpoint_manifest import FORMAT, MANIFEST, Manifest, parse_manifest, state_file
 from atoll.spec.errors import EXIT_INVALID, AtollError
 
-__all__ = ["FORMAT", "MANIFEST", "CheckpointDamaged", "Saved", "load", "save", "size_on_disk"]
+__all__ = ["FORMAT", "MANIFEST", "CheckpointDamaged", "Saved", "load", "model_sha256", "save",
+           "size_on_disk"]
 STATE_KEY = "atoll_checkpoint"  # the metadata entry that holds the JSON part of the state
 _ARRAY = "__array__"
 _MODEL = "__model__"
@@ -78,7 +79,7 @@ def save(folder: Path, round_: int, state: dict[str, Any], model: Model | None =
     rest = Model(params=arrays, round=round_, meta={STATE_KEY: tree})
     name = state_file(round_)
     parts = [encode(rest)] if model is None else [encode(model), encode(rest)]
-    digests, size = _write_atomic(folder / name, parts, direct=True)
+    digests, size = _write_atomic(folder / name, parts, direct=DIRECT)
     model_bytes = digests[0][1] if model is not None else 0
     _write_atomic(folder / MANIFEST,
                   [[Manifest(round_, name, digests[-1][0], size, model_bytes).document()]])
@@ -86,6 +87,15 @@ def save(folder: Path, round_: int, state: dict[str, Any], model: Model | None =
         if old.name != name:
             old.unlink(missing_ok=True)
     return Saved(size, digests[0][0] if model is not None else None)
+
+
+def model_sha256(model: Model) -> str:
+    """The SHA-256 of ``model`` as its .safetensors file would have it: what ``save`` gives
+    from its own pass, for a round whose model is not checkpointed."""
+    digest = hashlib.sha256()
+    for chunk in encode(model):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def load(folder: Path) -> tuple[int, dict[str, Any]] | None:
@@ -175,7 +185,7 @@ def _write_atomic(path: Path, parts: list[Iterable[Any]], direct: bool = False
     digest, size, marks = hashlib.sha256(), 0, []
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with _DirectFile(fd) if direct and DIRECT else os.fdopen(fd, "wb") as fh:
+        with _DirectFile(fd) if direct else os.fdopen(fd, "wb") as fh:
             for part in parts:
                 for chunk in part:
                     fh.write(chunk)

@@ -475,7 +475,7 @@ class Context:
         def commit() -> None:
             if folder is None:  # no checkpoint kept: the digest alone
                 if model is not None and model_digest is not None:
-                    model_digest(_sha256(model))
+                    model_digest(checkpoint.model_sha256(model))
                 return
             written = checkpoint.save(folder, round, saved, model)
             if model_digest is not None and written.model_sha256 is not None:
@@ -619,16 +619,6 @@ class Workflow:
     def resumable(cls) -> bool:
         """Whether the class keeps checkpoints (defines its own ``state``)."""
         return cls.state is not Workflow.state
-
-
-def _sha256(model: Model) -> str:
-    """The SHA-256 of ``model`` as its .safetensors file would have it."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for chunk in encode(model):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _random_state() -> dict[str, Any]:
